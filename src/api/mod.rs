@@ -1,0 +1,70 @@
+//! The HTTP surface: the shared state every handler sees and `app()`, the one router that both
+//! `mlxgate serve` and the integration tests run.
+
+pub mod admin;
+pub mod openai;
+
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use axum::Router;
+use axum::routing::{get, post};
+use tower_http::trace::{DefaultMakeSpan, DefaultOnResponse, TraceLayer};
+use tracing::Level;
+
+use crate::backend::upstream::Upstream;
+use crate::config::Config;
+use crate::dispatch::Dispatch;
+use crate::metrics::Metrics;
+
+/// State shared by all handlers. Immutable after start-up apart from queues and metrics.
+pub struct AppState {
+    pub config: Config,
+    pub dispatch: Dispatch,
+    pub metrics: Metrics,
+    /// For `/ready` probes, separate from the request pools.
+    pub prober: Upstream,
+    pub started: SystemTime,
+}
+
+impl AppState {
+    /// Builds routes, queues and clients from a validated configuration.
+    pub fn new(config: Config) -> Arc<Self> {
+        let metrics = Metrics::new();
+        let dispatch = Dispatch::new(&config, &metrics);
+        Arc::new(AppState {
+            config,
+            dispatch,
+            metrics,
+            prober: Upstream::new(std::time::Duration::from_secs(2)),
+            started: SystemTime::now(),
+        })
+    }
+}
+
+/// The gateway's router.
+///
+/// Layers, outermost first:
+/// - `TraceLayer`: one span per request, so every log line a request causes carries its method
+///   and path. It logs at the response headers; the body's end is logged by `StreamMeter`.
+///
+/// There is deliberately no body-limit or timeout layer: the body limit is applied by the proxy
+/// handler so that a too-large body gets an OpenAI-shaped 413, and a timeout layer would cut
+/// streams that legitimately last many minutes (timeouts live in `backend::upstream`).
+pub fn app(state: Arc<AppState>) -> Router {
+    Router::new()
+        .route("/v1/chat/completions", post(openai::proxy))
+        .route("/v1/completions", post(openai::proxy))
+        .route("/v1/embeddings", post(openai::proxy))
+        .route("/v1/models", get(openai::list_models))
+        .route("/health", get(admin::health))
+        .route("/ready", get(admin::ready))
+        .route("/metrics", get(admin::metrics))
+        .fallback(openai::not_found)
+        .layer(
+            TraceLayer::new_for_http()
+                .make_span_with(DefaultMakeSpan::new().level(Level::INFO))
+                .on_response(DefaultOnResponse::new().level(Level::DEBUG)),
+        )
+        .with_state(state)
+}

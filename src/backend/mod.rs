@@ -1,0 +1,3 @@
+//! Backends: the servers requests are forwarded to, and the client that reaches them.
+
+pub mod upstream;

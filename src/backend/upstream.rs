@@ -1,0 +1,153 @@
+//! The HTTP client side: one pooled, kept-alive hyper client shared by every backend, with
+//! TCP_NODELAY (a small SSE frame must not wait 40 ms for Nagle), a connect timeout and a
+//! response-header timeout per backend. Transport failures become `GatewayError`s here.
+
+use std::time::Duration;
+
+use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, header};
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+
+use crate::config::BackendConfig;
+use crate::error::GatewayError;
+
+/// Pooled HTTP/1.1 client to the backends.
+#[derive(Clone)]
+pub struct Upstream {
+    client: Client<HttpConnector, Full<Bytes>>,
+}
+
+/// Headers that belong to one connection and must not be forwarded (RFC 9110 §7.6.1), plus
+/// those the gateway sets itself.
+const HOP_BY_HOP: [HeaderName; 8] = [
+    header::CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    header::PROXY_AUTHENTICATE,
+    header::PROXY_AUTHORIZATION,
+    header::TE,
+    header::TRAILER,
+    header::TRANSFER_ENCODING,
+    header::UPGRADE,
+];
+
+/// Removes hop-by-hop headers, including any named in `Connection`.
+pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    let named: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
+        .collect();
+    for name in named.iter().chain(HOP_BY_HOP.iter()) {
+        headers.remove(name);
+    }
+}
+
+impl Upstream {
+    /// One client for all backends; `connect_timeout` is the shortest configured one.
+    pub fn new(connect_timeout: Duration) -> Self {
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        connector.set_connect_timeout(Some(connect_timeout));
+        connector.set_keepalive(Some(Duration::from_secs(60)));
+        let client = Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(Duration::from_secs(90))
+            .pool_max_idle_per_host(64)
+            .build(connector);
+        Upstream { client }
+    }
+
+    /// Sends `body` to `backend` at `path_and_query` with the client's end-to-end headers.
+    /// Errors before the response headers arrive are transport failures (502) or the
+    /// backend's `response_timeout` (504).
+    pub async fn send(
+        &self,
+        backend: &BackendConfig,
+        method: Method,
+        path_and_query: &str,
+        client_headers: &HeaderMap,
+        body: Bytes,
+    ) -> Result<Response<Incoming>, GatewayError> {
+        let uri = format!("{}{}", backend.url, path_and_query);
+        let mut builder = Request::builder().method(method).uri(&uri);
+        if let Some(headers) = builder.headers_mut() {
+            for (name, value) in client_headers {
+                if !is_dropped_request_header(name) {
+                    headers.append(name.clone(), value.clone());
+                }
+            }
+            strip_hop_by_hop(headers);
+            if !body.is_empty() {
+                headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+            }
+        }
+        let request = builder.body(Full::new(body)).map_err(|e| GatewayError::Backend {
+            backend: backend.name.clone(),
+            reason: format!("cannot build a request to {uri}: {e}"),
+        })?;
+        match tokio::time::timeout(backend.response_timeout, self.client.request(request)).await {
+            Ok(Ok(response)) => Ok(response),
+            Ok(Err(e)) => Err(GatewayError::Backend { backend: backend.name.clone(), reason: describe(&e, &uri) }),
+            Err(_) => Err(GatewayError::BackendTimeout {
+                backend: backend.name.clone(),
+                after: backend.response_timeout,
+            }),
+        }
+    }
+
+    /// A short GET used by `/ready`: true when the backend answers 2xx within `timeout`.
+    pub async fn probe(&self, backend: &BackendConfig, path: &str, timeout: Duration) -> Result<(), String> {
+        let uri = format!("{}{}", backend.url, path);
+        let request = Request::get(&uri).body(Full::new(Bytes::new())).map_err(|e| e.to_string())?;
+        match tokio::time::timeout(timeout, self.client.request(request)).await {
+            Ok(Ok(r)) if r.status().is_success() => Ok(()),
+            Ok(Ok(r)) => Err(format!("GET {path} answered {}", r.status())),
+            Ok(Err(e)) => Err(describe(&e, &uri)),
+            Err(_) => Err(format!("GET {path} gave no answer within {}s", timeout.as_secs())),
+        }
+    }
+}
+
+/// Request headers the gateway never forwards: its own connection's framing, the gateway's
+/// API key (a backend has its own), and the client's `Host`.
+fn is_dropped_request_header(name: &HeaderName) -> bool {
+    name == header::HOST || name == header::CONTENT_LENGTH || name == header::AUTHORIZATION
+}
+
+/// Turns a client error into a sentence naming the cause (connection refused, reset, …).
+fn describe(e: &hyper_util::client::legacy::Error, uri: &str) -> String {
+    let mut cause: Option<&dyn std::error::Error> = std::error::Error::source(e);
+    let mut deepest = e.to_string();
+    while let Some(c) = cause {
+        deepest = c.to_string();
+        cause = c.source();
+    }
+    if e.is_connect() {
+        format!("cannot connect to {uri}: {deepest}")
+    } else {
+        format!("the connection to {uri} failed before a response: {deepest}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn strips_hop_by_hop_and_connection_named_headers() {
+        let mut h = HeaderMap::new();
+        h.insert(header::CONNECTION, HeaderValue::from_static("keep-alive, x-private"));
+        h.insert("x-private", HeaderValue::from_static("1"));
+        h.insert("keep-alive", HeaderValue::from_static("timeout=5"));
+        h.insert(header::TRANSFER_ENCODING, HeaderValue::from_static("chunked"));
+        h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
+        strip_hop_by_hop(&mut h);
+        assert_eq!(h.len(), 1);
+        assert!(h.contains_key(header::CONTENT_TYPE));
+    }
+}

@@ -1,0 +1,505 @@
+//! gateway.yaml: raw serde types (`deny_unknown_fields`), `${VAR}` substitution, and one
+//! `validate()` that turns them into the immutable [`Config`] the gateway runs on.
+//!
+//! Every problem in a file is reported at once, each with its YAML path
+//! (`models.qwen.backend: no backend named "qwen-local"`), so a user fixes the file in one pass.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+use serde::Deserialize;
+use serde::de::DeserializeOwned;
+use serde_yaml::Value;
+
+/// The validated configuration. Built once before binding; never mutated.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub listen: SocketAddr,
+    /// How long running streams may go on after SIGINT/SIGTERM before they are cut.
+    pub shutdown_grace: Duration,
+    /// Largest request body accepted, in bytes (413 beyond).
+    pub max_body_bytes: usize,
+    pub backends: BTreeMap<String, BackendConfig>,
+    pub models: BTreeMap<String, ModelConfig>,
+}
+
+/// An OpenAI-compatible server the gateway forwards to.
+#[derive(Debug, Clone)]
+pub struct BackendConfig {
+    pub name: String,
+    /// Base URL, without a trailing slash: `http://127.0.0.1:8101`.
+    pub url: String,
+    /// Requests in flight at this backend at once (its batching capacity).
+    pub max_concurrency: usize,
+    /// Longest wait for the TCP connection.
+    pub connect_timeout: Duration,
+    /// Longest wait for the response headers (a long prefill can take minutes).
+    pub response_timeout: Duration,
+}
+
+/// A public model name and where its requests go.
+#[derive(Debug, Clone)]
+pub struct ModelConfig {
+    pub name: String,
+    pub backend: String,
+    /// The `model` value the backend expects.
+    pub upstream_model: String,
+    /// Requests waiting beyond those in flight; more get 503.
+    pub max_queue: usize,
+    /// Longest time a request waits for a slot; then 503.
+    pub max_wait: Duration,
+}
+
+/// Why a configuration could not be loaded: every problem found, each at its YAML path.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("{}", format_problems(.0))]
+    Invalid(Vec<Problem>),
+}
+
+/// One thing wrong with the file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Problem {
+    /// Dotted YAML path (`models.qwen.max_wait`), or `(file)` for syntax errors.
+    pub path: String,
+    pub reason: String,
+}
+
+impl fmt::Display for Problem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.path, self.reason)
+    }
+}
+
+fn format_problems(problems: &[Problem]) -> String {
+    let lines: Vec<String> = problems.iter().map(ToString::to_string).collect();
+    lines.join("\n")
+}
+
+const DEFAULT_LISTEN: &str = "127.0.0.1:8000";
+const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
+const DEFAULT_MAX_BODY: usize = 64 * 1024 * 1024;
+const DEFAULT_MAX_CONCURRENCY: usize = 1;
+const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+const DEFAULT_RESPONSE_TIMEOUT: Duration = Duration::from_secs(30 * 60);
+const DEFAULT_MAX_QUEUE: usize = 64;
+const DEFAULT_MAX_WAIT: Duration = Duration::from_secs(120);
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawConfig {
+    listen: Option<String>,
+    shutdown_grace: Option<RawDuration>,
+    max_body: Option<RawSize>,
+    #[serde(default)]
+    backends: BTreeMap<String, Value>,
+    #[serde(default)]
+    models: BTreeMap<String, Value>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawBackend {
+    url: String,
+    max_concurrency: Option<usize>,
+    connect_timeout: Option<RawDuration>,
+    response_timeout: Option<RawDuration>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawModel {
+    backend: String,
+    upstream_model: Option<String>,
+    max_queue: Option<usize>,
+    max_wait: Option<RawDuration>,
+}
+
+/// A duration written as `30s`, `5m`, `1h 30m`.
+struct RawDuration(Duration);
+
+impl<'de> Deserialize<'de> for RawDuration {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(d).map_err(|_| {
+            serde::de::Error::custom("a duration is written with its unit, like 30s or 5m")
+        })?;
+        humantime::parse_duration(text.trim())
+            .map(RawDuration)
+            .map_err(|e| serde::de::Error::custom(format!("{text:?} is not a duration ({e}); write it like 30s or 5m")))
+    }
+}
+
+/// A size written as `64MiB`, `512KB` or a number of bytes.
+struct RawSize(usize);
+
+impl<'de> Deserialize<'de> for RawSize {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let value = Value::deserialize(d)?;
+        let parsed = match &value {
+            Value::Number(n) => n.as_u64().and_then(|n| usize::try_from(n).ok()),
+            Value::String(s) => parse_size(s),
+            _ => None,
+        };
+        parsed
+            .map(RawSize)
+            .ok_or_else(|| serde::de::Error::custom("a size is a number of bytes or like 64MiB, 512KB"))
+    }
+}
+
+fn parse_size(text: &str) -> Option<usize> {
+    let text = text.trim();
+    let split = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
+    let (digits, unit) = text.split_at(split);
+    let n: usize = digits.parse().ok()?;
+    let factor: usize = match unit.trim() {
+        "" | "B" => 1,
+        "KB" | "kB" => 1000,
+        "KiB" => 1 << 10,
+        "MB" => 1000 * 1000,
+        "MiB" => 1 << 20,
+        "GB" => 1000 * 1000 * 1000,
+        "GiB" => 1 << 30,
+        _ => return None,
+    };
+    n.checked_mul(factor)
+}
+
+impl Config {
+    /// Reads, substitutes `${VAR}` from the process environment, and validates a file.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.display().to_string(),
+            source,
+        })?;
+        Config::parse(&text, &|name| std::env::var(name).ok())
+    }
+
+    /// Parses YAML text; `env` answers `${VAR}` look-ups (tests pass their own).
+    pub fn parse(text: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<Config, ConfigError> {
+        let mut problems = Vec::new();
+        let mut root: Value = serde_yaml::from_str(text).map_err(|e| {
+            ConfigError::Invalid(vec![Problem { path: "(file)".into(), reason: e.to_string() }])
+        })?;
+        if root.is_null() {
+            root = Value::Mapping(Default::default());
+        }
+        substitute_env(&mut root, &mut Vec::new(), env, &mut problems);
+        let raw: Option<RawConfig> = typed(root, "", &mut problems);
+        let config = raw.and_then(|raw| validate(raw, &mut problems));
+        match config {
+            Some(config) if problems.is_empty() => Ok(config),
+            _ => Err(ConfigError::Invalid(problems)),
+        }
+    }
+}
+
+/// Deserializes `value` into `T`, recording the first problem with its full path.
+fn typed<T: DeserializeOwned>(value: Value, prefix: &str, problems: &mut Vec<Problem>) -> Option<T> {
+    match serde_path_to_error::deserialize::<_, T>(value) {
+        Ok(v) => Some(v),
+        Err(err) => {
+            let inner = err.path().to_string();
+            let path = match (prefix.is_empty(), inner.as_str()) {
+                (true, ".") => "(root)".to_string(),
+                (true, _) => inner,
+                (false, ".") => prefix.to_string(),
+                (false, _) => format!("{prefix}.{inner}"),
+            };
+            let reason = err.into_inner().to_string();
+            // serde_yaml appends " at line N column M" for positions inside the source text;
+            // the path already says where.
+            problems.push(Problem { path, reason });
+            None
+        }
+    }
+}
+
+fn validate(raw: RawConfig, problems: &mut Vec<Problem>) -> Option<Config> {
+    let listen_text = raw.listen.unwrap_or_else(|| DEFAULT_LISTEN.to_string());
+    let listen = match listen_text.parse::<SocketAddr>() {
+        Ok(addr) => Some(addr),
+        Err(_) => {
+            problems.push(Problem {
+                path: "listen".into(),
+                reason: format!("{listen_text:?} is not an address like 127.0.0.1:8000"),
+            });
+            None
+        }
+    };
+
+    let mut backends = BTreeMap::new();
+    for (name, value) in raw.backends {
+        let path = format!("backends.{name}");
+        let Some(b) = typed::<RawBackend>(value, &path, problems) else { continue };
+        let url = b.url.trim_end_matches('/').to_string();
+        match url.parse::<http::Uri>() {
+            Ok(uri) if uri.scheme_str() == Some("http") && uri.host().is_some() => {}
+            Ok(uri) if uri.scheme_str() == Some("https") => problems.push(Problem {
+                path: format!("{path}.url"),
+                reason: "https backends are not supported yet; use http:// (MLX servers on a LAN)".into(),
+            }),
+            _ => problems.push(Problem {
+                path: format!("{path}.url"),
+                reason: format!("{:?} is not a URL like http://127.0.0.1:8101", b.url),
+            }),
+        }
+        let max_concurrency = b.max_concurrency.unwrap_or(DEFAULT_MAX_CONCURRENCY);
+        if max_concurrency == 0 {
+            problems.push(Problem {
+                path: format!("{path}.max_concurrency"),
+                reason: "must be at least 1".into(),
+            });
+        }
+        backends.insert(
+            name.clone(),
+            BackendConfig {
+                name,
+                url,
+                max_concurrency,
+                connect_timeout: b.connect_timeout.map_or(DEFAULT_CONNECT_TIMEOUT, |d| d.0),
+                response_timeout: b.response_timeout.map_or(DEFAULT_RESPONSE_TIMEOUT, |d| d.0),
+            },
+        );
+    }
+
+    let mut models = BTreeMap::new();
+    for (name, value) in raw.models {
+        let path = format!("models.{name}");
+        let Some(m) = typed::<RawModel>(value, &path, problems) else { continue };
+        if !backends.contains_key(&m.backend) {
+            let known: Vec<&str> = backends.keys().map(String::as_str).collect();
+            problems.push(Problem {
+                path: format!("{path}.backend"),
+                reason: format!(
+                    "no backend named {:?} (backends: {})",
+                    m.backend,
+                    if known.is_empty() { "none".to_string() } else { known.join(", ") }
+                ),
+            });
+        }
+        let max_wait = m.max_wait.map_or(DEFAULT_MAX_WAIT, |d| d.0);
+        if max_wait.is_zero() {
+            problems.push(Problem { path: format!("{path}.max_wait"), reason: "must be longer than 0s".into() });
+        }
+        models.insert(
+            name.clone(),
+            ModelConfig {
+                upstream_model: m.upstream_model.unwrap_or_else(|| name.clone()),
+                name,
+                backend: m.backend,
+                max_queue: m.max_queue.unwrap_or(DEFAULT_MAX_QUEUE),
+                max_wait,
+            },
+        );
+    }
+    if models.is_empty() && !problems.iter().any(|p| p.path.starts_with("models")) {
+        problems.push(Problem {
+            path: "models".into(),
+            reason: "no models configured: clients need at least one public model name".into(),
+        });
+    }
+
+    Some(Config {
+        listen: listen?,
+        shutdown_grace: raw.shutdown_grace.map_or(DEFAULT_SHUTDOWN_GRACE, |d| d.0),
+        max_body_bytes: raw.max_body.map_or(DEFAULT_MAX_BODY, |s| s.0),
+        backends,
+        models,
+    })
+}
+
+/// Replaces `${VAR}` and `${VAR:-default}` in every string value; `$${` stays a literal `${`.
+/// A scalar that was only a placeholder is re-read as YAML, so `port: ${PORT}` gives a number.
+fn substitute_env(
+    value: &mut Value,
+    path: &mut Vec<String>,
+    env: &dyn Fn(&str) -> Option<String>,
+    problems: &mut Vec<Problem>,
+) {
+    match value {
+        Value::String(s) if s.contains('$') => match expand(s, env) {
+            Ok(expanded) => {
+                let whole = s.starts_with("${") && s.ends_with('}') && s.matches("${").count() == 1;
+                *value = if whole {
+                    serde_yaml::from_str::<Value>(&expanded)
+                        .ok()
+                        .filter(|v| !matches!(v, Value::Mapping(_) | Value::Sequence(_) | Value::Null))
+                        .unwrap_or(Value::String(expanded))
+                } else {
+                    Value::String(expanded)
+                };
+            }
+            Err(reason) => problems.push(Problem { path: path.join("."), reason }),
+        },
+        Value::Mapping(map) => {
+            for (k, v) in map.iter_mut() {
+                path.push(k.as_str().map_or_else(|| format!("{k:?}"), str::to_string));
+                substitute_env(v, path, env, problems);
+                path.pop();
+            }
+        }
+        Value::Sequence(items) => {
+            for (i, v) in items.iter_mut().enumerate() {
+                path.push(i.to_string());
+                substitute_env(v, path, env, problems);
+                path.pop();
+            }
+        }
+        _ => {}
+    }
+}
+
+fn expand(text: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<String, String> {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(pos) = rest.find('$') {
+        out.push_str(&rest[..pos]);
+        rest = &rest[pos..];
+        if let Some(after) = rest.strip_prefix("$${") {
+            out.push_str("${");
+            rest = after;
+        } else if let Some(after) = rest.strip_prefix("${") {
+            let end = after.find('}').ok_or_else(|| format!("unclosed ${{ in {text:?}"))?;
+            let inner = &after[..end];
+            let (name, default) = match inner.split_once(":-") {
+                Some((n, d)) => (n, Some(d)),
+                None => (inner, None),
+            };
+            if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+                return Err(format!("${{{inner}}} is not a variable name"));
+            }
+            match (env(name).filter(|v| !v.is_empty() || default.is_none()), default) {
+                (Some(v), _) => out.push_str(&v),
+                (None, Some(d)) => out.push_str(d),
+                (None, None) => {
+                    return Err(format!("environment variable {name} is not set (write ${{{name}:-default}} for a default)"));
+                }
+            }
+            rest = &after[end + 1..];
+        } else {
+            out.push('$');
+            rest = &rest[1..];
+        }
+    }
+    out.push_str(rest);
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn no_env(_: &str) -> Option<String> {
+        None
+    }
+
+    fn problems(text: &str) -> Vec<String> {
+        match Config::parse(text, &no_env) {
+            Ok(_) => vec![],
+            Err(ConfigError::Invalid(p)) => p.iter().map(ToString::to_string).collect(),
+            Err(e) => vec![e.to_string()],
+        }
+    }
+
+    const GOOD: &str = "
+listen: 127.0.0.1:9000
+backends:
+  local: {url: 'http://127.0.0.1:8101/', max_concurrency: 2}
+models:
+  qwen: {backend: local, upstream_model: tiny-qwen3, max_queue: 5, max_wait: 2m}
+  other: {backend: local}
+";
+
+    #[test]
+    fn parses_the_documented_shape_with_defaults() {
+        let c = Config::parse(GOOD, &no_env).expect("valid");
+        assert_eq!(c.listen.port(), 9000);
+        assert_eq!(c.backends["local"].url, "http://127.0.0.1:8101");
+        assert_eq!(c.backends["local"].max_concurrency, 2);
+        assert_eq!(c.models["qwen"].upstream_model, "tiny-qwen3");
+        assert_eq!(c.models["qwen"].max_wait, Duration::from_secs(120));
+        assert_eq!(c.models["other"].upstream_model, "other");
+        assert_eq!(c.models["other"].max_queue, DEFAULT_MAX_QUEUE);
+    }
+
+    #[test]
+    fn lists_every_problem_with_its_path() {
+        let p = problems(
+            "
+backends:
+  local: {url: 'ftp://x', max_concurrency: 0}
+models:
+  qwen: {backend: qwen-local}
+  bad: {backend: local, max_wait: 30}
+  typo: {backend: local, max_queu: 3}
+",
+        );
+        assert!(p.iter().any(|l| l.starts_with("backends.local.url:")), "{p:?}");
+        assert!(p.iter().any(|l| l == "backends.local.max_concurrency: must be at least 1"), "{p:?}");
+        assert!(
+            p.iter().any(|l| l.starts_with("models.qwen.backend: no backend named \"qwen-local\"")),
+            "{p:?}"
+        );
+        assert!(p.iter().any(|l| l.starts_with("models.bad.max_wait:") && l.contains("30s")), "{p:?}");
+        assert!(p.iter().any(|l| l.starts_with("models.typo.max_queu: unknown field")), "{p:?}");
+        assert_eq!(p.len(), 5, "{p:?}");
+    }
+
+    #[test]
+    fn unknown_top_level_key_is_an_error() {
+        let p = problems(&format!("{GOOD}\nlisten_port: 3\n"));
+        assert_eq!(p.len(), 1, "{p:?}");
+        assert!(p[0].contains("listen_port"), "{p:?}");
+    }
+
+    #[test]
+    fn substitutes_environment_variables_with_defaults_and_types() {
+        let env = |name: &str| match name {
+            "PORT" => Some("8202".to_string()),
+            "QUEUE" => Some("7".to_string()),
+            _ => None,
+        };
+        let text = "
+listen: 127.0.0.1:${GW_PORT:-8123}
+backends:
+  local: {url: 'http://127.0.0.1:${PORT}'}
+models:
+  qwen: {backend: local, max_queue: '${QUEUE}', upstream_model: 'a$${b}'}
+";
+        let c = Config::parse(text, &env).expect("valid");
+        assert_eq!(c.listen.port(), 8123);
+        assert_eq!(c.backends["local"].url, "http://127.0.0.1:8202");
+        assert_eq!(c.models["qwen"].max_queue, 7);
+        assert_eq!(c.models["qwen"].upstream_model, "a${b}");
+    }
+
+    #[test]
+    fn unset_variable_is_reported_at_its_path() {
+        let text = "
+backends:
+  local: {url: '${BACKEND_URL}'}
+models:
+  qwen: {backend: local}
+";
+        let p = problems(text);
+        assert!(p[0].starts_with("backends.local.url: environment variable BACKEND_URL is not set"), "{p:?}");
+    }
+
+    #[test]
+    fn sizes_and_empty_models() {
+        assert_eq!(parse_size("64MiB"), Some(64 << 20));
+        assert_eq!(parse_size("512KB"), Some(512_000));
+        assert_eq!(parse_size("12"), Some(12));
+        assert_eq!(parse_size("3 parsecs"), None);
+        let p = problems("backends: {}\n");
+        assert_eq!(p, vec!["models: no models configured: clients need at least one public model name"]);
+    }
+}

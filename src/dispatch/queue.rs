@@ -1,0 +1,412 @@
+//! Per-model bounded queues in front of each backend's slots.
+//!
+//! A backend has `max_concurrency` slots. A request takes a free slot at once when nobody is
+//! waiting; otherwise it waits in its model's queue (at most `max_queue` waiting, at most
+//! `max_wait` long, else 503). When a slot frees, it passes straight to the next waiter: round
+//! robin across the backend's models, and within a model round robin across clients, so one
+//! agent with ten queued requests cannot starve another with one.
+//!
+//! The slot is a [`Permit`] that releases on drop. It travels inside the response body
+//! (DESIGN.md rule 3), so a stream holds its slot until its last byte or until the client goes.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use tokio::sync::oneshot;
+
+use crate::error::GatewayError;
+use crate::metrics::Metrics;
+
+/// Who a waiting request belongs to, for fairness: the API key if one was sent, else the peer IP.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ClientId(pub String);
+
+/// The slots of one backend and the queues of the models it serves.
+pub struct BackendQueue {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    backend: String,
+    max_concurrency: usize,
+    metrics: Metrics,
+    state: Mutex<State>,
+}
+
+struct State {
+    in_flight: usize,
+    models: Vec<ModelQueue>,
+    /// Index of the model whose turn is next when a slot frees.
+    next_model: usize,
+    next_waiter_id: u64,
+    /// Smoothed time a request holds a slot, for `Retry-After` estimates.
+    mean_service: Duration,
+}
+
+struct ModelQueue {
+    name: String,
+    max_queue: usize,
+    max_wait: Duration,
+    waiting: usize,
+    /// Clients with waiting requests, in turn order; each with its own FIFO.
+    clients: VecDeque<(ClientId, VecDeque<Waiter>)>,
+}
+
+struct Waiter {
+    id: u64,
+    grant: oneshot::Sender<Permit>,
+}
+
+/// Where a model's requests queue: its backend's queue and its own index there.
+#[derive(Clone)]
+pub struct ModelSlot {
+    queue: Arc<Shared>,
+    index: usize,
+}
+
+/// A held slot at a backend. Dropping it frees the slot (or hands it to the next waiter).
+pub struct Permit {
+    shared: Option<Arc<Shared>>,
+    granted: Instant,
+    queue_wait: Duration,
+}
+
+impl Permit {
+    /// How long the request waited before it got this slot.
+    pub fn queue_wait(&self) -> Duration {
+        self.queue_wait
+    }
+}
+
+impl Drop for Permit {
+    fn drop(&mut self) {
+        if let Some(shared) = self.shared.take() {
+            shared.release(self.granted.elapsed());
+        }
+    }
+}
+
+impl BackendQueue {
+    /// A queue for `backend` with `max_concurrency` slots and no models yet.
+    pub fn new(backend: &str, max_concurrency: usize, metrics: Metrics) -> Self {
+        metrics.inflight.with_label_values(&[backend]).set(0);
+        BackendQueue {
+            shared: Arc::new(Shared {
+                backend: backend.to_string(),
+                max_concurrency,
+                metrics,
+                state: Mutex::new(State {
+                    in_flight: 0,
+                    models: Vec::new(),
+                    next_model: 0,
+                    next_waiter_id: 0,
+                    mean_service: Duration::ZERO,
+                }),
+            }),
+        }
+    }
+
+    /// Adds a model served by this backend and returns where its requests queue.
+    pub fn add_model(&self, name: &str, max_queue: usize, max_wait: Duration) -> ModelSlot {
+        self.shared.metrics.queue_depth.with_label_values(&[name]).set(0);
+        let mut state = self.shared.lock();
+        state.models.push(ModelQueue {
+            name: name.to_string(),
+            max_queue,
+            max_wait,
+            waiting: 0,
+            clients: VecDeque::new(),
+        });
+        ModelSlot { queue: Arc::clone(&self.shared), index: state.models.len() - 1 }
+    }
+}
+
+impl ModelSlot {
+    /// Waits for a slot for `client`, failing fast when the queue is full and after `max_wait`.
+    /// Dropping the returned future (client gone) leaves the queue clean.
+    pub async fn acquire(&self, client: ClientId) -> Result<Permit, GatewayError> {
+        let arrived = Instant::now();
+        let shared = &self.queue;
+        let (id, receiver, max_wait) = {
+            let mut state = shared.lock();
+            let nobody_waiting = state.models.iter().all(|m| m.waiting == 0);
+            if nobody_waiting && state.in_flight < shared.max_concurrency {
+                state.in_flight += 1;
+                shared.metrics.inflight.with_label_values(&[&shared.backend]).set(state.in_flight as i64);
+                drop(state);
+                return Ok(shared.permit(arrived));
+            }
+            let in_flight = state.in_flight;
+            let retry_after = state.retry_after(shared.max_concurrency);
+            let id = state.next_waiter_id;
+            state.next_waiter_id += 1;
+            let model = &mut state.models[self.index];
+            if model.waiting >= model.max_queue {
+                return Err(GatewayError::QueueFull {
+                    model: model.name.clone(),
+                    waiting: model.waiting,
+                    in_flight,
+                    retry_after,
+                });
+            }
+            let (grant, receiver) = oneshot::channel();
+            let waiter = Waiter { id, grant };
+            match model.clients.iter_mut().find(|(c, _)| *c == client) {
+                Some((_, fifo)) => fifo.push_back(waiter),
+                None => model.clients.push_back((client, VecDeque::from([waiter]))),
+            }
+            model.waiting += 1;
+            shared.metrics.queue_depth.with_label_values(&[&model.name]).set(model.waiting as i64);
+            (id, receiver, model.max_wait)
+        };
+
+        let mut guard = WaitGuard { slot: self, id, armed: true };
+        let mut receiver = receiver;
+        let outcome = tokio::time::timeout(max_wait, &mut receiver).await;
+        guard.armed = false;
+        match outcome {
+            Ok(Ok(permit)) => Ok(permit),
+            // The sender is only dropped unsent by `release`, which always sends first.
+            Ok(Err(_)) => Err(self.timeout_error(arrived)),
+            Err(_) => {
+                if self.remove_waiter(id) {
+                    return Err(self.timeout_error(arrived));
+                }
+                // Already dequeued: the permit is on its way (sent just after the lock).
+                receiver.await.map_err(|_| self.timeout_error(arrived))
+            }
+        }
+    }
+
+    fn timeout_error(&self, arrived: Instant) -> GatewayError {
+        let state = self.queue.lock();
+        GatewayError::QueueTimeout {
+            model: state.models[self.index].name.clone(),
+            waited: arrived.elapsed(),
+            retry_after: state.retry_after(self.queue.max_concurrency),
+        }
+    }
+
+    /// Removes a still-queued waiter; false when it was already handed a slot.
+    fn remove_waiter(&self, id: u64) -> bool {
+        let mut state = self.queue.lock();
+        let model = &mut state.models[self.index];
+        let Some(pos) = model.clients.iter().position(|(_, fifo)| fifo.iter().any(|w| w.id == id)) else {
+            return false;
+        };
+        let fifo = &mut model.clients[pos].1;
+        fifo.retain(|w| w.id != id);
+        if fifo.is_empty() {
+            model.clients.remove(pos);
+        }
+        model.waiting -= 1;
+        self.queue.metrics.queue_depth.with_label_values(&[&model.name]).set(model.waiting as i64);
+        true
+    }
+}
+
+/// Takes a waiter out of the queue when its request is dropped before it got a slot.
+struct WaitGuard<'a> {
+    slot: &'a ModelSlot,
+    id: u64,
+    armed: bool,
+}
+
+impl Drop for WaitGuard<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.slot.remove_waiter(self.id);
+        }
+    }
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic while holding this lock leaves counters that are still consistent.
+        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn permit(self: &Arc<Self>, arrived: Instant) -> Permit {
+        let queue_wait = arrived.elapsed();
+        Permit { shared: Some(Arc::clone(self)), granted: Instant::now(), queue_wait }
+    }
+
+    /// Frees a slot: hands it to the next waiter in fair order, or returns it to the pool.
+    fn release(self: &Arc<Self>, held: Duration) {
+        let mut first = true;
+        loop {
+            let next = {
+                let mut state = self.lock();
+                if first {
+                    state.observe_service(held);
+                    first = false;
+                }
+                match state.pop_next() {
+                    Some((waiter, model)) => {
+                        self.metrics.queue_depth.with_label_values(&[&model]).set(
+                            state.models.iter().find(|m| m.name == model).map_or(0, |m| m.waiting as i64),
+                        );
+                        waiter
+                    }
+                    None => {
+                        state.in_flight -= 1;
+                        self.metrics.inflight.with_label_values(&[&self.backend]).set(state.in_flight as i64);
+                        return;
+                    }
+                }
+            };
+            // The slot moves to the waiter; `in_flight` is unchanged.
+            let permit = Permit { shared: Some(Arc::clone(self)), granted: Instant::now(), queue_wait: Duration::ZERO };
+            match next.grant.send(permit) {
+                Ok(()) => return,
+                // That waiter is gone; disarm the returned permit and try the next one.
+                Err(mut unclaimed) => unclaimed.shared = None,
+            }
+        }
+    }
+}
+
+impl State {
+    /// Next waiter: round robin across models, then across clients within the model.
+    fn pop_next(&mut self) -> Option<(Waiter, String)> {
+        let n = self.models.len();
+        for step in 0..n {
+            let index = (self.next_model + step) % n;
+            let model = &mut self.models[index];
+            let Some((client, mut fifo)) = model.clients.pop_front() else { continue };
+            let waiter = fifo.pop_front()?;
+            if !fifo.is_empty() {
+                model.clients.push_back((client, fifo));
+            }
+            model.waiting -= 1;
+            self.next_model = (index + 1) % n;
+            return Some((waiter, model.name.clone()));
+        }
+        None
+    }
+
+    fn observe_service(&mut self, held: Duration) {
+        self.mean_service = if self.mean_service.is_zero() { held } else { (self.mean_service * 7 + held) / 8 };
+    }
+
+    /// A rough time until a slot is likely free: mean slot time × queued rounds ahead.
+    fn retry_after(&self, max_concurrency: usize) -> Duration {
+        let waiting: usize = self.models.iter().map(|m| m.waiting).sum();
+        let rounds = (waiting / max_concurrency.max(1)) as u32 + 1;
+        (self.mean_service * rounds).clamp(Duration::from_secs(1), Duration::from_secs(600))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn queue(max_concurrency: usize, max_queue: usize) -> (BackendQueue, ModelSlot) {
+        let q = BackendQueue::new("b", max_concurrency, Metrics::new());
+        let slot = q.add_model("m", max_queue, Duration::from_secs(60));
+        (q, slot)
+    }
+
+    fn client(name: &str) -> ClientId {
+        ClientId(name.to_string())
+    }
+
+    /// Polls until `n` requests wait in the model's queue.
+    async fn until_waiting(slot: &ModelSlot, n: usize) {
+        while slot.queue.lock().models[slot.index].waiting != n {
+            tokio::task::yield_now().await;
+        }
+    }
+
+    #[tokio::test]
+    async fn grants_up_to_capacity_then_queues_then_rejects() {
+        let (_q, slot) = queue(2, 1);
+        let a = slot.acquire(client("a")).await.expect("slot 1");
+        let _b = slot.acquire(client("a")).await.expect("slot 2");
+        let s2 = slot.clone();
+        let waiting = tokio::spawn(async move { s2.acquire(client("a")).await });
+        until_waiting(&slot, 1).await;
+        let full = slot.acquire(client("a")).await.err().expect("queue full");
+        assert!(matches!(full, GatewayError::QueueFull { waiting: 1, in_flight: 2, .. }), "{full:?}");
+        drop(a);
+        let third = waiting.await.expect("task").expect("slot handed over");
+        assert_eq!(slot.queue.lock().in_flight, 2);
+        drop(third);
+        assert_eq!(slot.queue.lock().in_flight, 1);
+    }
+
+    #[tokio::test]
+    async fn round_robin_across_clients() {
+        let (_q, slot) = queue(1, 16);
+        let held = slot.acquire(client("hog")).await.expect("slot");
+        let order = Arc::new(Mutex::new(Vec::new()));
+        let mut tasks = Vec::new();
+        let enqueue = |name: &'static str, n: usize, tasks: &mut Vec<_>| {
+            for _ in 0..n {
+                let s = slot.clone();
+                let order = Arc::clone(&order);
+                tasks.push(tokio::spawn(async move {
+                    let permit = s.acquire(client(name)).await.expect("slot");
+                    order.lock().expect("lock").push(name);
+                    drop(permit);
+                }));
+            }
+        };
+        enqueue("hog", 5, &mut tasks);
+        until_waiting(&slot, 5).await;
+        enqueue("small", 2, &mut tasks);
+        until_waiting(&slot, 7).await;
+        drop(held);
+        for t in tasks {
+            t.await.expect("task");
+        }
+        let order = order.lock().expect("lock").clone();
+        assert_eq!(order, ["hog", "small", "hog", "small", "hog", "hog", "hog"]);
+    }
+
+    #[tokio::test]
+    async fn cancelled_waiter_leaves_no_trace_and_times_out() {
+        let q = BackendQueue::new("b", 1, Metrics::new());
+        let slot = q.add_model("m", 4, Duration::from_millis(50));
+        let held = slot.acquire(client("a")).await.expect("slot");
+        let s2 = slot.clone();
+        let task = tokio::spawn(async move { s2.acquire(client("b")).await });
+        until_waiting(&slot, 1).await;
+        task.abort();
+        let _ = task.await;
+        assert_eq!(slot.queue.lock().models[0].waiting, 0);
+        let timed_out = slot.acquire(client("c")).await.err().expect("times out");
+        assert!(matches!(timed_out, GatewayError::QueueTimeout { .. }), "{timed_out:?}");
+        drop(held);
+        assert_eq!(slot.queue.lock().in_flight, 0);
+        let _again = slot.acquire(client("c")).await.expect("free again");
+    }
+
+    #[tokio::test]
+    async fn round_robin_across_models_of_one_backend() {
+        let q = BackendQueue::new("b", 1, Metrics::new());
+        let m1 = q.add_model("m1", 8, Duration::from_secs(60));
+        let m2 = q.add_model("m2", 8, Duration::from_secs(60));
+        let held = m1.acquire(client("a")).await.expect("slot");
+        let order = Arc::new(Mutex::new(Vec::new()));
+        let mut tasks = Vec::new();
+        for (slot, name) in [(&m1, "m1"), (&m1, "m1"), (&m1, "m1"), (&m2, "m2")] {
+            let s = slot.clone();
+            let order = Arc::clone(&order);
+            tasks.push(tokio::spawn(async move {
+                let p = s.acquire(client("a")).await.expect("slot");
+                order.lock().expect("lock").push(name);
+                drop(p);
+            }));
+            while slot.queue.lock().models.iter().map(|m| m.waiting).sum::<usize>() != tasks.len() {
+                tokio::task::yield_now().await;
+            }
+        }
+        drop(held);
+        for t in tasks {
+            t.await.expect("task");
+        }
+        assert_eq!(order.lock().expect("lock")[..2], ["m1", "m2"]);
+    }
+}

@@ -1,0 +1,120 @@
+//! The `mlxgate` command: `serve` runs the gateway, `check` validates a gateway.yaml.
+#![forbid(unsafe_code)]
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand, ValueEnum};
+use mlxgate::Config;
+use tracing_subscriber::EnvFilter;
+
+#[derive(Parser)]
+#[command(name = "mlxgate", version, about = "OpenAI-compatible gateway for local MLX servers")]
+struct Cli {
+    /// Log line format.
+    #[arg(long, value_enum, default_value_t = LogFormat::Text, global = true, env = "MLXGATE_LOG_FORMAT")]
+    log_format: LogFormat,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the gateway.
+    Serve {
+        /// The configuration file.
+        #[arg(long, short, default_value = "gateway.yaml", env = "MLXGATE_CONFIG")]
+        config: PathBuf,
+    },
+    /// Validate a configuration file and list every problem in it.
+    Check {
+        #[arg(long, short, default_value = "gateway.yaml", env = "MLXGATE_CONFIG")]
+        config: PathBuf,
+    },
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging(cli.log_format);
+    match cli.command {
+        Command::Check { config } => match Config::load(&config) {
+            Ok(c) => {
+                println!(
+                    "{}: ok ({} backends, {} models, listening on {})",
+                    config.display(),
+                    c.backends.len(),
+                    c.models.len(),
+                    c.listen
+                );
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("{}: invalid configuration\n{e}", config.display());
+                ExitCode::FAILURE
+            }
+        },
+        Command::Serve { config } => {
+            let loaded = match Config::load(&config) {
+                Ok(c) => c,
+                Err(e) => {
+                    eprintln!("{}: invalid configuration\n{e}", config.display());
+                    return ExitCode::FAILURE;
+                }
+            };
+            let runtime = match tokio::runtime::Runtime::new() {
+                Ok(r) => r,
+                Err(e) => {
+                    eprintln!("cannot start the async runtime: {e}");
+                    return ExitCode::FAILURE;
+                }
+            };
+            match runtime.block_on(run(loaded)) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("mlxgate: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+    }
+}
+
+async fn run(config: Config) -> std::io::Result<()> {
+    let listener = tokio::net::TcpListener::bind(config.listen)
+        .await
+        .map_err(|e| std::io::Error::new(e.kind(), format!("cannot listen on {}: {e}", config.listen)))?;
+    tracing::info!(
+        listen = %listener.local_addr()?,
+        models = ?config.models.keys().collect::<Vec<_>>(),
+        "mlxgate serving"
+    );
+    mlxgate::serve(config, listener, shutdown_signal()).await
+}
+
+/// Resolves on SIGINT or SIGTERM.
+async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
+        tracing::error!("cannot install signal handlers; stop the gateway with SIGKILL");
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM received"),
+        _ = int.recv() => tracing::info!("SIGINT received"),
+    }
+}
+
+fn init_logging(format: LogFormat) {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}

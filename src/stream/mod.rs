@@ -1,0 +1,3 @@
+//! Response streams: the body wrapper that forwards, meters and ends each proxied response.
+
+pub mod meter;
