@@ -1,1 +1,431 @@
-//! placeholder
+//! `mlxgate-sim`: an OpenAI-compatible server for tests and benchmarks whose timing and quirks
+//! are set by flags (server defaults) and per request (a `"sim": {…}` object in the body, which
+//! the gateway forwards untouched). It reproduces the servers of DESIGN.md's table: keepalive
+//! styles, usage placement, error events, crashes, hangs, prompt caps and a batching capacity
+//! with a speedup curve. Never used by `mlxgate serve`.
+//!
+//! Inspection endpoints for tests: `GET /sim/requests` (the last bodies and headers received),
+//! `GET /sim/stats` (active, peak, held and total requests), `POST /sim/release/{key}`.
+
+pub mod behaviour;
+mod stream;
+
+use std::collections::{HashMap, VecDeque};
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use axum::body::{Body, Bytes};
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::service::TowerToHyperService;
+use serde_json::{Value, json};
+use tokio::net::TcpListener;
+use tokio::sync::{Notify, Semaphore, mpsc};
+use tokio::task::JoinSet;
+
+pub use behaviour::{Behaviour, Plan, Style};
+use behaviour::CapStyle;
+use stream::Job;
+
+/// How many received requests `/sim/requests` keeps.
+const RECORDED: usize = 256;
+
+/// Server-wide settings.
+#[derive(Debug, Clone, Default)]
+pub struct SimConfig {
+    /// Default behaviour for every request.
+    pub defaults: Behaviour,
+    /// Requests generating at once; more wait inside the server (0 = unlimited).
+    pub capacity: usize,
+    /// Aggregate throughput with k requests generating, relative to one: `speedup[k-1]`
+    /// (the last value holds beyond the list). Empty = no gain from batching (1.0 for all k).
+    pub speedup: Vec<f64>,
+    /// Model ids listed by `/v1/models`.
+    pub models: Vec<String>,
+}
+
+/// Shared state of one running simulator.
+pub struct SimState {
+    config: SimConfig,
+    capacity: Option<Semaphore>,
+    active: AtomicUsize,
+    peak: AtomicUsize,
+    held: AtomicUsize,
+    total: AtomicUsize,
+    recorded: Mutex<VecDeque<Value>>,
+    holds: Mutex<HashMap<String, Arc<Semaphore>>>,
+    crashed: Notify,
+}
+
+/// A simulator running in this process (tests); dropping it stops it.
+pub struct SimHandle {
+    pub addr: SocketAddr,
+    pub state: Arc<SimState>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl SimHandle {
+    /// `http://127.0.0.1:PORT`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Kills the server as a crash would: connections cut, port closed.
+    pub fn kill(&self) {
+        self.task.abort();
+    }
+}
+
+impl Drop for SimHandle {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Starts a simulator on `127.0.0.1:0` inside this process.
+pub async fn spawn(config: SimConfig) -> std::io::Result<SimHandle> {
+    let listener = TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    let state = SimState::new(config);
+    let task = tokio::spawn(run(listener, Arc::clone(&state)));
+    Ok(SimHandle { addr, state, task })
+}
+
+/// Serves until a request's `exit_after` crashes the server; then every connection is cut.
+pub async fn run(listener: TcpListener, state: Arc<SimState>) {
+    let router = router(Arc::clone(&state));
+    let mut connections = JoinSet::new();
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => {
+                let Ok((tcp, _)) = accepted else { continue };
+                let _ = tcp.set_nodelay(true);
+                let service = TowerToHyperService::new(router.clone());
+                connections.spawn(async move {
+                    let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                        .serve_connection(TokioIo::new(tcp), service)
+                        .await;
+                });
+            }
+            () = state.crashed.notified() => {
+                connections.abort_all();
+                return;
+            }
+            Some(_) = connections.join_next(), if !connections.is_empty() => {}
+        }
+    }
+}
+
+impl SimState {
+    /// Fresh state for one server.
+    pub fn new(config: SimConfig) -> Arc<Self> {
+        let capacity = (config.capacity > 0).then(|| Semaphore::new(config.capacity));
+        Arc::new(SimState {
+            config,
+            capacity,
+            active: AtomicUsize::new(0),
+            peak: AtomicUsize::new(0),
+            held: AtomicUsize::new(0),
+            total: AtomicUsize::new(0),
+            recorded: Mutex::new(VecDeque::new()),
+            holds: Mutex::new(HashMap::new()),
+            crashed: Notify::new(),
+        })
+    }
+
+    /// Requests generating right now.
+    pub fn active(&self) -> usize {
+        self.active.load(Ordering::SeqCst)
+    }
+
+    /// The most requests that were ever generating at once.
+    pub fn peak(&self) -> usize {
+        self.peak.load(Ordering::SeqCst)
+    }
+
+    /// The last request bodies received (newest last), with `path` and `authorization` added.
+    pub fn requests(&self) -> Vec<Value> {
+        lock(&self.recorded).iter().cloned().collect()
+    }
+
+    fn crash(&self) {
+        self.crashed.notify_one();
+    }
+
+    /// Time between two tokens for one request, with `k` requests decoding together.
+    fn token_interval(&self, plan: &Plan) -> Duration {
+        let k = self.active().max(1);
+        let gain = if self.config.speedup.is_empty() {
+            1.0
+        } else {
+            self.config.speedup[(k - 1).min(self.config.speedup.len() - 1)].max(0.01)
+        };
+        let per_request_tps = plan.tokens_per_second * gain / k as f64;
+        Duration::from_secs_f64(1.0 / per_request_tps)
+    }
+
+    /// Waits until `POST /sim/release/{key}` (or the client leaves); false when it left.
+    async fn hold(&self, key: &str, tx: &mpsc::Sender<Bytes>) -> bool {
+        let gate = Arc::clone(lock(&self.holds).entry(key.to_string()).or_insert_with(|| Arc::new(Semaphore::new(0))));
+        self.held.fetch_add(1, Ordering::SeqCst);
+        let released = tokio::select! {
+            // A released gate is a closed semaphore: acquire fails at once.
+            _ = gate.acquire() => true,
+            () = tx.closed() => false,
+        };
+        self.held.fetch_sub(1, Ordering::SeqCst);
+        released
+    }
+
+    fn release(&self, key: &str) {
+        lock(&self.holds).entry(key.to_string()).or_insert_with(|| Arc::new(Semaphore::new(0))).close();
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Counts a request as generating while alive.
+struct Active<'a>(&'a SimState);
+
+impl<'a> Active<'a> {
+    fn new(state: &'a SimState) -> Self {
+        let now = state.active.fetch_add(1, Ordering::SeqCst) + 1;
+        state.peak.fetch_max(now, Ordering::SeqCst);
+        Active(state)
+    }
+}
+
+impl Drop for Active<'_> {
+    fn drop(&mut self) {
+        self.0.active.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+fn router(state: Arc<SimState>) -> Router {
+    Router::new()
+        .route("/v1/chat/completions", post(generate))
+        .route("/v1/completions", post(generate))
+        .route("/v1/embeddings", post(embeddings))
+        .route("/v1/models", get(models))
+        .route("/health", get(|| async { Json(json!({"status": "ok"})) }))
+        .route("/sim/requests", get(|State(s): State<Arc<SimState>>| async move { Json(s.requests()) }))
+        .route("/sim/stats", get(stats))
+        .route("/sim/release/{key}", post(release))
+        .with_state(state)
+}
+
+async fn models(State(state): State<Arc<SimState>>) -> Json<Value> {
+    let ids = if state.config.models.is_empty() { vec!["sim".to_string()] } else { state.config.models.clone() };
+    let data: Vec<Value> =
+        ids.iter().map(|id| json!({"id": id, "object": "model", "created": 0, "owned_by": "mlxgate-sim"})).collect();
+    Json(json!({"object": "list", "data": data}))
+}
+
+async fn stats(State(state): State<Arc<SimState>>) -> Json<Value> {
+    Json(json!({
+        "active": state.active(),
+        "peak": state.peak(),
+        "held": state.held.load(Ordering::SeqCst),
+        "total": state.total.load(Ordering::SeqCst),
+    }))
+}
+
+async fn release(State(state): State<Arc<SimState>>, Path(key): Path<String>) -> StatusCode {
+    state.release(&key);
+    StatusCode::NO_CONTENT
+}
+
+/// Parses and records a request; returns its body and resolved plan.
+fn admit(state: &SimState, path: &str, headers: &HeaderMap, body: &Bytes) -> Result<(Value, Plan), Response> {
+    state.total.fetch_add(1, Ordering::SeqCst);
+    let mut parsed: Value = serde_json::from_slice(body).map_err(|e| {
+        (StatusCode::BAD_REQUEST, Json(json!({"error": {"message": format!("invalid JSON: {e}"), "type": "invalid_request_error"}})))
+            .into_response()
+    })?;
+    let mut seen = parsed.clone();
+    seen["_path"] = json!(path);
+    seen["_authorization"] = json!(headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()));
+    {
+        let mut recorded = lock(&state.recorded);
+        if recorded.len() == RECORDED {
+            recorded.pop_front();
+        }
+        recorded.push_back(seen);
+    }
+    let per_request: Behaviour = match parsed.get_mut("sim").map(Value::take) {
+        Some(v) => serde_json::from_value(v).map_err(|e| {
+            (StatusCode::BAD_REQUEST, Json(json!({"error": {"message": format!("bad sim object: {e}")}}))).into_response()
+        })?,
+        None => Behaviour::default(),
+    };
+    let plan = per_request.over(&state.config.defaults).plan();
+    if let Some(status) = plan.fail_status {
+        let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        let body = json!({"error": {"message": "simulated failure", "type": "server_error", "code": status.as_u16()}});
+        return Err((status, Json(body)).into_response());
+    }
+    Ok((parsed, plan))
+}
+
+/// POST `/v1/chat/completions` and `/v1/completions`.
+async fn generate(
+    State(state): State<Arc<SimState>>,
+    uri: axum::http::Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let (request, plan) = match admit(&state, uri.path(), &headers, &body) {
+        Ok(v) => v,
+        Err(r) => return r,
+    };
+    if plan.hang {
+        std::future::pending::<()>().await;
+    }
+    let chat = uri.path().ends_with("/chat/completions");
+    let prompt_tokens = count_prompt(&request);
+    let max_tokens = request.get("max_tokens").or_else(|| request.get("max_completion_tokens")).and_then(Value::as_u64);
+    if let Some(cap) = plan.prompt_cap {
+        let counted = match plan.cap_style {
+            CapStyle::Openai => prompt_tokens as u64 + max_tokens.unwrap_or(0),
+            _ => prompt_tokens as u64,
+        };
+        if counted > cap as u64 {
+            return over_cap(plan.cap_style, cap, prompt_tokens, max_tokens.unwrap_or(0));
+        }
+    }
+    let completion_tokens = match max_tokens {
+        Some(m) => plan.tokens.min(u32::try_from(m).unwrap_or(u32::MAX)),
+        None => plan.tokens,
+    };
+    let job = Job {
+        id: format!("chatcmpl-sim{}", state.total.load(Ordering::SeqCst)),
+        model: request.get("model").and_then(Value::as_str).unwrap_or("sim").to_string(),
+        chat,
+        prompt_tokens,
+        completion_tokens,
+        finish_reason: if max_tokens.is_some_and(|m| m < plan.tokens as u64) { "length" } else { "stop" },
+        include_usage: request.pointer("/stream_options/include_usage").and_then(Value::as_bool).unwrap_or(false),
+    };
+    let streaming = request.get("stream").and_then(Value::as_bool).unwrap_or(false);
+    if !streaming {
+        return complete(&state, &plan, &job).await;
+    }
+    let (tx, rx) = mpsc::channel::<Bytes>(16);
+    tokio::spawn(async move {
+        let _slot = match &state.capacity {
+            Some(s) => s.acquire().await.ok(),
+            None => None,
+        };
+        let _active = Active::new(&state);
+        stream::write_stream(&state, &plan, &job, tx).await;
+    });
+    let body = futures_util::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|b| (Ok::<_, Infallible>(b), rx))
+    });
+    Response::builder()
+        .header(header::CONTENT_TYPE, "text/event-stream")
+        .header(header::CACHE_CONTROL, "no-cache")
+        .body(Body::from_stream(body))
+        .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response())
+}
+
+/// A non-streaming answer: sent whole once every token is "generated".
+async fn complete(state: &SimState, plan: &Plan, job: &Job) -> Response {
+    let _slot = match &state.capacity {
+        Some(s) => s.acquire().await.ok(),
+        None => None,
+    };
+    let _active = Active::new(state);
+    tokio::time::sleep(Duration::from_millis(plan.ttft_ms)).await;
+    for i in 1..job.completion_tokens {
+        if plan.exit_after == Some(i) {
+            state.crash();
+            return std::future::pending().await;
+        }
+        tokio::time::sleep(state.token_interval(plan)).await;
+    }
+    let text: String = (0..job.completion_tokens).map(|i| format!("t{i} ")).collect();
+    let usage = json!({"prompt_tokens": job.prompt_tokens, "completion_tokens": job.completion_tokens,
+        "total_tokens": job.prompt_tokens + job.completion_tokens});
+    let body = if job.chat {
+        json!({"id": job.id, "object": "chat.completion", "created": now_secs(), "model": job.model,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": job.finish_reason}],
+            "usage": usage})
+    } else {
+        json!({"id": job.id, "object": "text_completion", "created": now_secs(), "model": job.model,
+            "choices": [{"index": 0, "text": text, "finish_reason": job.finish_reason}], "usage": usage})
+    };
+    Json(body).into_response()
+}
+
+/// POST `/v1/embeddings`: a deterministic 8-dimensional vector per input.
+async fn embeddings(State(state): State<Arc<SimState>>, uri: axum::http::Uri, headers: HeaderMap, body: Bytes) -> Response {
+    let (request, _plan) = match admit(&state, uri.path(), &headers, &body) {
+        Ok(v) => v,
+        Err(r) => return r,
+    };
+    let inputs: Vec<String> = match request.get("input") {
+        Some(Value::String(s)) => vec![s.clone()],
+        Some(Value::Array(items)) => items.iter().map(|v| v.as_str().map_or_else(|| v.to_string(), str::to_string)).collect(),
+        _ => vec![],
+    };
+    let tokens: usize = inputs.iter().map(|s| s.split_whitespace().count()).sum();
+    let data: Vec<Value> = inputs
+        .iter()
+        .enumerate()
+        .map(|(i, text)| {
+            let seed = text.bytes().fold(7u32, |h, b| h.wrapping_mul(31).wrapping_add(u32::from(b)));
+            let vector: Vec<f64> = (0..8u32).map(|d| f64::from(seed.rotate_left(d * 4) % 1000) / 1000.0).collect();
+            json!({"object": "embedding", "index": i, "embedding": vector})
+        })
+        .collect();
+    Json(json!({"object": "list", "data": data, "model": request.get("model"),
+        "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}))
+    .into_response()
+}
+
+/// Prompt length in the simulator's units: whitespace-separated words of every text part.
+fn count_prompt(request: &Value) -> u32 {
+    fn words(v: &Value) -> usize {
+        match v {
+            Value::String(s) => s.split_whitespace().count(),
+            Value::Array(parts) => parts.iter().map(|p| p.get("text").map_or_else(|| words(p), words)).sum(),
+            _ => 0,
+        }
+    }
+    let from_messages: usize = request
+        .get("messages")
+        .and_then(Value::as_array)
+        .map_or(0, |msgs| msgs.iter().map(|m| m.get("content").map_or(0, words)).sum());
+    let from_prompt = request.get("prompt").map_or(0, words);
+    u32::try_from(from_messages + from_prompt).unwrap_or(u32::MAX)
+}
+
+/// The refusal a real server gives for a prompt over its cap, in its own shape.
+fn over_cap(style: CapStyle, cap: u32, prompt: u32, max_tokens: u64) -> Response {
+    let body = match style {
+        CapStyle::Omlx => json!({"error": {"message": format!("Prompt too long: {prompt} tokens exceeds max context window of {cap} tokens"),
+            "type": "invalid_request_error", "param": null, "code": null}}),
+        CapStyle::Openai => json!({"error": {"message": format!(
+            "This model's maximum context length is {cap} tokens. However, you requested {} tokens ({prompt} in the messages, {max_tokens} in the completion). Please reduce the length of the messages or completion.",
+            prompt as u64 + max_tokens),
+            "type": "invalid_request_error", "param": "messages", "code": "context_length_exceeded"}}),
+        CapStyle::Vllm => json!({"detail": format!("Prompt length {prompt} exceeds the maximum context length {cap}")}),
+        CapStyle::LlamaServer => json!({"error": {"code": 400, "message": format!(
+            "the request exceeds the available context size ({prompt} > {cap}), try increasing it"), "type": "exceed_context_size_error"}}),
+    };
+    (StatusCode::BAD_REQUEST, Json(body)).into_response()
+}
+
+fn now_secs() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}

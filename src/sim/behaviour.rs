@@ -1,0 +1,290 @@
+//! The simulator's knobs. One `Behaviour` type is read from command-line flags (the server's
+//! defaults) and from a request's `"sim": {…}` object (per-request overrides), then laid over a
+//! `Style` preset that reproduces one real server's quirks (DESIGN.md's table).
+
+use serde::Deserialize;
+
+/// Every knob is optional so that layers can be merged: request over flags over style.
+#[derive(Debug, Clone, Default, Deserialize, clap::Args)]
+#[serde(deny_unknown_fields)]
+pub struct Behaviour {
+    /// Preset quirks of one real server.
+    #[arg(long, value_enum)]
+    pub style: Option<Style>,
+    /// Delay before the first generated token, in milliseconds (prefill).
+    #[arg(long)]
+    pub ttft_ms: Option<u64>,
+    /// Decode speed of one request running alone.
+    #[arg(long)]
+    pub tokens_per_second: Option<f64>,
+    /// Tokens a response has (the request's max_tokens caps it).
+    #[arg(long)]
+    pub tokens: Option<u32>,
+    /// Split the stream into writes of this many bytes (1 = a byte per write; 0 = whole frames).
+    #[arg(long)]
+    pub bytes_per_write: Option<usize>,
+    /// Hold every token back and send them all in one write at the end (a detokenizer burst).
+    #[arg(long)]
+    pub burst: Option<bool>,
+    /// What the server sends while it prefills.
+    #[arg(long, value_enum)]
+    pub keepalive: Option<Keepalive>,
+    /// Interval between keepalives, in milliseconds.
+    #[arg(long)]
+    pub keepalive_ms: Option<u64>,
+    /// Where the usage object goes in a stream.
+    #[arg(long, value_enum)]
+    pub usage: Option<UsagePlacement>,
+    /// Send usage even when the client did not ask with stream_options.include_usage.
+    #[arg(long)]
+    pub usage_always: Option<bool>,
+    /// Which chunks carry `"role": "assistant"`.
+    #[arg(long, value_enum)]
+    pub role: Option<RolePlacement>,
+    /// Which delta field carries the generated text.
+    #[arg(long, value_enum)]
+    pub content_field: Option<ContentField>,
+    /// Send an `{"error": …}` event after this many tokens.
+    #[arg(long)]
+    pub error_after: Option<u32>,
+    /// What follows that error event.
+    #[arg(long, value_enum)]
+    pub after_error: Option<AfterError>,
+    /// The server process dies after this many tokens (connections cut, port closed).
+    #[arg(long)]
+    pub exit_after: Option<u32>,
+    /// Accept the request and never answer it.
+    #[arg(long)]
+    pub hang: Option<bool>,
+    /// Stop sending (connection stays open) after this many tokens.
+    #[arg(long)]
+    pub hang_after: Option<u32>,
+    /// Refuse prompts over this many tokens (a token is a whitespace-separated word here).
+    #[arg(long)]
+    pub prompt_cap: Option<u32>,
+    /// How an over-long prompt is refused.
+    #[arg(long, value_enum)]
+    pub cap_style: Option<CapStyle>,
+    /// Answer every request with this HTTP status and an error body.
+    #[arg(long)]
+    pub fail_status: Option<u16>,
+    /// After this many content frames, wait until `POST /sim/release/{hold_key}`.
+    #[arg(long)]
+    pub hold_after: Option<u32>,
+    /// The name a held request waits on.
+    #[arg(long)]
+    pub hold_key: Option<String>,
+}
+
+/// A real server whose quirks the simulator reproduces.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum Style {
+    /// Plain OpenAI: role in the first chunk, a usage-only chunk when asked.
+    Openai,
+    /// mlx_lm.server: `: keepalive N/M` comments during prefill, usage chunk with `choices: []`.
+    MlxLm,
+    /// mlx-openai-server: role-only first chunk, usage always on the finish chunk, an error
+    /// event followed by a normal stop and `[DONE]`.
+    MlxOpenaiServer,
+    /// vllm-mlx: usage on the finish chunk and again in a usage-only chunk.
+    VllmMlx,
+    /// Rapid-MLX: keepalive comments, OpenAI-shaped context_length_exceeded.
+    RapidMlx,
+    /// omlx: a fake `chatcmpl-keepalive` data chunk at once and every interval; a 32768 cap.
+    Omlx,
+    /// mlx-omni-server: role on every delta; an exception ends the stream with no `[DONE]`.
+    MlxOmni,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+pub enum Keepalive {
+    None,
+    /// SSE comment lines `: keepalive N/M`.
+    Comment,
+    /// omlx's data chunk with id `chatcmpl-keepalive` and empty content.
+    Omlx,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+pub enum UsagePlacement {
+    Finish,
+    Separate,
+    Both,
+    None,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+pub enum RolePlacement {
+    None,
+    /// A role-only chunk before the first token.
+    First,
+    /// `role` on every delta.
+    Every,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+pub enum ContentField {
+    Content,
+    ReasoningContent,
+    /// No text deltas at all, while usage still counts the tokens.
+    None,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+pub enum AfterError {
+    /// A normal `finish_reason: stop` chunk and `[DONE]` (mlx-openai-server).
+    StopAndDone,
+    /// The stream just ends (mlx-omni-server).
+    End,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+pub enum CapStyle {
+    /// `Prompt too long: N tokens exceeds max context window of C tokens`, code null.
+    Omlx,
+    /// OpenAI's `context_length_exceeded`, counting prompt + max_tokens.
+    Openai,
+    /// `{"detail": …}`.
+    Vllm,
+    /// llama-server's `exceed_context_size_error`.
+    LlamaServer,
+}
+
+/// A fully resolved behaviour for one request.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    pub ttft_ms: u64,
+    pub tokens_per_second: f64,
+    pub tokens: u32,
+    pub bytes_per_write: usize,
+    pub burst: bool,
+    pub keepalive: Keepalive,
+    pub keepalive_ms: u64,
+    pub usage: UsagePlacement,
+    pub usage_always: bool,
+    pub role: RolePlacement,
+    pub content_field: ContentField,
+    pub error_after: Option<u32>,
+    pub after_error: AfterError,
+    pub exit_after: Option<u32>,
+    pub hang: bool,
+    pub hang_after: Option<u32>,
+    pub prompt_cap: Option<u32>,
+    pub cap_style: CapStyle,
+    pub fail_status: Option<u16>,
+    pub hold_after: Option<u32>,
+    pub hold_key: String,
+}
+
+impl Behaviour {
+    /// `self` where set, else `under`.
+    pub fn over(&self, under: &Behaviour) -> Behaviour {
+        macro_rules! pick {
+            ($($f:ident),*) => { Behaviour { $($f: self.$f.clone().or_else(|| under.$f.clone()),)* } };
+        }
+        pick!(
+            style, ttft_ms, tokens_per_second, tokens, bytes_per_write, burst, keepalive, keepalive_ms, usage,
+            usage_always, role, content_field, error_after, after_error, exit_after, hang, hang_after,
+            prompt_cap, cap_style, fail_status, hold_after, hold_key
+        )
+    }
+
+    /// Resolves the remaining gaps from the style preset and the generic defaults.
+    pub fn plan(&self) -> Plan {
+        let style = self.style.unwrap_or(Style::Openai);
+        let preset = style.preset();
+        let b = self.over(&preset);
+        Plan {
+            ttft_ms: b.ttft_ms.unwrap_or(20),
+            tokens_per_second: b.tokens_per_second.filter(|t| *t > 0.0).unwrap_or(200.0),
+            tokens: b.tokens.unwrap_or(8),
+            bytes_per_write: b.bytes_per_write.unwrap_or(0),
+            burst: b.burst.unwrap_or(false),
+            keepalive: b.keepalive.unwrap_or(Keepalive::None),
+            keepalive_ms: b.keepalive_ms.unwrap_or(1000).max(1),
+            usage: b.usage.unwrap_or(UsagePlacement::Separate),
+            usage_always: b.usage_always.unwrap_or(false),
+            role: b.role.unwrap_or(RolePlacement::First),
+            content_field: b.content_field.unwrap_or(ContentField::Content),
+            error_after: b.error_after,
+            after_error: b.after_error.unwrap_or(AfterError::End),
+            exit_after: b.exit_after,
+            hang: b.hang.unwrap_or(false),
+            hang_after: b.hang_after,
+            prompt_cap: b.prompt_cap,
+            cap_style: b.cap_style.unwrap_or(CapStyle::Openai),
+            fail_status: b.fail_status,
+            hold_after: b.hold_after,
+            hold_key: b.hold_key.unwrap_or_default(),
+        }
+    }
+}
+
+impl Style {
+    /// The knobs that make the simulator behave like this server.
+    fn preset(self) -> Behaviour {
+        let mut b = Behaviour::default();
+        match self {
+            Style::Openai => {}
+            Style::MlxLm => {
+                b.keepalive = Some(Keepalive::Comment);
+                b.usage = Some(UsagePlacement::Separate);
+                b.role = Some(RolePlacement::None);
+            }
+            Style::MlxOpenaiServer => {
+                b.role = Some(RolePlacement::First);
+                b.usage = Some(UsagePlacement::Finish);
+                b.usage_always = Some(true);
+                b.after_error = Some(AfterError::StopAndDone);
+            }
+            Style::VllmMlx => {
+                b.usage = Some(UsagePlacement::Both);
+            }
+            Style::RapidMlx => {
+                b.keepalive = Some(Keepalive::Comment);
+                b.cap_style = Some(CapStyle::Openai);
+                b.usage = Some(UsagePlacement::Finish);
+            }
+            Style::Omlx => {
+                b.keepalive = Some(Keepalive::Omlx);
+                b.keepalive_ms = Some(10_000);
+                b.prompt_cap = Some(32_768);
+                b.cap_style = Some(CapStyle::Omlx);
+                b.usage = Some(UsagePlacement::Finish);
+            }
+            Style::MlxOmni => {
+                b.role = Some(RolePlacement::Every);
+                b.after_error = Some(AfterError::End);
+            }
+        }
+        b
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn request_overrides_flags_which_override_the_style() {
+        let flags = Behaviour { style: Some(Style::Omlx), tokens: Some(3), ..Default::default() };
+        let request: Behaviour = serde_json::from_str(r#"{"tokens": 5, "keepalive": "comment"}"#).expect("json");
+        let plan = request.over(&flags).plan();
+        assert_eq!(plan.tokens, 5);
+        assert_eq!(plan.keepalive, Keepalive::Comment);
+        assert_eq!(plan.prompt_cap, Some(32_768));
+        assert_eq!(plan.cap_style, CapStyle::Omlx);
+    }
+
+    #[test]
+    fn unknown_request_knob_is_refused() {
+        assert!(serde_json::from_str::<Behaviour>(r#"{"tokenz": 5}"#).is_err());
+    }
+}

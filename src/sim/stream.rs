@@ -1,0 +1,221 @@
+//! Writes one simulated response stream: keepalives during prefill, paced token chunks, usage
+//! where the plan puts it, injected faults, and the byte splitting that tests the gateway's
+//! parser. Runs as its own task feeding the response body through a small channel, so pacing is
+//! real: nothing is written before its time.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use serde_json::{Value, json};
+use tokio::sync::mpsc;
+
+use super::SimState;
+use super::behaviour::{AfterError, ContentField, Keepalive, Plan, RolePlacement, UsagePlacement};
+
+/// What one request asked for.
+pub struct Job {
+    pub id: String,
+    pub model: String,
+    pub chat: bool,
+    pub prompt_tokens: u32,
+    pub completion_tokens: u32,
+    pub finish_reason: &'static str,
+    pub include_usage: bool,
+}
+
+/// Sends the body's writes into `tx`; stops early when the client goes away.
+pub async fn write_stream(state: &SimState, plan: &Plan, job: &Job, tx: mpsc::Sender<Bytes>) {
+    let out = Writer { tx, split: plan.bytes_per_write };
+    if !prefill(plan, job, &out).await {
+        return;
+    }
+    let created = super::now_secs();
+    if job.chat && plan.role == RolePlacement::First && !out.frame(&chunk(job, created, json!({"role": "assistant"}), None)).await {
+        return;
+    }
+    let mut held_back = Vec::new();
+    let mut content_frames = 0u32;
+    for i in 0..job.completion_tokens {
+        if plan.exit_after == Some(i) {
+            state.crash();
+            // Keep the body open until the crash cuts the connection: ending it here would
+            // let the server finish the chunked body cleanly.
+            out.tx.closed().await;
+            return;
+        }
+        if plan.hang_after == Some(i) {
+            out.tx.closed().await;
+            return;
+        }
+        if plan.error_after == Some(i) {
+            let error = json!({"error": {"message": "simulated failure during generation", "type": "server_error", "code": 500}});
+            if !out.frame(&error).await {
+                return;
+            }
+            if plan.after_error == AfterError::StopAndDone {
+                let _ = out.frame(&finish_chunk(job, created, plan, "stop", None)).await && out.done().await;
+            }
+            return;
+        }
+        if i > 0 && !out.pace(state.token_interval(plan)).await {
+            return;
+        }
+        let text = format!("t{i} ");
+        let delta = match (job.chat, plan.content_field) {
+            (_, ContentField::None) => None,
+            (false, _) => Some(json!({"text": text})),
+            (true, ContentField::Content) => Some(json!({"content": text})),
+            (true, ContentField::ReasoningContent) => Some(json!({"reasoning_content": text})),
+        };
+        let Some(mut delta) = delta else { continue };
+        if job.chat && plan.role == RolePlacement::Every {
+            delta["role"] = json!("assistant");
+        }
+        let frame = if job.chat { chunk(job, created, delta, None) } else { text_chunk(job, created, &delta, None) };
+        if plan.burst {
+            held_back.push(frame);
+            continue;
+        }
+        if !out.frame(&frame).await {
+            return;
+        }
+        content_frames += 1;
+        if plan.hold_after == Some(content_frames) && !state.hold(&plan.hold_key, &out.tx).await {
+            return;
+        }
+    }
+    if !held_back.is_empty() {
+        let all: String = held_back.iter().map(|f| format!("data: {f}\n\n")).collect();
+        if !out.raw(Bytes::from(all)).await {
+            return;
+        }
+    }
+    let usage = job.include_usage || plan.usage_always;
+    let finish_usage = usage && matches!(plan.usage, UsagePlacement::Finish | UsagePlacement::Both);
+    if !out.frame(&finish_chunk(job, created, plan, job.finish_reason, finish_usage.then(|| usage_of(job)))).await {
+        return;
+    }
+    if usage && matches!(plan.usage, UsagePlacement::Separate | UsagePlacement::Both) {
+        let mut only = chunk(job, created, json!({}), Some(usage_of(job)));
+        only["choices"] = json!([]);
+        if !out.frame(&only).await {
+            return;
+        }
+    }
+    out.done().await;
+}
+
+/// Waits out the time to first token, sending keepalives; false when the client left.
+async fn prefill(plan: &Plan, job: &Job, out: &Writer) -> bool {
+    let total = Duration::from_millis(plan.ttft_ms);
+    let interval = Duration::from_millis(plan.keepalive_ms);
+    let started = tokio::time::Instant::now();
+    let mut sent = 0u64;
+    loop {
+        let elapsed = started.elapsed();
+        if plan.keepalive == Keepalive::Omlx && (sent == 0 || elapsed >= interval * sent as u32) {
+            let fake = json!({"id": "chatcmpl-keepalive", "object": "chat.completion.chunk", "created": super::now_secs(),
+                "model": job.model, "choices": [{"index": 0, "delta": {"content": ""}, "finish_reason": null}]});
+            if !out.frame(&fake).await {
+                return false;
+            }
+            sent += 1;
+        }
+        if elapsed >= total {
+            return true;
+        }
+        let next_keepalive = match plan.keepalive {
+            Keepalive::None => total,
+            _ => interval * (sent as u32 + u32::from(plan.keepalive == Keepalive::Comment)),
+        };
+        if !out.pace(next_keepalive.min(total).saturating_sub(elapsed)).await {
+            return false;
+        }
+        if plan.keepalive == Keepalive::Comment && started.elapsed() < total {
+            sent += 1;
+            let done = (job.prompt_tokens as u64 * started.elapsed().as_millis() as u64) / plan.ttft_ms.max(1);
+            let comment = format!(": keepalive {done}/{}\n\n", job.prompt_tokens);
+            if !out.raw(Bytes::from(comment)).await {
+                return false;
+            }
+        }
+    }
+}
+
+fn usage_of(job: &Job) -> Value {
+    json!({"prompt_tokens": job.prompt_tokens, "completion_tokens": job.completion_tokens,
+        "total_tokens": job.prompt_tokens + job.completion_tokens})
+}
+
+fn chunk(job: &Job, created: u64, delta: Value, usage: Option<Value>) -> Value {
+    let mut c = json!({"id": job.id, "object": "chat.completion.chunk", "created": created, "model": job.model,
+        "choices": [{"index": 0, "delta": delta, "finish_reason": null}]});
+    if let Some(u) = usage {
+        c["usage"] = u;
+    }
+    c
+}
+
+fn text_chunk(job: &Job, created: u64, delta: &Value, usage: Option<Value>) -> Value {
+    let mut c = json!({"id": job.id, "object": "text_completion", "created": created, "model": job.model,
+        "choices": [{"index": 0, "text": delta["text"], "finish_reason": null}]});
+    if let Some(u) = usage {
+        c["usage"] = u;
+    }
+    c
+}
+
+fn finish_chunk(job: &Job, created: u64, plan: &Plan, reason: &str, usage: Option<Value>) -> Value {
+    let mut c = if job.chat {
+        let mut delta = json!({});
+        if plan.role == RolePlacement::Every {
+            delta["role"] = json!("assistant");
+        }
+        chunk(job, created, delta, usage)
+    } else {
+        text_chunk(job, created, &json!({"text": ""}), usage)
+    };
+    c["choices"][0]["finish_reason"] = json!(reason);
+    c
+}
+
+/// The channel into the response body, with byte splitting.
+struct Writer {
+    tx: mpsc::Sender<Bytes>,
+    split: usize,
+}
+
+impl Writer {
+    async fn frame(&self, value: &Value) -> bool {
+        self.raw(Bytes::from(format!("data: {value}\n\n"))).await
+    }
+
+    async fn done(&self) -> bool {
+        self.raw(Bytes::from_static(b"data: [DONE]\n\n")).await
+    }
+
+    /// Sends `bytes`, as pieces of `split` bytes when splitting (each piece its own write).
+    async fn raw(&self, bytes: Bytes) -> bool {
+        if self.split == 0 || bytes.len() <= self.split {
+            return self.tx.send(bytes).await.is_ok();
+        }
+        let mut rest = bytes;
+        while !rest.is_empty() {
+            let piece = rest.split_to(self.split.min(rest.len()));
+            if self.tx.send(piece).await.is_err() {
+                return false;
+            }
+            // Give the connection task a turn so the piece leaves as its own write.
+            tokio::task::yield_now().await;
+        }
+        true
+    }
+
+    /// Sleeps `d` unless the client leaves first; false when it left.
+    async fn pace(&self, d: Duration) -> bool {
+        tokio::select! {
+            () = tokio::time::sleep(d) => true,
+            () = self.tx.closed() => false,
+        }
+    }
+}

@@ -1,0 +1,143 @@
+//! Shared helpers: start the real router on port 0 in front of in-process simulators, and read
+//! what comes back.
+#![allow(dead_code)]
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use mlxgate::Config;
+use mlxgate::sim::{self, Behaviour, SimConfig, SimHandle};
+use serde_json::Value;
+use tokio::sync::oneshot;
+
+/// Longest a test waits for something that must happen; a failure, not a speed bound.
+pub const PATIENCE: Duration = Duration::from_secs(60);
+
+/// A gateway running in this process.
+pub struct Gateway {
+    pub addr: SocketAddr,
+    stop: Option<oneshot::Sender<()>>,
+    pub task: tokio::task::JoinHandle<std::io::Result<()>>,
+}
+
+impl Gateway {
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{}", self.addr, path)
+    }
+
+    /// Sends the shutdown signal (as SIGTERM would).
+    pub fn stop(&mut self) {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+    }
+}
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Starts the gateway from YAML text (listen is forced to 127.0.0.1:0).
+pub async fn gateway(yaml: &str) -> Gateway {
+    let config = Config::parse(yaml, &|_| None).expect("test config is valid");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let (stop, stopped) = oneshot::channel::<()>();
+    let task = tokio::spawn(mlxgate::serve(config, listener, async move {
+        let _ = stopped.await;
+    }));
+    Gateway { addr, stop: Some(stop), task }
+}
+
+/// A simulator with `defaults` and otherwise default settings.
+pub async fn sim_with(defaults: Behaviour) -> SimHandle {
+    sim::spawn(SimConfig { defaults, ..Default::default() }).await.expect("sim starts")
+}
+
+pub async fn sim() -> SimHandle {
+    sim_with(Behaviour::default()).await
+}
+
+/// A gateway with one backend at `url` and one model `qwen` → `tiny-qwen3`.
+pub fn one_model_yaml(url: &str, max_concurrency: usize, max_queue: usize) -> String {
+    format!(
+        "backends:\n  local: {{url: '{url}', max_concurrency: {max_concurrency}}}\n\
+         models:\n  qwen: {{backend: local, upstream_model: tiny-qwen3, max_queue: {max_queue}, max_wait: 120s}}\n"
+    )
+}
+
+pub fn client() -> reqwest::Client {
+    reqwest::Client::builder().build().expect("client")
+}
+
+/// A chat request body for `qwen`, streaming or not, with a `sim` object.
+pub fn chat(stream: bool, sim: Value) -> Value {
+    serde_json::json!({
+        "model": "qwen",
+        "stream": stream,
+        "messages": [{"role": "user", "content": "hello there"}],
+        "sim": sim,
+    })
+}
+
+/// Reads a response body until `needle` appears; returns everything read.
+pub async fn read_until(response: &mut reqwest::Response, needle: &str) -> String {
+    let mut seen = String::new();
+    let found = tokio::time::timeout(PATIENCE, async {
+        while !seen.contains(needle) {
+            match response.chunk().await {
+                Ok(Some(chunk)) => seen.push_str(&String::from_utf8_lossy(&chunk)),
+                _ => return false,
+            }
+        }
+        true
+    })
+    .await;
+    assert!(matches!(found, Ok(true)), "never saw {needle:?}; got {seen:?}");
+    seen
+}
+
+/// Polls `f` until it returns true (bounded by PATIENCE).
+pub async fn eventually<F, Fut>(what: &str, mut f: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while !f().await {
+        assert!(tokio::time::Instant::now() < deadline, "timed out waiting for: {what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// The value of a metric line `name{labels} value` in the gateway's /metrics.
+pub async fn metric(gw: &Gateway, series: &str) -> Option<f64> {
+    let text = client().get(gw.url("/metrics")).send().await.ok()?.text().await.ok()?;
+    text.lines()
+        .find(|l| l.starts_with(series) && l[series.len()..].starts_with(' '))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+/// The simulator's /sim/stats.
+pub async fn sim_stats(sim: &SimHandle) -> Value {
+    client().get(format!("{}/sim/stats", sim.url())).send().await.expect("stats").json().await.expect("json")
+}
+
+/// Collects an SSE body into its `data:` payloads.
+pub fn data_lines(body: &str) -> Vec<String> {
+    body.lines().filter_map(|l| l.strip_prefix("data: ")).map(str::to_string).collect()
+}
+
+/// Collects a whole streamed body as text.
+pub async fn text_of(response: reqwest::Response) -> String {
+    let mut stream = response.bytes_stream();
+    let mut out = Vec::new();
+    while let Some(Ok(chunk)) = stream.next().await {
+        out.extend_from_slice(&chunk);
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
