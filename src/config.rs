@@ -133,7 +133,11 @@ impl<'de> Deserialize<'de> for RawDuration {
         })?;
         humantime::parse_duration(text.trim())
             .map(RawDuration)
-            .map_err(|e| serde::de::Error::custom(format!("{text:?} is not a duration ({e}); write it like 30s or 5m")))
+            .map_err(|e| {
+                serde::de::Error::custom(format!(
+                    "{text:?} is not a duration ({e}); write it like 30s or 5m"
+                ))
+            })
     }
 }
 
@@ -148,15 +152,17 @@ impl<'de> Deserialize<'de> for RawSize {
             Value::String(s) => parse_size(s),
             _ => None,
         };
-        parsed
-            .map(RawSize)
-            .ok_or_else(|| serde::de::Error::custom("a size is a number of bytes or like 64MiB, 512KB"))
+        parsed.map(RawSize).ok_or_else(|| {
+            serde::de::Error::custom("a size is a number of bytes or like 64MiB, 512KB")
+        })
     }
 }
 
 fn parse_size(text: &str) -> Option<usize> {
     let text = text.trim();
-    let split = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
     let (digits, unit) = text.split_at(split);
     let n: usize = digits.parse().ok()?;
     let factor: usize = match unit.trim() {
@@ -186,7 +192,10 @@ impl Config {
     pub fn parse(text: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<Config, ConfigError> {
         let mut problems = Vec::new();
         let mut root: Value = serde_yaml::from_str(text).map_err(|e| {
-            ConfigError::Invalid(vec![Problem { path: "(file)".into(), reason: e.to_string() }])
+            ConfigError::Invalid(vec![Problem {
+                path: "(file)".into(),
+                reason: e.to_string(),
+            }])
         })?;
         if root.is_null() {
             root = Value::Mapping(Default::default());
@@ -202,7 +211,11 @@ impl Config {
 }
 
 /// Deserializes `value` into `T`, recording the first problem with its full path.
-fn typed<T: DeserializeOwned>(value: Value, prefix: &str, problems: &mut Vec<Problem>) -> Option<T> {
+fn typed<T: DeserializeOwned>(
+    value: Value,
+    prefix: &str,
+    problems: &mut Vec<Problem>,
+) -> Option<T> {
     match serde_path_to_error::deserialize::<_, T>(value) {
         Ok(v) => Some(v),
         Err(err) => {
@@ -238,13 +251,16 @@ fn validate(raw: RawConfig, problems: &mut Vec<Problem>) -> Option<Config> {
     let mut backends = BTreeMap::new();
     for (name, value) in raw.backends {
         let path = format!("backends.{name}");
-        let Some(b) = typed::<RawBackend>(value, &path, problems) else { continue };
+        let Some(b) = typed::<RawBackend>(value, &path, problems) else {
+            continue;
+        };
         let url = b.url.trim_end_matches('/').to_string();
         match url.parse::<http::Uri>() {
             Ok(uri) if uri.scheme_str() == Some("http") && uri.host().is_some() => {}
             Ok(uri) if uri.scheme_str() == Some("https") => problems.push(Problem {
                 path: format!("{path}.url"),
-                reason: "https backends are not supported yet; use http:// (MLX servers on a LAN)".into(),
+                reason: "https backends are not supported yet; use http:// (MLX servers on a LAN)"
+                    .into(),
             }),
             _ => problems.push(Problem {
                 path: format!("{path}.url"),
@@ -273,7 +289,9 @@ fn validate(raw: RawConfig, problems: &mut Vec<Problem>) -> Option<Config> {
     let mut models = BTreeMap::new();
     for (name, value) in raw.models {
         let path = format!("models.{name}");
-        let Some(m) = typed::<RawModel>(value, &path, problems) else { continue };
+        let Some(m) = typed::<RawModel>(value, &path, problems) else {
+            continue;
+        };
         if !backends.contains_key(&m.backend) {
             let known: Vec<&str> = backends.keys().map(String::as_str).collect();
             problems.push(Problem {
@@ -281,13 +299,20 @@ fn validate(raw: RawConfig, problems: &mut Vec<Problem>) -> Option<Config> {
                 reason: format!(
                     "no backend named {:?} (backends: {})",
                     m.backend,
-                    if known.is_empty() { "none".to_string() } else { known.join(", ") }
+                    if known.is_empty() {
+                        "none".to_string()
+                    } else {
+                        known.join(", ")
+                    }
                 ),
             });
         }
         let max_wait = m.max_wait.map_or(DEFAULT_MAX_WAIT, |d| d.0);
         if max_wait.is_zero() {
-            problems.push(Problem { path: format!("{path}.max_wait"), reason: "must be longer than 0s".into() });
+            problems.push(Problem {
+                path: format!("{path}.max_wait"),
+                reason: "must be longer than 0s".into(),
+            });
         }
         models.insert(
             name.clone(),
@@ -331,13 +356,18 @@ fn substitute_env(
                 *value = if whole {
                     serde_yaml::from_str::<Value>(&expanded)
                         .ok()
-                        .filter(|v| !matches!(v, Value::Mapping(_) | Value::Sequence(_) | Value::Null))
+                        .filter(|v| {
+                            !matches!(v, Value::Mapping(_) | Value::Sequence(_) | Value::Null)
+                        })
                         .unwrap_or(Value::String(expanded))
                 } else {
                     Value::String(expanded)
                 };
             }
-            Err(reason) => problems.push(Problem { path: path.join("."), reason }),
+            Err(reason) => problems.push(Problem {
+                path: path.join("."),
+                reason,
+            }),
         },
         Value::Mapping(map) => {
             for (k, v) in map.iter_mut() {
@@ -367,7 +397,9 @@ fn expand(text: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<String, St
             out.push_str("${");
             rest = after;
         } else if let Some(after) = rest.strip_prefix("${") {
-            let end = after.find('}').ok_or_else(|| format!("unclosed ${{ in {text:?}"))?;
+            let end = after
+                .find('}')
+                .ok_or_else(|| format!("unclosed ${{ in {text:?}"))?;
             let inner = &after[..end];
             let (name, default) = match inner.split_once(":-") {
                 Some((n, d)) => (n, Some(d)),
@@ -376,11 +408,16 @@ fn expand(text: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<String, St
             if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
                 return Err(format!("${{{inner}}} is not a variable name"));
             }
-            match (env(name).filter(|v| !v.is_empty() || default.is_none()), default) {
+            match (
+                env(name).filter(|v| !v.is_empty() || default.is_none()),
+                default,
+            ) {
                 (Some(v), _) => out.push_str(&v),
                 (None, Some(d)) => out.push_str(d),
                 (None, None) => {
-                    return Err(format!("environment variable {name} is not set (write ${{{name}:-default}} for a default)"));
+                    return Err(format!(
+                        "environment variable {name} is not set (write ${{{name}:-default}} for a default)"
+                    ));
                 }
             }
             rest = &after[end + 1..];
@@ -442,14 +479,30 @@ models:
   typo: {backend: local, max_queu: 3}
 ",
         );
-        assert!(p.iter().any(|l| l.starts_with("backends.local.url:")), "{p:?}");
-        assert!(p.iter().any(|l| l == "backends.local.max_concurrency: must be at least 1"), "{p:?}");
         assert!(
-            p.iter().any(|l| l.starts_with("models.qwen.backend: no backend named \"qwen-local\"")),
+            p.iter().any(|l| l.starts_with("backends.local.url:")),
             "{p:?}"
         );
-        assert!(p.iter().any(|l| l.starts_with("models.bad.max_wait:") && l.contains("30s")), "{p:?}");
-        assert!(p.iter().any(|l| l.starts_with("models.typo.max_queu: unknown field")), "{p:?}");
+        assert!(
+            p.iter()
+                .any(|l| l == "backends.local.max_concurrency: must be at least 1"),
+            "{p:?}"
+        );
+        assert!(
+            p.iter()
+                .any(|l| l.starts_with("models.qwen.backend: no backend named \"qwen-local\"")),
+            "{p:?}"
+        );
+        assert!(
+            p.iter()
+                .any(|l| l.starts_with("models.bad.max_wait:") && l.contains("30s")),
+            "{p:?}"
+        );
+        assert!(
+            p.iter()
+                .any(|l| l.starts_with("models.typo.max_queu: unknown field")),
+            "{p:?}"
+        );
         assert_eq!(p.len(), 5, "{p:?}");
     }
 
@@ -490,7 +543,10 @@ models:
   qwen: {backend: local}
 ";
         let p = problems(text);
-        assert!(p[0].starts_with("backends.local.url: environment variable BACKEND_URL is not set"), "{p:?}");
+        assert!(
+            p[0].starts_with("backends.local.url: environment variable BACKEND_URL is not set"),
+            "{p:?}"
+        );
     }
 
     #[test]
@@ -500,6 +556,9 @@ models:
         assert_eq!(parse_size("12"), Some(12));
         assert_eq!(parse_size("3 parsecs"), None);
         let p = problems("backends: {}\n");
-        assert_eq!(p, vec!["models: no models configured: clients need at least one public model name"]);
+        assert_eq!(
+            p,
+            vec!["models: no models configured: clients need at least one public model name"]
+        );
     }
 }

@@ -14,7 +14,10 @@ use serde_json::json;
 pub enum GatewayError {
     /// The body is not the JSON object the endpoint needs.
     #[error("{message}")]
-    InvalidRequest { message: String, param: Option<&'static str> },
+    InvalidRequest {
+        message: String,
+        param: Option<&'static str>,
+    },
     /// The body is larger than `max_body`.
     #[error("request body is larger than the gateway's limit of {limit} bytes")]
     BodyTooLarge { limit: usize },
@@ -26,14 +29,23 @@ pub enum GatewayError {
         "The queue for model `{model}` is full ({waiting} requests waiting, {in_flight} in flight); retry after {}s.",
         retry_after.as_secs()
     )]
-    QueueFull { model: String, waiting: usize, in_flight: usize, retry_after: Duration },
+    QueueFull {
+        model: String,
+        waiting: usize,
+        in_flight: usize,
+        retry_after: Duration,
+    },
     /// The request waited `max_wait` without getting a slot.
     #[error(
         "The request for model `{model}` waited {}s in the queue without a free slot; retry after {}s.",
         waited.as_secs(),
         retry_after.as_secs()
     )]
-    QueueTimeout { model: String, waited: Duration, retry_after: Duration },
+    QueueTimeout {
+        model: String,
+        waited: Duration,
+        retry_after: Duration,
+    },
     /// No endpoint at this path.
     #[error("Invalid URL ({method} {path})")]
     UnknownUrl { method: String, path: String },
@@ -48,26 +60,49 @@ pub enum GatewayError {
 impl GatewayError {
     /// Builds an `invalid_request_error` naming the offending parameter.
     pub fn invalid(message: impl Into<String>, param: Option<&'static str>) -> Self {
-        GatewayError::InvalidRequest { message: message.into(), param }
+        GatewayError::InvalidRequest {
+            message: message.into(),
+            param,
+        }
     }
 
     /// The one place that maps a failure to (status, type, code). `type` doubles as the
     /// metric label.
     fn classify(&self) -> (StatusCode, &'static str, Option<&'static str>) {
         match self {
-            GatewayError::InvalidRequest { .. } => (StatusCode::BAD_REQUEST, "invalid_request_error", None),
-            GatewayError::BodyTooLarge { .. } => {
-                (StatusCode::PAYLOAD_TOO_LARGE, "invalid_request_error", Some("request_too_large"))
+            GatewayError::InvalidRequest { .. } => {
+                (StatusCode::BAD_REQUEST, "invalid_request_error", None)
             }
-            GatewayError::ModelNotFound(_) => (StatusCode::NOT_FOUND, "invalid_request_error", Some("model_not_found")),
-            GatewayError::UnknownUrl { .. } => (StatusCode::NOT_FOUND, "invalid_request_error", Some("unknown_url")),
-            GatewayError::QueueFull { .. } | GatewayError::QueueTimeout { .. } => {
-                (StatusCode::SERVICE_UNAVAILABLE, "server_overloaded", Some("server_overloaded"))
-            }
-            GatewayError::Backend { .. } => (StatusCode::BAD_GATEWAY, "backend_error", Some("backend_error")),
-            GatewayError::BackendTimeout { .. } => {
-                (StatusCode::GATEWAY_TIMEOUT, "backend_timeout", Some("backend_timeout"))
-            }
+            GatewayError::BodyTooLarge { .. } => (
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "invalid_request_error",
+                Some("request_too_large"),
+            ),
+            GatewayError::ModelNotFound(_) => (
+                StatusCode::NOT_FOUND,
+                "invalid_request_error",
+                Some("model_not_found"),
+            ),
+            GatewayError::UnknownUrl { .. } => (
+                StatusCode::NOT_FOUND,
+                "invalid_request_error",
+                Some("unknown_url"),
+            ),
+            GatewayError::QueueFull { .. } | GatewayError::QueueTimeout { .. } => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "server_overloaded",
+                Some("server_overloaded"),
+            ),
+            GatewayError::Backend { .. } => (
+                StatusCode::BAD_GATEWAY,
+                "backend_error",
+                Some("backend_error"),
+            ),
+            GatewayError::BackendTimeout { .. } => (
+                StatusCode::GATEWAY_TIMEOUT,
+                "backend_timeout",
+                Some("backend_timeout"),
+            ),
         }
     }
 
@@ -83,9 +118,8 @@ impl GatewayError {
 
     fn retry_after(&self) -> Option<Duration> {
         match self {
-            GatewayError::QueueFull { retry_after, .. } | GatewayError::QueueTimeout { retry_after, .. } => {
-                Some(*retry_after)
-            }
+            GatewayError::QueueFull { retry_after, .. }
+            | GatewayError::QueueTimeout { retry_after, .. } => Some(*retry_after),
             _ => None,
         }
     }
@@ -112,7 +146,9 @@ impl IntoResponse for GatewayError {
         let mut response = (self.status(), axum::Json(self.body())).into_response();
         if let Some(after) = self.retry_after() {
             let secs = after.as_secs().max(1);
-            response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(secs));
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(secs));
         }
         response
     }
@@ -128,11 +164,29 @@ mod tests {
             GatewayError::invalid("bad", Some("messages")),
             GatewayError::BodyTooLarge { limit: 10 },
             GatewayError::ModelNotFound("x".into()),
-            GatewayError::QueueFull { model: "q".into(), waiting: 5, in_flight: 2, retry_after: Duration::from_secs(3) },
-            GatewayError::QueueTimeout { model: "q".into(), waited: Duration::from_secs(9), retry_after: Duration::ZERO },
-            GatewayError::UnknownUrl { method: "GET".into(), path: "/v1/x".into() },
-            GatewayError::Backend { backend: "b".into(), reason: "refused".into() },
-            GatewayError::BackendTimeout { backend: "b".into(), after: Duration::from_secs(5) },
+            GatewayError::QueueFull {
+                model: "q".into(),
+                waiting: 5,
+                in_flight: 2,
+                retry_after: Duration::from_secs(3),
+            },
+            GatewayError::QueueTimeout {
+                model: "q".into(),
+                waited: Duration::from_secs(9),
+                retry_after: Duration::ZERO,
+            },
+            GatewayError::UnknownUrl {
+                method: "GET".into(),
+                path: "/v1/x".into(),
+            },
+            GatewayError::Backend {
+                backend: "b".into(),
+                reason: "refused".into(),
+            },
+            GatewayError::BackendTimeout {
+                backend: "b".into(),
+                after: Duration::from_secs(5),
+            },
         ];
         for e in cases {
             let body = e.body();
@@ -142,7 +196,10 @@ mod tests {
             assert!(err.get("param").is_some() && err.get("code").is_some());
             let response = e.into_response();
             let has_retry = response.headers().contains_key(header::RETRY_AFTER);
-            assert_eq!(has_retry, response.status() == StatusCode::SERVICE_UNAVAILABLE);
+            assert_eq!(
+                has_retry,
+                response.status() == StatusCode::SERVICE_UNAVAILABLE
+            );
         }
     }
 
@@ -151,6 +208,9 @@ mod tests {
         let e = GatewayError::ModelNotFound("gpt-9".into());
         assert_eq!(e.status(), StatusCode::NOT_FOUND);
         assert_eq!(e.body()["error"]["code"], "model_not_found");
-        assert_eq!(e.body()["error"]["message"], "The model `gpt-9` does not exist or you do not have access to it.");
+        assert_eq!(
+            e.body()["error"]["message"],
+            "The model `gpt-9` does not exist or you do not have access to it."
+        );
     }
 }

@@ -38,16 +38,22 @@ pub async fn serve(
         }
     });
     let (stop_accepting, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = axum::serve(listener, router.into_make_service_with_connect_info::<SocketAddr>())
-        .with_graceful_shutdown(async move {
-            let _ = stopped.await;
-        });
+    let server = axum::serve(
+        listener,
+        router.into_make_service_with_connect_info::<SocketAddr>(),
+    )
+    .with_graceful_shutdown(async move {
+        let _ = stopped.await;
+    });
     let mut server = tokio::spawn(server.into_future());
     tokio::select! {
         finished = &mut server => return finished.map_err(std::io::Error::other)?,
         () = shutdown => {}
     }
-    tracing::info!(grace_seconds = grace.as_secs(), "shutting down: no new connections, waiting for running requests");
+    tracing::info!(
+        grace_seconds = grace.as_secs(),
+        "shutting down: no new connections, waiting for running requests"
+    );
     let _ = stop_accepting.send(());
     match tokio::time::timeout(grace, &mut server).await {
         Ok(finished) => finished.map_err(std::io::Error::other)?,

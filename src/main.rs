@@ -9,7 +9,11 @@ use mlxgate::Config;
 use tracing_subscriber::EnvFilter;
 
 #[derive(Parser)]
-#[command(name = "mlxgate", version, about = "OpenAI-compatible gateway for local MLX servers")]
+#[command(
+    name = "mlxgate",
+    version,
+    about = "OpenAI-compatible gateway for local MLX servers"
+)]
 struct Cli {
     /// Log line format.
     #[arg(long, value_enum, default_value_t = LogFormat::Text, global = true, env = "MLXGATE_LOG_FORMAT")]
@@ -88,7 +92,9 @@ fn main() -> ExitCode {
 async fn run(config: Config) -> std::io::Result<()> {
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
-        .map_err(|e| std::io::Error::new(e.kind(), format!("cannot listen on {}: {e}", config.listen)))?;
+        .map_err(|e| {
+            std::io::Error::new(e.kind(), format!("cannot listen on {}: {e}", config.listen))
+        })?;
     tracing::info!(
         listen = %listener.local_addr()?,
         models = ?config.models.keys().collect::<Vec<_>>(),
@@ -100,7 +106,10 @@ async fn run(config: Config) -> std::io::Result<()> {
 /// Resolves on SIGINT or SIGTERM.
 async fn shutdown_signal() {
     use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
         tracing::error!("cannot install signal handlers; stop the gateway with SIGKILL");
         return std::future::pending().await;
     };
@@ -114,7 +123,10 @@ fn init_logging(format: LogFormat) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     // Colour only on a terminal: log files and pipes get plain `key=value` text.
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_ansi(ansi).with_writer(std::io::stderr);
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(ansi)
+        .with_writer(std::io::stderr);
     match format {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.json().init(),

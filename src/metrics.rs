@@ -3,7 +3,9 @@
 //! seconds as the unit, labels from bounded sets only (configured model and backend names,
 //! error types).
 
-use prometheus::{Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder};
+use prometheus::{
+    Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder,
+};
 
 /// The gateway's metrics. Cheap to clone (every field is an `Arc` inside).
 #[derive(Clone)]
@@ -24,23 +26,37 @@ impl Metrics {
     pub fn new() -> Self {
         let registry = Registry::new();
         let requests = IntCounterVec::new(
-            Opts::new("mlxgate_requests_total", "Requests answered, by model, backend and outcome."),
+            Opts::new(
+                "mlxgate_requests_total",
+                "Requests answered, by model, backend and outcome.",
+            ),
             &["model", "backend", "outcome"],
         )
         .expect("static metric definition");
         let queue_depth = IntGaugeVec::new(
-            Opts::new("mlxgate_queue_depth", "Requests waiting in the model's queue."),
+            Opts::new(
+                "mlxgate_queue_depth",
+                "Requests waiting in the model's queue.",
+            ),
             &["model"],
         )
         .expect("static metric definition");
         let inflight = IntGaugeVec::new(
-            Opts::new("mlxgate_inflight_requests", "Requests holding a slot at the backend."),
+            Opts::new(
+                "mlxgate_inflight_requests",
+                "Requests holding a slot at the backend.",
+            ),
             &["backend"],
         )
         .expect("static metric definition");
         let queue_wait = HistogramVec::new(
-            HistogramOpts::new("mlxgate_queue_wait_seconds", "Time a request waited for a slot.").buckets(vec![
-                0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0,
+            HistogramOpts::new(
+                "mlxgate_queue_wait_seconds",
+                "Time a request waited for a slot.",
+            )
+            .buckets(vec![
+                0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0,
+                300.0, 600.0,
             ]),
             &["model"],
         )
@@ -51,9 +67,17 @@ impl Metrics {
             Box::new(inflight.clone()),
             Box::new(queue_wait.clone()),
         ] {
-            registry.register(collector).expect("metric names are unique");
+            registry
+                .register(collector)
+                .expect("metric names are unique");
         }
-        Metrics { registry, requests, queue_depth, inflight, queue_wait }
+        Metrics {
+            registry,
+            requests,
+            queue_depth,
+            inflight,
+            queue_wait,
+        }
     }
 
     /// The Prometheus text exposition of every metric.

@@ -27,7 +27,8 @@ pub struct Dispatch {
 impl Dispatch {
     /// One queue and one pooled client per backend; one route per public model name.
     pub fn new(config: &Config, metrics: &Metrics) -> Self {
-        let mut per_backend: HashMap<&str, (Arc<BackendConfig>, BackendQueue, Upstream)> = HashMap::new();
+        let mut per_backend: HashMap<&str, (Arc<BackendConfig>, BackendQueue, Upstream)> =
+            HashMap::new();
         for (name, backend) in &config.backends {
             per_backend.insert(
                 name,
@@ -41,11 +42,18 @@ impl Dispatch {
         let mut routes = HashMap::new();
         for (name, model) in &config.models {
             // `Config::validate` guarantees every model's backend exists.
-            let Some((backend, queue, upstream)) = per_backend.get(model.backend.as_str()) else { continue };
+            let Some((backend, queue, upstream)) = per_backend.get(model.backend.as_str()) else {
+                continue;
+            };
             let slot = queue.add_model(name, model.max_queue, model.max_wait);
             routes.insert(
                 name.clone(),
-                Route { model: model.clone(), backend: Arc::clone(backend), upstream: upstream.clone(), slot },
+                Route {
+                    model: model.clone(),
+                    backend: Arc::clone(backend),
+                    upstream: upstream.clone(),
+                    slot,
+                },
             );
         }
         Dispatch { routes }

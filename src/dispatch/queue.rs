@@ -109,7 +109,11 @@ impl BackendQueue {
 
     /// Adds a model served by this backend and returns where its requests queue.
     pub fn add_model(&self, name: &str, max_queue: usize, max_wait: Duration) -> ModelSlot {
-        self.shared.metrics.queue_depth.with_label_values(&[name]).set(0);
+        self.shared
+            .metrics
+            .queue_depth
+            .with_label_values(&[name])
+            .set(0);
         let mut state = self.shared.lock();
         state.models.push(ModelQueue {
             name: name.to_string(),
@@ -118,7 +122,10 @@ impl BackendQueue {
             waiting: 0,
             clients: VecDeque::new(),
         });
-        ModelSlot { queue: Arc::clone(&self.shared), index: state.models.len() - 1 }
+        ModelSlot {
+            queue: Arc::clone(&self.shared),
+            index: state.models.len() - 1,
+        }
     }
 }
 
@@ -133,7 +140,11 @@ impl ModelSlot {
             let nobody_waiting = state.models.iter().all(|m| m.waiting == 0);
             if nobody_waiting && state.in_flight < shared.max_concurrency {
                 state.in_flight += 1;
-                shared.metrics.inflight.with_label_values(&[&shared.backend]).set(state.in_flight as i64);
+                shared
+                    .metrics
+                    .inflight
+                    .with_label_values(&[&shared.backend])
+                    .set(state.in_flight as i64);
                 drop(state);
                 return Ok(shared.permit(arrived));
             }
@@ -157,11 +168,19 @@ impl ModelSlot {
                 None => model.clients.push_back((client, VecDeque::from([waiter]))),
             }
             model.waiting += 1;
-            shared.metrics.queue_depth.with_label_values(&[&model.name]).set(model.waiting as i64);
+            shared
+                .metrics
+                .queue_depth
+                .with_label_values(&[&model.name])
+                .set(model.waiting as i64);
             (id, receiver, model.max_wait)
         };
 
-        let mut guard = WaitGuard { slot: self, id, armed: true };
+        let mut guard = WaitGuard {
+            slot: self,
+            id,
+            armed: true,
+        };
         let mut receiver = receiver;
         let outcome = tokio::time::timeout(max_wait, &mut receiver).await;
         guard.armed = false;
@@ -192,7 +211,11 @@ impl ModelSlot {
     fn remove_waiter(&self, id: u64) -> bool {
         let mut state = self.queue.lock();
         let model = &mut state.models[self.index];
-        let Some(pos) = model.clients.iter().position(|(_, fifo)| fifo.iter().any(|w| w.id == id)) else {
+        let Some(pos) = model
+            .clients
+            .iter()
+            .position(|(_, fifo)| fifo.iter().any(|w| w.id == id))
+        else {
             return false;
         };
         let fifo = &mut model.clients[pos].1;
@@ -201,7 +224,11 @@ impl ModelSlot {
             model.clients.remove(pos);
         }
         model.waiting -= 1;
-        self.queue.metrics.queue_depth.with_label_values(&[&model.name]).set(model.waiting as i64);
+        self.queue
+            .metrics
+            .queue_depth
+            .with_label_values(&[&model.name])
+            .set(model.waiting as i64);
         true
     }
 }
@@ -224,12 +251,18 @@ impl Drop for WaitGuard<'_> {
 impl Shared {
     fn lock(&self) -> MutexGuard<'_, State> {
         // A panic while holding this lock leaves counters that are still consistent.
-        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     fn permit(self: &Arc<Self>, arrived: Instant) -> Permit {
         let queue_wait = arrived.elapsed();
-        Permit { shared: Some(Arc::clone(self)), granted: Instant::now(), queue_wait }
+        Permit {
+            shared: Some(Arc::clone(self)),
+            granted: Instant::now(),
+            queue_wait,
+        }
     }
 
     /// Frees a slot: hands it to the next waiter in fair order, or returns it to the pool.
@@ -245,19 +278,30 @@ impl Shared {
                 match state.pop_next() {
                     Some((waiter, model)) => {
                         self.metrics.queue_depth.with_label_values(&[&model]).set(
-                            state.models.iter().find(|m| m.name == model).map_or(0, |m| m.waiting as i64),
+                            state
+                                .models
+                                .iter()
+                                .find(|m| m.name == model)
+                                .map_or(0, |m| m.waiting as i64),
                         );
                         waiter
                     }
                     None => {
                         state.in_flight -= 1;
-                        self.metrics.inflight.with_label_values(&[&self.backend]).set(state.in_flight as i64);
+                        self.metrics
+                            .inflight
+                            .with_label_values(&[&self.backend])
+                            .set(state.in_flight as i64);
                         return;
                     }
                 }
             };
             // The slot moves to the waiter; `in_flight` is unchanged.
-            let permit = Permit { shared: Some(Arc::clone(self)), granted: Instant::now(), queue_wait: Duration::ZERO };
+            let permit = Permit {
+                shared: Some(Arc::clone(self)),
+                granted: Instant::now(),
+                queue_wait: Duration::ZERO,
+            };
             match next.grant.send(permit) {
                 Ok(()) => return,
                 // That waiter is gone; disarm the returned permit and try the next one.
@@ -274,7 +318,9 @@ impl State {
         for step in 0..n {
             let index = (self.next_model + step) % n;
             let model = &mut self.models[index];
-            let Some((client, mut fifo)) = model.clients.pop_front() else { continue };
+            let Some((client, mut fifo)) = model.clients.pop_front() else {
+                continue;
+            };
             let waiter = fifo.pop_front()?;
             if !fifo.is_empty() {
                 model.clients.push_back((client, fifo));
@@ -287,7 +333,11 @@ impl State {
     }
 
     fn observe_service(&mut self, held: Duration) {
-        self.mean_service = if self.mean_service.is_zero() { held } else { (self.mean_service * 7 + held) / 8 };
+        self.mean_service = if self.mean_service.is_zero() {
+            held
+        } else {
+            (self.mean_service * 7 + held) / 8
+        };
     }
 
     /// A rough time until a slot is likely free: mean slot time × queued rounds ahead.
@@ -328,7 +378,17 @@ mod tests {
         let waiting = tokio::spawn(async move { s2.acquire(client("a")).await });
         until_waiting(&slot, 1).await;
         let full = slot.acquire(client("a")).await.err().expect("queue full");
-        assert!(matches!(full, GatewayError::QueueFull { waiting: 1, in_flight: 2, .. }), "{full:?}");
+        assert!(
+            matches!(
+                full,
+                GatewayError::QueueFull {
+                    waiting: 1,
+                    in_flight: 2,
+                    ..
+                }
+            ),
+            "{full:?}"
+        );
         drop(a);
         let third = waiting.await.expect("task").expect("slot handed over");
         assert_eq!(slot.queue.lock().in_flight, 2);
@@ -377,7 +437,10 @@ mod tests {
         let _ = task.await;
         assert_eq!(slot.queue.lock().models[0].waiting, 0);
         let timed_out = slot.acquire(client("c")).await.err().expect("times out");
-        assert!(matches!(timed_out, GatewayError::QueueTimeout { .. }), "{timed_out:?}");
+        assert!(
+            matches!(timed_out, GatewayError::QueueTimeout { .. }),
+            "{timed_out:?}"
+        );
         drop(held);
         assert_eq!(slot.queue.lock().in_flight, 0);
         let _again = slot.acquire(client("c")).await.expect("free again");
@@ -399,7 +462,15 @@ mod tests {
                 order.lock().expect("lock").push(name);
                 drop(p);
             }));
-            while slot.queue.lock().models.iter().map(|m| m.waiting).sum::<usize>() != tasks.len() {
+            while slot
+                .queue
+                .lock()
+                .models
+                .iter()
+                .map(|m| m.waiting)
+                .sum::<usize>()
+                != tasks.len()
+            {
                 tokio::task::yield_now().await;
             }
         }

@@ -190,9 +190,28 @@ impl Behaviour {
             ($($f:ident),*) => { Behaviour { $($f: self.$f.clone().or_else(|| under.$f.clone()),)* } };
         }
         pick!(
-            style, ttft_ms, tokens_per_second, tokens, bytes_per_write, burst, keepalive, keepalive_ms, usage,
-            usage_always, role, content_field, error_after, after_error, exit_after, hang, hang_after,
-            prompt_cap, cap_style, fail_status, hold_after, hold_key
+            style,
+            ttft_ms,
+            tokens_per_second,
+            tokens,
+            bytes_per_write,
+            burst,
+            keepalive,
+            keepalive_ms,
+            usage,
+            usage_always,
+            role,
+            content_field,
+            error_after,
+            after_error,
+            exit_after,
+            hang,
+            hang_after,
+            prompt_cap,
+            cap_style,
+            fail_status,
+            hold_after,
+            hold_key
         )
     }
 
@@ -274,8 +293,13 @@ mod tests {
 
     #[test]
     fn request_overrides_flags_which_override_the_style() {
-        let flags = Behaviour { style: Some(Style::Omlx), tokens: Some(3), ..Default::default() };
-        let request: Behaviour = serde_json::from_str(r#"{"tokens": 5, "keepalive": "comment"}"#).expect("json");
+        let flags = Behaviour {
+            style: Some(Style::Omlx),
+            tokens: Some(3),
+            ..Default::default()
+        };
+        let request: Behaviour =
+            serde_json::from_str(r#"{"tokens": 5, "keepalive": "comment"}"#).expect("json");
         let plan = request.over(&flags).plan();
         assert_eq!(plan.tokens, 5);
         assert_eq!(plan.keepalive, Keepalive::Comment);

@@ -47,14 +47,23 @@ pin_project! {
 
 impl Outcome {
     fn record(self, outcome: &str) {
-        self.metrics.requests.with_label_values(&[&self.model, &self.backend, outcome]).inc();
+        self.metrics
+            .requests
+            .with_label_values(&[&self.model, &self.backend, outcome])
+            .inc();
     }
 }
 
 impl StreamMeter {
     /// Wraps `inner`; `permit` is released when the body ends or is dropped.
     pub fn new(inner: Incoming, permit: Permit, outcome: Outcome, sse: bool) -> Self {
-        StreamMeter { inner, permit: Some(permit), outcome: Some(outcome), sse, finished: false }
+        StreamMeter {
+            inner,
+            permit: Some(permit),
+            outcome: Some(outcome),
+            sse,
+            finished: false,
+        }
     }
 }
 
@@ -62,7 +71,10 @@ impl Body for StreamMeter {
     type Data = Bytes;
     type Error = hyper::Error;
 
-    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
         let this = self.project();
         if *this.finished {
             return Poll::Ready(None);
@@ -81,7 +93,11 @@ impl Body for StreamMeter {
             Poll::Ready(Some(Err(e))) => {
                 *this.finished = true;
                 this.permit.take();
-                let backend = this.outcome.as_ref().map(|o| o.backend.clone()).unwrap_or_default();
+                let backend = this
+                    .outcome
+                    .as_ref()
+                    .map(|o| o.backend.clone())
+                    .unwrap_or_default();
                 if let Some(outcome) = this.outcome.take() {
                     outcome.record("backend_error");
                 }
@@ -105,6 +121,10 @@ impl Body for StreamMeter {
     }
 
     fn size_hint(&self) -> SizeHint {
-        if self.finished { SizeHint::with_exact(0) } else { self.inner.size_hint() }
+        if self.finished {
+            SizeHint::with_exact(0)
+        } else {
+            self.inner.size_hint()
+        }
     }
 }
