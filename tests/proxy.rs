@@ -17,12 +17,7 @@ async fn frames_arrive_at_the_pace_the_backend_sends_them() {
         true,
         json!({"tokens": 4, "hold_after": 1, "hold_key": "pace"}),
     );
-    let mut response = client()
-        .post(gw.url("/v1/chat/completions"))
-        .json(&body)
-        .send()
-        .await
-        .expect("send");
+    let mut response = post(&gw, "/v1/chat/completions", &body).await;
     assert_eq!(response.status(), 200);
     assert_eq!(response.headers()["x-accel-buffering"], "no");
     assert!(
@@ -213,12 +208,7 @@ async fn a_client_that_disconnects_mid_stream_frees_its_slot_and_the_backend() {
         true,
         json!({"tokens": 100, "hold_after": 1, "hold_key": "never"}),
     );
-    let mut response = client()
-        .post(gw.url("/v1/chat/completions"))
-        .json(&body)
-        .send()
-        .await
-        .expect("send");
+    let mut response = post(&gw, "/v1/chat/completions", &body).await;
     read_until(&mut response, "t0 ").await;
     assert_eq!(
         metric(&gw, "mlxgate_inflight_requests{backend=\"local\"}").await,
@@ -272,12 +262,12 @@ async fn model_is_rewritten_and_the_rest_of_the_body_kept() {
     assert_eq!(answer["object"], "chat.completion");
     assert!(answer["usage"]["completion_tokens"].as_u64().is_some());
 
-    let emb = client()
-        .post(gw.url("/v1/embeddings"))
-        .json(&json!({"model": "qwen", "input": ["a b", "c"]}))
-        .send()
-        .await
-        .expect("send");
+    let emb = post(
+        &gw,
+        "/v1/embeddings",
+        &json!({"model": "qwen", "input": ["a b", "c"]}),
+    )
+    .await;
     assert_eq!(emb.status(), 200);
     assert_eq!(
         emb.json::<Value>().await.expect("json")["data"]
@@ -285,12 +275,12 @@ async fn model_is_rewritten_and_the_rest_of_the_body_kept() {
             .map(Vec::len),
         Some(2)
     );
-    let comp = client()
-        .post(gw.url("/v1/completions"))
-        .json(&json!({"model": "qwen", "prompt": "x"}))
-        .send()
-        .await
-        .expect("send");
+    let comp = post(
+        &gw,
+        "/v1/completions",
+        &json!({"model": "qwen", "prompt": "x"}),
+    )
+    .await;
     assert_eq!(
         comp.json::<Value>().await.expect("json")["object"],
         "text_completion"
@@ -472,12 +462,7 @@ async fn a_backend_that_dies_mid_stream_ends_the_stream_with_an_error_event() {
     let sim = sim().await;
     let gw = gateway(&one_model_yaml(&sim.url(), 1, 1)).await;
     let body = chat(true, json!({"tokens": 10, "exit_after": 3}));
-    let r = client()
-        .post(gw.url("/v1/chat/completions"))
-        .json(&body)
-        .send()
-        .await
-        .expect("send");
+    let r = post(&gw, "/v1/chat/completions", &body).await;
     assert_eq!(r.status(), 200);
     let text = text_of(r).await;
     let data = data_lines(&text);

@@ -400,11 +400,8 @@ async fn complete(state: &SimState, plan: &Plan, job: &Job) -> Response {
         }
         tokio::time::sleep(state.token_interval(plan)).await;
     }
-    let text: String = (0..job.completion_tokens)
-        .map(|i| format!("t{i} "))
-        .collect();
-    let usage = json!({"prompt_tokens": job.prompt_tokens, "completion_tokens": job.completion_tokens,
-        "total_tokens": job.prompt_tokens + job.completion_tokens});
+    let text: String = (0..job.completion_tokens).map(stream::token_text).collect();
+    let usage = stream::usage_of(job);
     let body = if job.chat {
         json!({"id": job.id, "object": "chat.completion", "created": now_secs(), "model": job.model,
             "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": job.finish_reason}],

@@ -45,6 +45,12 @@ pub async fn write_stream(state: &SimState, plan: &Plan, job: &Job, tx: mpsc::Se
     let mut content_frames = 0u32;
     for i in 0..job.completion_tokens {
         if plan.exit_after == Some(i) {
+            // What was written before a crash has reached the socket: let the connection
+            // take everything queued, then die.
+            while out.tx.capacity() < out.tx.max_capacity() && !out.tx.is_closed() {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
             state.crash();
             // Keep the body open until the crash cuts the connection: ending it here would
             // let the server finish the chunked body cleanly.
@@ -71,7 +77,7 @@ pub async fn write_stream(state: &SimState, plan: &Plan, job: &Job, tx: mpsc::Se
         if i > 0 && !out.pace(state.token_interval(plan)).await {
             return;
         }
-        let text = format!("t{i} ");
+        let text = token_text(i);
         let delta = match (job.chat, plan.content_field) {
             (_, ContentField::None) => None,
             (false, _) => Some(json!({"text": text})),
@@ -170,7 +176,8 @@ async fn prefill(plan: &Plan, job: &Job, out: &Writer) -> bool {
     }
 }
 
-fn usage_of(job: &Job) -> Value {
+/// The OpenAI usage object of a finished job.
+pub fn usage_of(job: &Job) -> Value {
     json!({"prompt_tokens": job.prompt_tokens, "completion_tokens": job.completion_tokens,
         "total_tokens": job.prompt_tokens + job.completion_tokens})
 }
@@ -205,6 +212,11 @@ fn finish_chunk(job: &Job, created: u64, plan: &Plan, reason: &str, usage: Optio
     };
     c["choices"][0]["finish_reason"] = json!(reason);
     c
+}
+
+/// The text of the `i`-th generated token.
+pub fn token_text(i: u32) -> String {
+    format!("t{i} ")
 }
 
 /// The channel into the response body, with byte splitting.

@@ -175,3 +175,13 @@ pub async fn text_of(response: reqwest::Response) -> String {
     }
     String::from_utf8_lossy(&out).into_owned()
 }
+
+/// POSTs `body` as JSON to the gateway's `path`.
+pub async fn post(gw: &Gateway, path: &str, body: &Value) -> reqwest::Response {
+    client()
+        .post(gw.url(path))
+        .json(body)
+        .send()
+        .await
+        .expect("send")
+}
