@@ -7,12 +7,14 @@
 use std::collections::BTreeMap;
 use std::fmt;
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_yaml::Value;
+
+use crate::backend::profile::{Kind, fill_template};
 
 /// The validated configuration. Built once before binding; never mutated.
 #[derive(Debug, Clone)]
@@ -22,6 +24,9 @@ pub struct Config {
     pub shutdown_grace: Duration,
     /// Largest request body accepted, in bytes (413 beyond).
     pub max_body_bytes: usize,
+    /// How long a request for a stopped GPU backend may wait before the running one is swapped
+    /// out for it (requests for the running model flow until then).
+    pub swap_after: Duration,
     pub backends: BTreeMap<String, BackendConfig>,
     pub models: BTreeMap<String, ModelConfig>,
 }
@@ -38,6 +43,42 @@ pub struct BackendConfig {
     pub connect_timeout: Duration,
     /// Longest wait for the response headers (a long prefill can take minutes).
     pub response_timeout: Duration,
+    /// What kind of server it is (launch template, readiness rules).
+    pub kind: Kind,
+    /// Path that answers 2xx when the server is up (`/ready` and start-up probe it).
+    pub ready_path: String,
+    /// Set when mlxgate runs the server itself.
+    pub managed: Option<ManagedConfig>,
+}
+
+/// A backend whose process mlxgate starts, watches, restarts and stops.
+#[derive(Debug, Clone)]
+pub struct ManagedConfig {
+    /// `{model}` in the launch command; also the default `upstream_model`.
+    pub model: String,
+    pub port: u16,
+    /// The full command line, placeholders filled.
+    pub command: Vec<String>,
+    pub env: BTreeMap<String, String>,
+    /// A Python venv whose `bin/` is put first on the server's PATH.
+    pub venv: Option<PathBuf>,
+    /// Longest start-up (process spawn to ready, warm-up included).
+    pub ready_timeout: Duration,
+    /// Whether a warm-up completion must succeed before the backend counts as ready.
+    pub warmup: bool,
+    /// Stop after this long without requests (frees unified memory).
+    pub idle_timeout: Option<Duration>,
+    /// Start at gateway start-up rather than on the first request.
+    pub preload: bool,
+    /// Holds the Metal context: at most one such backend runs at a time.
+    pub gpu: bool,
+    /// How long in-flight requests may go on when the backend is swapped out or stopped.
+    pub drain_timeout: Duration,
+    /// SIGTERM to SIGKILL.
+    pub stop_timeout: Duration,
+    /// Crashes allowed within `restart_window` before the backend is marked failed.
+    pub max_restarts: u32,
+    pub restart_window: Duration,
 }
 
 /// A public model name and where its requests go.
@@ -57,10 +98,7 @@ pub struct ModelConfig {
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     #[error("cannot read {path}: {source}")]
-    Read {
-        path: String,
-        source: std::io::Error,
-    },
+    Read { path: String, source: std::io::Error },
     #[error("{}", format_problems(.0))]
     Invalid(Vec<Problem>),
 }
@@ -92,6 +130,14 @@ const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 const DEFAULT_RESPONSE_TIMEOUT: Duration = Duration::from_secs(30 * 60);
 const DEFAULT_MAX_QUEUE: usize = 64;
 const DEFAULT_MAX_WAIT: Duration = Duration::from_secs(120);
+const DEFAULT_SWAP_AFTER: Duration = Duration::from_secs(10);
+const DEFAULT_READY_TIMEOUT: Duration = Duration::from_secs(300);
+const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(60);
+const DEFAULT_STOP_TIMEOUT: Duration = Duration::from_secs(10);
+const DEFAULT_MAX_RESTARTS: u32 = 5;
+const DEFAULT_RESTART_WINDOW: Duration = Duration::from_secs(300);
+/// Managed servers listen on loopback only: the gateway is their one client.
+pub const MANAGED_HOST: &str = "127.0.0.1";
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -99,6 +145,7 @@ struct RawConfig {
     listen: Option<String>,
     shutdown_grace: Option<RawDuration>,
     max_body: Option<RawSize>,
+    swap_after: Option<RawDuration>,
     #[serde(default)]
     backends: BTreeMap<String, Value>,
     #[serde(default)]
@@ -108,10 +155,33 @@ struct RawConfig {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawBackend {
-    url: String,
+    url: Option<String>,
+    kind: Option<Kind>,
+    model: Option<String>,
+    port: Option<u16>,
+    command: Option<Vec<String>>,
+    #[serde(default)]
+    env: BTreeMap<String, String>,
+    venv: Option<String>,
+    ready: Option<RawReady>,
+    idle_timeout: Option<RawDuration>,
+    preload: Option<bool>,
+    gpu: Option<bool>,
+    drain_timeout: Option<RawDuration>,
+    stop_timeout: Option<RawDuration>,
+    max_restarts: Option<u32>,
+    restart_window: Option<RawDuration>,
     max_concurrency: Option<usize>,
     connect_timeout: Option<RawDuration>,
     response_timeout: Option<RawDuration>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawReady {
+    path: Option<String>,
+    timeout: Option<RawDuration>,
+    warmup: Option<bool>,
 }
 
 #[derive(Deserialize)]
@@ -128,16 +198,11 @@ struct RawDuration(Duration);
 
 impl<'de> Deserialize<'de> for RawDuration {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let text = String::deserialize(d).map_err(|_| {
-            serde::de::Error::custom("a duration is written with its unit, like 30s or 5m")
-        })?;
+        let text = String::deserialize(d)
+            .map_err(|_| serde::de::Error::custom("a duration is written with its unit, like 30s or 5m"))?;
         humantime::parse_duration(text.trim())
             .map(RawDuration)
-            .map_err(|e| {
-                serde::de::Error::custom(format!(
-                    "{text:?} is not a duration ({e}); write it like 30s or 5m"
-                ))
-            })
+            .map_err(|e| serde::de::Error::custom(format!("{text:?} is not a duration ({e}); write it like 30s or 5m")))
     }
 }
 
@@ -152,17 +217,13 @@ impl<'de> Deserialize<'de> for RawSize {
             Value::String(s) => parse_size(s),
             _ => None,
         };
-        parsed.map(RawSize).ok_or_else(|| {
-            serde::de::Error::custom("a size is a number of bytes or like 64MiB, 512KB")
-        })
+        parsed.map(RawSize).ok_or_else(|| serde::de::Error::custom("a size is a number of bytes or like 64MiB, 512KB"))
     }
 }
 
 fn parse_size(text: &str) -> Option<usize> {
     let text = text.trim();
-    let split = text
-        .find(|c: char| !c.is_ascii_digit())
-        .unwrap_or(text.len());
+    let split = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
     let (digits, unit) = text.split_at(split);
     let n: usize = digits.parse().ok()?;
     let factor: usize = match unit.trim() {
@@ -181,22 +242,26 @@ fn parse_size(text: &str) -> Option<usize> {
 impl Config {
     /// Reads, substitutes `${VAR}` from the process environment, and validates a file.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
-            path: path.display().to_string(),
-            source,
-        })?;
-        Config::parse(&text, &|name| std::env::var(name).ok())
+        let text = std::fs::read_to_string(path)
+            .map_err(|source| ConfigError::Read { path: path.display().to_string(), source })?;
+        let mut config = Config::parse(&text, &|name| std::env::var(name).ok())?;
+        // A relative venv is relative to the file that names it.
+        let base = path.parent().unwrap_or(Path::new("."));
+        for backend in config.backends.values_mut() {
+            if let Some(venv) = backend.managed.as_mut().and_then(|m| m.venv.as_mut())
+                && venv.is_relative()
+            {
+                *venv = base.join(&*venv);
+            }
+        }
+        Ok(config)
     }
 
     /// Parses YAML text; `env` answers `${VAR}` look-ups (tests pass their own).
     pub fn parse(text: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<Config, ConfigError> {
         let mut problems = Vec::new();
-        let mut root: Value = serde_yaml::from_str(text).map_err(|e| {
-            ConfigError::Invalid(vec![Problem {
-                path: "(file)".into(),
-                reason: e.to_string(),
-            }])
-        })?;
+        let mut root: Value = serde_yaml::from_str(text)
+            .map_err(|e| ConfigError::Invalid(vec![Problem { path: "(file)".into(), reason: e.to_string() }]))?;
         if root.is_null() {
             root = Value::Mapping(Default::default());
         }
@@ -211,11 +276,7 @@ impl Config {
 }
 
 /// Deserializes `value` into `T`, recording the first problem with its full path.
-fn typed<T: DeserializeOwned>(
-    value: Value,
-    prefix: &str,
-    problems: &mut Vec<Problem>,
-) -> Option<T> {
+fn typed<T: DeserializeOwned>(value: Value, prefix: &str, problems: &mut Vec<Problem>) -> Option<T> {
     match serde_path_to_error::deserialize::<_, T>(value) {
         Ok(v) => Some(v),
         Err(err) => {
@@ -251,39 +312,37 @@ fn validate(raw: RawConfig, problems: &mut Vec<Problem>) -> Option<Config> {
     let mut backends = BTreeMap::new();
     for (name, value) in raw.backends {
         let path = format!("backends.{name}");
-        let Some(b) = typed::<RawBackend>(value, &path, problems) else {
-            continue;
-        };
-        let url = b.url.trim_end_matches('/').to_string();
-        match url.parse::<http::Uri>() {
-            Ok(uri) if uri.scheme_str() == Some("http") && uri.host().is_some() => {}
-            Ok(uri) if uri.scheme_str() == Some("https") => problems.push(Problem {
-                path: format!("{path}.url"),
-                reason: "https backends are not supported yet; use http:// (MLX servers on a LAN)"
-                    .into(),
-            }),
-            _ => problems.push(Problem {
-                path: format!("{path}.url"),
-                reason: format!("{:?} is not a URL like http://127.0.0.1:8101", b.url),
-            }),
+        let Some(b) = typed::<RawBackend>(value, &path, problems) else { continue };
+        if let Some(backend) = validate_backend(name, &path, b, problems) {
+            backends.insert(backend.name.clone(), backend);
         }
-        let max_concurrency = b.max_concurrency.unwrap_or(DEFAULT_MAX_CONCURRENCY);
-        if max_concurrency == 0 {
+    }
+    let mut ports: BTreeMap<u16, &str> = BTreeMap::new();
+    for b in backends.values() {
+        let Some(m) = &b.managed else { continue };
+        if let Some(other) = ports.insert(m.port, &b.name) {
             problems.push(Problem {
-                path: format!("{path}.max_concurrency"),
-                reason: "must be at least 1".into(),
+                path: format!("backends.{}.port", b.name),
+                reason: format!("port {} is also backend {other:?}'s", m.port),
             });
         }
-        backends.insert(
-            name.clone(),
-            BackendConfig {
-                name,
-                url,
-                max_concurrency,
-                connect_timeout: b.connect_timeout.map_or(DEFAULT_CONNECT_TIMEOUT, |d| d.0),
-                response_timeout: b.response_timeout.map_or(DEFAULT_RESPONSE_TIMEOUT, |d| d.0),
-            },
-        );
+        if listen.is_some_and(|l| l.port() == m.port) {
+            problems.push(Problem {
+                path: format!("backends.{}.port", b.name),
+                reason: format!("port {} is the gateway's own listen port", m.port),
+            });
+        }
+    }
+    let gpu_preloads: Vec<&str> = backends
+        .values()
+        .filter(|b| b.managed.as_ref().is_some_and(|m| m.gpu && m.preload))
+        .map(|b| b.name.as_str())
+        .collect();
+    if gpu_preloads.len() > 1 {
+        problems.push(Problem {
+            path: format!("backends.{}.preload", gpu_preloads[1]),
+            reason: format!("only one GPU backend can run at a time, and {} already preloads", gpu_preloads[0]),
+        });
     }
 
     let mut models = BTreeMap::new();
@@ -299,25 +358,21 @@ fn validate(raw: RawConfig, problems: &mut Vec<Problem>) -> Option<Config> {
                 reason: format!(
                     "no backend named {:?} (backends: {})",
                     m.backend,
-                    if known.is_empty() {
-                        "none".to_string()
-                    } else {
-                        known.join(", ")
-                    }
+                    if known.is_empty() { "none".to_string() } else { known.join(", ") }
                 ),
             });
         }
         let max_wait = m.max_wait.map_or(DEFAULT_MAX_WAIT, |d| d.0);
         if max_wait.is_zero() {
-            problems.push(Problem {
-                path: format!("{path}.max_wait"),
-                reason: "must be longer than 0s".into(),
-            });
+            problems.push(Problem { path: format!("{path}.max_wait"), reason: "must be longer than 0s".into() });
         }
+        // A managed server knows its model by the path it loaded (mlx_lm.server would try to
+        // download any other name from the Hub).
+        let managed_model = backends.get(&m.backend).and_then(|b| b.managed.as_ref()).map(|mc| mc.model.clone());
         models.insert(
             name.clone(),
             ModelConfig {
-                upstream_model: m.upstream_model.unwrap_or_else(|| name.clone()),
+                upstream_model: m.upstream_model.or(managed_model).unwrap_or_else(|| name.clone()),
                 name,
                 backend: m.backend,
                 max_queue: m.max_queue.unwrap_or(DEFAULT_MAX_QUEUE),
@@ -336,8 +391,128 @@ fn validate(raw: RawConfig, problems: &mut Vec<Problem>) -> Option<Config> {
         listen: listen?,
         shutdown_grace: raw.shutdown_grace.map_or(DEFAULT_SHUTDOWN_GRACE, |d| d.0),
         max_body_bytes: raw.max_body.map_or(DEFAULT_MAX_BODY, |s| s.0),
+        swap_after: raw.swap_after.map_or(DEFAULT_SWAP_AFTER, |d| d.0),
         backends,
         models,
+    })
+}
+
+/// Checks one backend: either `url` (a running server) or `kind`/`command` (a managed one).
+fn validate_backend(name: String, path: &str, b: RawBackend, problems: &mut Vec<Problem>) -> Option<BackendConfig> {
+    let mut problem = |field: &str, reason: String| {
+        let at = if field.is_empty() { path.to_string() } else { format!("{path}.{field}") };
+        problems.push(Problem { path: at, reason });
+    };
+    let max_concurrency = b.max_concurrency.unwrap_or(DEFAULT_MAX_CONCURRENCY);
+    if max_concurrency == 0 {
+        problem("max_concurrency", "must be at least 1".into());
+    }
+    let managed_keys = b.kind.is_some() || b.command.is_some();
+    let (url, managed) = match (&b.url, managed_keys) {
+        (Some(_), true) => {
+            problem(
+                "",
+                "give either url (a server that is already running) or kind/command (one mlxgate runs), not both"
+                    .into(),
+            );
+            return None;
+        }
+        (None, false) => {
+            problem("", "needs url (a running server) or kind (mlx-lm, mlx-openai-server, custom)".into());
+            return None;
+        }
+        (Some(url), false) => {
+            let url = url.trim_end_matches('/').to_string();
+            match url.parse::<http::Uri>() {
+                Ok(uri) if uri.scheme_str() == Some("http") && uri.host().is_some() => {}
+                Ok(uri) if uri.scheme_str() == Some("https") => {
+                    problem("url", "https backends are not supported yet; use http:// (MLX servers on a LAN)".into())
+                }
+                _ => problem("url", format!("{url:?} is not a URL like http://127.0.0.1:8101")),
+            }
+            for (set, key) in [
+                (b.port.is_some(), "port"),
+                (b.model.is_some(), "model"),
+                (!b.env.is_empty(), "env"),
+                (b.venv.is_some(), "venv"),
+                (b.idle_timeout.is_some(), "idle_timeout"),
+                (b.preload.is_some(), "preload"),
+                (b.gpu.is_some(), "gpu"),
+            ] {
+                if set {
+                    problem(key, "only for managed backends (kind/command); this one has a url".into());
+                }
+            }
+            (url, None)
+        }
+        (None, true) => {
+            let kind = b.kind.unwrap_or(Kind::Custom);
+            let Some(port) = b.port.filter(|p| *p != 0) else {
+                problem("port", "a managed backend needs a port (1-65535) for its server".into());
+                return None;
+            };
+            let template: Vec<String> = match (&b.command, kind.launch_template()) {
+                (Some(c), _) if c.is_empty() => {
+                    problem("command", "must name a program".into());
+                    return None;
+                }
+                (Some(c), _) => c.clone(),
+                (None, Some(t)) => t.iter().map(|s| s.to_string()).collect(),
+                (None, None) => {
+                    problem("command", "kind: custom needs a command, e.g. [my-server, --port, \"{port}\"]".into());
+                    return None;
+                }
+            };
+            let uses_model = template.iter().any(|a| a.contains("{model}"));
+            let model = match (&b.model, uses_model) {
+                (Some(m), _) => m.clone(),
+                (None, true) => {
+                    problem("model", "the launch command uses {model}: name a model path or Hugging Face id".into());
+                    return None;
+                }
+                (None, false) => name.clone(),
+            };
+            let ready = b.ready.unwrap_or(RawReady { path: None, timeout: None, warmup: None });
+            let managed = ManagedConfig {
+                command: fill_template(&template, &model, MANAGED_HOST, port),
+                model,
+                port,
+                env: b.env,
+                venv: b.venv.map(PathBuf::from),
+                ready_timeout: ready.timeout.map_or(DEFAULT_READY_TIMEOUT, |d| d.0),
+                warmup: ready.warmup.unwrap_or(kind.needs_warmup()),
+                idle_timeout: b.idle_timeout.map(|d| d.0).filter(|d| !d.is_zero()),
+                preload: b.preload.unwrap_or(false),
+                gpu: b.gpu.unwrap_or(true),
+                drain_timeout: b.drain_timeout.map_or(DEFAULT_DRAIN_TIMEOUT, |d| d.0),
+                stop_timeout: b.stop_timeout.map_or(DEFAULT_STOP_TIMEOUT, |d| d.0),
+                max_restarts: b.max_restarts.unwrap_or(DEFAULT_MAX_RESTARTS),
+                restart_window: b.restart_window.map_or(DEFAULT_RESTART_WINDOW, |d| d.0),
+            };
+            let ready_path = ready.path.unwrap_or_else(|| kind.ready_path().to_string());
+            return Some(BackendConfig {
+                url: format!("http://{MANAGED_HOST}:{port}"),
+                name,
+                max_concurrency,
+                connect_timeout: b.connect_timeout.map_or(DEFAULT_CONNECT_TIMEOUT, |d| d.0),
+                response_timeout: b.response_timeout.map_or(DEFAULT_RESPONSE_TIMEOUT, |d| d.0),
+                kind,
+                ready_path: if ready_path.starts_with('/') { ready_path } else { format!("/{ready_path}") },
+                managed: Some(managed),
+            });
+        }
+    };
+    let kind = b.kind.unwrap_or(Kind::Custom);
+    let ready_path = b.ready.and_then(|r| r.path).unwrap_or_else(|| "/v1/models".to_string());
+    Some(BackendConfig {
+        name,
+        url,
+        max_concurrency,
+        connect_timeout: b.connect_timeout.map_or(DEFAULT_CONNECT_TIMEOUT, |d| d.0),
+        response_timeout: b.response_timeout.map_or(DEFAULT_RESPONSE_TIMEOUT, |d| d.0),
+        kind,
+        ready_path,
+        managed,
     })
 }
 
@@ -356,18 +531,13 @@ fn substitute_env(
                 *value = if whole {
                     serde_yaml::from_str::<Value>(&expanded)
                         .ok()
-                        .filter(|v| {
-                            !matches!(v, Value::Mapping(_) | Value::Sequence(_) | Value::Null)
-                        })
+                        .filter(|v| !matches!(v, Value::Mapping(_) | Value::Sequence(_) | Value::Null))
                         .unwrap_or(Value::String(expanded))
                 } else {
                     Value::String(expanded)
                 };
             }
-            Err(reason) => problems.push(Problem {
-                path: path.join("."),
-                reason,
-            }),
+            Err(reason) => problems.push(Problem { path: path.join("."), reason }),
         },
         Value::Mapping(map) => {
             for (k, v) in map.iter_mut() {
@@ -397,9 +567,7 @@ fn expand(text: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<String, St
             out.push_str("${");
             rest = after;
         } else if let Some(after) = rest.strip_prefix("${") {
-            let end = after
-                .find('}')
-                .ok_or_else(|| format!("unclosed ${{ in {text:?}"))?;
+            let end = after.find('}').ok_or_else(|| format!("unclosed ${{ in {text:?}"))?;
             let inner = &after[..end];
             let (name, default) = match inner.split_once(":-") {
                 Some((n, d)) => (n, Some(d)),
@@ -408,10 +576,7 @@ fn expand(text: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<String, St
             if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
                 return Err(format!("${{{inner}}} is not a variable name"));
             }
-            match (
-                env(name).filter(|v| !v.is_empty() || default.is_none()),
-                default,
-            ) {
+            match (env(name).filter(|v| !v.is_empty() || default.is_none()), default) {
                 (Some(v), _) => out.push_str(&v),
                 (None, Some(d)) => out.push_str(d),
                 (None, None) => {
@@ -479,30 +644,11 @@ models:
   typo: {backend: local, max_queu: 3}
 ",
         );
-        assert!(
-            p.iter().any(|l| l.starts_with("backends.local.url:")),
-            "{p:?}"
-        );
-        assert!(
-            p.iter()
-                .any(|l| l == "backends.local.max_concurrency: must be at least 1"),
-            "{p:?}"
-        );
-        assert!(
-            p.iter()
-                .any(|l| l.starts_with("models.qwen.backend: no backend named \"qwen-local\"")),
-            "{p:?}"
-        );
-        assert!(
-            p.iter()
-                .any(|l| l.starts_with("models.bad.max_wait:") && l.contains("30s")),
-            "{p:?}"
-        );
-        assert!(
-            p.iter()
-                .any(|l| l.starts_with("models.typo.max_queu: unknown field")),
-            "{p:?}"
-        );
+        assert!(p.iter().any(|l| l.starts_with("backends.local.url:")), "{p:?}");
+        assert!(p.iter().any(|l| l == "backends.local.max_concurrency: must be at least 1"), "{p:?}");
+        assert!(p.iter().any(|l| l.starts_with("models.qwen.backend: no backend named \"qwen-local\"")), "{p:?}");
+        assert!(p.iter().any(|l| l.starts_with("models.bad.max_wait:") && l.contains("30s")), "{p:?}");
+        assert!(p.iter().any(|l| l.starts_with("models.typo.max_queu: unknown field")), "{p:?}");
         assert_eq!(p.len(), 5, "{p:?}");
     }
 
@@ -543,10 +689,7 @@ models:
   qwen: {backend: local}
 ";
         let p = problems(text);
-        assert!(
-            p[0].starts_with("backends.local.url: environment variable BACKEND_URL is not set"),
-            "{p:?}"
-        );
+        assert!(p[0].starts_with("backends.local.url: environment variable BACKEND_URL is not set"), "{p:?}");
     }
 
     #[test]
@@ -556,9 +699,6 @@ models:
         assert_eq!(parse_size("12"), Some(12));
         assert_eq!(parse_size("3 parsecs"), None);
         let p = problems("backends: {}\n");
-        assert_eq!(
-            p,
-            vec!["models: no models configured: clients need at least one public model name"]
-        );
+        assert_eq!(p, vec!["models: no models configured: clients need at least one public model name"]);
     }
 }

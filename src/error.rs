@@ -14,10 +14,7 @@ use serde_json::json;
 pub enum GatewayError {
     /// The body is not the JSON object the endpoint needs.
     #[error("{message}")]
-    InvalidRequest {
-        message: String,
-        param: Option<&'static str>,
-    },
+    InvalidRequest { message: String, param: Option<&'static str> },
     /// The body is larger than `max_body`.
     #[error("request body is larger than the gateway's limit of {limit} bytes")]
     BodyTooLarge { limit: usize },
@@ -29,29 +26,26 @@ pub enum GatewayError {
         "The queue for model `{model}` is full ({waiting} requests waiting, {in_flight} in flight); retry after {}s.",
         retry_after.as_secs()
     )]
-    QueueFull {
-        model: String,
-        waiting: usize,
-        in_flight: usize,
-        retry_after: Duration,
-    },
+    QueueFull { model: String, waiting: usize, in_flight: usize, retry_after: Duration },
     /// The request waited `max_wait` without getting a slot.
     #[error(
         "The request for model `{model}` waited {}s in the queue without a free slot; retry after {}s.",
         waited.as_secs(),
         retry_after.as_secs()
     )]
-    QueueTimeout {
-        model: String,
-        waited: Duration,
-        retry_after: Duration,
-    },
+    QueueTimeout { model: String, waited: Duration, retry_after: Duration },
+    /// An admin call names no managed backend.
+    #[error("No managed backend named `{0}`.")]
+    UnknownBackend(String),
     /// No endpoint at this path.
     #[error("Invalid URL ({method} {path})")]
     UnknownUrl { method: String, path: String },
     /// The backend refused the connection, reset it, or answered with something unusable.
     #[error("Backend `{backend}` failed: {reason}")]
     Backend { backend: String, reason: String },
+    /// A managed backend crashed too often and waits for an operator.
+    #[error("Backend `{backend}` is failed: {reason}. Fix it, then POST /admin/backends/{backend}/restart.")]
+    BackendFailed { backend: String, reason: String },
     /// The backend did not answer within its `response_timeout`.
     #[error("Backend `{backend}` did not answer within {}s.", after.as_secs())]
     BackendTimeout { backend: String, after: Duration },
@@ -60,49 +54,32 @@ pub enum GatewayError {
 impl GatewayError {
     /// Builds an `invalid_request_error` naming the offending parameter.
     pub fn invalid(message: impl Into<String>, param: Option<&'static str>) -> Self {
-        GatewayError::InvalidRequest {
-            message: message.into(),
-            param,
-        }
+        GatewayError::InvalidRequest { message: message.into(), param }
     }
 
     /// The one place that maps a failure to (status, type, code). `type` doubles as the
     /// metric label.
     fn classify(&self) -> (StatusCode, &'static str, Option<&'static str>) {
         match self {
-            GatewayError::InvalidRequest { .. } => {
-                (StatusCode::BAD_REQUEST, "invalid_request_error", None)
+            GatewayError::InvalidRequest { .. } => (StatusCode::BAD_REQUEST, "invalid_request_error", None),
+            GatewayError::BodyTooLarge { .. } => {
+                (StatusCode::PAYLOAD_TOO_LARGE, "invalid_request_error", Some("request_too_large"))
             }
-            GatewayError::BodyTooLarge { .. } => (
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "invalid_request_error",
-                Some("request_too_large"),
-            ),
-            GatewayError::ModelNotFound(_) => (
-                StatusCode::NOT_FOUND,
-                "invalid_request_error",
-                Some("model_not_found"),
-            ),
-            GatewayError::UnknownUrl { .. } => (
-                StatusCode::NOT_FOUND,
-                "invalid_request_error",
-                Some("unknown_url"),
-            ),
-            GatewayError::QueueFull { .. } | GatewayError::QueueTimeout { .. } => (
-                StatusCode::SERVICE_UNAVAILABLE,
-                "server_overloaded",
-                Some("server_overloaded"),
-            ),
-            GatewayError::Backend { .. } => (
-                StatusCode::BAD_GATEWAY,
-                "backend_error",
-                Some("backend_error"),
-            ),
-            GatewayError::BackendTimeout { .. } => (
-                StatusCode::GATEWAY_TIMEOUT,
-                "backend_timeout",
-                Some("backend_timeout"),
-            ),
+            GatewayError::ModelNotFound(_) => (StatusCode::NOT_FOUND, "invalid_request_error", Some("model_not_found")),
+            GatewayError::UnknownBackend(_) => {
+                (StatusCode::NOT_FOUND, "invalid_request_error", Some("backend_not_found"))
+            }
+            GatewayError::UnknownUrl { .. } => (StatusCode::NOT_FOUND, "invalid_request_error", Some("unknown_url")),
+            GatewayError::QueueFull { .. } | GatewayError::QueueTimeout { .. } => {
+                (StatusCode::SERVICE_UNAVAILABLE, "server_overloaded", Some("server_overloaded"))
+            }
+            GatewayError::BackendFailed { .. } => {
+                (StatusCode::SERVICE_UNAVAILABLE, "backend_error", Some("backend_failed"))
+            }
+            GatewayError::Backend { .. } => (StatusCode::BAD_GATEWAY, "backend_error", Some("backend_error")),
+            GatewayError::BackendTimeout { .. } => {
+                (StatusCode::GATEWAY_TIMEOUT, "backend_timeout", Some("backend_timeout"))
+            }
         }
     }
 
@@ -118,8 +95,10 @@ impl GatewayError {
 
     fn retry_after(&self) -> Option<Duration> {
         match self {
-            GatewayError::QueueFull { retry_after, .. }
-            | GatewayError::QueueTimeout { retry_after, .. } => Some(*retry_after),
+            GatewayError::QueueFull { retry_after, .. } | GatewayError::QueueTimeout { retry_after, .. } => {
+                Some(*retry_after)
+            }
+            GatewayError::BackendFailed { .. } => Some(Duration::from_secs(30)),
             _ => None,
         }
     }
@@ -146,9 +125,7 @@ impl IntoResponse for GatewayError {
         let mut response = (self.status(), axum::Json(self.body())).into_response();
         if let Some(after) = self.retry_after() {
             let secs = after.as_secs().max(1);
-            response
-                .headers_mut()
-                .insert(header::RETRY_AFTER, HeaderValue::from(secs));
+            response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(secs));
         }
         response
     }
@@ -175,18 +152,11 @@ mod tests {
                 waited: Duration::from_secs(9),
                 retry_after: Duration::ZERO,
             },
-            GatewayError::UnknownUrl {
-                method: "GET".into(),
-                path: "/v1/x".into(),
-            },
-            GatewayError::Backend {
-                backend: "b".into(),
-                reason: "refused".into(),
-            },
-            GatewayError::BackendTimeout {
-                backend: "b".into(),
-                after: Duration::from_secs(5),
-            },
+            GatewayError::UnknownUrl { method: "GET".into(), path: "/v1/x".into() },
+            GatewayError::UnknownBackend("b".into()),
+            GatewayError::Backend { backend: "b".into(), reason: "refused".into() },
+            GatewayError::BackendFailed { backend: "b".into(), reason: "crashed".into() },
+            GatewayError::BackendTimeout { backend: "b".into(), after: Duration::from_secs(5) },
         ];
         for e in cases {
             let body = e.body();
@@ -196,10 +166,7 @@ mod tests {
             assert!(err.get("param").is_some() && err.get("code").is_some());
             let response = e.into_response();
             let has_retry = response.headers().contains_key(header::RETRY_AFTER);
-            assert_eq!(
-                has_retry,
-                response.status() == StatusCode::SERVICE_UNAVAILABLE
-            );
+            assert_eq!(has_retry, response.status() == StatusCode::SERVICE_UNAVAILABLE);
         }
     }
 
@@ -208,9 +175,6 @@ mod tests {
         let e = GatewayError::ModelNotFound("gpt-9".into());
         assert_eq!(e.status(), StatusCode::NOT_FOUND);
         assert_eq!(e.body()["error"]["code"], "model_not_found");
-        assert_eq!(
-            e.body()["error"]["message"],
-            "The model `gpt-9` does not exist or you do not have access to it."
-        );
+        assert_eq!(e.body()["error"]["message"], "The model `gpt-9` does not exist or you do not have access to it.");
     }
 }

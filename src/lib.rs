@@ -15,6 +15,7 @@ pub mod stream;
 
 use std::future::Future;
 use std::net::SocketAddr;
+use std::path::PathBuf;
 
 use axum::serve::ListenerExt;
 use tokio::net::TcpListener;
@@ -24,13 +25,28 @@ pub use config::Config;
 
 /// Serves `config` on `listener` until `shutdown` resolves; then stops accepting, lets running
 /// requests finish for up to `shutdown_grace`, and cuts whatever is left.
+///
+/// `keeper` is the mlxgate executable, re-run as `mlxgate keep` around each managed server so
+/// that servers die with the gateway. Managed backends are stopped before this returns.
 pub async fn serve(
     config: Config,
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
+    keeper: PathBuf,
 ) -> std::io::Result<()> {
     let grace = config.shutdown_grace;
-    let router = app(AppState::new(config));
+    let state = AppState::new(config, keeper);
+    let result = serve_http(app(state.clone()), listener, shutdown, grace).await;
+    state.dispatch.shutdown().await;
+    result
+}
+
+async fn serve_http(
+    router: axum::Router,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+    grace: std::time::Duration,
+) -> std::io::Result<()> {
     // Small SSE frames must leave at once, not after Nagle's 40 ms.
     let listener = listener.tap_io(|tcp| {
         if let Err(e) = tcp.set_nodelay(true) {
@@ -38,22 +54,16 @@ pub async fn serve(
         }
     });
     let (stop_accepting, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = axum::serve(
-        listener,
-        router.into_make_service_with_connect_info::<SocketAddr>(),
-    )
-    .with_graceful_shutdown(async move {
-        let _ = stopped.await;
-    });
+    let server = axum::serve(listener, router.into_make_service_with_connect_info::<SocketAddr>())
+        .with_graceful_shutdown(async move {
+            let _ = stopped.await;
+        });
     let mut server = tokio::spawn(server.into_future());
     tokio::select! {
         finished = &mut server => return finished.map_err(std::io::Error::other)?,
         () = shutdown => {}
     }
-    tracing::info!(
-        grace_seconds = grace.as_secs(),
-        "shutting down: no new connections, waiting for running requests"
-    );
+    tracing::info!(grace_seconds = grace.as_secs(), "shutting down: no new connections, waiting for running requests");
     let _ = stop_accepting.send(());
     match tokio::time::timeout(grace, &mut server).await {
         Ok(finished) => finished.map_err(std::io::Error::other)?,

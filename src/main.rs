@@ -9,11 +9,7 @@ use mlxgate::Config;
 use tracing_subscriber::EnvFilter;
 
 #[derive(Parser)]
-#[command(
-    name = "mlxgate",
-    version,
-    about = "OpenAI-compatible gateway for local MLX servers"
-)]
+#[command(name = "mlxgate", version, about = "OpenAI-compatible gateway for local MLX servers")]
 struct Cli {
     /// Log line format.
     #[arg(long, value_enum, default_value_t = LogFormat::Text, global = true, env = "MLXGATE_LOG_FORMAT")]
@@ -35,6 +31,16 @@ enum Command {
         #[arg(long, short, default_value = "gateway.yaml", env = "MLXGATE_CONFIG")]
         config: PathBuf,
     },
+    /// Internal: run COMMAND and stop its process group when standard input closes (the gateway
+    /// runs each managed server this way so that none outlives it).
+    #[command(hide = true)]
+    Keep {
+        /// SIGTERM to SIGKILL.
+        #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+        grace: std::time::Duration,
+        #[arg(last = true, required = true)]
+        command: Vec<String>,
+    },
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -45,8 +51,12 @@ enum LogFormat {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if let Command::Keep { grace, command } = &cli.command {
+        return mlxgate::backend::keeper::run(*grace, command);
+    }
     init_logging(cli.log_format);
     match cli.command {
+        Command::Keep { .. } => ExitCode::SUCCESS,
         Command::Check { config } => match Config::load(&config) {
             Ok(c) => {
                 println!(
@@ -92,24 +102,20 @@ fn main() -> ExitCode {
 async fn run(config: Config) -> std::io::Result<()> {
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
-        .map_err(|e| {
-            std::io::Error::new(e.kind(), format!("cannot listen on {}: {e}", config.listen))
-        })?;
+        .map_err(|e| std::io::Error::new(e.kind(), format!("cannot listen on {}: {e}", config.listen)))?;
     tracing::info!(
         listen = %listener.local_addr()?,
         models = ?config.models.keys().collect::<Vec<_>>(),
         "mlxgate serving"
     );
-    mlxgate::serve(config, listener, shutdown_signal()).await
+    let keeper = std::env::current_exe()?;
+    mlxgate::serve(config, listener, shutdown_signal(), keeper).await
 }
 
 /// Resolves on SIGINT or SIGTERM.
 async fn shutdown_signal() {
     use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut term), Ok(mut int)) = (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-    ) else {
+    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
         tracing::error!("cannot install signal handlers; stop the gateway with SIGKILL");
         return std::future::pending().await;
     };
@@ -123,10 +129,7 @@ fn init_logging(format: LogFormat) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     // Colour only on a terminal: log files and pipes get plain `key=value` text.
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_ansi(ansi)
-        .with_writer(std::io::stderr);
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_ansi(ansi).with_writer(std::io::stderr);
     match format {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.json().init(),

@@ -4,7 +4,7 @@
 //! error types).
 
 use prometheus::{
-    Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder,
+    Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
 /// The gateway's metrics. Cheap to clone (every field is an `Arc` inside).
@@ -19,6 +19,14 @@ pub struct Metrics {
     pub inflight: IntGaugeVec,
     /// Time from arrival to getting a slot, per model.
     pub queue_wait: HistogramVec,
+    /// 1 while a managed backend is ready.
+    pub backend_up: IntGaugeVec,
+    /// Restarts of a managed backend, by reason (`crash`).
+    pub backend_restarts: IntCounterVec,
+    /// Times the scheduler stopped one GPU backend to start another.
+    pub backend_swaps: IntCounter,
+    /// Spawn-to-ready time of a managed backend (warm-up included).
+    pub backend_start_seconds: HistogramVec,
 }
 
 impl Metrics {
@@ -26,39 +34,42 @@ impl Metrics {
     pub fn new() -> Self {
         let registry = Registry::new();
         let requests = IntCounterVec::new(
-            Opts::new(
-                "mlxgate_requests_total",
-                "Requests answered, by model, backend and outcome.",
-            ),
+            Opts::new("mlxgate_requests_total", "Requests answered, by model, backend and outcome."),
             &["model", "backend", "outcome"],
         )
         .expect("static metric definition");
-        let queue_depth = IntGaugeVec::new(
-            Opts::new(
-                "mlxgate_queue_depth",
-                "Requests waiting in the model's queue.",
-            ),
-            &["model"],
-        )
-        .expect("static metric definition");
+        let queue_depth =
+            IntGaugeVec::new(Opts::new("mlxgate_queue_depth", "Requests waiting in the model's queue."), &["model"])
+                .expect("static metric definition");
         let inflight = IntGaugeVec::new(
-            Opts::new(
-                "mlxgate_inflight_requests",
-                "Requests holding a slot at the backend.",
-            ),
+            Opts::new("mlxgate_inflight_requests", "Requests holding a slot at the backend."),
             &["backend"],
         )
         .expect("static metric definition");
         let queue_wait = HistogramVec::new(
-            HistogramOpts::new(
-                "mlxgate_queue_wait_seconds",
-                "Time a request waited for a slot.",
-            )
-            .buckets(vec![
-                0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0,
-                300.0, 600.0,
+            HistogramOpts::new("mlxgate_queue_wait_seconds", "Time a request waited for a slot.").buckets(vec![
+                0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0,
             ]),
             &["model"],
+        )
+        .expect("static metric definition");
+        let backend_up = IntGaugeVec::new(
+            Opts::new("mlxgate_backend_up", "1 while the managed backend is ready, else 0."),
+            &["backend"],
+        )
+        .expect("static metric definition");
+        let backend_restarts = IntCounterVec::new(
+            Opts::new("mlxgate_backend_restarts_total", "Restarts of a managed backend, by reason."),
+            &["backend", "reason"],
+        )
+        .expect("static metric definition");
+        let backend_swaps =
+            IntCounter::new("mlxgate_backend_swaps_total", "GPU backend swaps (one stopped for another to start).")
+                .expect("static metric definition");
+        let backend_start_seconds = HistogramVec::new(
+            HistogramOpts::new("mlxgate_backend_start_seconds", "Time from spawn to ready, warm-up included.")
+                .buckets(vec![0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0]),
+            &["backend"],
         )
         .expect("static metric definition");
         for collector in [
@@ -66,10 +77,12 @@ impl Metrics {
             Box::new(queue_depth.clone()),
             Box::new(inflight.clone()),
             Box::new(queue_wait.clone()),
+            Box::new(backend_up.clone()),
+            Box::new(backend_restarts.clone()),
+            Box::new(backend_swaps.clone()),
+            Box::new(backend_start_seconds.clone()),
         ] {
-            registry
-                .register(collector)
-                .expect("metric names are unique");
+            registry.register(collector).expect("metric names are unique");
         }
         Metrics {
             registry,
@@ -77,6 +90,10 @@ impl Metrics {
             queue_depth,
             inflight,
             queue_wait,
+            backend_up,
+            backend_restarts,
+            backend_swaps,
+            backend_start_seconds,
         }
     }
 

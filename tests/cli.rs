@@ -26,11 +26,7 @@ fn check_names_every_bad_field_and_accepts_the_shipped_file() {
         "backends:\n  local: {url: 'http://127.0.0.1:8101', max_concurrency: 2}\n\
          models:\n  qwen: {backend: qwen-local, max_wait: soon}\n",
     );
-    let out = Command::new(MLXGATE)
-        .args(["check", "--config"])
-        .arg(&bad)
-        .output()
-        .expect("run");
+    let out = Command::new(MLXGATE).args(["check", "--config"]).arg(&bad).output().expect("run");
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("models.qwen.max_wait:"), "{stderr}");
@@ -39,46 +35,23 @@ fn check_names_every_bad_field_and_accepts_the_shipped_file() {
         &dir,
         "backends:\n  local: {url: 'http://127.0.0.1:8101'}\nmodels:\n  qwen: {backend: qwen-local}\n  other: {backend: local, colour: red}\n",
     );
-    let out = Command::new(MLXGATE)
-        .args(["check", "--config"])
-        .arg(&bad)
-        .output()
-        .expect("run");
+    let out = Command::new(MLXGATE).args(["check", "--config"]).arg(&bad).output().expect("run");
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        stderr.contains("models.qwen.backend: no backend named \"qwen-local\""),
-        "{stderr}"
-    );
-    assert!(
-        stderr.contains("models.other.colour: unknown field"),
-        "{stderr}"
-    );
+    assert!(stderr.contains("models.qwen.backend: no backend named \"qwen-local\""), "{stderr}");
+    assert!(stderr.contains("models.other.colour: unknown field"), "{stderr}");
 
     let shipped = concat!(env!("CARGO_MANIFEST_DIR"), "/gateway.yaml");
-    let out = Command::new(MLXGATE)
-        .args(["check", "--config", shipped])
-        .output()
-        .expect("run");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = Command::new(MLXGATE).args(["check", "--config", shipped]).output().expect("run");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
 }
 
 /// Starts `mlxgate-sim` with `args` and returns it with its base URL.
 fn spawn_sim(args: &[&str]) -> (KillOnDrop, String) {
-    let mut child = Command::new(SIM)
-        .args(args)
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("sim starts");
+    let mut child = Command::new(SIM).args(args).stdout(Stdio::piped()).spawn().expect("sim starts");
     let stdout = child.stdout.take().expect("stdout");
     let mut line = String::new();
-    BufReader::new(stdout)
-        .read_line(&mut line)
-        .expect("address line");
+    BufReader::new(stdout).read_line(&mut line).expect("address line");
     let url = line.trim().rsplit(' ').next().expect("url").to_string();
     (KillOnDrop(child), url)
 }
@@ -97,10 +70,7 @@ fn spawn_gateway(config: &std::path::Path) -> (KillOnDrop, String) {
     let mut line = String::new();
     let url = loop {
         line.clear();
-        assert!(
-            reader.read_line(&mut line).expect("log") > 0,
-            "gateway exited before serving"
-        );
+        assert!(reader.read_line(&mut line).expect("log") > 0, "gateway exited before serving");
         if let Some(rest) = line.split("listen=").nth(1) {
             break format!("http://{}", rest.split_whitespace().next().expect("addr"));
         }
@@ -123,50 +93,24 @@ impl Drop for KillOnDrop {
 async fn sigterm_lets_a_running_stream_finish_then_exits() {
     let (_sim, sim_url) = spawn_sim(&[]);
     let dir = tempfile::tempdir().expect("tempdir");
-    let config = write_config(
-        &dir,
-        &format!(
-            "listen: 127.0.0.1:0\nshutdown_grace: 60s\n{}",
-            one_model_yaml(&sim_url, 1, 1)
-        ),
-    );
+    let config =
+        write_config(&dir, &format!("listen: 127.0.0.1:0\nshutdown_grace: 60s\n{}", one_model_yaml(&sim_url, 1, 1)));
     let (mut gateway, url) = spawn_gateway(&config);
-    let body = chat(
-        true,
-        json!({"tokens": 3, "hold_after": 1, "hold_key": "term"}),
-    );
-    let mut stream = client()
-        .post(format!("{url}/v1/chat/completions"))
-        .json(&body)
-        .send()
-        .await
-        .expect("send");
+    let body = chat(true, json!({"tokens": 3, "hold_after": 1, "hold_key": "term"}));
+    let mut stream = client().post(format!("{url}/v1/chat/completions")).json(&body).send().await.expect("send");
     read_until(&mut stream, "t0 ").await;
 
     let pid = gateway.0.id().to_string();
-    assert!(
-        Command::new("kill")
-            .args(["-TERM", &pid])
-            .status()
-            .expect("kill")
-            .success()
-    );
+    assert!(Command::new("kill").args(["-TERM", &pid]).status().expect("kill").success());
     // New connections are refused once the gateway stops accepting.
     eventually("listener closed", || {
         let url = url.clone();
         async move { client().get(format!("{url}/health")).send().await.is_err() }
     })
     .await;
-    assert!(
-        gateway.0.try_wait().expect("wait").is_none(),
-        "must wait for the running stream"
-    );
+    assert!(gateway.0.try_wait().expect("wait").is_none(), "must wait for the running stream");
 
-    client()
-        .post(format!("{sim_url}/sim/release/term"))
-        .send()
-        .await
-        .expect("release");
+    client().post(format!("{sim_url}/sim/release/term")).send().await.expect("release");
     let rest = text_of(stream).await;
     assert!(rest.contains("t2 ") && rest.contains("[DONE]"), "{rest}");
     let status = tokio::task::spawn_blocking(move || {
@@ -190,8 +134,6 @@ async fn the_sim_process_exits_when_a_request_says_so() {
         .expect("send");
     let text = text_of(r).await;
     assert!(text.contains("t1 ") && !text.contains("[DONE]"), "{text}");
-    let status = tokio::task::spawn_blocking(move || sim.0.wait().expect("wait"))
-        .await
-        .expect("join");
+    let status = tokio::task::spawn_blocking(move || sim.0.wait().expect("wait")).await.expect("join");
     assert_eq!(status.code(), Some(137));
 }

@@ -13,37 +13,18 @@ use serde_json::{Value, json};
 async fn frames_arrive_at_the_pace_the_backend_sends_them() {
     let sim = sim().await;
     let gw = gateway(&one_model_yaml(&sim.url(), 2, 4)).await;
-    let body = chat(
-        true,
-        json!({"tokens": 4, "hold_after": 1, "hold_key": "pace"}),
-    );
+    let body = chat(true, json!({"tokens": 4, "hold_after": 1, "hold_key": "pace"}));
     let mut response = post(&gw, "/v1/chat/completions", &body).await;
     assert_eq!(response.status(), 200);
     assert_eq!(response.headers()["x-accel-buffering"], "no");
-    assert!(
-        response.headers()["content-type"]
-            .to_str()
-            .expect("ascii")
-            .starts_with("text/event-stream")
-    );
+    assert!(response.headers()["content-type"].to_str().expect("ascii").starts_with("text/event-stream"));
 
     // The backend has written the first token and now waits: the client must already have it.
     let first = read_until(&mut response, "t0 ").await;
-    assert!(
-        !first.contains("t1 "),
-        "the second token cannot have been written yet: {first:?}"
-    );
-    assert_eq!(
-        sim_stats(&sim).await["held"],
-        1,
-        "the backend is still holding the second token"
-    );
+    assert!(!first.contains("t1 "), "the second token cannot have been written yet: {first:?}");
+    assert_eq!(sim_stats(&sim).await["held"], 1, "the backend is still holding the second token");
 
-    client()
-        .post(format!("{}/sim/release/pace", sim.url()))
-        .send()
-        .await
-        .expect("release");
+    client().post(format!("{}/sim/release/pace", sim.url())).send().await.expect("release");
     let rest = text_of(response).await;
     let all = format!("{first}{rest}");
     for token in ["t1 ", "t2 ", "t3 ", "[DONE]"] {
@@ -60,10 +41,7 @@ async fn twenty_slow_streams_give_seven_successes_and_thirteen_503s() {
     for _ in 0..20 {
         let url = gw.url("/v1/chat/completions");
         let rejected = Arc::clone(&rejected);
-        let body = chat(
-            true,
-            json!({"tokens": 3, "hold_after": 1, "hold_key": "slow"}),
-        );
+        let body = chat(true, json!({"tokens": 3, "hold_after": 1, "hold_key": "slow"}));
         tasks.push(tokio::spawn(async move {
             let response = client().post(url).json(&body).send().await.expect("send");
             let status = response.status().as_u16();
@@ -76,23 +54,10 @@ async fn twenty_slow_streams_give_seven_successes_and_thirteen_503s() {
         }));
     }
     // Every stream holds after its first token, so nothing finishes until all 20 are placed.
-    eventually("13 rejections", || async {
-        rejected.load(Ordering::SeqCst) == 13
-    })
-    .await;
-    assert_eq!(
-        metric(&gw, "mlxgate_queue_depth{model=\"qwen\"}").await,
-        Some(5.0)
-    );
-    assert_eq!(
-        metric(&gw, "mlxgate_inflight_requests{backend=\"local\"}").await,
-        Some(2.0)
-    );
-    client()
-        .post(format!("{}/sim/release/slow", sim.url()))
-        .send()
-        .await
-        .expect("release");
+    eventually("13 rejections", || async { rejected.load(Ordering::SeqCst) == 13 }).await;
+    assert_eq!(metric(&gw, "mlxgate_queue_depth{model=\"qwen\"}").await, Some(5.0));
+    assert_eq!(metric(&gw, "mlxgate_inflight_requests{backend=\"local\"}").await, Some(2.0));
+    client().post(format!("{}/sim/release/slow", sim.url())).send().await.expect("release");
 
     let mut ok = 0;
     for task in tasks {
@@ -103,32 +68,18 @@ async fn twenty_slow_streams_give_seven_successes_and_thirteen_503s() {
                 ok += 1;
             }
             503 => {
-                let retry: u64 = retry_after
-                    .expect("Retry-After")
-                    .to_str()
-                    .expect("ascii")
-                    .parse()
-                    .expect("secs");
+                let retry: u64 = retry_after.expect("Retry-After").to_str().expect("ascii").parse().expect("secs");
                 assert!(retry >= 1);
                 let body: Value = serde_json::from_str(&text).expect("json error body");
                 assert_eq!(body["error"]["type"], "server_overloaded");
-                assert!(
-                    body["error"]["message"]
-                        .as_str()
-                        .expect("message")
-                        .contains("full")
-                );
+                assert!(body["error"]["message"].as_str().expect("message").contains("full"));
             }
             other => panic!("unexpected status {other}: {text}"),
         }
     }
     assert_eq!(ok, 7);
     assert_eq!(rejected.load(Ordering::SeqCst), 13);
-    assert!(
-        sim.state.peak() <= 2,
-        "backend saw {} at once",
-        sim.state.peak()
-    );
+    assert!(sim.state.peak() <= 2, "backend saw {} at once", sim.state.peak());
 }
 
 #[tokio::test]
@@ -140,63 +91,29 @@ async fn waiting_requests_are_served_round_robin_across_clients() {
         let mut body = body;
         body["user"] = json!(tag);
         tokio::spawn(async move {
-            let r = client()
-                .post(url)
-                .bearer_auth(key)
-                .json(&body)
-                .send()
-                .await
-                .expect("send");
+            let r = client().post(url).bearer_auth(key).json(&body).send().await.expect("send");
             assert_eq!(r.status(), 200);
             text_of(r).await
         })
     };
     // a0 holds the only slot until everything else is queued.
-    let mut tasks = vec![send(
-        "key-a",
-        "a0".into(),
-        chat(true, json!({"hold_after": 1, "hold_key": "fair"})),
-    )];
-    eventually("a0 at the backend", || async {
-        sim_stats(&sim).await["held"] == 1
-    })
-    .await;
+    let mut tasks = vec![send("key-a", "a0".into(), chat(true, json!({"hold_after": 1, "hold_key": "fair"})))];
+    eventually("a0 at the backend", || async { sim_stats(&sim).await["held"] == 1 }).await;
     for i in 1..=5 {
-        tasks.push(send(
-            "key-a",
-            format!("a{i}"),
-            chat(false, json!({"ttft_ms": 0, "tokens": 1})),
-        ));
+        tasks.push(send("key-a", format!("a{i}"), chat(false, json!({"ttft_ms": 0, "tokens": 1}))));
     }
-    eventually("five of a queued", || async {
-        metric(&gw, "mlxgate_queue_depth{model=\"qwen\"}").await == Some(5.0)
-    })
-    .await;
+    eventually("five of a queued", || async { metric(&gw, "mlxgate_queue_depth{model=\"qwen\"}").await == Some(5.0) })
+        .await;
     for i in 1..=2 {
-        tasks.push(send(
-            "key-b",
-            format!("b{i}"),
-            chat(false, json!({"ttft_ms": 0, "tokens": 1})),
-        ));
+        tasks.push(send("key-b", format!("b{i}"), chat(false, json!({"ttft_ms": 0, "tokens": 1}))));
     }
-    eventually("b queued", || async {
-        metric(&gw, "mlxgate_queue_depth{model=\"qwen\"}").await == Some(7.0)
-    })
-    .await;
-    client()
-        .post(format!("{}/sim/release/fair", sim.url()))
-        .send()
-        .await
-        .expect("release");
+    eventually("b queued", || async { metric(&gw, "mlxgate_queue_depth{model=\"qwen\"}").await == Some(7.0) }).await;
+    client().post(format!("{}/sim/release/fair", sim.url())).send().await.expect("release");
     for t in tasks {
         t.await.expect("task");
     }
-    let order: Vec<String> = sim
-        .state
-        .requests()
-        .iter()
-        .map(|r| r["user"].as_str().unwrap_or("?").to_string())
-        .collect();
+    let order: Vec<String> =
+        sim.state.requests().iter().map(|r| r["user"].as_str().unwrap_or("?").to_string()).collect();
     assert_eq!(order, ["a0", "a1", "b1", "a2", "b2", "a3", "a4", "a5"]);
 }
 
@@ -204,43 +121,20 @@ async fn waiting_requests_are_served_round_robin_across_clients() {
 async fn a_client_that_disconnects_mid_stream_frees_its_slot_and_the_backend() {
     let sim = sim().await;
     let gw = gateway(&one_model_yaml(&sim.url(), 1, 0)).await;
-    let body = chat(
-        true,
-        json!({"tokens": 100, "hold_after": 1, "hold_key": "never"}),
-    );
+    let body = chat(true, json!({"tokens": 100, "hold_after": 1, "hold_key": "never"}));
     let mut response = post(&gw, "/v1/chat/completions", &body).await;
     read_until(&mut response, "t0 ").await;
-    assert_eq!(
-        metric(&gw, "mlxgate_inflight_requests{backend=\"local\"}").await,
-        Some(1.0)
-    );
-    let busy = client()
-        .post(gw.url("/v1/chat/completions"))
-        .json(&chat(false, json!({})))
-        .send()
-        .await
-        .expect("send");
-    assert_eq!(
-        busy.status(),
-        503,
-        "the only slot is taken and max_queue is 0"
-    );
+    assert_eq!(metric(&gw, "mlxgate_inflight_requests{backend=\"local\"}").await, Some(1.0));
+    let busy = client().post(gw.url("/v1/chat/completions")).json(&chat(false, json!({}))).send().await.expect("send");
+    assert_eq!(busy.status(), 503, "the only slot is taken and max_queue is 0");
 
     drop(response);
     eventually("slot released", || async {
         metric(&gw, "mlxgate_inflight_requests{backend=\"local\"}").await == Some(0.0)
     })
     .await;
-    eventually("backend stream closed", || async {
-        sim_stats(&sim).await["held"] == 0
-    })
-    .await;
-    let next = client()
-        .post(gw.url("/v1/chat/completions"))
-        .json(&chat(false, json!({})))
-        .send()
-        .await
-        .expect("send");
+    eventually("backend stream closed", || async { sim_stats(&sim).await["held"] == 0 }).await;
+    let next = client().post(gw.url("/v1/chat/completions")).json(&chat(false, json!({}))).send().await.expect("send");
     assert_eq!(next.status(), 200);
 }
 
@@ -262,29 +156,11 @@ async fn model_is_rewritten_and_the_rest_of_the_body_kept() {
     assert_eq!(answer["object"], "chat.completion");
     assert!(answer["usage"]["completion_tokens"].as_u64().is_some());
 
-    let emb = post(
-        &gw,
-        "/v1/embeddings",
-        &json!({"model": "qwen", "input": ["a b", "c"]}),
-    )
-    .await;
+    let emb = post(&gw, "/v1/embeddings", &json!({"model": "qwen", "input": ["a b", "c"]})).await;
     assert_eq!(emb.status(), 200);
-    assert_eq!(
-        emb.json::<Value>().await.expect("json")["data"]
-            .as_array()
-            .map(Vec::len),
-        Some(2)
-    );
-    let comp = post(
-        &gw,
-        "/v1/completions",
-        &json!({"model": "qwen", "prompt": "x"}),
-    )
-    .await;
-    assert_eq!(
-        comp.json::<Value>().await.expect("json")["object"],
-        "text_completion"
-    );
+    assert_eq!(emb.json::<Value>().await.expect("json")["data"].as_array().map(Vec::len), Some(2));
+    let comp = post(&gw, "/v1/completions", &json!({"model": "qwen", "prompt": "x"})).await;
+    assert_eq!(comp.json::<Value>().await.expect("json")["object"], "text_completion");
 
     let seen = sim.state.requests();
     assert_eq!(seen.len(), 3);
@@ -294,11 +170,7 @@ async fn model_is_rewritten_and_the_rest_of_the_body_kept() {
     assert_eq!(seen[0]["temperature"], 0.25);
     assert_eq!(seen[0]["tools"], body["tools"]);
     assert_eq!(seen[0]["messages"], body["messages"]);
-    assert_eq!(
-        seen[0]["_authorization"],
-        Value::Null,
-        "the gateway's key is not forwarded to the backend"
-    );
+    assert_eq!(seen[0]["_authorization"], Value::Null, "the gateway's key is not forwarded to the backend");
     assert_eq!(seen[1]["_path"], "/v1/embeddings");
     assert_eq!(seen[2]["_path"], "/v1/completions");
 }
@@ -313,52 +185,23 @@ async fn models_health_and_ready() {
         sim.url()
     );
     let gw = gateway(&yaml).await;
-    let models: Value = client()
-        .get(gw.url("/v1/models"))
-        .send()
-        .await
-        .expect("send")
-        .json()
-        .await
-        .expect("json");
+    let models: Value = client().get(gw.url("/v1/models")).send().await.expect("send").json().await.expect("json");
     assert_eq!(models["object"], "list");
-    let ids: Vec<&str> = models["data"]
-        .as_array()
-        .expect("data")
-        .iter()
-        .filter_map(|m| m["id"].as_str())
-        .collect();
+    let ids: Vec<&str> = models["data"].as_array().expect("data").iter().filter_map(|m| m["id"].as_str()).collect();
     assert_eq!(ids, ["gone", "qwen"]);
-    assert_eq!(
-        client()
-            .get(gw.url("/health"))
-            .send()
-            .await
-            .expect("send")
-            .status(),
-        200
-    );
+    assert_eq!(client().get(gw.url("/health")).send().await.expect("send").status(), 200);
     let ready = client().get(gw.url("/ready")).send().await.expect("send");
     assert_eq!(ready.status(), 503);
     let ready: Value = ready.json().await.expect("json");
     assert_eq!(ready["models"]["qwen"]["ready"], true);
     assert_eq!(ready["models"]["gone"]["ready"], false);
-    assert!(
-        ready["backends"]["down"]["error"]
-            .as_str()
-            .expect("error")
-            .contains("connect")
-    );
+    assert!(ready["backends"]["down"]["error"].as_str().expect("error").contains("connect"));
 }
 
 #[tokio::test]
 async fn each_failure_has_its_status_and_openai_body() {
     let sim = sim().await;
-    let hang = sim_with(mlxgate::sim::Behaviour {
-        hang: Some(true),
-        ..Default::default()
-    })
-    .await;
+    let hang = sim_with(mlxgate::sim::Behaviour { hang: Some(true), ..Default::default() }).await;
     let dead = free_port().await;
     let yaml = format!(
         "max_body: 4KiB\nbackends:\n  up: {{url: '{}'}}\n  down: {{url: 'http://127.0.0.1:{dead}'}}\n  \
@@ -369,11 +212,7 @@ async fn each_failure_has_its_status_and_openai_body() {
     );
     let gw = gateway(&yaml).await;
     let post = |path: &str, body: String| {
-        client()
-            .post(gw.url(path))
-            .header("content-type", "application/json")
-            .body(body)
-            .send()
+        client().post(gw.url(path)).header("content-type", "application/json").body(body).send()
     };
     let cases = [
         (
@@ -383,20 +222,8 @@ async fn each_failure_has_its_status_and_openai_body() {
             "invalid_request_error",
             Some("model_not_found"),
         ),
-        (
-            "/v1/chat/completions",
-            "{\"model\": \"qwen\",".to_string(),
-            400,
-            "invalid_request_error",
-            None,
-        ),
-        (
-            "/v1/chat/completions",
-            json!({"messages": []}).to_string(),
-            400,
-            "invalid_request_error",
-            None,
-        ),
+        ("/v1/chat/completions", "{\"model\": \"qwen\",".to_string(), 400, "invalid_request_error", None),
+        ("/v1/chat/completions", json!({"messages": []}).to_string(), 400, "invalid_request_error", None),
         (
             "/v1/chat/completions",
             json!({"model": "gone", "messages": []}).to_string(),
@@ -418,13 +245,7 @@ async fn each_failure_has_its_status_and_openai_body() {
             "invalid_request_error",
             Some("request_too_large"),
         ),
-        (
-            "/v1/nothing",
-            "{}".to_string(),
-            404,
-            "invalid_request_error",
-            Some("unknown_url"),
-        ),
+        ("/v1/nothing", "{}".to_string(), 404, "invalid_request_error", Some("unknown_url")),
     ];
     for (path, body, status, kind, code) in cases {
         let r = post(path, body.clone()).await.expect("send");
@@ -433,26 +254,14 @@ async fn each_failure_has_its_status_and_openai_body() {
         let e = &err["error"];
         assert_eq!(e["type"], kind, "{err}");
         assert_eq!(e["code"], code.map_or(Value::Null, |c| json!(c)), "{err}");
-        assert!(
-            e["message"].as_str().is_some_and(|m| !m.is_empty()),
-            "{err}"
-        );
+        assert!(e["message"].as_str().is_some_and(|m| !m.is_empty()), "{err}");
         assert!(e.get("param").is_some(), "{err}");
     }
     // The model-less request names the parameter, as OpenAI does.
-    let r = post("/v1/chat/completions", json!({"messages": []}).to_string())
-        .await
-        .expect("send");
+    let r = post("/v1/chat/completions", json!({"messages": []}).to_string()).await.expect("send");
+    assert_eq!(r.json::<Value>().await.expect("json")["error"]["param"], "model");
     assert_eq!(
-        r.json::<Value>().await.expect("json")["error"]["param"],
-        "model"
-    );
-    assert_eq!(
-        metric(
-            &gw,
-            "mlxgate_requests_total{backend=\"down\",model=\"gone\",outcome=\"backend_error\"}"
-        )
-        .await,
+        metric(&gw, "mlxgate_requests_total{backend=\"down\",model=\"gone\",outcome=\"backend_error\"}").await,
         Some(1.0)
     );
 }
@@ -487,11 +296,7 @@ async fn non_streaming_bodies_pass_through_with_their_length() {
         .await
         .expect("send");
     assert_eq!(r.status(), 200);
-    let length: usize = r.headers()["content-length"]
-        .to_str()
-        .expect("ascii")
-        .parse()
-        .expect("number");
+    let length: usize = r.headers()["content-length"].to_str().expect("ascii").parse().expect("number");
     assert!(r.headers().get("x-accel-buffering").is_none());
     let bytes = r.bytes().await.expect("body");
     assert_eq!(bytes.len(), length);
@@ -502,9 +307,7 @@ async fn non_streaming_bodies_pass_through_with_their_length() {
 
 /// A port on which nothing listens.
 async fn free_port() -> u16 {
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
     l.local_addr().expect("addr").port()
 }
 
@@ -524,31 +327,13 @@ async fn a_request_that_waits_longer_than_max_wait_gets_503_with_retry_after() {
         .await
         .expect("send");
     read_until(&mut holder, "t0 ").await;
-    let r = client()
-        .post(gw.url("/v1/chat/completions"))
-        .json(&chat(false, json!({})))
-        .send()
-        .await
-        .expect("send");
+    let r = client().post(gw.url("/v1/chat/completions")).json(&chat(false, json!({}))).send().await.expect("send");
     assert_eq!(r.status(), 503);
     assert!(r.headers().contains_key("retry-after"));
     let e: Value = r.json().await.expect("json");
     assert_eq!(e["error"]["code"], "server_overloaded");
-    assert!(
-        e["error"]["message"]
-            .as_str()
-            .expect("message")
-            .contains("waited"),
-        "{e}"
-    );
-    assert_eq!(
-        metric(&gw, "mlxgate_queue_depth{model=\"qwen\"}").await,
-        Some(0.0)
-    );
-    client()
-        .post(format!("{}/sim/release/wait", sim.url()))
-        .send()
-        .await
-        .expect("release");
+    assert!(e["error"]["message"].as_str().expect("message").contains("waited"), "{e}");
+    assert_eq!(metric(&gw, "mlxgate_queue_depth{model=\"qwen\"}").await, Some(0.0));
+    client().post(format!("{}/sim/release/wait", sim.url())).send().await.expect("release");
     assert!(text_of(holder).await.contains("[DONE]"));
 }

@@ -10,42 +10,20 @@ use serde_json::{Value, json};
 async fn stream_text(base: &str, sim_knobs: Value, include_usage: bool) -> String {
     let body = json!({"model": "m", "stream": true, "messages": [{"role": "user", "content": "a b c"}],
         "stream_options": {"include_usage": include_usage}, "sim": sim_knobs});
-    let r = client()
-        .post(format!("{base}/v1/chat/completions"))
-        .json(&body)
-        .send()
-        .await
-        .expect("send");
+    let r = client().post(format!("{base}/v1/chat/completions")).json(&body).send().await.expect("send");
     assert_eq!(r.status(), 200);
     text_of(r).await
 }
 
 fn events(text: &str) -> Vec<Value> {
-    data_lines(text)
-        .iter()
-        .filter(|d| *d != "[DONE]")
-        .map(|d| serde_json::from_str(d).expect("json event"))
-        .collect()
+    data_lines(text).iter().filter(|d| *d != "[DONE]").map(|d| serde_json::from_str(d).expect("json event")).collect()
 }
 
 #[tokio::test]
 async fn mlx_lm_style_sends_keepalive_comments_and_a_usage_chunk_with_no_choices() {
-    let s = sim_with(Behaviour {
-        style: Some(Style::MlxLm),
-        ..Default::default()
-    })
-    .await;
-    let text = stream_text(
-        &s.url(),
-        json!({"ttft_ms": 120, "keepalive_ms": 30, "tokens": 2}),
-        true,
-    )
-    .await;
-    assert!(
-        text.lines()
-            .any(|l| l.starts_with(": keepalive ") && l.ends_with("/3")),
-        "{text}"
-    );
+    let s = sim_with(Behaviour { style: Some(Style::MlxLm), ..Default::default() }).await;
+    let text = stream_text(&s.url(), json!({"ttft_ms": 120, "keepalive_ms": 30, "tokens": 2}), true).await;
+    assert!(text.lines().any(|l| l.starts_with(": keepalive ") && l.ends_with("/3")), "{text}");
     let ev = events(&text);
     let usage = ev.last().expect("usage chunk");
     assert_eq!(usage["choices"], json!([]));
@@ -55,17 +33,8 @@ async fn mlx_lm_style_sends_keepalive_comments_and_a_usage_chunk_with_no_choices
 
 #[tokio::test]
 async fn omlx_style_sends_a_fake_keepalive_chunk_first_and_refuses_long_prompts() {
-    let s = sim_with(Behaviour {
-        style: Some(Style::Omlx),
-        ..Default::default()
-    })
-    .await;
-    let text = stream_text(
-        &s.url(),
-        json!({"ttft_ms": 50, "tokens": 2, "prompt_cap": 100}),
-        false,
-    )
-    .await;
+    let s = sim_with(Behaviour { style: Some(Style::Omlx), ..Default::default() }).await;
+    let text = stream_text(&s.url(), json!({"ttft_ms": 50, "tokens": 2, "prompt_cap": 100}), false).await;
     let ev = events(&text);
     assert_eq!(ev[0]["id"], "chatcmpl-keepalive");
     assert_eq!(ev[0]["choices"][0]["delta"]["content"], "");
@@ -79,69 +48,36 @@ async fn omlx_style_sends_a_fake_keepalive_chunk_first_and_refuses_long_prompts(
         .expect("send");
     assert_eq!(r.status(), 400);
     let e: Value = r.json().await.expect("json");
-    assert_eq!(
-        e["error"]["message"],
-        "Prompt too long: 40000 tokens exceeds max context window of 32768 tokens"
-    );
+    assert_eq!(e["error"]["message"], "Prompt too long: 40000 tokens exceeds max context window of 32768 tokens");
     assert_eq!(e["error"]["code"], Value::Null);
 }
 
 #[tokio::test]
 async fn usage_placements_and_the_vllm_double_usage() {
-    let s = sim_with(Behaviour {
-        style: Some(Style::VllmMlx),
-        ..Default::default()
-    })
-    .await;
+    let s = sim_with(Behaviour { style: Some(Style::VllmMlx), ..Default::default() }).await;
     let ev = events(&stream_text(&s.url(), json!({"tokens": 3}), true).await);
     let with_usage: Vec<&Value> = ev.iter().filter(|e| e.get("usage").is_some()).collect();
-    assert_eq!(
-        with_usage.len(),
-        2,
-        "finish chunk and usage-only chunk: {ev:?}"
-    );
+    assert_eq!(with_usage.len(), 2, "finish chunk and usage-only chunk: {ev:?}");
     assert_eq!(with_usage[0]["choices"][0]["finish_reason"], "stop");
 
-    let s = sim_with(Behaviour {
-        style: Some(Style::MlxOpenaiServer),
-        ..Default::default()
-    })
-    .await;
+    let s = sim_with(Behaviour { style: Some(Style::MlxOpenaiServer), ..Default::default() }).await;
     let ev = events(&stream_text(&s.url(), json!({"tokens": 3}), false).await);
-    assert_eq!(
-        ev[0]["choices"][0]["delta"],
-        json!({"role": "assistant"}),
-        "role-only first chunk"
-    );
-    assert!(
-        ev.last().expect("finish")["usage"].is_object(),
-        "usage always on the finish chunk"
-    );
+    assert_eq!(ev[0]["choices"][0]["delta"], json!({"role": "assistant"}), "role-only first chunk");
+    assert!(ev.last().expect("finish")["usage"].is_object(), "usage always on the finish chunk");
     let none = events(&stream_text(&s.url(), json!({"tokens": 3, "usage": "none"}), true).await);
     assert!(none.iter().all(|e| e.get("usage").is_none()));
 }
 
 #[tokio::test]
 async fn error_events_end_the_stream_in_each_servers_way() {
-    let s = sim_with(Behaviour {
-        style: Some(Style::MlxOpenaiServer),
-        ..Default::default()
-    })
-    .await;
+    let s = sim_with(Behaviour { style: Some(Style::MlxOpenaiServer), ..Default::default() }).await;
     let text = stream_text(&s.url(), json!({"tokens": 5, "error_after": 2}), false).await;
     let ev = events(&text);
-    let err_at = ev
-        .iter()
-        .position(|e| e.get("error").is_some())
-        .expect("error event");
+    let err_at = ev.iter().position(|e| e.get("error").is_some()).expect("error event");
     assert_eq!(ev[err_at + 1]["choices"][0]["finish_reason"], "stop");
     assert!(text.ends_with("data: [DONE]\n\n"));
 
-    let s = sim_with(Behaviour {
-        style: Some(Style::MlxOmni),
-        ..Default::default()
-    })
-    .await;
+    let s = sim_with(Behaviour { style: Some(Style::MlxOmni), ..Default::default() }).await;
     let text = stream_text(&s.url(), json!({"tokens": 5, "error_after": 2}), false).await;
     assert!(events(&text).last().expect("last")["error"].is_object());
     assert!(!text.contains("[DONE]"));
@@ -170,67 +106,28 @@ async fn byte_splitting_bursts_and_reasoning_only_streams_keep_the_same_events()
     };
     assert_eq!(strip(&whole), strip(&split));
     let burst = stream_text(&s.url(), json!({"tokens": 4, "burst": true}), false).await;
-    assert_eq!(
-        events(&burst).len(),
-        events(&whole).len() - 1,
-        "same frames less the usage chunk"
-    );
+    assert_eq!(events(&burst).len(), events(&whole).len() - 1, "same frames less the usage chunk");
 
-    let hidden = events(
-        &stream_text(
-            &s.url(),
-            json!({"tokens": 4, "content_field": "none", "usage": "finish"}),
-            true,
-        )
-        .await,
-    );
-    assert!(
-        hidden
-            .iter()
-            .all(|e| e["choices"][0]["delta"].get("content").is_none())
-    );
-    assert_eq!(
-        hidden.last().expect("finish")["usage"]["completion_tokens"],
-        4
-    );
+    let hidden =
+        events(&stream_text(&s.url(), json!({"tokens": 4, "content_field": "none", "usage": "finish"}), true).await);
+    assert!(hidden.iter().all(|e| e["choices"][0]["delta"].get("content").is_none()));
+    assert_eq!(hidden.last().expect("finish")["usage"]["completion_tokens"], 4);
 }
 
 #[tokio::test]
 async fn batching_capacity_and_speedup_curve() {
-    let s = sim::spawn(SimConfig {
-        capacity: 2,
-        speedup: vec![1.0, 2.0],
-        ..Default::default()
-    })
-    .await
-    .expect("sim");
+    let s = sim::spawn(SimConfig { capacity: 2, speedup: vec![1.0, 2.0], ..Default::default() }).await.expect("sim");
     let mut tasks = Vec::new();
     for _ in 0..3 {
         let url = s.url();
         tasks.push(tokio::spawn(async move {
-            stream_text(
-                &url,
-                json!({"tokens": 2, "hold_after": 1, "hold_key": "cap"}),
-                false,
-            )
-            .await
+            stream_text(&url, json!({"tokens": 2, "hold_after": 1, "hold_key": "cap"}), false).await
         }));
     }
-    eventually("two generating", || async {
-        sim_stats(&s).await["held"] == 2
-    })
-    .await;
-    assert_eq!(
-        sim_stats(&s).await["total"],
-        3,
-        "the third request arrived and waits for capacity"
-    );
+    eventually("two generating", || async { sim_stats(&s).await["held"] == 2 }).await;
+    assert_eq!(sim_stats(&s).await["total"], 3, "the third request arrived and waits for capacity");
     assert_eq!(s.state.active(), 2);
-    client()
-        .post(format!("{}/sim/release/cap", s.url()))
-        .send()
-        .await
-        .expect("release");
+    client().post(format!("{}/sim/release/cap", s.url())).send().await.expect("release");
     for t in tasks {
         assert!(t.await.expect("task").contains("[DONE]"));
     }

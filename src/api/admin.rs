@@ -1,18 +1,20 @@
-//! Operator endpoints: `/health` (the gateway lives), `/ready` (which models' backends answer)
-//! and `/metrics` (Prometheus text).
+//! Operator endpoints: `/health` (the gateway lives), `/ready` (which models' backends answer),
+//! `/metrics` (Prometheus text) and `/admin/backends…` (state, logs and restart of each backend).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Json;
-use axum::extract::State;
+use axum::extract::{Path, Query, State};
 use axum::http::{StatusCode, header};
 use axum::response::IntoResponse;
 use futures_util::future::join_all;
 use serde_json::json;
 
 use super::AppState;
+use crate::backend::supervisor::{Command, Supervisor};
+use crate::error::GatewayError;
 
 /// How long `/ready` waits for each backend.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
@@ -27,23 +29,14 @@ pub async fn health() -> Json<serde_json::Value> {
 pub async fn ready(State(state): State<Arc<AppState>>) -> impl IntoResponse {
     let probes = state.config.backends.values().map(|backend| {
         let prober = state.prober.clone();
-        async move {
-            (
-                backend.name.clone(),
-                prober.probe(backend, "/v1/models", PROBE_TIMEOUT).await,
-            )
-        }
+        async move { (backend.name.clone(), prober.probe(backend, "/v1/models", PROBE_TIMEOUT).await) }
     });
-    let results: BTreeMap<String, Result<(), String>> =
-        join_all(probes).await.into_iter().collect();
+    let results: BTreeMap<String, Result<(), String>> = join_all(probes).await.into_iter().collect();
     let backends: serde_json::Map<String, serde_json::Value> = results
         .iter()
         .map(|(name, r)| {
             let url = state.config.backends.get(name).map(|b| b.url.clone());
-            (
-                name.clone(),
-                json!({"url": url, "ready": r.is_ok(), "error": r.as_ref().err()}),
-            )
+            (name.clone(), json!({"url": url, "ready": r.is_ok(), "error": r.as_ref().err()}))
         })
         .collect();
     let models: serde_json::Map<String, serde_json::Value> = state
@@ -52,31 +45,86 @@ pub async fn ready(State(state): State<Arc<AppState>>) -> impl IntoResponse {
         .values()
         .map(|m| {
             let ready = results.get(&m.backend).is_some_and(Result::is_ok);
-            (
-                m.name.clone(),
-                json!({"backend": m.backend, "ready": ready}),
-            )
+            (m.name.clone(), json!({"backend": m.backend, "ready": ready}))
         })
         .collect();
     let all_ready = results.values().all(Result::is_ok);
-    let status = if all_ready {
-        StatusCode::OK
-    } else {
-        StatusCode::SERVICE_UNAVAILABLE
-    };
-    (
-        status,
-        Json(json!({"ready": all_ready, "models": models, "backends": backends})),
-    )
+    let status = if all_ready { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
+    (status, Json(json!({"ready": all_ready, "models": models, "backends": backends})))
 }
 
 /// GET `/metrics`: Prometheus text exposition.
 pub async fn metrics(State(state): State<Arc<AppState>>) -> impl IntoResponse {
-    (
-        [(
-            header::CONTENT_TYPE,
-            "text/plain; version=0.0.4; charset=utf-8",
-        )],
-        state.metrics.render(),
-    )
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], state.metrics.render())
+}
+
+/// GET `/admin/backends`: every backend's state, process and queue.
+pub async fn backends(State(state): State<Arc<AppState>>) -> Json<serde_json::Value> {
+    let list: Vec<serde_json::Value> = state
+        .config
+        .backends
+        .values()
+        .map(|b| {
+            let queue = state.dispatch.queues.get(&b.name).map(|q| q.view());
+            let mut entry = json!({
+                "name": b.name,
+                "kind": b.kind.name(),
+                "url": b.url,
+                "managed": b.managed.is_some(),
+                "max_concurrency": b.max_concurrency,
+                "in_flight": queue.map(|q| q.in_flight),
+                "queue": queue.map(|q| q.waiting),
+            });
+            match (state.dispatch.supervisors.get(&b.name), &b.managed) {
+                (Some(supervisor), Some(managed)) => {
+                    let status = supervisor.status();
+                    entry["state"] = json!(status.phase);
+                    entry["pid"] = json!(status.pid);
+                    entry["uptime_seconds"] = json!(status.ready_since.map(|t| t.elapsed().as_secs()));
+                    entry["restarts"] = json!(status.restarts);
+                    entry["last_error"] = json!(status.last_error);
+                    entry["model"] = json!(managed.model);
+                    entry["gpu"] = json!(managed.gpu);
+                }
+                _ => entry["state"] = json!("remote"),
+            }
+            entry
+        })
+        .collect();
+    Json(json!({"backends": list}))
+}
+
+/// Query of `/admin/backends/{name}/logs`.
+#[derive(serde::Deserialize)]
+pub struct LogQuery {
+    /// How many of the last lines (default 200).
+    lines: Option<usize>,
+}
+
+/// GET `/admin/backends/{name}/logs`: the managed server's last output lines, as plain text.
+pub async fn logs(
+    State(state): State<Arc<AppState>>,
+    Path(name): Path<String>,
+    Query(query): Query<LogQuery>,
+) -> Result<impl IntoResponse, GatewayError> {
+    let supervisor = managed(&state, &name)?;
+    let mut text = supervisor.logs.tail(query.lines.unwrap_or(200)).join("\n");
+    text.push('\n');
+    Ok(([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], text))
+}
+
+/// POST `/admin/backends/{name}/restart`: clears a failure and starts the backend again (or
+/// restarts it if it runs).
+pub async fn restart(
+    State(state): State<Arc<AppState>>,
+    Path(name): Path<String>,
+) -> Result<impl IntoResponse, GatewayError> {
+    let supervisor = managed(&state, &name)?;
+    tracing::info!(backend = %name, "restart asked through the admin API");
+    supervisor.send(Command::Restart);
+    Ok((StatusCode::ACCEPTED, Json(json!({"backend": name, "state": supervisor.status().phase}))))
+}
+
+fn managed<'a>(state: &'a AppState, name: &str) -> Result<&'a Arc<Supervisor>, GatewayError> {
+    state.dispatch.supervisors.get(name).ok_or_else(|| GatewayError::UnknownBackend(name.to_string()))
 }

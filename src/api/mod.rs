@@ -4,6 +4,7 @@
 pub mod admin;
 pub mod openai;
 
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::SystemTime;
 
@@ -28,10 +29,11 @@ pub struct AppState {
 }
 
 impl AppState {
-    /// Builds routes, queues and clients from a validated configuration.
-    pub fn new(config: Config) -> Arc<Self> {
+    /// Builds routes, queues, clients and backend supervisors from a validated configuration.
+    /// `keeper` is the mlxgate executable (it runs `mlxgate keep` for each managed server).
+    pub fn new(config: Config, keeper: PathBuf) -> Arc<Self> {
         let metrics = Metrics::new();
-        let dispatch = Dispatch::new(&config, &metrics);
+        let dispatch = Dispatch::new(&config, &metrics, keeper);
         Arc::new(AppState {
             config,
             dispatch,
@@ -60,6 +62,9 @@ pub fn app(state: Arc<AppState>) -> Router {
         .route("/health", get(admin::health))
         .route("/ready", get(admin::ready))
         .route("/metrics", get(admin::metrics))
+        .route("/admin/backends", get(admin::backends))
+        .route("/admin/backends/{name}/logs", get(admin::logs))
+        .route("/admin/backends/{name}/restart", post(admin::restart))
         .fallback(openai::not_found)
         .layer(
             TraceLayer::new_for_http()

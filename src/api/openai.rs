@@ -4,7 +4,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::UNIX_EPOCH;
+use std::time::{Duration, UNIX_EPOCH};
 
 use axum::Json;
 use axum::body::Body;
@@ -13,12 +13,14 @@ use axum::http::{HeaderValue, header};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Limited};
+use hyper::body::Incoming;
 use indexmap::IndexMap;
 use serde_json::json;
 use serde_json::value::RawValue;
 
 use super::AppState;
 use crate::backend::upstream::strip_hop_by_hop;
+use crate::config::BackendConfig;
 use crate::dispatch::queue::ClientId;
 use crate::error::GatewayError;
 use crate::stream::meter::{Outcome, StreamMeter};
@@ -27,59 +29,54 @@ use crate::stream::meter::{Outcome, StreamMeter};
 type RawBody = IndexMap<String, Box<RawValue>>;
 
 /// POST `/v1/chat/completions`, `/v1/completions`, `/v1/embeddings`.
-pub async fn proxy(
-    State(state): State<Arc<AppState>>,
-    request: Request,
-) -> Result<Response, GatewayError> {
+pub async fn proxy(State(state): State<Arc<AppState>>, request: Request) -> Result<Response, GatewayError> {
     let (parts, body) = request.into_parts();
     let bytes = read_body(body, state.config.max_body_bytes).await?;
-    let mut fields: RawBody = serde_json::from_slice(&bytes).map_err(|e| {
-        GatewayError::invalid(format!("The request body is not a JSON object: {e}."), None)
-    })?;
+    let mut fields: RawBody = serde_json::from_slice(&bytes)
+        .map_err(|e| GatewayError::invalid(format!("The request body is not a JSON object: {e}."), None))?;
     let model = requested_model(&fields)?;
-    let route = state
-        .dispatch
-        .route(&model)
-        .ok_or_else(|| GatewayError::ModelNotFound(model.clone()))?;
-    let upstream_model =
-        serde_json::value::to_raw_value(&route.model.upstream_model).map_err(|e| {
-            GatewayError::invalid(format!("cannot encode the model name: {e}"), Some("model"))
-        })?;
+    let route = state.dispatch.route(&model).ok_or_else(|| GatewayError::ModelNotFound(model.clone()))?;
+    let upstream_model = serde_json::value::to_raw_value(&route.model.upstream_model)
+        .map_err(|e| GatewayError::invalid(format!("cannot encode the model name: {e}"), Some("model")))?;
     fields.insert("model".to_string(), upstream_model);
     let forwarded = serde_json::to_vec(&fields)
         .map_err(|e| GatewayError::invalid(format!("cannot re-encode the body: {e}"), None))?;
 
     let client = client_id(&parts);
     let record_failure = |e: GatewayError| {
-        state
-            .metrics
-            .requests
-            .with_label_values(&[&model, &route.backend.name, e.error_type()])
-            .inc();
+        state.metrics.requests.with_label_values(&[&model, &route.backend.name, e.error_type()]).inc();
         e
     };
-    let permit = route.slot.acquire(client).await.map_err(record_failure)?;
-    state
-        .metrics
-        .queue_wait
-        .with_label_values(&[&model])
-        .observe(permit.queue_wait().as_secs_f64());
-
-    let path = parts
-        .uri
-        .path_and_query()
-        .map_or(parts.uri.path(), |p| p.as_str());
-    let upstream = route
-        .upstream
-        .send(
-            &route.backend,
-            parts.method.clone(),
-            path,
-            &parts.headers,
-            Bytes::from(forwarded),
-        )
-        .await
-        .map_err(record_failure)?;
+    let path = parts.uri.path_and_query().map_or(parts.uri.path(), |p| p.as_str());
+    let forwarded = Bytes::from(forwarded);
+    let mut retries = 0;
+    let (permit, upstream, first) = loop {
+        let permit = route.slot.acquire(client.clone()).await.map_err(record_failure)?;
+        if retries == 0 {
+            state.metrics.queue_wait.with_label_values(&[&model]).observe(permit.queue_wait().as_secs_f64());
+        }
+        let generation = route.supervisor.as_ref().map(|s| s.status().generation);
+        let sent =
+            route.upstream.send(&route.backend, parts.method.clone(), path, &parts.headers, forwarded.clone()).await;
+        // A managed backend's answer is held until its first body bytes: if the process dies
+        // before then (a crash during prefill), nothing has reached the client and the request
+        // is sent again to the restarted process.
+        let sent = match (sent, &route.supervisor) {
+            (Ok(response), Some(_)) => first_bytes(response, &route.backend).await,
+            (Ok(response), None) => Ok((response, None)),
+            (Err(e), _) => Err(e),
+        };
+        match (sent, &route.supervisor, generation) {
+            (Ok((response, first)), _, _) => break (permit, response, first),
+            (Err(e @ GatewayError::Backend { .. }), Some(supervisor), Some(generation)) if retries < MAX_RETRIES => {
+                retries += 1;
+                tracing::warn!(backend = %route.backend.name, error = %e, retries, "backend failed before the first byte; retrying");
+                drop(permit);
+                supervisor.replaced(generation, REPLACEMENT_WAIT).await;
+            }
+            (Err(e), _, _) => return Err(record_failure(e)),
+        }
+    };
 
     let (mut head, incoming) = upstream.into_parts();
     strip_hop_by_hop(&mut head.headers);
@@ -90,26 +87,41 @@ pub async fn proxy(
         .is_some_and(|v| v.starts_with("text/event-stream"));
     if sse {
         // Tell nginx-style proxies in front of us not to buffer, and caches not to keep it.
-        head.headers
-            .insert("x-accel-buffering", HeaderValue::from_static("no"));
-        head.headers
-            .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+        head.headers.insert("x-accel-buffering", HeaderValue::from_static("no"));
+        head.headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
     }
-    let outcome = Outcome {
-        metrics: state.metrics.clone(),
-        model,
-        backend: route.backend.name.clone(),
-    };
-    let body = StreamMeter::new(incoming, permit, outcome, sse);
+    let outcome = Outcome { metrics: state.metrics.clone(), model, backend: route.backend.name.clone() };
+    let body = StreamMeter::new(incoming, first, permit, outcome, sse);
     Ok(Response::from_parts(head, Body::new(body)))
+}
+
+/// Sends to a restarted managed backend at most this many times.
+const MAX_RETRIES: u32 = 2;
+/// How long a retry waits to see the crashed process replaced before it tries anyway.
+const REPLACEMENT_WAIT: Duration = Duration::from_secs(5);
+
+/// Waits for the first body bytes (bounded by the backend's response_timeout). A body that
+/// fails before any byte is a backend failure, which the caller may retry.
+async fn first_bytes(
+    response: hyper::Response<Incoming>,
+    backend: &BackendConfig,
+) -> Result<(hyper::Response<Incoming>, Option<Bytes>), GatewayError> {
+    let (head, mut body) = response.into_parts();
+    let failed = |reason: String| GatewayError::Backend { backend: backend.name.clone(), reason };
+    match tokio::time::timeout(backend.response_timeout, body.frame()).await {
+        Err(_) => Err(GatewayError::BackendTimeout { backend: backend.name.clone(), after: backend.response_timeout }),
+        Ok(None) => Ok((hyper::Response::from_parts(head, body), None)),
+        Ok(Some(Err(e))) => Err(failed(format!("the response broke before its first byte: {e}"))),
+        Ok(Some(Ok(frame))) => {
+            let first = frame.into_data().ok();
+            Ok((hyper::Response::from_parts(head, body), first))
+        }
+    }
 }
 
 /// GET `/v1/models`: the configured public names, in OpenAI's list shape.
 pub async fn list_models(State(state): State<Arc<AppState>>) -> Json<serde_json::Value> {
-    let created = state
-        .started
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
+    let created = state.started.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
     let data: Vec<_> = state
         .config
         .models
@@ -121,31 +133,23 @@ pub async fn list_models(State(state): State<Arc<AppState>>) -> Json<serde_json:
 
 /// Any other path: OpenAI's 404 shape rather than an empty body.
 pub async fn not_found(request: Request) -> Response {
-    GatewayError::UnknownUrl {
-        method: request.method().to_string(),
-        path: request.uri().path().to_string(),
-    }
-    .into_response()
+    GatewayError::UnknownUrl { method: request.method().to_string(), path: request.uri().path().to_string() }
+        .into_response()
 }
 
 /// Reads the whole request body, refusing more than `limit` bytes.
 async fn read_body(body: Body, limit: usize) -> Result<Bytes, GatewayError> {
     match Limited::new(body, limit).collect().await {
         Ok(collected) => Ok(collected.to_bytes()),
-        Err(e) if e.is::<http_body_util::LengthLimitError>() => {
-            Err(GatewayError::BodyTooLarge { limit })
-        }
-        Err(e) => Err(GatewayError::invalid(
-            format!("cannot read the request body: {e}"),
-            None,
-        )),
+        Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(GatewayError::BodyTooLarge { limit }),
+        Err(e) => Err(GatewayError::invalid(format!("cannot read the request body: {e}"), None)),
     }
 }
 
 fn requested_model(fields: &RawBody) -> Result<String, GatewayError> {
-    let raw = fields.get("model").ok_or_else(|| {
-        GatewayError::invalid("you must provide a model parameter", Some("model"))
-    })?;
+    let raw = fields
+        .get("model")
+        .ok_or_else(|| GatewayError::invalid("you must provide a model parameter", Some("model")))?;
     serde_json::from_str::<String>(raw.get())
         .map_err(|_| GatewayError::invalid("`model` must be a string", Some("model")))
 }
@@ -156,18 +160,12 @@ fn client_id(parts: &axum::http::request::Parts) -> ClientId {
         .headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| {
-            v.strip_prefix("Bearer ")
-                .or_else(|| v.strip_prefix("bearer "))
-        })
+        .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
         .map(str::trim)
         .filter(|k| !k.is_empty());
     if let Some(key) = bearer {
         return ClientId(format!("key:{key}"));
     }
-    let peer = parts
-        .extensions
-        .get::<ConnectInfo<SocketAddr>>()
-        .map(|c| c.0.ip().to_string());
+    let peer = parts.extensions.get::<ConnectInfo<SocketAddr>>().map(|c| c.0.ip().to_string());
     ClientId(format!("ip:{}", peer.unwrap_or_else(|| "unknown".into())))
 }

@@ -1,3 +1,8 @@
-//! Backends: the servers requests are forwarded to, and the client that reaches them.
+//! Backends: the servers requests are forwarded to, the client that reaches them, and for
+//! managed backends the process, its keeper and its supervisor.
 
+pub mod keeper;
+pub mod process;
+pub mod profile;
+pub mod supervisor;
 pub mod upstream;

@@ -83,50 +83,31 @@ impl Upstream {
             }
             strip_hop_by_hop(headers);
             if !body.is_empty() {
-                headers.insert(
-                    header::CONTENT_TYPE,
-                    HeaderValue::from_static("application/json"),
-                );
+                headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
             }
         }
-        let request = builder
-            .body(Full::new(body))
-            .map_err(|e| GatewayError::Backend {
-                backend: backend.name.clone(),
-                reason: format!("cannot build a request to {uri}: {e}"),
-            })?;
+        let request = builder.body(Full::new(body)).map_err(|e| GatewayError::Backend {
+            backend: backend.name.clone(),
+            reason: format!("cannot build a request to {uri}: {e}"),
+        })?;
         match tokio::time::timeout(backend.response_timeout, self.client.request(request)).await {
             Ok(Ok(response)) => Ok(response),
-            Ok(Err(e)) => Err(GatewayError::Backend {
-                backend: backend.name.clone(),
-                reason: describe(&e, &uri),
-            }),
-            Err(_) => Err(GatewayError::BackendTimeout {
-                backend: backend.name.clone(),
-                after: backend.response_timeout,
-            }),
+            Ok(Err(e)) => Err(GatewayError::Backend { backend: backend.name.clone(), reason: describe(&e, &uri) }),
+            Err(_) => {
+                Err(GatewayError::BackendTimeout { backend: backend.name.clone(), after: backend.response_timeout })
+            }
         }
     }
 
     /// A short GET used by `/ready`: true when the backend answers 2xx within `timeout`.
-    pub async fn probe(
-        &self,
-        backend: &BackendConfig,
-        path: &str,
-        timeout: Duration,
-    ) -> Result<(), String> {
+    pub async fn probe(&self, backend: &BackendConfig, path: &str, timeout: Duration) -> Result<(), String> {
         let uri = format!("{}{}", backend.url, path);
-        let request = Request::get(&uri)
-            .body(Full::new(Bytes::new()))
-            .map_err(|e| e.to_string())?;
+        let request = Request::get(&uri).body(Full::new(Bytes::new())).map_err(|e| e.to_string())?;
         match tokio::time::timeout(timeout, self.client.request(request)).await {
             Ok(Ok(r)) if r.status().is_success() => Ok(()),
             Ok(Ok(r)) => Err(format!("GET {path} answered {}", r.status())),
             Ok(Err(e)) => Err(describe(&e, &uri)),
-            Err(_) => Err(format!(
-                "GET {path} gave no answer within {}s",
-                timeout.as_secs()
-            )),
+            Err(_) => Err(format!("GET {path} gave no answer within {}s", timeout.as_secs())),
         }
     }
 }
@@ -159,20 +140,11 @@ mod tests {
     #[test]
     fn strips_hop_by_hop_and_connection_named_headers() {
         let mut h = HeaderMap::new();
-        h.insert(
-            header::CONNECTION,
-            HeaderValue::from_static("keep-alive, x-private"),
-        );
+        h.insert(header::CONNECTION, HeaderValue::from_static("keep-alive, x-private"));
         h.insert("x-private", HeaderValue::from_static("1"));
         h.insert("keep-alive", HeaderValue::from_static("timeout=5"));
-        h.insert(
-            header::TRANSFER_ENCODING,
-            HeaderValue::from_static("chunked"),
-        );
-        h.insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("text/event-stream"),
-        );
+        h.insert(header::TRANSFER_ENCODING, HeaderValue::from_static("chunked"));
+        h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
         strip_hop_by_hop(&mut h);
         assert_eq!(h.len(), 1);
         assert!(h.contains_key(header::CONTENT_TYPE));

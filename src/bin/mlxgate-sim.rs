@@ -5,11 +5,7 @@ use clap::Parser;
 use mlxgate::sim::{Behaviour, SimConfig, SimState, run};
 
 #[derive(Parser)]
-#[command(
-    name = "mlxgate-sim",
-    version,
-    about = "OpenAI-compatible server with scripted timing and faults"
-)]
+#[command(name = "mlxgate-sim", version, about = "OpenAI-compatible server with scripted timing and faults")]
 struct Cli {
     #[arg(long, default_value = "127.0.0.1")]
     host: String,
@@ -35,10 +31,7 @@ async fn main() -> std::process::ExitCode {
     let listener = match tokio::net::TcpListener::bind((cli.host.as_str(), cli.port)).await {
         Ok(l) => l,
         Err(e) => {
-            eprintln!(
-                "mlxgate-sim: cannot listen on {}:{}: {e}",
-                cli.host, cli.port
-            );
+            eprintln!("mlxgate-sim: cannot listen on {}:{}: {e}", cli.host, cli.port);
             return std::process::ExitCode::FAILURE;
         }
     };

@@ -1,11 +1,18 @@
-//! Where a request goes: the public model name's route (its model and backend settings and its
-//! place in the backend's queue).
+//! Where a request goes: the public model name's route (its model and backend settings, its
+//! place in the backend's queue, and the backend's supervisor when mlxgate runs it), plus the
+//! scheduler that decides which managed backend runs.
 
 pub mod queue;
+pub mod scheduler;
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
+use tokio::sync::Notify;
+
+use crate::backend::supervisor::{Command, Supervisor};
 use crate::backend::upstream::Upstream;
 use crate::config::{BackendConfig, Config, ModelConfig};
 use crate::metrics::Metrics;
@@ -17,50 +24,102 @@ pub struct Route {
     pub backend: Arc<BackendConfig>,
     pub upstream: Upstream,
     pub slot: ModelSlot,
+    /// Set for managed backends.
+    pub supervisor: Option<Arc<Supervisor>>,
 }
 
-/// The routing table, built once from the configuration.
+/// The routing table and the managed backends, built once from the configuration.
 pub struct Dispatch {
     routes: HashMap<String, Route>,
+    /// Every backend's queue, by name (for `/admin/backends`).
+    pub queues: BTreeMap<String, BackendQueue>,
+    /// Managed backends, by name.
+    pub supervisors: BTreeMap<String, Arc<Supervisor>>,
 }
 
 impl Dispatch {
-    /// One queue and one pooled client per backend; one route per public model name.
-    pub fn new(config: &Config, metrics: &Metrics) -> Self {
-        let mut per_backend: HashMap<&str, (Arc<BackendConfig>, BackendQueue, Upstream)> =
-            HashMap::new();
+    /// One queue and one pooled client per backend, a supervisor per managed backend, one
+    /// route per public model name; starts the scheduler and any `preload` backends.
+    /// `keeper` is the mlxgate executable that runs `mlxgate keep`.
+    pub fn new(config: &Config, metrics: &Metrics, keeper: PathBuf) -> Self {
+        let changed = Arc::new(Notify::new());
+        let mut queues = BTreeMap::new();
+        let mut supervisors = BTreeMap::new();
+        let mut upstreams = HashMap::new();
+        let mut backends = HashMap::new();
         for (name, backend) in &config.backends {
-            per_backend.insert(
+            let backend = Arc::new(backend.clone());
+            let queue = BackendQueue::new(
                 name,
-                (
-                    Arc::new(backend.clone()),
-                    BackendQueue::new(name, backend.max_concurrency, metrics.clone()),
-                    Upstream::new(backend.connect_timeout),
-                ),
+                backend.max_concurrency,
+                backend.managed.is_none(),
+                metrics.clone(),
+                Arc::clone(&changed),
             );
+            if let Some(managed) = &backend.managed {
+                let supervisor = Supervisor::spawn(
+                    Arc::clone(&backend),
+                    managed.clone(),
+                    queue.clone(),
+                    keeper.clone(),
+                    metrics.clone(),
+                    Arc::clone(&changed),
+                );
+                if managed.preload {
+                    supervisor.send(Command::Start);
+                }
+                supervisors.insert(name.clone(), supervisor);
+            }
+            upstreams.insert(name.clone(), Upstream::new(backend.connect_timeout));
+            backends.insert(name.clone(), backend);
+            queues.insert(name.clone(), queue);
         }
         let mut routes = HashMap::new();
         for (name, model) in &config.models {
             // `Config::validate` guarantees every model's backend exists.
-            let Some((backend, queue, upstream)) = per_backend.get(model.backend.as_str()) else {
+            let (Some(backend), Some(queue), Some(upstream)) =
+                (backends.get(&model.backend), queues.get(&model.backend), upstreams.get(&model.backend))
+            else {
                 continue;
             };
-            let slot = queue.add_model(name, model.max_queue, model.max_wait);
             routes.insert(
                 name.clone(),
                 Route {
                     model: model.clone(),
                     backend: Arc::clone(backend),
                     upstream: upstream.clone(),
-                    slot,
+                    slot: queue.add_model(name, model.max_queue, model.max_wait),
+                    supervisor: supervisors.get(&model.backend).cloned(),
                 },
             );
         }
-        Dispatch { routes }
+        if !supervisors.is_empty() {
+            tokio::spawn(scheduler::run(
+                supervisors.values().cloned().collect(),
+                config.swap_after,
+                changed,
+                metrics.clone(),
+            ));
+        }
+        Dispatch { routes, queues, supervisors }
     }
 
     /// The route for a public model name.
     pub fn route(&self, model: &str) -> Option<&Route> {
         self.routes.get(model)
+    }
+
+    /// Stops every managed backend (SIGTERM, SIGKILL after its stop_timeout) and waits.
+    pub async fn shutdown(&self) {
+        for s in self.supervisors.values() {
+            s.send(Command::Shutdown);
+        }
+        let all = futures_util::future::join_all(self.supervisors.values().map(|s| async move {
+            let bound = s.config.managed.as_ref().map_or(Duration::ZERO, |m| m.stop_timeout) + Duration::from_secs(10);
+            if tokio::time::timeout(bound, s.stopped()).await.is_err() {
+                tracing::warn!(backend = %s.config.name, "backend did not stop in time");
+            }
+        }));
+        all.await;
     }
 }

@@ -6,6 +6,10 @@
 //! robin across the backend's models, and within a model round robin across clients, so one
 //! agent with ten queued requests cannot starve another with one.
 //!
+//! A managed backend's queue has a gate: closed while its process is stopped, starting or
+//! draining (requests wait, they do not fail), open once it is ready. A failed backend's queue
+//! refuses at once with the failure's reason.
+//!
 //! The slot is a [`Permit`] that releases on drop. It travels inside the response body
 //! (DESIGN.md rule 3), so a stream holds its slot until its last byte or until the client goes.
 
@@ -13,7 +17,7 @@ use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use tokio::sync::oneshot;
+use tokio::sync::{Notify, oneshot};
 
 use crate::error::GatewayError;
 use crate::metrics::Metrics;
@@ -22,7 +26,8 @@ use crate::metrics::Metrics;
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct ClientId(pub String);
 
-/// The slots of one backend and the queues of the models it serves.
+/// The slots of one backend and the queues of the models it serves. Clones share them.
+#[derive(Clone)]
 pub struct BackendQueue {
     shared: Arc<Shared>,
 }
@@ -32,9 +37,17 @@ struct Shared {
     max_concurrency: usize,
     metrics: Metrics,
     state: Mutex<State>,
+    /// Woken whenever a request arrives or a slot frees (the scheduler listens).
+    changed: Arc<Notify>,
 }
 
 struct State {
+    /// Slots are handed out only while open.
+    open: bool,
+    /// Set while the backend is failed: requests are refused with this reason.
+    failure: Option<String>,
+    /// Last time a request arrived or a slot was freed (for idle stops).
+    last_activity: Instant,
     in_flight: usize,
     models: Vec<ModelQueue>,
     /// Index of the model whose turn is next when a slot frees.
@@ -55,6 +68,7 @@ struct ModelQueue {
 
 struct Waiter {
     id: u64,
+    since: Instant,
     grant: oneshot::Sender<Permit>,
 }
 
@@ -87,16 +101,32 @@ impl Drop for Permit {
     }
 }
 
+/// A snapshot of a backend's queue for scheduling decisions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QueueView {
+    pub waiting: usize,
+    pub in_flight: usize,
+    /// How long the oldest waiting request has waited.
+    pub oldest_wait: Option<Duration>,
+    /// Time since the last arrival or release.
+    pub idle_for: Duration,
+}
+
 impl BackendQueue {
-    /// A queue for `backend` with `max_concurrency` slots and no models yet.
-    pub fn new(backend: &str, max_concurrency: usize, metrics: Metrics) -> Self {
+    /// A queue for `backend` with `max_concurrency` slots and no models yet; `open` says
+    /// whether slots may be handed out (a managed backend starts closed).
+    pub fn new(backend: &str, max_concurrency: usize, open: bool, metrics: Metrics, changed: Arc<Notify>) -> Self {
         metrics.inflight.with_label_values(&[backend]).set(0);
         BackendQueue {
             shared: Arc::new(Shared {
                 backend: backend.to_string(),
                 max_concurrency,
                 metrics,
+                changed,
                 state: Mutex::new(State {
+                    open,
+                    failure: None,
+                    last_activity: Instant::now(),
                     in_flight: 0,
                     models: Vec::new(),
                     next_model: 0,
@@ -109,11 +139,7 @@ impl BackendQueue {
 
     /// Adds a model served by this backend and returns where its requests queue.
     pub fn add_model(&self, name: &str, max_queue: usize, max_wait: Duration) -> ModelSlot {
-        self.shared
-            .metrics
-            .queue_depth
-            .with_label_values(&[name])
-            .set(0);
+        self.shared.metrics.queue_depth.with_label_values(&[name]).set(0);
         let mut state = self.shared.lock();
         state.models.push(ModelQueue {
             name: name.to_string(),
@@ -122,9 +148,52 @@ impl BackendQueue {
             waiting: 0,
             clients: VecDeque::new(),
         });
-        ModelSlot {
-            queue: Arc::clone(&self.shared),
-            index: state.models.len() - 1,
+        ModelSlot { queue: Arc::clone(&self.shared), index: state.models.len() - 1 }
+    }
+
+    /// Opens the gate (backend ready): waiters get free slots in fair order.
+    pub fn open(&self) {
+        let mut state = self.shared.lock();
+        state.open = true;
+        state.failure = None;
+        drop(state);
+        self.shared.dispatch_free_slots();
+    }
+
+    /// Closes the gate (backend stopping or restarting): requests wait; in-flight ones go on.
+    pub fn close(&self) {
+        self.shared.lock().open = false;
+    }
+
+    /// Marks the backend failed: waiting and new requests are refused with `reason` until
+    /// [`BackendQueue::open`] or [`BackendQueue::clear_failure`].
+    pub fn fail(&self, reason: &str) {
+        let mut state = self.shared.lock();
+        state.open = false;
+        state.failure = Some(reason.to_string());
+        for model in &mut state.models {
+            // Dropping the senders wakes each waiter, which then reads `failure`.
+            model.clients.clear();
+            model.waiting = 0;
+            self.shared.metrics.queue_depth.with_label_values(&[&model.name]).set(0);
+        }
+    }
+
+    /// Forgets a failure without opening (the backend will be started again on demand).
+    pub fn clear_failure(&self) {
+        self.shared.lock().failure = None;
+    }
+
+    /// What the scheduler needs to know.
+    pub fn view(&self) -> QueueView {
+        let state = self.shared.lock();
+        let oldest =
+            state.models.iter().flat_map(|m| m.clients.iter().flat_map(|(_, fifo)| fifo.iter().map(|w| w.since))).min();
+        QueueView {
+            waiting: state.models.iter().map(|m| m.waiting).sum(),
+            in_flight: state.in_flight,
+            oldest_wait: oldest.map(|t| t.elapsed()),
+            idle_for: state.last_activity.elapsed(),
         }
     }
 }
@@ -137,14 +206,14 @@ impl ModelSlot {
         let shared = &self.queue;
         let (id, receiver, max_wait) = {
             let mut state = shared.lock();
+            if let Some(reason) = &state.failure {
+                return Err(GatewayError::BackendFailed { backend: shared.backend.clone(), reason: reason.clone() });
+            }
+            state.last_activity = Instant::now();
             let nobody_waiting = state.models.iter().all(|m| m.waiting == 0);
-            if nobody_waiting && state.in_flight < shared.max_concurrency {
+            if state.open && nobody_waiting && state.in_flight < shared.max_concurrency {
                 state.in_flight += 1;
-                shared
-                    .metrics
-                    .inflight
-                    .with_label_values(&[&shared.backend])
-                    .set(state.in_flight as i64);
+                shared.metrics.inflight.with_label_values(&[&shared.backend]).set(state.in_flight as i64);
                 drop(state);
                 return Ok(shared.permit(arrived));
             }
@@ -162,39 +231,43 @@ impl ModelSlot {
                 });
             }
             let (grant, receiver) = oneshot::channel();
-            let waiter = Waiter { id, grant };
+            let waiter = Waiter { id, since: arrived, grant };
             match model.clients.iter_mut().find(|(c, _)| *c == client) {
                 Some((_, fifo)) => fifo.push_back(waiter),
                 None => model.clients.push_back((client, VecDeque::from([waiter]))),
             }
             model.waiting += 1;
-            shared
-                .metrics
-                .queue_depth
-                .with_label_values(&[&model.name])
-                .set(model.waiting as i64);
-            (id, receiver, model.max_wait)
+            shared.metrics.queue_depth.with_label_values(&[&model.name]).set(model.waiting as i64);
+            let max_wait = model.max_wait;
+            drop(state);
+            shared.changed.notify_one();
+            (id, receiver, max_wait)
         };
 
-        let mut guard = WaitGuard {
-            slot: self,
-            id,
-            armed: true,
-        };
+        let mut guard = WaitGuard { slot: self, id, armed: true };
         let mut receiver = receiver;
         let outcome = tokio::time::timeout(max_wait, &mut receiver).await;
         guard.armed = false;
         match outcome {
             Ok(Ok(permit)) => Ok(permit),
-            // The sender is only dropped unsent by `release`, which always sends first.
-            Ok(Err(_)) => Err(self.timeout_error(arrived)),
+            // The sender is dropped unsent only when the backend is marked failed.
+            Ok(Err(_)) => Err(self.closed_error(arrived)),
             Err(_) => {
                 if self.remove_waiter(id) {
                     return Err(self.timeout_error(arrived));
                 }
                 // Already dequeued: the permit is on its way (sent just after the lock).
-                receiver.await.map_err(|_| self.timeout_error(arrived))
+                receiver.await.map_err(|_| self.closed_error(arrived))
             }
+        }
+    }
+
+    /// Why a waiter's grant channel closed: the backend failed (or, defensively, a timeout).
+    fn closed_error(&self, arrived: Instant) -> GatewayError {
+        let failure = self.queue.lock().failure.clone();
+        match failure {
+            Some(reason) => GatewayError::BackendFailed { backend: self.queue.backend.clone(), reason },
+            None => self.timeout_error(arrived),
         }
     }
 
@@ -211,11 +284,7 @@ impl ModelSlot {
     fn remove_waiter(&self, id: u64) -> bool {
         let mut state = self.queue.lock();
         let model = &mut state.models[self.index];
-        let Some(pos) = model
-            .clients
-            .iter()
-            .position(|(_, fifo)| fifo.iter().any(|w| w.id == id))
-        else {
+        let Some(pos) = model.clients.iter().position(|(_, fifo)| fifo.iter().any(|w| w.id == id)) else {
             return false;
         };
         let fifo = &mut model.clients[pos].1;
@@ -224,11 +293,7 @@ impl ModelSlot {
             model.clients.remove(pos);
         }
         model.waiting -= 1;
-        self.queue
-            .metrics
-            .queue_depth
-            .with_label_values(&[&model.name])
-            .set(model.waiting as i64);
+        self.queue.metrics.queue_depth.with_label_values(&[&model.name]).set(model.waiting as i64);
         true
     }
 }
@@ -251,57 +316,66 @@ impl Drop for WaitGuard<'_> {
 impl Shared {
     fn lock(&self) -> MutexGuard<'_, State> {
         // A panic while holding this lock leaves counters that are still consistent.
-        self.state
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     fn permit(self: &Arc<Self>, arrived: Instant) -> Permit {
         let queue_wait = arrived.elapsed();
-        Permit {
-            shared: Some(Arc::clone(self)),
-            granted: Instant::now(),
-            queue_wait,
-        }
+        Permit { shared: Some(Arc::clone(self)), granted: Instant::now(), queue_wait }
     }
 
     /// Frees a slot: hands it to the next waiter in fair order, or returns it to the pool.
     fn release(self: &Arc<Self>, held: Duration) {
-        let mut first = true;
+        {
+            let mut state = self.lock();
+            state.observe_service(held);
+            state.last_activity = Instant::now();
+        }
+        self.hand_over();
+        self.changed.notify_one();
+    }
+
+    /// Gives free slots to waiters while the gate is open and slots are free.
+    fn dispatch_free_slots(self: &Arc<Self>) {
+        loop {
+            {
+                let mut state = self.lock();
+                let anyone = state.models.iter().any(|m| m.waiting > 0);
+                if !state.open || !anyone || state.in_flight >= self.max_concurrency {
+                    return;
+                }
+                state.in_flight += 1;
+                self.metrics.inflight.with_label_values(&[&self.backend]).set(state.in_flight as i64);
+            }
+            // The new slot goes to the next waiter (or back, if that waiter just left).
+            self.hand_over();
+        }
+    }
+
+    /// Passes one held slot to the next waiter in fair order, or frees it.
+    fn hand_over(self: &Arc<Self>) {
         loop {
             let next = {
                 let mut state = self.lock();
-                if first {
-                    state.observe_service(held);
-                    first = false;
-                }
-                match state.pop_next() {
+                let next = if state.open { state.pop_next() } else { None };
+                match next {
                     Some((waiter, model)) => {
-                        self.metrics.queue_depth.with_label_values(&[&model]).set(
-                            state
-                                .models
-                                .iter()
-                                .find(|m| m.name == model)
-                                .map_or(0, |m| m.waiting as i64),
-                        );
+                        self.metrics
+                            .queue_depth
+                            .with_label_values(&[&model])
+                            .set(state.models.iter().find(|m| m.name == model).map_or(0, |m| m.waiting as i64));
                         waiter
                     }
                     None => {
                         state.in_flight -= 1;
-                        self.metrics
-                            .inflight
-                            .with_label_values(&[&self.backend])
-                            .set(state.in_flight as i64);
+                        self.metrics.inflight.with_label_values(&[&self.backend]).set(state.in_flight as i64);
                         return;
                     }
                 }
             };
             // The slot moves to the waiter; `in_flight` is unchanged.
-            let permit = Permit {
-                shared: Some(Arc::clone(self)),
-                granted: Instant::now(),
-                queue_wait: Duration::ZERO,
-            };
+            let permit =
+                Permit { shared: Some(Arc::clone(self)), granted: Instant::now(), queue_wait: next.since.elapsed() };
             match next.grant.send(permit) {
                 Ok(()) => return,
                 // That waiter is gone; disarm the returned permit and try the next one.
@@ -333,11 +407,7 @@ impl State {
     }
 
     fn observe_service(&mut self, held: Duration) {
-        self.mean_service = if self.mean_service.is_zero() {
-            held
-        } else {
-            (self.mean_service * 7 + held) / 8
-        };
+        self.mean_service = if self.mean_service.is_zero() { held } else { (self.mean_service * 7 + held) / 8 };
     }
 
     /// A rough time until a slot is likely free: mean slot time × queued rounds ahead.
@@ -352,8 +422,12 @@ impl State {
 mod tests {
     use super::*;
 
+    fn backend(max_concurrency: usize) -> BackendQueue {
+        BackendQueue::new("b", max_concurrency, true, Metrics::new(), Arc::new(Notify::new()))
+    }
+
     fn queue(max_concurrency: usize, max_queue: usize) -> (BackendQueue, ModelSlot) {
-        let q = BackendQueue::new("b", max_concurrency, Metrics::new());
+        let q = backend(max_concurrency);
         let slot = q.add_model("m", max_queue, Duration::from_secs(60));
         (q, slot)
     }
@@ -378,17 +452,7 @@ mod tests {
         let waiting = tokio::spawn(async move { s2.acquire(client("a")).await });
         until_waiting(&slot, 1).await;
         let full = slot.acquire(client("a")).await.err().expect("queue full");
-        assert!(
-            matches!(
-                full,
-                GatewayError::QueueFull {
-                    waiting: 1,
-                    in_flight: 2,
-                    ..
-                }
-            ),
-            "{full:?}"
-        );
+        assert!(matches!(full, GatewayError::QueueFull { waiting: 1, in_flight: 2, .. }), "{full:?}");
         drop(a);
         let third = waiting.await.expect("task").expect("slot handed over");
         assert_eq!(slot.queue.lock().in_flight, 2);
@@ -427,7 +491,7 @@ mod tests {
 
     #[tokio::test]
     async fn cancelled_waiter_leaves_no_trace_and_times_out() {
-        let q = BackendQueue::new("b", 1, Metrics::new());
+        let q = backend(1);
         let slot = q.add_model("m", 4, Duration::from_millis(50));
         let held = slot.acquire(client("a")).await.expect("slot");
         let s2 = slot.clone();
@@ -437,10 +501,7 @@ mod tests {
         let _ = task.await;
         assert_eq!(slot.queue.lock().models[0].waiting, 0);
         let timed_out = slot.acquire(client("c")).await.err().expect("times out");
-        assert!(
-            matches!(timed_out, GatewayError::QueueTimeout { .. }),
-            "{timed_out:?}"
-        );
+        assert!(matches!(timed_out, GatewayError::QueueTimeout { .. }), "{timed_out:?}");
         drop(held);
         assert_eq!(slot.queue.lock().in_flight, 0);
         let _again = slot.acquire(client("c")).await.expect("free again");
@@ -448,7 +509,7 @@ mod tests {
 
     #[tokio::test]
     async fn round_robin_across_models_of_one_backend() {
-        let q = BackendQueue::new("b", 1, Metrics::new());
+        let q = backend(1);
         let m1 = q.add_model("m1", 8, Duration::from_secs(60));
         let m2 = q.add_model("m2", 8, Duration::from_secs(60));
         let held = m1.acquire(client("a")).await.expect("slot");
@@ -462,15 +523,7 @@ mod tests {
                 order.lock().expect("lock").push(name);
                 drop(p);
             }));
-            while slot
-                .queue
-                .lock()
-                .models
-                .iter()
-                .map(|m| m.waiting)
-                .sum::<usize>()
-                != tasks.len()
-            {
+            while slot.queue.lock().models.iter().map(|m| m.waiting).sum::<usize>() != tasks.len() {
                 tokio::task::yield_now().await;
             }
         }
@@ -479,5 +532,38 @@ mod tests {
             t.await.expect("task");
         }
         assert_eq!(order.lock().expect("lock")[..2], ["m1", "m2"]);
+    }
+}
+
+#[cfg(test)]
+mod gate_tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_closed_gate_queues_and_opening_dispatches_up_to_capacity() {
+        let q = BackendQueue::new("b", 2, false, Metrics::new(), Arc::new(Notify::new()));
+        let slot = q.add_model("m", 8, Duration::from_secs(60));
+        let mut tasks = Vec::new();
+        for i in 0..3 {
+            let s = slot.clone();
+            tasks.push(tokio::spawn(async move { s.acquire(ClientId(format!("c{i}"))).await }));
+        }
+        while q.view().waiting != 3 {
+            tokio::task::yield_now().await;
+        }
+        assert!(q.view().oldest_wait.is_some());
+        q.open();
+        assert_eq!((q.view().waiting, q.view().in_flight), (1, 2));
+        let first = tasks.remove(0).await.expect("task").expect("permit");
+        q.close();
+        drop(first);
+        assert_eq!(q.view().in_flight, 1, "a closed gate does not hand the slot on");
+        assert_eq!(q.view().waiting, 1);
+        q.fail("crashed 5 times");
+        let results = [tasks.remove(0).await.expect("task"), tasks.remove(0).await.expect("task")];
+        let refused = results.into_iter().filter_map(Result::err).next().expect("the waiter is refused");
+        assert!(matches!(refused, GatewayError::BackendFailed { .. }), "{refused:?}");
+        let now = slot.acquire(ClientId("x".into())).await.err().expect("refused at once");
+        assert!(now.to_string().contains("crashed 5 times"), "{now}");
     }
 }

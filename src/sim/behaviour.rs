@@ -293,13 +293,8 @@ mod tests {
 
     #[test]
     fn request_overrides_flags_which_override_the_style() {
-        let flags = Behaviour {
-            style: Some(Style::Omlx),
-            tokens: Some(3),
-            ..Default::default()
-        };
-        let request: Behaviour =
-            serde_json::from_str(r#"{"tokens": 5, "keepalive": "comment"}"#).expect("json");
+        let flags = Behaviour { style: Some(Style::Omlx), tokens: Some(3), ..Default::default() };
+        let request: Behaviour = serde_json::from_str(r#"{"tokens": 5, "keepalive": "comment"}"#).expect("json");
         let plan = request.over(&flags).plan();
         assert_eq!(plan.tokens, 5);
         assert_eq!(plan.keepalive, Keepalive::Comment);

@@ -173,11 +173,7 @@ impl SimState {
 
     /// Waits until `POST /sim/release/{key}` (or the client leaves); false when it left.
     async fn hold(&self, key: &str, tx: &mpsc::Sender<Bytes>) -> bool {
-        let gate = Arc::clone(
-            lock(&self.holds)
-                .entry(key.to_string())
-                .or_insert_with(|| Arc::new(Semaphore::new(0))),
-        );
+        let gate = Arc::clone(lock(&self.holds).entry(key.to_string()).or_insert_with(|| Arc::new(Semaphore::new(0))));
         self.held.fetch_add(1, Ordering::SeqCst);
         let released = tokio::select! {
             // A released gate is a closed semaphore: acquire fails at once.
@@ -189,10 +185,7 @@ impl SimState {
     }
 
     fn release(&self, key: &str) {
-        lock(&self.holds)
-            .entry(key.to_string())
-            .or_insert_with(|| Arc::new(Semaphore::new(0)))
-            .close();
+        lock(&self.holds).entry(key.to_string()).or_insert_with(|| Arc::new(Semaphore::new(0))).close();
     }
 }
 
@@ -224,25 +217,16 @@ fn router(state: Arc<SimState>) -> Router {
         .route("/v1/embeddings", post(embeddings))
         .route("/v1/models", get(models))
         .route("/health", get(|| async { Json(json!({"status": "ok"})) }))
-        .route(
-            "/sim/requests",
-            get(|State(s): State<Arc<SimState>>| async move { Json(s.requests()) }),
-        )
+        .route("/sim/requests", get(|State(s): State<Arc<SimState>>| async move { Json(s.requests()) }))
         .route("/sim/stats", get(stats))
         .route("/sim/release/{key}", post(release))
         .with_state(state)
 }
 
 async fn models(State(state): State<Arc<SimState>>) -> Json<Value> {
-    let ids = if state.config.models.is_empty() {
-        vec!["sim".to_string()]
-    } else {
-        state.config.models.clone()
-    };
-    let data: Vec<Value> = ids
-        .iter()
-        .map(|id| json!({"id": id, "object": "model", "created": 0, "owned_by": "mlxgate-sim"}))
-        .collect();
+    let ids = if state.config.models.is_empty() { vec!["sim".to_string()] } else { state.config.models.clone() };
+    let data: Vec<Value> =
+        ids.iter().map(|id| json!({"id": id, "object": "model", "created": 0, "owned_by": "mlxgate-sim"})).collect();
     Json(json!({"object": "list", "data": data}))
 }
 
@@ -264,23 +248,17 @@ async fn release(State(state): State<Arc<SimState>>, Path(key): Path<String>) ->
 type Refusal = (StatusCode, Json<Value>);
 
 /// Parses and records a request; returns its body and resolved plan.
-fn admit(
-    state: &SimState,
-    path: &str,
-    headers: &HeaderMap,
-    body: &Bytes,
-) -> Result<(Value, Plan), Refusal> {
+fn admit(state: &SimState, path: &str, headers: &HeaderMap, body: &Bytes) -> Result<(Value, Plan), Refusal> {
     state.total.fetch_add(1, Ordering::SeqCst);
     let mut parsed: Value = serde_json::from_slice(body).map_err(|e| {
-        (StatusCode::BAD_REQUEST, Json(json!({"error": {"message": format!("invalid JSON: {e}"), "type": "invalid_request_error"}})))
+        (
+            StatusCode::BAD_REQUEST,
+            Json(json!({"error": {"message": format!("invalid JSON: {e}"), "type": "invalid_request_error"}})),
+        )
     })?;
     let mut seen = parsed.clone();
     seen["_path"] = json!(path);
-    seen["_authorization"] = json!(
-        headers
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-    );
+    seen["_authorization"] = json!(headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()));
     {
         let mut recorded = lock(&state.recorded);
         if recorded.len() == RECORDED {
@@ -290,10 +268,7 @@ fn admit(
     }
     let per_request: Behaviour = match parsed.get_mut("sim").map(Value::take) {
         Some(v) => serde_json::from_value(v).map_err(|e| {
-            (
-                StatusCode::BAD_REQUEST,
-                Json(json!({"error": {"message": format!("bad sim object: {e}")}})),
-            )
+            (StatusCode::BAD_REQUEST, Json(json!({"error": {"message": format!("bad sim object: {e}")}})))
         })?,
         None => Behaviour::default(),
     };
@@ -322,10 +297,7 @@ async fn generate(
     }
     let chat = uri.path().ends_with("/chat/completions");
     let prompt_tokens = count_prompt(&request);
-    let max_tokens = request
-        .get("max_tokens")
-        .or_else(|| request.get("max_completion_tokens"))
-        .and_then(Value::as_u64);
+    let max_tokens = request.get("max_tokens").or_else(|| request.get("max_completion_tokens")).and_then(Value::as_u64);
     if let Some(cap) = plan.prompt_cap {
         let counted = match plan.cap_style {
             CapStyle::Openai => prompt_tokens as u64 + max_tokens.unwrap_or(0),
@@ -341,28 +313,14 @@ async fn generate(
     };
     let job = Job {
         id: format!("chatcmpl-sim{}", state.total.load(Ordering::SeqCst)),
-        model: request
-            .get("model")
-            .and_then(Value::as_str)
-            .unwrap_or("sim")
-            .to_string(),
+        model: request.get("model").and_then(Value::as_str).unwrap_or("sim").to_string(),
         chat,
         prompt_tokens,
         completion_tokens,
-        finish_reason: if max_tokens.is_some_and(|m| m < plan.tokens as u64) {
-            "length"
-        } else {
-            "stop"
-        },
-        include_usage: request
-            .pointer("/stream_options/include_usage")
-            .and_then(Value::as_bool)
-            .unwrap_or(false),
+        finish_reason: if max_tokens.is_some_and(|m| m < plan.tokens as u64) { "length" } else { "stop" },
+        include_usage: request.pointer("/stream_options/include_usage").and_then(Value::as_bool).unwrap_or(false),
     };
-    let streaming = request
-        .get("stream")
-        .and_then(Value::as_bool)
-        .unwrap_or(false);
+    let streaming = request.get("stream").and_then(Value::as_bool).unwrap_or(false);
     if !streaming {
         return complete(&state, &plan, &job).await;
     }
@@ -375,9 +333,8 @@ async fn generate(
         let _active = Active::new(&state);
         stream::write_stream(&state, &plan, &job, tx).await;
     });
-    let body = futures_util::stream::unfold(rx, |mut rx| async move {
-        rx.recv().await.map(|b| (Ok::<_, Infallible>(b), rx))
-    });
+    let body =
+        futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|b| (Ok::<_, Infallible>(b), rx)) });
     Response::builder()
         .header(header::CONTENT_TYPE, "text/event-stream")
         .header(header::CACHE_CONTROL, "no-cache")
@@ -426,10 +383,9 @@ async fn embeddings(
     };
     let inputs: Vec<String> = match request.get("input") {
         Some(Value::String(s)) => vec![s.clone()],
-        Some(Value::Array(items)) => items
-            .iter()
-            .map(|v| v.as_str().map_or_else(|| v.to_string(), str::to_string))
-            .collect(),
+        Some(Value::Array(items)) => {
+            items.iter().map(|v| v.as_str().map_or_else(|| v.to_string(), str::to_string)).collect()
+        }
         _ => vec![],
     };
     let tokens: usize = inputs.iter().map(|s| s.split_whitespace().count()).sum();
@@ -437,19 +393,13 @@ async fn embeddings(
         .iter()
         .enumerate()
         .map(|(i, text)| {
-            let seed = text
-                .bytes()
-                .fold(7u32, |h, b| h.wrapping_mul(31).wrapping_add(u32::from(b)));
-            let vector: Vec<f64> = (0..8u32)
-                .map(|d| f64::from(seed.rotate_left(d * 4) % 1000) / 1000.0)
-                .collect();
+            let seed = text.bytes().fold(7u32, |h, b| h.wrapping_mul(31).wrapping_add(u32::from(b)));
+            let vector: Vec<f64> = (0..8u32).map(|d| f64::from(seed.rotate_left(d * 4) % 1000) / 1000.0).collect();
             json!({"object": "embedding", "index": i, "embedding": vector})
         })
         .collect();
-    Json(
-        json!({"object": "list", "data": data, "model": request.get("model"),
-        "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}),
-    )
+    Json(json!({"object": "list", "data": data, "model": request.get("model"),
+        "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}))
     .into_response()
 }
 
@@ -458,19 +408,14 @@ fn count_prompt(request: &Value) -> u32 {
     fn words(v: &Value) -> usize {
         match v {
             Value::String(s) => s.split_whitespace().count(),
-            Value::Array(parts) => parts
-                .iter()
-                .map(|p| p.get("text").map_or_else(|| words(p), words))
-                .sum(),
+            Value::Array(parts) => parts.iter().map(|p| p.get("text").map_or_else(|| words(p), words)).sum(),
             _ => 0,
         }
     }
     let from_messages: usize = request
         .get("messages")
         .and_then(Value::as_array)
-        .map_or(0, |msgs| {
-            msgs.iter().map(|m| m.get("content").map_or(0, words)).sum()
-        });
+        .map_or(0, |msgs| msgs.iter().map(|m| m.get("content").map_or(0, words)).sum());
     let from_prompt = request.get("prompt").map_or(0, words);
     u32::try_from(from_messages + from_prompt).unwrap_or(u32::MAX)
 }
@@ -496,7 +441,5 @@ fn over_cap(style: CapStyle, cap: u32, prompt: u32, max_tokens: u64) -> Response
 }
 
 fn now_secs() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
 }

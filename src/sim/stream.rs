@@ -25,19 +25,14 @@ pub struct Job {
 
 /// Sends the body's writes into `tx`; stops early when the client goes away.
 pub async fn write_stream(state: &SimState, plan: &Plan, job: &Job, tx: mpsc::Sender<Bytes>) {
-    let out = Writer {
-        tx,
-        split: plan.bytes_per_write,
-    };
+    let out = Writer { tx, split: plan.bytes_per_write };
     if !prefill(plan, job, &out).await {
         return;
     }
     let created = super::now_secs();
     if job.chat
         && plan.role == RolePlacement::First
-        && !out
-            .frame(&chunk(job, created, json!({"role": "assistant"}), None))
-            .await
+        && !out.frame(&chunk(job, created, json!({"role": "assistant"}), None)).await
     {
         return;
     }
@@ -67,10 +62,7 @@ pub async fn write_stream(state: &SimState, plan: &Plan, job: &Job, tx: mpsc::Se
                 return;
             }
             if plan.after_error == AfterError::StopAndDone {
-                let _ = out
-                    .frame(&finish_chunk(job, created, plan, "stop", None))
-                    .await
-                    && out.done().await;
+                let _ = out.frame(&finish_chunk(job, created, plan, "stop", None)).await && out.done().await;
             }
             return;
         }
@@ -88,11 +80,7 @@ pub async fn write_stream(state: &SimState, plan: &Plan, job: &Job, tx: mpsc::Se
         if job.chat && plan.role == RolePlacement::Every {
             delta["role"] = json!("assistant");
         }
-        let frame = if job.chat {
-            chunk(job, created, delta, None)
-        } else {
-            text_chunk(job, created, &delta, None)
-        };
+        let frame = if job.chat { chunk(job, created, delta, None) } else { text_chunk(job, created, &delta, None) };
         if plan.burst {
             held_back.push(frame);
             continue;
@@ -113,16 +101,7 @@ pub async fn write_stream(state: &SimState, plan: &Plan, job: &Job, tx: mpsc::Se
     }
     let usage = job.include_usage || plan.usage_always;
     let finish_usage = usage && matches!(plan.usage, UsagePlacement::Finish | UsagePlacement::Both);
-    if !out
-        .frame(&finish_chunk(
-            job,
-            created,
-            plan,
-            job.finish_reason,
-            finish_usage.then(|| usage_of(job)),
-        ))
-        .await
-    {
+    if !out.frame(&finish_chunk(job, created, plan, job.finish_reason, finish_usage.then(|| usage_of(job)))).await {
         return;
     }
     if usage && matches!(plan.usage, UsagePlacement::Separate | UsagePlacement::Both) {
@@ -158,16 +137,12 @@ async fn prefill(plan: &Plan, job: &Job, out: &Writer) -> bool {
             Keepalive::None => total,
             _ => interval * (sent as u32 + u32::from(plan.keepalive == Keepalive::Comment)),
         };
-        if !out
-            .pace(next_keepalive.min(total).saturating_sub(elapsed))
-            .await
-        {
+        if !out.pace(next_keepalive.min(total).saturating_sub(elapsed)).await {
             return false;
         }
         if plan.keepalive == Keepalive::Comment && started.elapsed() < total {
             sent += 1;
-            let done = (job.prompt_tokens as u64 * started.elapsed().as_millis() as u64)
-                / plan.ttft_ms.max(1);
+            let done = (job.prompt_tokens as u64 * started.elapsed().as_millis() as u64) / plan.ttft_ms.max(1);
             let comment = format!(": keepalive {done}/{}\n\n", job.prompt_tokens);
             if !out.raw(Bytes::from(comment)).await {
                 return false;

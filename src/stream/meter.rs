@@ -27,6 +27,8 @@ pin_project! {
     pub struct StreamMeter {
         #[pin]
         inner: Incoming,
+        // Bytes already read from `inner` (the first frame of a managed backend's answer).
+        first: Option<Bytes>,
         permit: Option<Permit>,
         outcome: Option<Outcome>,
         // True for `text/event-stream`: failures become a final `data: {"error": …}` event.
@@ -47,23 +49,15 @@ pin_project! {
 
 impl Outcome {
     fn record(self, outcome: &str) {
-        self.metrics
-            .requests
-            .with_label_values(&[&self.model, &self.backend, outcome])
-            .inc();
+        self.metrics.requests.with_label_values(&[&self.model, &self.backend, outcome]).inc();
     }
 }
 
 impl StreamMeter {
     /// Wraps `inner`; `permit` is released when the body ends or is dropped.
-    pub fn new(inner: Incoming, permit: Permit, outcome: Outcome, sse: bool) -> Self {
-        StreamMeter {
-            inner,
-            permit: Some(permit),
-            outcome: Some(outcome),
-            sse,
-            finished: false,
-        }
+    /// `first` holds bytes already taken from `inner`; they go out before anything else.
+    pub fn new(inner: Incoming, first: Option<Bytes>, permit: Permit, outcome: Outcome, sse: bool) -> Self {
+        StreamMeter { inner, first, permit: Some(permit), outcome: Some(outcome), sse, finished: false }
     }
 }
 
@@ -71,13 +65,13 @@ impl Body for StreamMeter {
     type Data = Bytes;
     type Error = hyper::Error;
 
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
         let this = self.project();
         if *this.finished {
             return Poll::Ready(None);
+        }
+        if let Some(first) = this.first.take() {
+            return Poll::Ready(Some(Ok(Frame::data(first))));
         }
         match this.inner.poll_frame(cx) {
             Poll::Pending => Poll::Pending,
@@ -93,21 +87,15 @@ impl Body for StreamMeter {
             Poll::Ready(Some(Err(e))) => {
                 *this.finished = true;
                 this.permit.take();
-                let backend = this
-                    .outcome
-                    .as_ref()
-                    .map(|o| o.backend.clone())
-                    .unwrap_or_default();
+                let backend = this.outcome.as_ref().map(|o| o.backend.clone()).unwrap_or_default();
                 if let Some(outcome) = this.outcome.take() {
                     outcome.record("backend_error");
                 }
                 tracing::warn!(backend, error = %e, "backend stream failed after it began");
                 if *this.sse {
-                    let event = GatewayError::Backend {
-                        backend,
-                        reason: format!("the stream broke after it began: {e}"),
-                    }
-                    .sse_event();
+                    let event =
+                        GatewayError::Backend { backend, reason: format!("the stream broke after it began: {e}") }
+                            .sse_event();
                     Poll::Ready(Some(Ok(Frame::data(event))))
                 } else {
                     Poll::Ready(Some(Err(e)))
@@ -117,14 +105,20 @@ impl Body for StreamMeter {
     }
 
     fn is_end_stream(&self) -> bool {
-        self.finished || self.inner.is_end_stream()
+        self.finished || (self.first.is_none() && self.inner.is_end_stream())
     }
 
     fn size_hint(&self) -> SizeHint {
         if self.finished {
-            SizeHint::with_exact(0)
-        } else {
-            self.inner.size_hint()
+            return SizeHint::with_exact(0);
         }
+        let first = self.first.as_ref().map_or(0, |b| b.len() as u64);
+        let inner = self.inner.size_hint();
+        let mut hint = SizeHint::new();
+        hint.set_lower(inner.lower() + first);
+        if let Some(upper) = inner.upper() {
+            hint.set_upper(upper + first);
+        }
+        hint
     }
 }

@@ -43,29 +43,24 @@ impl Drop for Gateway {
 /// Starts the gateway from YAML text (listen is forced to 127.0.0.1:0).
 pub async fn gateway(yaml: &str) -> Gateway {
     let config = Config::parse(yaml, &|_| None).expect("test config is valid");
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("addr");
     let (stop, stopped) = oneshot::channel::<()>();
-    let task = tokio::spawn(mlxgate::serve(config, listener, async move {
-        let _ = stopped.await;
-    }));
-    Gateway {
-        addr,
-        stop: Some(stop),
-        task,
-    }
+    let keeper = std::path::PathBuf::from(env!("CARGO_BIN_EXE_mlxgate"));
+    let task = tokio::spawn(mlxgate::serve(
+        config,
+        listener,
+        async move {
+            let _ = stopped.await;
+        },
+        keeper,
+    ));
+    Gateway { addr, stop: Some(stop), task }
 }
 
 /// A simulator with `defaults` and otherwise default settings.
 pub async fn sim_with(defaults: Behaviour) -> SimHandle {
-    sim::spawn(SimConfig {
-        defaults,
-        ..Default::default()
-    })
-    .await
-    .expect("sim starts")
+    sim::spawn(SimConfig { defaults, ..Default::default() }).await.expect("sim starts")
 }
 
 pub async fn sim() -> SimHandle {
@@ -107,10 +102,7 @@ pub async fn read_until(response: &mut reqwest::Response, needle: &str) -> Strin
         true
     })
     .await;
-    assert!(
-        matches!(found, Ok(true)),
-        "never saw {needle:?}; got {seen:?}"
-    );
+    assert!(matches!(found, Ok(true)), "never saw {needle:?}; got {seen:?}");
     seen
 }
 
@@ -122,24 +114,14 @@ where
 {
     let deadline = tokio::time::Instant::now() + PATIENCE;
     while !f().await {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for: {what}"
-        );
+        assert!(tokio::time::Instant::now() < deadline, "timed out waiting for: {what}");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
 
 /// The value of a metric line `name{labels} value` in the gateway's /metrics.
 pub async fn metric(gw: &Gateway, series: &str) -> Option<f64> {
-    let text = client()
-        .get(gw.url("/metrics"))
-        .send()
-        .await
-        .ok()?
-        .text()
-        .await
-        .ok()?;
+    let text = client().get(gw.url("/metrics")).send().await.ok()?.text().await.ok()?;
     text.lines()
         .find(|l| l.starts_with(series) && l[series.len()..].starts_with(' '))
         .and_then(|l| l.rsplit(' ').next())
@@ -148,22 +130,12 @@ pub async fn metric(gw: &Gateway, series: &str) -> Option<f64> {
 
 /// The simulator's /sim/stats.
 pub async fn sim_stats(sim: &SimHandle) -> Value {
-    client()
-        .get(format!("{}/sim/stats", sim.url()))
-        .send()
-        .await
-        .expect("stats")
-        .json()
-        .await
-        .expect("json")
+    client().get(format!("{}/sim/stats", sim.url())).send().await.expect("stats").json().await.expect("json")
 }
 
 /// Collects an SSE body into its `data:` payloads.
 pub fn data_lines(body: &str) -> Vec<String> {
-    body.lines()
-        .filter_map(|l| l.strip_prefix("data: "))
-        .map(str::to_string)
-        .collect()
+    body.lines().filter_map(|l| l.strip_prefix("data: ")).map(str::to_string).collect()
 }
 
 /// Collects a whole streamed body as text.
@@ -178,10 +150,5 @@ pub async fn text_of(response: reqwest::Response) -> String {
 
 /// POSTs `body` as JSON to the gateway's `path`.
 pub async fn post(gw: &Gateway, path: &str, body: &Value) -> reqwest::Response {
-    client()
-        .post(gw.url(path))
-        .json(body)
-        .send()
-        .await
-        .expect("send")
+    client().post(gw.url(path)).json(body).send().await.expect("send")
 }

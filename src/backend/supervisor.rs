@@ -1,0 +1,407 @@
+//! The life of one managed backend: start (spawn, wait for readiness, warm up), watch, restart
+//! after a crash with exponential backoff, give up (`failed`) after too many crashes in a
+//! window, drain and stop when told. The scheduler decides *when* a backend runs; this module
+//! carries it out and publishes the backend's [`Status`].
+//!
+//! While the backend is not ready its queue's gate is closed, so requests wait instead of
+//! failing; when it is failed the queue refuses them with the reason.
+
+use std::collections::VecDeque;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::http::{HeaderMap, Method};
+use bytes::Bytes;
+use http_body_util::{BodyExt, Limited};
+use serde::Serialize;
+use tokio::sync::{Notify, mpsc, watch};
+
+use super::process::{LogBuffer, ServerProcess, describe_exit};
+use super::upstream::Upstream;
+use crate::config::{BackendConfig, ManagedConfig};
+use crate::dispatch::queue::BackendQueue;
+use crate::metrics::Metrics;
+
+/// Where a managed backend is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Phase {
+    Stopped,
+    /// Spawned, not yet ready.
+    Starting,
+    Ready,
+    /// No new requests; in-flight ones finishing before a stop.
+    Draining,
+    /// Crashed; waiting out the backoff before starting again.
+    Restarting,
+    /// Crashed too often; waits for `POST /admin/backends/{name}/restart`.
+    Failed,
+}
+
+impl Phase {
+    /// Whether the backend holds (or is about to hold) its resources, the GPU above all.
+    pub fn is_running(self) -> bool {
+        matches!(self, Phase::Starting | Phase::Ready | Phase::Draining | Phase::Restarting)
+    }
+}
+
+/// What `/admin/backends` and the scheduler see.
+#[derive(Debug, Clone)]
+pub struct Status {
+    pub phase: Phase,
+    pub pid: Option<u32>,
+    /// When the current process became ready.
+    pub ready_since: Option<Instant>,
+    pub restarts: u64,
+    /// Incremented at each process start.
+    pub generation: u64,
+    pub last_error: Option<String>,
+}
+
+/// What the scheduler or an operator asks of a backend.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Command {
+    /// Run it (no effect while running or failed).
+    Start,
+    /// Drain and stop it.
+    Stop,
+    /// Stop now without draining (gateway shutdown).
+    Shutdown,
+    /// Clear a failure and start it again; restart it if running.
+    Restart,
+}
+
+/// Handle to one managed backend.
+pub struct Supervisor {
+    pub config: Arc<BackendConfig>,
+    pub queue: BackendQueue,
+    pub logs: Arc<LogBuffer>,
+    status: watch::Sender<Status>,
+    commands: mpsc::Sender<Command>,
+}
+
+/// Everything the supervisor task needs, moved into it.
+struct Task {
+    config: Arc<BackendConfig>,
+    managed: ManagedConfig,
+    queue: BackendQueue,
+    logs: Arc<LogBuffer>,
+    status: watch::Sender<Status>,
+    commands: mpsc::Receiver<Command>,
+    upstream: Upstream,
+    keeper: PathBuf,
+    metrics: Metrics,
+    changed: Arc<Notify>,
+    crashes: VecDeque<Instant>,
+}
+
+/// How one run of the process ended.
+enum RunEnd {
+    Stopped,
+    Restart,
+    Crashed(String),
+}
+
+impl Supervisor {
+    /// Starts the supervisor task for a managed backend (it stays stopped until told).
+    pub fn spawn(
+        config: Arc<BackendConfig>,
+        managed: ManagedConfig,
+        queue: BackendQueue,
+        keeper: PathBuf,
+        metrics: Metrics,
+        changed: Arc<Notify>,
+    ) -> Arc<Self> {
+        let (status, _) = watch::channel(Status {
+            phase: Phase::Stopped,
+            pid: None,
+            ready_since: None,
+            restarts: 0,
+            generation: 0,
+            last_error: None,
+        });
+        let (commands, receiver) = mpsc::channel(16);
+        let logs = Arc::new(LogBuffer::default());
+        metrics.backend_up.with_label_values(&[&config.name]).set(0);
+        let task = Task {
+            upstream: Upstream::new(config.connect_timeout),
+            config: Arc::clone(&config),
+            managed,
+            queue: queue.clone(),
+            logs: Arc::clone(&logs),
+            status: status.clone(),
+            commands: receiver,
+            keeper,
+            metrics,
+            changed,
+            crashes: VecDeque::new(),
+        };
+        tokio::spawn(task.run());
+        Arc::new(Supervisor { config, queue, logs, status, commands })
+    }
+
+    /// The backend's current status.
+    pub fn status(&self) -> Status {
+        self.status.borrow().clone()
+    }
+
+    /// A receiver that sees every status change.
+    pub fn watch(&self) -> watch::Receiver<Status> {
+        self.status.subscribe()
+    }
+
+    /// Sends a command; a full command queue means the same request is already pending.
+    pub fn send(&self, command: Command) {
+        let _ = self.commands.try_send(command);
+    }
+
+    /// After a request failed on process `generation`: waits (up to `limit`) until that process
+    /// is known gone: replaced, restarting, stopped or failed.
+    pub async fn replaced(&self, generation: u64, limit: Duration) {
+        let mut rx = self.watch();
+        let _ =
+            tokio::time::timeout(limit, rx.wait_for(|s| s.generation != generation || s.phase != Phase::Ready)).await;
+    }
+
+    /// Waits until the backend is stopped or failed (after a `Stop` or `Shutdown`).
+    pub async fn stopped(&self) {
+        let mut rx = self.watch();
+        let _ = rx.wait_for(|s| matches!(s.phase, Phase::Stopped | Phase::Failed)).await;
+    }
+}
+
+impl Task {
+    async fn run(mut self) {
+        loop {
+            let Some(command) = self.commands.recv().await else { return };
+            let failed = self.status.borrow().phase == Phase::Failed;
+            match command {
+                Command::Start if !failed => {}
+                Command::Restart => {
+                    self.crashes.clear();
+                    self.queue.clear_failure();
+                }
+                _ => continue,
+            }
+            loop {
+                match self.run_once().await {
+                    RunEnd::Stopped => {
+                        self.set(|s| {
+                            s.phase = Phase::Stopped;
+                            s.pid = None;
+                            s.ready_since = None;
+                        });
+                        break;
+                    }
+                    RunEnd::Restart => continue,
+                    RunEnd::Crashed(reason) => {
+                        if !self.after_crash(reason).await {
+                            break;
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Records a crash; waits out the backoff. False when the backend is now failed or was
+    /// stopped during the backoff.
+    async fn after_crash(&mut self, reason: String) -> bool {
+        let now = Instant::now();
+        self.crashes.push_back(now);
+        while self.crashes.front().is_some_and(|t| now.duration_since(*t) > self.managed.restart_window) {
+            self.crashes.pop_front();
+        }
+        self.metrics.backend_restarts.with_label_values(&[&self.config.name, "crash"]).inc();
+        let crashes = self.crashes.len() as u32;
+        tracing::warn!(backend = %self.config.name, crashes, %reason, "backend crashed");
+        if crashes > self.managed.max_restarts {
+            let why = format!(
+                "it crashed {crashes} times within {} (last: {reason})",
+                humantime::format_duration(self.managed.restart_window)
+            );
+            tracing::error!(backend = %self.config.name, %why, "backend failed; it stays down until POST /admin/backends/{}/restart", self.config.name);
+            self.queue.fail(&why);
+            self.set(|s| {
+                s.phase = Phase::Failed;
+                s.pid = None;
+                s.ready_since = None;
+                s.last_error = Some(why.clone());
+            });
+            return false;
+        }
+        let backoff = Duration::from_secs(1 << (crashes - 1).min(5)).min(Duration::from_secs(30));
+        self.set(|s| {
+            s.phase = Phase::Restarting;
+            s.pid = None;
+            s.ready_since = None;
+            s.restarts += 1;
+            s.last_error = Some(reason.clone());
+        });
+        let deadline = tokio::time::sleep(backoff);
+        tokio::pin!(deadline);
+        loop {
+            tokio::select! {
+                () = &mut deadline => return true,
+                command = self.commands.recv() => match command {
+                    Some(Command::Stop | Command::Shutdown) | None => {
+                        self.set(|s| s.phase = Phase::Stopped);
+                        return false;
+                    }
+                    Some(_) => {}
+                },
+            }
+        }
+    }
+
+    /// Spawns the process, waits until it is ready, serves until it crashes or is stopped.
+    async fn run_once(&mut self) -> RunEnd {
+        let started = Instant::now();
+        self.set(|s| {
+            s.phase = Phase::Starting;
+            s.generation += 1;
+        });
+        tracing::info!(backend = %self.config.name, command = ?self.managed.command, "starting backend");
+        let mut process =
+            match ServerProcess::spawn(&self.keeper, &self.config.name, &self.managed, Arc::clone(&self.logs)) {
+                Ok(p) => p,
+                Err(e) => return RunEnd::Crashed(format!("cannot start the keeper process: {e}")),
+            };
+        self.set(|s| s.pid = process.pid());
+
+        let readiness = tokio::time::timeout(
+            self.managed.ready_timeout,
+            wait_ready(
+                self.upstream.clone(),
+                Arc::clone(&self.config),
+                self.managed.model.clone(),
+                self.managed.warmup,
+            ),
+        );
+        tokio::pin!(readiness);
+        let ready = loop {
+            tokio::select! {
+                r = &mut readiness => break r,
+                status = process.wait() => {
+                    return RunEnd::Crashed(format!("{} during start-up{}", describe_exit(&status), self.last_log()));
+                }
+                command = self.commands.recv() => match command {
+                    Some(Command::Stop | Command::Shutdown) | None => {
+                        process.stop(self.managed.stop_timeout).await;
+                        return RunEnd::Stopped;
+                    }
+                    Some(_) => {}
+                },
+            }
+        };
+        match ready {
+            Ok(Ok(())) => {}
+            Ok(Err(reason)) => {
+                process.stop(self.managed.stop_timeout).await;
+                return RunEnd::Crashed(reason);
+            }
+            Err(_) => {
+                process.stop(self.managed.stop_timeout).await;
+                return RunEnd::Crashed(format!(
+                    "not ready within {}{}",
+                    humantime::format_duration(self.managed.ready_timeout),
+                    self.last_log()
+                ));
+            }
+        }
+        let took = started.elapsed();
+        self.metrics.backend_start_seconds.with_label_values(&[&self.config.name]).observe(took.as_secs_f64());
+        self.metrics.backend_up.with_label_values(&[&self.config.name]).set(1);
+        tracing::info!(backend = %self.config.name, pid = ?process.pid(), seconds = took.as_secs_f64(), "backend ready");
+        self.set(|s| {
+            s.phase = Phase::Ready;
+            s.pid = process.pid();
+            s.ready_since = Some(Instant::now());
+        });
+        self.queue.open();
+
+        let end = loop {
+            tokio::select! {
+                status = process.wait() => {
+                    self.queue.close();
+                    self.metrics.backend_up.with_label_values(&[&self.config.name]).set(0);
+                    return RunEnd::Crashed(format!("{}{}", describe_exit(&status), self.last_log()));
+                }
+                command = self.commands.recv() => match command {
+                    Some(Command::Stop) => break (RunEnd::Stopped, true),
+                    Some(Command::Restart) => break (RunEnd::Restart, true),
+                    Some(Command::Shutdown) | None => break (RunEnd::Stopped, false),
+                    Some(Command::Start) => {}
+                },
+            }
+        };
+        self.queue.close();
+        self.metrics.backend_up.with_label_values(&[&self.config.name]).set(0);
+        if end.1 {
+            self.drain(&mut process).await;
+        }
+        tracing::info!(backend = %self.config.name, "stopping backend");
+        process.stop(self.managed.stop_timeout).await;
+        end.0
+    }
+
+    /// Lets in-flight requests finish, up to `drain_timeout` (or until the process exits).
+    async fn drain(&mut self, process: &mut ServerProcess) {
+        self.set(|s| s.phase = Phase::Draining);
+        let deadline = Instant::now() + self.managed.drain_timeout;
+        while self.queue.view().in_flight > 0 && Instant::now() < deadline {
+            tokio::select! {
+                _ = process.wait() => return,
+                () = tokio::time::sleep(Duration::from_millis(50)) => {}
+            }
+        }
+    }
+
+    fn last_log(&self) -> String {
+        let tail = self.logs.tail(3);
+        if tail.is_empty() { String::new() } else { format!("; last output: {}", tail.join(" | ")) }
+    }
+
+    fn set(&self, change: impl FnOnce(&mut Status)) {
+        self.status.send_modify(change);
+        self.changed.notify_one();
+    }
+}
+
+/// Polls the ready path, then runs the warm-up completion if the profile needs one.
+async fn wait_ready(upstream: Upstream, config: Arc<BackendConfig>, model: String, warmup: bool) -> Result<(), String> {
+    let probe_timeout = Duration::from_secs(5);
+    while upstream.probe(&config, &config.ready_path, probe_timeout).await.is_err() {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    if !warmup {
+        return Ok(());
+    }
+    let body = serde_json::json!({
+        "model": model,
+        "messages": [{"role": "user", "content": "Hi"}],
+        "max_tokens": 1,
+        "stream": false,
+    });
+    let body = Bytes::from(body.to_string());
+    loop {
+        let sent = upstream.send(&config, Method::POST, "/v1/chat/completions", &HeaderMap::new(), body.clone()).await;
+        match sent {
+            Ok(response) if response.status().is_success() => {
+                let _ = response.into_body().collect().await;
+                return Ok(());
+            }
+            Ok(response) => {
+                let status = response.status();
+                let text = match Limited::new(response.into_body(), 2048).collect().await {
+                    Ok(c) => String::from_utf8_lossy(&c.to_bytes()).into_owned(),
+                    Err(_) => String::new(),
+                };
+                return Err(format!("warm-up completion answered {status}: {text}"));
+            }
+            // Not listening yet (some servers answer /health before the API is up).
+            Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+        }
+    }
+}
