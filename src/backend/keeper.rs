@@ -38,7 +38,7 @@ pub fn run(grace: Duration, argv: &[String]) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    runtime.block_on(async move {
+    let code = runtime.block_on(async move {
         let mut server =
             match Command::new(program).args(args).stdin(Stdio::null()).process_group(0).kill_on_drop(false).spawn() {
                 Ok(child) => child,
@@ -77,7 +77,11 @@ pub fn run(grace: Duration, argv: &[String]) -> ExitCode {
             () = stop_asked => stop(&mut server, pgid, grace).await,
             () = sigterm => stop(&mut server, pgid, grace).await,
         }
-    })
+    });
+    // The stdin reader sits in a blocking read on the pipe, which a normal runtime drop would
+    // wait for forever.
+    runtime.shutdown_background();
+    code
 }
 
 /// SIGTERM to the group, SIGKILL after `grace`.

@@ -152,3 +152,43 @@ pub async fn text_of(response: reqwest::Response) -> String {
 pub async fn post(gw: &Gateway, path: &str, body: &Value) -> reqwest::Response {
     client().post(gw.url(path)).json(body).send().await.expect("send")
 }
+
+/// Pids of live processes whose command line contains every one of `needles`
+/// (from /proc; zombies, which hold no resources, are not counted).
+pub fn processes_with(needles: &[&str]) -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else { return vec![] };
+    entries
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            let Ok(raw) = std::fs::read(format!("/proc/{pid}/cmdline")) else { return false };
+            let cmdline = String::from_utf8_lossy(&raw).replace('\0', " ");
+            let zombie = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .is_ok_and(|stat| stat.rsplit(')').next().is_some_and(|rest| rest.trim_start().starts_with('Z')));
+            !zombie && needles.iter().all(|n| cmdline.contains(n))
+        })
+        .collect()
+}
+
+/// A free TCP port on 127.0.0.1 (nothing listens on it when this returns).
+pub fn free_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    l.local_addr().expect("addr").port()
+}
+
+/// GET `/admin/backends` entry for `name`.
+pub async fn backend_state(gw: &Gateway, name: &str) -> Value {
+    let all: Value = client().get(gw.url("/admin/backends")).send().await.expect("send").json().await.expect("json");
+    all["backends"].as_array().and_then(|l| l.iter().find(|b| b["name"] == name).cloned()).unwrap_or(Value::Null)
+}
+
+/// Live server processes: command line starts with `program` and contains `arg` (keepers,
+/// whose command lines contain the server's, are not counted).
+pub fn servers(program: &str, arg: &str) -> Vec<u32> {
+    processes_with(&[program, arg])
+        .into_iter()
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|raw| String::from_utf8_lossy(&raw).split('\0').next().is_some_and(|a| a.contains(program)))
+        })
+        .collect()
+}
