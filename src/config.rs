@@ -62,6 +62,9 @@ pub struct ManagedConfig {
     pub env: BTreeMap<String, String>,
     /// A Python venv whose `bin/` is put first on the server's PATH.
     pub venv: Option<PathBuf>,
+    /// The server's working directory: the config file's directory, so that relative model
+    /// paths and commands in the file mean the same wherever mlxgate is started.
+    pub workdir: PathBuf,
     /// Longest start-up (process spawn to ready, warm-up included).
     pub ready_timeout: Duration,
     /// Whether a warm-up completion must succeed before the backend counts as ready.
@@ -245,10 +248,15 @@ impl Config {
         let text = std::fs::read_to_string(path)
             .map_err(|source| ConfigError::Read { path: path.display().to_string(), source })?;
         let mut config = Config::parse(&text, &|name| std::env::var(name).ok())?;
-        // A relative venv is relative to the file that names it.
-        let base = path.parent().unwrap_or(Path::new("."));
-        for backend in config.backends.values_mut() {
-            if let Some(venv) = backend.managed.as_mut().and_then(|m| m.venv.as_mut())
+        // Relative paths (venv, model, command) are relative to the file that names them.
+        let base = match path.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+            _ => PathBuf::from("."),
+        };
+        let base = std::fs::canonicalize(&base).unwrap_or(base);
+        for managed in config.backends.values_mut().filter_map(|b| b.managed.as_mut()) {
+            managed.workdir = base.clone();
+            if let Some(venv) = managed.venv.as_mut()
                 && venv.is_relative()
             {
                 *venv = base.join(&*venv);
@@ -479,6 +487,7 @@ fn validate_backend(name: String, path: &str, b: RawBackend, problems: &mut Vec<
                 port,
                 env: b.env,
                 venv: b.venv.map(PathBuf::from),
+                workdir: PathBuf::from("."),
                 ready_timeout: ready.timeout.map_or(DEFAULT_READY_TIMEOUT, |d| d.0),
                 warmup: ready.warmup.unwrap_or(kind.needs_warmup()),
                 idle_timeout: b.idle_timeout.map(|d| d.0).filter(|d| !d.is_zero()),

@@ -65,6 +65,7 @@ impl ServerProcess {
             .arg("--")
             .args(&managed.command)
             .envs(&managed.env)
+            .current_dir(&managed.workdir)
             .env("PYTHONUNBUFFERED", "1")
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())

@@ -181,14 +181,14 @@ pub async fn backend_state(gw: &Gateway, name: &str) -> Value {
     all["backends"].as_array().and_then(|l| l.iter().find(|b| b["name"] == name).cloned()).unwrap_or(Value::Null)
 }
 
-/// Live server processes: command line starts with `program` and contains `arg` (keepers,
-/// whose command lines contain the server's, are not counted).
+/// Live server processes: command line contains `program` and `arg`; the keepers, whose
+/// command lines contain the server's, are not counted.
 pub fn servers(program: &str, arg: &str) -> Vec<u32> {
     processes_with(&[program, arg])
         .into_iter()
         .filter(|pid| {
             std::fs::read(format!("/proc/{pid}/cmdline"))
-                .is_ok_and(|raw| String::from_utf8_lossy(&raw).split('\0').next().is_some_and(|a| a.contains(program)))
+                .is_ok_and(|raw| !String::from_utf8_lossy(&raw).replace('\0', " ").contains(" keep --grace "))
         })
         .collect()
 }

@@ -1,0 +1,198 @@
+//! Managed backends against the real servers: mlx_lm.server (the native engine) and
+//! mlx-openai-server, from the venvs `scripts/setup-backends` builds, serving the tiny model it
+//! generates. CI (`scripts/test`) builds them first; elsewhere these tests say why they did not
+//! run when the venvs are missing.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use common::*;
+use serde_json::{Value, json};
+
+const ROOT: &str = env!("CARGO_MANIFEST_DIR");
+const MLXGATE: &str = env!("CARGO_BIN_EXE_mlxgate");
+/// Backend kinds (also the venv names).
+const MLX_LM: &str = "mlx-lm";
+const MLX_OPENAI: &str = "mlx-openai-server";
+/// What their processes' command lines contain.
+const MLX_LM_PROC: &str = "mlx_lm.server";
+const MLX_OPENAI_PROC: &str = "mlx-openai-server launch";
+
+/// The tiny model's directory, if the venvs for `servers` and the model exist. In CI a missing
+/// piece is a failure; elsewhere the test prints why it does not run.
+fn prerequisites(servers: &[&str]) -> Option<PathBuf> {
+    let model = Path::new(ROOT).join(".cache/tiny-qwen3");
+    let mut missing: Vec<String> = servers
+        .iter()
+        .filter(|s| !Path::new(ROOT).join(format!(".venv-{s}/bin")).is_dir())
+        .map(|s| format!(".venv-{s}"))
+        .collect();
+    if !model.join("model.safetensors").is_file() {
+        missing.push(".cache/tiny-qwen3".into());
+    }
+    if missing.is_empty() {
+        return Some(model);
+    }
+    let why = format!("missing {}: run scripts/setup-backends {}", missing.join(", "), servers.join(" "));
+    assert!(std::env::var_os("CI").is_none(), "CI must build the real servers first: {why}");
+    eprintln!("SKIPPED (not run, no real server here): {why}");
+    None
+}
+
+fn backend(name: &str, kind: &str, model: &Path, port: u16, extra: &str) -> String {
+    format!(
+        "  {name}:\n    kind: {kind}\n    model: '{}'\n    venv: '{ROOT}/.venv-{kind}'\n    port: {port}\n    \
+         max_concurrency: 2\n    stop_timeout: 10s\n    ready: {{timeout: 180s}}\n{extra}",
+        model.display()
+    )
+}
+
+fn config(backends: &[String], models: &[(&str, &str)], top: &str) -> String {
+    let models: String = models.iter().map(|(m, b)| format!("  {m}: {{backend: {b}, max_wait: 300s}}\n")).collect();
+    format!("{top}backends:\n{}models:\n{models}", backends.concat())
+}
+
+fn chat(model: &str, stream: bool) -> Value {
+    json!({"model": model, "stream": stream, "max_tokens": 4,
+        "messages": [{"role": "user", "content": "hello there"}]})
+}
+
+/// Asserts a completed chat answer (streamed or whole) and returns its text.
+async fn answered(gw: &Gateway, model: &str, stream: bool) -> String {
+    let r = post(gw, "/v1/chat/completions", &chat(model, stream)).await;
+    let status = r.status();
+    let text = text_of(r).await;
+    assert_eq!(status, 200, "{model}: {text}");
+    if stream {
+        assert!(text.contains("data: [DONE]"), "{model}: {text}");
+    } else {
+        let v: Value = serde_json::from_str(&text).expect("json");
+        assert_eq!(v["object"], "chat.completion", "{text}");
+        assert!(v["usage"]["completion_tokens"].as_u64().is_some_and(|n| n >= 1), "{text}");
+    }
+    text
+}
+
+#[tokio::test]
+async fn mlx_lm_starts_on_the_first_request_and_comes_back_after_kill_9() {
+    let Some(model) = prerequisites(&[MLX_LM]) else { return };
+    let port = free_port();
+    let gw = gateway(&config(&[backend("native", MLX_LM, &model, port, "")], &[("qwen", "native")], "")).await;
+    assert!(servers(MLX_LM_PROC, &port.to_string()).is_empty());
+
+    answered(&gw, "qwen", true).await;
+    answered(&gw, "qwen", false).await;
+    let state = backend_state(&gw, "native").await;
+    assert_eq!(state["state"], "ready", "{state}");
+    let pid = state["pid"].as_u64().expect("pid");
+    assert_eq!(servers(MLX_LM_PROC, &port.to_string()), [pid as u32]);
+    let logs =
+        client().get(gw.url("/admin/backends/native/logs")).send().await.expect("send").text().await.expect("text");
+    assert!(!logs.trim().is_empty(), "the server's output is kept");
+
+    assert!(Command::new("kill").args(["-9", &pid.to_string()]).status().expect("kill").success());
+    answered(&gw, "qwen", true).await;
+    let state = backend_state(&gw, "native").await;
+    assert_eq!(state["restarts"], 1, "{state}");
+    assert_ne!(state["pid"].as_u64(), Some(pid), "a new process");
+}
+
+#[tokio::test]
+async fn mlx_openai_server_starts_on_the_first_request() {
+    let Some(model) = prerequisites(&[MLX_OPENAI, MLX_LM]) else { return };
+    let port = free_port();
+    let gw = gateway(&config(&[backend("omni", MLX_OPENAI, &model, port, "")], &[("qwen", "omni")], "")).await;
+    answered(&gw, "qwen", true).await;
+    answered(&gw, "qwen", false).await;
+    assert_eq!(backend_state(&gw, "omni").await["state"], "ready");
+    assert_eq!(servers(MLX_OPENAI_PROC, &port.to_string()).len(), 1);
+}
+
+#[tokio::test]
+async fn alternating_between_two_real_servers_never_runs_both() {
+    let Some(model) = prerequisites(&[MLX_LM, MLX_OPENAI]) else { return };
+    let (pa, pb) = (free_port(), free_port());
+    let gw = gateway(&config(
+        &[backend("native", MLX_LM, &model, pa, ""), backend("omni", MLX_OPENAI, &model, pb, "")],
+        &[("a", "native"), ("b", "omni")],
+        "swap_after: 2s\n",
+    ))
+    .await;
+    let done = Arc::new(AtomicBool::new(false));
+    let peak = Arc::new(AtomicUsize::new(0));
+    let watcher = std::thread::spawn({
+        let (done, peak) = (Arc::clone(&done), Arc::clone(&peak));
+        let (sa, sb) = (pa.to_string(), pb.to_string());
+        move || {
+            while !done.load(Ordering::SeqCst) {
+                let alive = servers(MLX_LM_PROC, &sa).len() + servers(MLX_OPENAI_PROC, &sb).len();
+                peak.fetch_max(alive, Ordering::SeqCst);
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+    });
+    for _ in 0..2 {
+        answered(&gw, "a", true).await;
+        answered(&gw, "b", true).await;
+    }
+    done.store(true, Ordering::SeqCst);
+    watcher.join().expect("watcher");
+    assert_eq!(peak.load(Ordering::SeqCst), 1, "two MLX servers were alive at once");
+    assert_eq!(metric(&gw, "mlxgate_backend_swaps_total").await, Some(3.0));
+}
+
+#[tokio::test]
+async fn an_idle_mlx_lm_is_unloaded() {
+    let Some(model) = prerequisites(&[MLX_LM]) else { return };
+    let port = free_port();
+    let gw = gateway(&config(
+        &[backend("native", MLX_LM, &model, port, "    idle_timeout: 2s\n")],
+        &[("qwen", "native")],
+        "",
+    ))
+    .await;
+    answered(&gw, "qwen", false).await;
+    eventually("idle unload", || async { backend_state(&gw, "native").await["state"] == "stopped" }).await;
+    eventually("process gone", || async { servers(MLX_LM_PROC, &port.to_string()).is_empty() }).await;
+}
+
+#[tokio::test]
+async fn no_mlx_server_outlives_the_gateway_after_sigterm_or_sigkill() {
+    use std::io::{BufRead, BufReader};
+    let Some(model) = prerequisites(&[MLX_LM]) else { return };
+    for signal in ["-TERM", "-KILL"] {
+        let port = free_port();
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("gateway.yaml");
+        let text = config(&[backend("native", MLX_LM, &model, port, "    preload: true\n")], &[("qwen", "native")], "");
+        std::fs::write(&path, format!("listen: 127.0.0.1:0\n{text}")).expect("write");
+        let mut gateway = Command::new(MLXGATE)
+            .args(["serve", "--config"])
+            .arg(&path)
+            .env("RUST_LOG", "info")
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("gateway");
+        let mut reader = BufReader::new(gateway.stderr.take().expect("stderr"));
+        let mut line = String::new();
+        // Wait for "backend ready" in the log: preload starts it without any request.
+        loop {
+            line.clear();
+            assert!(reader.read_line(&mut line).expect("log") > 0, "gateway exited");
+            if line.contains("backend ready") {
+                break;
+            }
+        }
+        std::thread::spawn(move || for _ in reader.lines() {});
+        let needle = port.to_string();
+        assert_eq!(servers(MLX_LM_PROC, &needle).len(), 1);
+        assert!(Command::new("kill").args([signal, &gateway.id().to_string()]).status().expect("kill").success());
+        let _ = tokio::task::spawn_blocking(move || gateway.wait()).await;
+        eventually(&format!("no mlx_lm.server after {signal}"), || async { servers(MLX_LM_PROC, &needle).is_empty() }).await;
+    }
+}
