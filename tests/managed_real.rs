@@ -193,6 +193,7 @@ async fn no_mlx_server_outlives_the_gateway_after_sigterm_or_sigkill() {
         assert_eq!(servers(MLX_LM_PROC, &needle).len(), 1);
         assert!(Command::new("kill").args([signal, &gateway.id().to_string()]).status().expect("kill").success());
         let _ = tokio::task::spawn_blocking(move || gateway.wait()).await;
-        eventually(&format!("no mlx_lm.server after {signal}"), || async { servers(MLX_LM_PROC, &needle).is_empty() }).await;
+        eventually(&format!("no mlx_lm.server after {signal}"), || async { servers(MLX_LM_PROC, &needle).is_empty() })
+            .await;
     }
 }
