@@ -512,7 +512,7 @@ fn validate_backend(name: String, path: &str, b: RawBackend, problems: &mut Vec<
         }
     };
     let kind = b.kind.unwrap_or(Kind::Custom);
-    let ready_path = b.ready.and_then(|r| r.path).unwrap_or_else(|| "/v1/models".to_string());
+    let ready_path = b.ready.and_then(|r| r.path).unwrap_or_else(|| "/health".to_string());
     Some(BackendConfig {
         name,
         url,

@@ -46,6 +46,8 @@ async fn first_request_starts_the_backend_and_it_is_reported() {
     let port = free_port();
     let gw = gateway(&yaml(&[sim_backend("a", port, "")], &[("a", "a")], "")).await;
     assert_eq!(backend_state(&gw, "a").await["state"], "stopped");
+    let ready = client().get(gw.url("/ready")).send().await.expect("send");
+    assert_eq!(ready.status(), 200, "a stopped managed backend starts on demand: the gateway is ready");
     assert!(servers(SIM, &port.to_string()).is_empty());
 
     let r = post(&gw, "/v1/chat/completions", &ask("a", false, json!({"tokens": 2}))).await;
@@ -143,6 +145,9 @@ async fn too_many_crashes_fail_the_backend_until_an_operator_restarts_it() {
     let message = e["error"]["message"].as_str().expect("message");
     assert!(message.contains("crashed 2 times") && message.contains("/admin/backends/flaky/restart"), "{message}");
     assert_eq!(backend_state(&gw, "flaky").await["state"], "failed");
+    let ready = client().get(gw.url("/ready")).send().await.expect("send");
+    assert_eq!(ready.status(), 503, "a failed backend makes the gateway unready");
+    assert_eq!(ready.json::<Value>().await.expect("json")["backends"]["flaky"]["state"], "failed");
     // Refused at once while failed.
     let again = post(&gw, "/v1/chat/completions", &ask("m", false, json!({}))).await;
     assert_eq!(again.status(), 503);
@@ -152,6 +157,7 @@ async fn too_many_crashes_fail_the_backend_until_an_operator_restarts_it() {
     assert_eq!(restart.status(), 202);
     let ok = post(&gw, "/v1/chat/completions", &ask("m", false, json!({}))).await;
     assert_eq!(ok.status(), 200);
+    assert_eq!(client().get(gw.url("/ready")).send().await.expect("send").status(), 200);
     let unknown = client().post(gw.url("/admin/backends/nope/restart")).send().await.expect("send");
     assert_eq!(unknown.status(), 404);
 }

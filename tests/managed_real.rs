@@ -129,11 +129,17 @@ async fn alternating_between_two_real_servers_never_runs_both() {
         let (done, peak) = (Arc::clone(&done), Arc::clone(&peak));
         let (sa, sb) = (pa.to_string(), pb.to_string());
         move || {
+            let mut seen = String::new();
             while !done.load(Ordering::SeqCst) {
-                let alive = servers(MLX_LM_PROC, &sa).len() + servers(MLX_OPENAI_PROC, &sb).len();
-                peak.fetch_max(alive, Ordering::SeqCst);
+                let alive: Vec<u32> =
+                    servers(MLX_LM_PROC, &sa).into_iter().chain(servers(MLX_OPENAI_PROC, &sb)).collect();
+                if alive.len() > 1 && seen.is_empty() {
+                    seen = alive.iter().map(|p| describe_process(*p)).collect::<Vec<_>>().join("\n");
+                }
+                peak.fetch_max(alive.len(), Ordering::SeqCst);
                 std::thread::sleep(Duration::from_millis(10));
             }
+            seen
         }
     });
     for _ in 0..2 {
@@ -141,8 +147,8 @@ async fn alternating_between_two_real_servers_never_runs_both() {
         answered(&gw, "b", true).await;
     }
     done.store(true, Ordering::SeqCst);
-    watcher.join().expect("watcher");
-    assert_eq!(peak.load(Ordering::SeqCst), 1, "two MLX servers were alive at once");
+    let seen = watcher.join().expect("watcher");
+    assert_eq!(peak.load(Ordering::SeqCst), 1, "two MLX servers were alive at once:\n{seen}");
     assert_eq!(metric(&gw, "mlxgate_backend_swaps_total").await, Some(3.0));
 }
 

@@ -13,7 +13,7 @@ use futures_util::future::join_all;
 use serde_json::json;
 
 use super::AppState;
-use crate::backend::supervisor::{Command, Supervisor};
+use crate::backend::supervisor::{Command, Phase, Supervisor};
 use crate::error::GatewayError;
 
 /// How long `/ready` waits for each backend.
@@ -24,19 +24,36 @@ pub async fn health() -> Json<serde_json::Value> {
     Json(json!({"status": "ok"}))
 }
 
-/// GET `/ready`: probes every backend's `/v1/models` at once; 200 when all answer, else 503,
-/// with each model and backend's state in the body.
+/// GET `/ready`: 200 when every model can be served, else 503, with each model and backend in
+/// the body. A remote backend must answer its ready path (probed at once, all in parallel); a
+/// managed one must not be failed (stopped or starting is fine: requests wait for it).
 pub async fn ready(State(state): State<Arc<AppState>>) -> impl IntoResponse {
     let probes = state.config.backends.values().map(|backend| {
         let prober = state.prober.clone();
-        async move { (backend.name.clone(), prober.probe(backend, "/v1/models", PROBE_TIMEOUT).await) }
+        let supervisor = state.dispatch.supervisors.get(&backend.name).cloned();
+        async move {
+            let verdict = match supervisor {
+                Some(s) => {
+                    let status = s.status();
+                    match status.phase {
+                        Phase::Failed => {
+                            (Err(status.last_error.unwrap_or_else(|| "failed".into())), json!(status.phase))
+                        }
+                        phase => (Ok(()), json!(phase)),
+                    }
+                }
+                None => (prober.probe(backend, &backend.ready_path, PROBE_TIMEOUT).await, json!("remote")),
+            };
+            (backend.name.clone(), verdict)
+        }
     });
-    let results: BTreeMap<String, Result<(), String>> = join_all(probes).await.into_iter().collect();
+    let results: BTreeMap<String, (Result<(), String>, serde_json::Value)> =
+        join_all(probes).await.into_iter().collect();
     let backends: serde_json::Map<String, serde_json::Value> = results
         .iter()
-        .map(|(name, r)| {
+        .map(|(name, (r, phase))| {
             let url = state.config.backends.get(name).map(|b| b.url.clone());
-            (name.clone(), json!({"url": url, "ready": r.is_ok(), "error": r.as_ref().err()}))
+            (name.clone(), json!({"url": url, "state": phase, "ready": r.is_ok(), "error": r.as_ref().err()}))
         })
         .collect();
     let models: serde_json::Map<String, serde_json::Value> = state
@@ -44,11 +61,11 @@ pub async fn ready(State(state): State<Arc<AppState>>) -> impl IntoResponse {
         .models
         .values()
         .map(|m| {
-            let ready = results.get(&m.backend).is_some_and(Result::is_ok);
+            let ready = results.get(&m.backend).is_some_and(|(r, _)| r.is_ok());
             (m.name.clone(), json!({"backend": m.backend, "ready": ready}))
         })
         .collect();
-    let all_ready = results.values().all(Result::is_ok);
+    let all_ready = results.values().all(|(r, _)| r.is_ok());
     let status = if all_ready { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
     (status, Json(json!({"ready": all_ready, "models": models, "backends": backends})))
 }

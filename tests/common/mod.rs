@@ -181,14 +181,32 @@ pub async fn backend_state(gw: &Gateway, name: &str) -> Value {
     all["backends"].as_array().and_then(|l| l.iter().find(|b| b["name"] == name).cloned()).unwrap_or(Value::Null)
 }
 
-/// Live server processes: command line contains `program` and `arg`; the keepers, whose
-/// command lines contain the server's, are not counted.
+/// Live servers: the process groups of processes whose command line contains `program` and
+/// `arg`. Each managed server leads a group of its own, so a server that forks (a subprocess
+/// call between fork and exec has the parent's command line) still counts once, and the group
+/// id is the server's pid. Keepers, whose command lines contain the server's, are not counted.
 pub fn servers(program: &str, arg: &str) -> Vec<u32> {
-    processes_with(&[program, arg])
+    let mut groups: Vec<u32> = processes_with(&[program, arg])
         .into_iter()
         .filter(|pid| {
             std::fs::read(format!("/proc/{pid}/cmdline"))
                 .is_ok_and(|raw| !String::from_utf8_lossy(&raw).replace('\0', " ").contains(" keep --grace "))
         })
-        .collect()
+        .filter_map(|pid| {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            // Fields after the command name: state, ppid, pgrp.
+            stat.rsplit(')').next()?.split_whitespace().nth(2)?.parse().ok()
+        })
+        .collect();
+    groups.sort_unstable();
+    groups.dedup();
+    groups
+}
+
+/// `pid ppid state cmdline` of a process, for failure messages.
+pub fn describe_process(pid: u32) -> String {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let after = stat.rsplit(')').next().unwrap_or("").split_whitespace().take(3).collect::<Vec<_>>().join(" ");
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+    format!("{pid} [{after}] {}", String::from_utf8_lossy(&cmdline).replace('\0', " "))
 }
