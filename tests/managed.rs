@@ -61,6 +61,16 @@ async fn first_request_starts_the_backend_and_it_is_reported() {
     let logs = client().get(gw.url("/admin/backends/a/logs")).send().await.expect("send").text().await.expect("text");
     assert!(logs.contains("mlxgate-sim listening on"), "{logs}");
     assert_eq!(metric(&gw, "mlxgate_backend_up{backend=\"a\"}").await, Some(1.0));
+
+    // An operator's restart of a running backend replaces its process now.
+    let r = client().post(gw.url("/admin/backends/a/restart")).send().await.expect("send");
+    assert_eq!(r.status(), 202);
+    eventually("a new process", || async {
+        let s = backend_state(&gw, "a").await;
+        s["state"] == "ready" && s["pid"].as_u64().is_some_and(|p| p != u64::from(pid))
+    })
+    .await;
+    assert!(servers(SIM, &port.to_string()).len() == 1);
 }
 
 #[tokio::test]

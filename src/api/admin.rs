@@ -130,8 +130,8 @@ pub async fn logs(
     Ok(([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], text))
 }
 
-/// POST `/admin/backends/{name}/restart`: clears a failure and starts the backend again (or
-/// restarts it if it runs).
+/// POST `/admin/backends/{name}/restart`: clears a failure (the backend starts again on the
+/// next request, when the GPU is free), or restarts it now if it runs.
 pub async fn restart(
     State(state): State<Arc<AppState>>,
     Path(name): Path<String>,

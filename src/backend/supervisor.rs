@@ -68,7 +68,7 @@ pub enum Command {
     Stop,
     /// Stop now without draining (gateway shutdown).
     Shutdown,
-    /// Clear a failure and start it again; restart it if running.
+    /// Clear a failure (it starts again on demand); restart it now if it runs.
     Restart,
 }
 
@@ -179,8 +179,15 @@ impl Task {
             match command {
                 Command::Start if !failed => {}
                 Command::Restart => {
+                    // Not started from here: the scheduler starts it when a request waits and
+                    // the GPU is free.
                     self.crashes.clear();
                     self.queue.clear_failure();
+                    self.set(|s| {
+                        s.phase = Phase::Stopped;
+                        s.last_error = None;
+                    });
+                    continue;
                 }
                 _ => continue,
             }
