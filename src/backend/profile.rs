@@ -31,6 +31,8 @@ impl Kind {
                 "{host}",
                 "--port",
                 "{port}",
+                // mlxgate keeps its console output; no logs/app.log in the working directory.
+                "--no-log-file",
             ]),
             Kind::Custom => None,
         }
