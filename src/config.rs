@@ -20,6 +20,8 @@ use crate::backend::profile::{Kind, fill_template};
 #[derive(Debug, Clone)]
 pub struct Config {
     pub listen: SocketAddr,
+    /// A second listener serving only `/metrics` (e.g. for a Prometheus on another network).
+    pub metrics_listen: Option<SocketAddr>,
     /// How long running streams may go on after SIGINT/SIGTERM before they are cut.
     pub shutdown_grace: Duration,
     /// Largest request body accepted, in bytes (413 beyond).
@@ -95,6 +97,8 @@ pub struct ModelConfig {
     pub max_queue: usize,
     /// Longest time a request waits for a slot; then 503.
     pub max_wait: Duration,
+    /// `max_tokens` sent when a generation request gives none (mlx_lm.server would stop at 512).
+    pub default_max_tokens: u32,
 }
 
 /// Why a configuration could not be loaded: every problem found, each at its YAML path.
@@ -133,6 +137,7 @@ const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 const DEFAULT_RESPONSE_TIMEOUT: Duration = Duration::from_secs(30 * 60);
 const DEFAULT_MAX_QUEUE: usize = 64;
 const DEFAULT_MAX_WAIT: Duration = Duration::from_secs(120);
+const DEFAULT_MAX_TOKENS: u32 = 4096;
 const DEFAULT_SWAP_AFTER: Duration = Duration::from_secs(10);
 const DEFAULT_READY_TIMEOUT: Duration = Duration::from_secs(300);
 const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(60);
@@ -146,6 +151,7 @@ pub const MANAGED_HOST: &str = "127.0.0.1";
 #[serde(deny_unknown_fields)]
 struct RawConfig {
     listen: Option<String>,
+    metrics_listen: Option<String>,
     shutdown_grace: Option<RawDuration>,
     max_body: Option<RawSize>,
     swap_after: Option<RawDuration>,
@@ -191,6 +197,7 @@ struct RawReady {
 #[serde(deny_unknown_fields)]
 struct RawModel {
     backend: String,
+    default_max_tokens: Option<u32>,
     upstream_model: Option<String>,
     max_queue: Option<usize>,
     max_wait: Option<RawDuration>,
@@ -384,6 +391,7 @@ fn validate(raw: RawConfig, problems: &mut Vec<Problem>) -> Option<Config> {
                 name,
                 backend: m.backend,
                 max_queue: m.max_queue.unwrap_or(DEFAULT_MAX_QUEUE),
+                default_max_tokens: m.default_max_tokens.unwrap_or(DEFAULT_MAX_TOKENS),
                 max_wait,
             },
         );
@@ -395,8 +403,20 @@ fn validate(raw: RawConfig, problems: &mut Vec<Problem>) -> Option<Config> {
         });
     }
 
+    let metrics_listen = match raw.metrics_listen.map(|t| (t.parse::<SocketAddr>(), t)) {
+        None => None,
+        Some((Ok(addr), _)) => Some(addr),
+        Some((Err(_), text)) => {
+            problems.push(Problem {
+                path: "metrics_listen".into(),
+                reason: format!("{text:?} is not an address like 127.0.0.1:9464"),
+            });
+            None
+        }
+    };
     Some(Config {
         listen: listen?,
+        metrics_listen,
         shutdown_grace: raw.shutdown_grace.map_or(DEFAULT_SHUTDOWN_GRACE, |d| d.0),
         max_body_bytes: raw.max_body.map_or(DEFAULT_MAX_BODY, |s| s.0),
         swap_after: raw.swap_after.map_or(DEFAULT_SWAP_AFTER, |d| d.0),

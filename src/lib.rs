@@ -35,8 +35,22 @@ pub async fn serve(
     keeper: PathBuf,
 ) -> std::io::Result<()> {
     let grace = config.shutdown_grace;
+    let metrics_listen = config.metrics_listen;
     let state = AppState::new(config, keeper);
+    let metrics_server = match metrics_listen {
+        Some(addr) => {
+            let listener = TcpListener::bind(addr)
+                .await
+                .map_err(|e| std::io::Error::new(e.kind(), format!("cannot listen on {addr} (metrics_listen): {e}")))?;
+            tracing::info!(metrics_listen = %addr, "serving /metrics");
+            Some(tokio::spawn(axum::serve(listener, api::metrics_app(state.clone())).into_future()))
+        }
+        None => None,
+    };
     let result = serve_http(app(state.clone()), listener, shutdown, grace).await;
+    if let Some(server) = metrics_server {
+        server.abort();
+    }
     state.dispatch.shutdown().await;
     result
 }

@@ -27,6 +27,41 @@ pub struct Metrics {
     pub backend_swaps: IntCounter,
     /// Spawn-to-ready time of a managed backend (warm-up included).
     pub backend_start_seconds: HistogramVec,
+    /// Arrival to the first frame carrying output; `streaming="false"`: to the whole answer.
+    pub time_to_first_token: HistogramVec,
+    /// Mean time between tokens of one stream (spread-out streams with known tokens only).
+    pub inter_token_latency: HistogramVec,
+    /// Decode speed of one stream: (tokens − 1) / (last token − first token).
+    pub tokens_per_second: HistogramVec,
+    /// Arrival to the last byte.
+    pub request_duration: HistogramVec,
+    pub prompt_tokens: IntCounterVec,
+    /// From the backend's usage, never from the frame count.
+    pub generation_tokens: IntCounterVec,
+    /// Answers whose generated token count is unknown (no usage, no tokenizer).
+    pub generation_tokens_unknown: IntCounterVec,
+    /// Streams whose tokens mostly arrived in one read (no decode-speed sample taken).
+    pub stream_bursts: IntCounterVec,
+    /// Streams whose usage disagrees with what they showed.
+    pub usage_mismatch: IntCounterVec,
+}
+
+/// TTFT buckets: 10 ms to 30 min (a 52k-token prefill took 31 minutes on one server).
+const TTFT_BUCKETS: [f64; 18] =
+    [0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1200.0, 1800.0];
+/// Decode speed buckets: 1 to 20000 tokens/s.
+const TPS_BUCKETS: [f64; 16] =
+    [1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 50.0, 75.0, 100.0, 150.0, 250.0, 500.0, 1000.0, 2500.0, 5000.0, 20000.0];
+/// Inter-token latency buckets: 0.5 ms to 5 s.
+const ITL_BUCKETS: [f64; 14] = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0];
+
+fn histogram(name: &str, help: &str, buckets: &[f64], labels: &[&str]) -> HistogramVec {
+    HistogramVec::new(HistogramOpts::new(name, help).buckets(buckets.to_vec()), labels)
+        .expect("static metric definition")
+}
+
+fn counter(name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
+    IntCounterVec::new(Opts::new(name, help), labels).expect("static metric definition")
 }
 
 impl Metrics {
@@ -72,6 +107,45 @@ impl Metrics {
             &["backend"],
         )
         .expect("static metric definition");
+        let mb = ["model", "backend"];
+        let time_to_first_token = histogram(
+            "mlxgate_time_to_first_token_seconds",
+            "Arrival to the first frame with generated output (streaming=\"false\": to the whole answer).",
+            &TTFT_BUCKETS,
+            &["model", "backend", "streaming"],
+        );
+        let inter_token_latency = histogram(
+            "mlxgate_inter_token_latency_seconds",
+            "Mean time between tokens of a stream.",
+            &ITL_BUCKETS,
+            &mb,
+        );
+        let tokens_per_second = histogram(
+            "mlxgate_generation_tokens_per_second",
+            "Decode speed of a stream: (tokens - 1) / (last token - first token).",
+            &TPS_BUCKETS,
+            &mb,
+        );
+        let request_duration =
+            histogram("mlxgate_request_duration_seconds", "Arrival to the last byte.", &TTFT_BUCKETS, &mb);
+        let prompt_tokens = counter("mlxgate_prompt_tokens_total", "Prompt tokens, from the backend's usage.", &mb);
+        let generation_tokens =
+            counter("mlxgate_generation_tokens_total", "Generated tokens, from the backend's usage.", &mb);
+        let generation_tokens_unknown = counter(
+            "mlxgate_generation_tokens_unknown_total",
+            "Answers whose generated token count is unknown (the backend sent no usage).",
+            &mb,
+        );
+        let stream_bursts = counter(
+            "mlxgate_stream_bursts_total",
+            "Streams whose tokens mostly arrived in one read (no decode-speed sample).",
+            &["backend"],
+        );
+        let usage_mismatch = counter(
+            "mlxgate_usage_mismatch_total",
+            "Streams whose usage disagrees with the output frames they carried.",
+            &["backend"],
+        );
         for collector in [
             Box::new(requests.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(queue_depth.clone()),
@@ -81,6 +155,15 @@ impl Metrics {
             Box::new(backend_restarts.clone()),
             Box::new(backend_swaps.clone()),
             Box::new(backend_start_seconds.clone()),
+            Box::new(time_to_first_token.clone()),
+            Box::new(inter_token_latency.clone()),
+            Box::new(tokens_per_second.clone()),
+            Box::new(request_duration.clone()),
+            Box::new(prompt_tokens.clone()),
+            Box::new(generation_tokens.clone()),
+            Box::new(generation_tokens_unknown.clone()),
+            Box::new(stream_bursts.clone()),
+            Box::new(usage_mismatch.clone()),
         ] {
             registry.register(collector).expect("metric names are unique");
         }
@@ -94,6 +177,15 @@ impl Metrics {
             backend_restarts,
             backend_swaps,
             backend_start_seconds,
+            time_to_first_token,
+            inter_token_latency,
+            tokens_per_second,
+            request_duration,
+            prompt_tokens,
+            generation_tokens,
+            generation_tokens_unknown,
+            stream_bursts,
+            usage_mismatch,
         }
     }
 

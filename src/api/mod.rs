@@ -44,6 +44,11 @@ impl AppState {
     }
 }
 
+/// The router of the optional `metrics_listen` address: `/metrics` only.
+pub fn metrics_app(state: Arc<AppState>) -> Router {
+    Router::new().route("/metrics", get(admin::metrics)).with_state(state)
+}
+
 /// The gateway's router.
 ///
 /// Layers, outermost first:

@@ -4,7 +4,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::{Duration, UNIX_EPOCH};
+use std::time::{Duration, Instant, UNIX_EPOCH};
 
 use axum::Json;
 use axum::body::Body;
@@ -23,13 +23,14 @@ use crate::backend::upstream::strip_hop_by_hop;
 use crate::config::BackendConfig;
 use crate::dispatch::queue::ClientId;
 use crate::error::GatewayError;
-use crate::stream::meter::{Outcome, StreamMeter};
+use crate::stream::meter::{Mode, RequestInfo, StreamMeter, figures_of_whole, record_whole};
 
 /// A request body: top-level fields in their original order, values left as raw JSON.
 type RawBody = IndexMap<String, Box<RawValue>>;
 
 /// POST `/v1/chat/completions`, `/v1/completions`, `/v1/embeddings`.
 pub async fn proxy(State(state): State<Arc<AppState>>, request: Request) -> Result<Response, GatewayError> {
+    let arrived = Instant::now();
     let (parts, body) = request.into_parts();
     let bytes = read_body(body, state.config.max_body_bytes).await?;
     let mut fields: RawBody = serde_json::from_slice(&bytes)
@@ -39,6 +40,21 @@ pub async fn proxy(State(state): State<Arc<AppState>>, request: Request) -> Resu
     let upstream_model = serde_json::value::to_raw_value(&route.model.upstream_model)
         .map_err(|e| GatewayError::invalid(format!("cannot encode the model name: {e}"), Some("model")))?;
     fields.insert("model".to_string(), upstream_model);
+    let generates = matches!(parts.uri.path(), "/v1/chat/completions" | "/v1/completions");
+    let mut client_wants_usage = true;
+    if generates {
+        let streaming = fields.get("stream").is_some_and(|v| v.get() == "true");
+        if streaming {
+            client_wants_usage = ask_for_usage(&mut fields)?;
+        }
+        // mlx_lm.server stops at 512 tokens when none is given: say it explicitly.
+        if !fields.contains_key("max_tokens") && !fields.contains_key("max_completion_tokens") {
+            let default = serde_json::value::to_raw_value(&route.model.default_max_tokens)
+                .map_err(|e| GatewayError::invalid(format!("cannot encode max_tokens: {e}"), None))?;
+            fields.insert("max_tokens".to_string(), default);
+        }
+    }
+    let stats_comment = parts.headers.get("x-mlxgate-stats").is_some_and(|v| v.as_bytes() == b"1");
     let forwarded = serde_json::to_vec(&fields)
         .map_err(|e| GatewayError::invalid(format!("cannot re-encode the body: {e}"), None))?;
 
@@ -90,9 +106,73 @@ pub async fn proxy(State(state): State<Arc<AppState>>, request: Request) -> Resu
         head.headers.insert("x-accel-buffering", HeaderValue::from_static("no"));
         head.headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
     }
-    let outcome = Outcome { metrics: state.metrics.clone(), model, backend: route.backend.name.clone() };
-    let body = StreamMeter::new(incoming, first, permit, outcome, sse);
-    Ok(Response::from_parts(head, Body::new(body)))
+    let info = RequestInfo {
+        metrics: state.metrics.clone(),
+        model,
+        backend: route.backend.name.clone(),
+        arrived,
+        queue_wait: permit.queue_wait(),
+        client_wants_usage,
+        stats_comment,
+    };
+    if sse {
+        let body = StreamMeter::new(incoming, Mode::Sse, first, permit, info);
+        return Ok(Response::from_parts(head, Body::new(body)));
+    }
+    if !generates {
+        let body = StreamMeter::new(incoming, Mode::Raw, first, permit, info);
+        return Ok(Response::from_parts(head, Body::new(body)));
+    }
+    // A whole answer: read it (it is complete when the backend sends it) to take its usage.
+    let dispatched = Instant::now();
+    let mut whole = first.map(|b| b.to_vec()).unwrap_or_default();
+    let rest = Limited::new(incoming, MAX_WHOLE_ANSWER.saturating_sub(whole.len())).collect().await.map_err(|e| {
+        let e =
+            GatewayError::Backend { backend: info.backend.clone(), reason: format!("reading the answer failed: {e}") };
+        info.metrics.requests.with_label_values(&[&info.model, &info.backend, e.error_type()]).inc();
+        e
+    })?;
+    whole.extend_from_slice(&rest.to_bytes());
+    drop(permit);
+    let figures = figures_of_whole(&whole);
+    let outcome = match head.status.as_u16() {
+        200..=299 => "ok",
+        400..=499 => "backend_rejected",
+        _ => "backend_error",
+    };
+    record_whole(&info, &figures, outcome);
+    let headers = &mut head.headers;
+    headers.remove(header::CONTENT_LENGTH);
+    headers.insert("x-mlxgate-queue-ms", HeaderValue::from(info.queue_wait.as_millis() as u64));
+    headers.insert("x-mlxgate-ttft-ms", HeaderValue::from(arrived.elapsed().as_millis() as u64));
+    if let Some(tokens) = figures.tokens() {
+        let seconds = dispatched.elapsed().as_secs_f64().max(1e-6);
+        let tps = format!("{:.1}", tokens as f64 / seconds);
+        if let Ok(v) = HeaderValue::from_str(&tps) {
+            headers.insert("x-mlxgate-tokens-per-second", v);
+        }
+    }
+    Ok(Response::from_parts(head, Body::from(whole)))
+}
+
+/// Largest whole (non-streaming) answer the gateway reads to meter it.
+const MAX_WHOLE_ANSWER: usize = 64 << 20;
+
+/// Sets `stream_options.include_usage: true` (mlxgate always wants usage) and returns whether
+/// the client had asked for it itself.
+fn ask_for_usage(fields: &mut RawBody) -> Result<bool, GatewayError> {
+    let mut options: serde_json::Map<String, serde_json::Value> = match fields.get("stream_options") {
+        None => serde_json::Map::new(),
+        Some(raw) if raw.get() == "null" => serde_json::Map::new(),
+        Some(raw) => serde_json::from_str(raw.get())
+            .map_err(|_| GatewayError::invalid("`stream_options` must be an object", Some("stream_options")))?,
+    };
+    let asked = options.get("include_usage").and_then(serde_json::Value::as_bool).unwrap_or(false);
+    options.insert("include_usage".into(), serde_json::Value::Bool(true));
+    let raw = serde_json::value::to_raw_value(&options)
+        .map_err(|e| GatewayError::invalid(format!("cannot encode stream_options: {e}"), None))?;
+    fields.insert("stream_options".to_string(), raw);
+    Ok(asked)
 }
 
 /// Sends to a restarted managed backend at most this many times.

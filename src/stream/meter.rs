@@ -1,64 +1,333 @@
-//! `StreamMeter`: the one wrapper around every proxied response body. It forwards each frame the
-//! moment the backend's bytes arrive (no buffering), holds the request's queue [`Permit`] until
-//! the body ends or the client goes away (never just until the headers), records the outcome, and
-//! turns a backend failure after the stream began into a final SSE error event.
+//! `StreamMeter`: the one wrapper around every proxied streaming response body. It
+//!
+//! - forwards the backend's own bytes (zero-copy slices) as soon as each SSE frame is complete,
+//!   and drops the usage-only chunk when the client did not ask for usage (mlxgate always asks
+//!   the backend for it);
+//! - re-parses the stream to measure what the client really got: time to first token (the first
+//!   frame carrying text, reasoning or a tool call — not role-only chunks, comments or omlx's
+//!   `chatcmpl-keepalive`), inter-token latency and decode speed, tokens from the backend's last
+//!   `usage` (never from the frame count), bursts, usage that disagrees with the stream, and an
+//!   `{"error": …}` event as a failure whatever `finish_reason` follows;
+//! - holds the request's queue [`Permit`] until the body ends or the client goes away;
+//! - turns a backend failure after the stream began into a final SSE error event;
+//! - records everything once, when the stream ends (DESIGN.md, "Streams and metrics").
 
+use std::collections::VecDeque;
 use std::pin::Pin;
 use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 use pin_project_lite::pin_project;
+use serde_json::Value;
 
+use super::sse::{Item, SseParser};
 use crate::dispatch::queue::Permit;
 use crate::error::GatewayError;
 use crate::metrics::Metrics;
 
-/// Labels and state for recording one request when its body ends.
-pub struct Outcome {
+/// A burst: at least this share of the generated tokens' frames arrived in one read.
+const BURST_SHARE: f64 = 0.5;
+
+/// Who the request was, for labels, and what the client asked.
+pub struct RequestInfo {
     pub metrics: Metrics,
     pub model: String,
     pub backend: String,
+    /// When the gateway received the request.
+    pub arrived: Instant,
+    pub queue_wait: Duration,
+    /// The client asked for `stream_options.include_usage`; else the usage-only chunk is dropped.
+    pub client_wants_usage: bool,
+    /// Append `: mlxgate queue_ms=… ttft_ms=… tokens=… tps=…` at the end (`x-mlxgate-stats: 1`).
+    pub stats_comment: bool,
+}
+
+/// How the body is watched.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// `text/event-stream`: parsed, metered, forwarded frame by frame.
+    Sse,
+    /// Anything else (embeddings, a backend's error body): forwarded as read, not parsed.
+    Raw,
+}
+
+/// What one stream showed, measured as it passed.
+#[derive(Debug, Default, Clone)]
+pub struct StreamFigures {
+    /// First frame with generated text, reasoning or a tool call.
+    pub first_token: Option<Instant>,
+    pub last_token: Option<Instant>,
+    /// Frames that carried generated output.
+    pub token_frames: u64,
+    /// Most token frames in one read from the backend.
+    pub max_frames_in_one_read: u64,
+    /// The backend's last `usage` object.
+    pub prompt_tokens: Option<u64>,
+    pub completion_tokens: Option<u64>,
+    /// An `{"error": …}` event, with its message.
+    pub error: Option<String>,
+    pub done: bool,
+    /// The body was parsed as a stream of generated output.
+    pub metered: bool,
+}
+
+impl StreamFigures {
+    /// Looks at one SSE item; returns false when the item must not reach the client.
+    pub fn watch(&mut self, item: &Item, now: Instant, client_wants_usage: bool) -> (bool, bool) {
+        let Item::Event(event) = item else { return (true, false) };
+        if event.data == "[DONE]" {
+            self.done = true;
+            return (true, false);
+        }
+        let Ok(value) = serde_json::from_str::<Value>(&event.data) else { return (true, false) };
+        if let Some(error) = value.get("error").filter(|e| !e.is_null()) {
+            let message =
+                error.get("message").and_then(Value::as_str).map_or_else(|| error.to_string(), str::to_string);
+            self.error.get_or_insert(message);
+            return (true, false);
+        }
+        if let Some(usage) = value.get("usage").filter(|u| u.is_object()) {
+            // vllm-mlx sends usage twice: the last one wins, never a sum.
+            self.prompt_tokens = usage.get("prompt_tokens").and_then(Value::as_u64).or(self.prompt_tokens);
+            self.completion_tokens = usage.get("completion_tokens").and_then(Value::as_u64).or(self.completion_tokens);
+        }
+        let choices = value.get("choices").and_then(Value::as_array);
+        let usage_only = choices.is_some_and(Vec::is_empty) && value.get("usage").is_some_and(Value::is_object);
+        let keepalive = value.get("id").and_then(Value::as_str) == Some("chatcmpl-keepalive");
+        let generated = !keepalive && choices.is_some_and(|c| c.iter().any(carries_output));
+        if generated {
+            self.first_token.get_or_insert(now);
+            self.last_token = Some(now);
+            self.token_frames += 1;
+        }
+        (!(usage_only && !client_wants_usage), generated)
+    }
+
+    /// Tokens generated, from the backend's usage; `None` when it sent none.
+    pub fn tokens(&self) -> Option<u64> {
+        self.completion_tokens
+    }
+
+    /// Whether most tokens arrived in one read (a detokenizer holding text back, a proxy
+    /// buffering): then the stream's timing says nothing about decode speed.
+    pub fn is_burst(&self) -> bool {
+        self.token_frames >= 2 && self.max_frames_in_one_read as f64 >= BURST_SHARE * self.token_frames as f64
+    }
+
+    /// (tokens − 1) / (last token − first token), only for a spread-out stream with known tokens.
+    pub fn decode_tokens_per_second(&self) -> Option<f64> {
+        let (first, last, tokens) = (self.first_token?, self.last_token?, self.tokens()?);
+        let span = last.duration_since(first).as_secs_f64();
+        (tokens >= 2 && span > 0.0 && !self.is_burst()).then(|| (tokens - 1) as f64 / span)
+    }
+
+    /// Mean time between tokens, under the same conditions as the decode speed.
+    pub fn inter_token_latency(&self) -> Option<f64> {
+        self.decode_tokens_per_second().map(|tps| 1.0 / tps)
+    }
+
+    /// The stream shows no output while usage counts tokens (Rapid-MLX's reasoning parser), or
+    /// more output frames than usage's tokens.
+    pub fn usage_mismatch(&self) -> bool {
+        match self.tokens() {
+            Some(tokens) => (self.token_frames == 0 && tokens > 0) || self.token_frames > tokens,
+            None => false,
+        }
+    }
+}
+
+/// Whether a choice carries generated output: text, reasoning or a tool call.
+fn carries_output(choice: &Value) -> bool {
+    let non_empty = |v: Option<&Value>| v.and_then(Value::as_str).is_some_and(|s| !s.is_empty());
+    let delta = choice.get("delta");
+    let field = |name: &str| delta.and_then(|d| d.get(name));
+    non_empty(field("content"))
+        || non_empty(field("reasoning_content"))
+        || non_empty(field("reasoning"))
+        || field("tool_calls").and_then(Value::as_array).is_some_and(|t| !t.is_empty())
+        || field("function_call").is_some_and(|f| !f.is_null())
+        || non_empty(choice.get("text"))
 }
 
 pin_project! {
-    /// Wraps the backend's body for the client.
+    /// Wraps the backend's streaming body for the client.
     pub struct StreamMeter {
         #[pin]
         inner: Incoming,
-        // Bytes already read from `inner` (the first frame of a managed backend's answer).
-        first: Option<Bytes>,
+        mode: Mode,
+        parser: SseParser,
+        figures: StreamFigures,
+        info: Option<RequestInfo>,
         permit: Option<Permit>,
-        outcome: Option<Outcome>,
-        // True for `text/event-stream`: failures become a final `data: {"error": …}` event.
-        sse: bool,
+        // Bytes of an unfinished frame, held until the frame completes.
+        partial: Vec<Bytes>,
+        // Ready to go to the client, in order.
+        out: VecDeque<Bytes>,
         finished: bool,
     }
 
     impl PinnedDrop for StreamMeter {
         fn drop(this: Pin<&mut Self>) {
             let this = this.project();
-            // Body dropped before its end: the client went away.
-            if let Some(outcome) = this.outcome.take() {
-                outcome.record("client_closed");
+            // Dropped before its end: the client went away.
+            if let Some(info) = this.info.take() {
+                record(&info, this.figures, "client_closed");
             }
         }
     }
 }
 
-impl Outcome {
-    fn record(self, outcome: &str) {
-        self.metrics.requests.with_label_values(&[&self.model, &self.backend, outcome]).inc();
+impl StreamMeter {
+    /// Wraps `inner`; `first` holds bytes already taken from it (the first frame of a managed
+    /// backend's answer). `permit` is released when the body ends or is dropped.
+    pub fn new(inner: Incoming, mode: Mode, first: Option<Bytes>, permit: Permit, info: RequestInfo) -> Self {
+        let mut meter = StreamMeter {
+            inner,
+            mode,
+            parser: SseParser::new(),
+            figures: StreamFigures { metered: mode == Mode::Sse, ..Default::default() },
+            info: Some(info),
+            permit: Some(permit),
+            partial: Vec::new(),
+            out: VecDeque::new(),
+            finished: false,
+        };
+        match (first, mode) {
+            (Some(first), Mode::Raw) => meter.out.push_back(first),
+            (Some(first), Mode::Sse) => {
+                let wants_usage = meter.info.as_ref().is_some_and(|i| i.client_wants_usage);
+                observe(&mut meter.parser, &mut meter.figures, &mut meter.partial, &mut meter.out, first, wants_usage);
+            }
+            (None, _) => {}
+        }
+        meter
     }
 }
 
-impl StreamMeter {
-    /// Wraps `inner`; `permit` is released when the body ends or is dropped.
-    /// `first` holds bytes already taken from `inner`; they go out before anything else.
-    pub fn new(inner: Incoming, first: Option<Bytes>, permit: Permit, outcome: Outcome, sse: bool) -> Self {
-        StreamMeter { inner, first, permit: Some(permit), outcome: Some(outcome), sse, finished: false }
+/// Parses one read, queues the complete frames to forward (dropping those not to forward) and
+/// keeps the unfinished tail.
+fn observe(
+    parser: &mut SseParser,
+    figures: &mut StreamFigures,
+    partial: &mut Vec<Bytes>,
+    out: &mut VecDeque<Bytes>,
+    data: Bytes,
+    client_wants_usage: bool,
+) {
+    let now = Instant::now();
+    let mut cuts: Vec<(usize, bool)> = Vec::new();
+    let mut generated_here = 0u64;
+    parser.feed(&data, |item, end| {
+        let (keep, generated) = figures.watch(&item, now, client_wants_usage);
+        generated_here += u64::from(generated);
+        cuts.push((end, keep));
+    });
+    figures.max_frames_in_one_read = figures.max_frames_in_one_read.max(generated_here);
+    let mut from = 0;
+    let mut run_start: Option<usize> = None;
+    for (end, keep) in cuts {
+        if keep {
+            if run_start.is_none() {
+                out.extend(partial.drain(..));
+                run_start = Some(from);
+            }
+        } else {
+            if let Some(start) = run_start.take() {
+                out.push_back(data.slice(start..from));
+            }
+            partial.clear();
+        }
+        from = end;
     }
+    if let Some(start) = run_start {
+        out.push_back(data.slice(start..from));
+    }
+    if from < data.len() {
+        partial.push(data.slice(from..));
+    }
+}
+
+/// Records one finished request.
+fn record(info: &RequestInfo, f: &StreamFigures, outcome: &str) {
+    let m = &info.metrics;
+    let labels = [info.model.as_str(), info.backend.as_str()];
+    m.requests.with_label_values(&[&info.model, &info.backend, outcome]).inc();
+    m.request_duration.with_label_values(&labels).observe(info.arrived.elapsed().as_secs_f64());
+    if !f.metered {
+        // A raw body (embeddings, an error): nothing generated to count.
+        return;
+    }
+    if let Some(first) = f.first_token {
+        let ttft = first.duration_since(info.arrived).as_secs_f64();
+        m.time_to_first_token.with_label_values(&[&info.model, &info.backend, "true"]).observe(ttft);
+    }
+    if let Some(p) = f.prompt_tokens {
+        m.prompt_tokens.with_label_values(&labels).inc_by(p);
+    }
+    match f.tokens() {
+        Some(t) => m.generation_tokens.with_label_values(&labels).inc_by(t),
+        None => m.generation_tokens_unknown.with_label_values(&labels).inc(),
+    }
+    if f.is_burst() {
+        m.stream_bursts.with_label_values(&[&info.backend]).inc();
+    }
+    if let Some(tps) = f.decode_tokens_per_second() {
+        m.tokens_per_second.with_label_values(&labels).observe(tps);
+    }
+    if let Some(itl) = f.inter_token_latency() {
+        m.inter_token_latency.with_label_values(&labels).observe(itl);
+    }
+    if f.usage_mismatch() {
+        m.usage_mismatch.with_label_values(&[&info.backend]).inc();
+    }
+}
+
+/// Figures of a whole (non-streaming) answer: its usage.
+pub fn figures_of_whole(body: &[u8]) -> StreamFigures {
+    let mut f = StreamFigures { metered: true, ..Default::default() };
+    if let Ok(value) = serde_json::from_slice::<Value>(body) {
+        let usage = value.get("usage");
+        f.prompt_tokens = usage.and_then(|u| u.get("prompt_tokens")).and_then(Value::as_u64);
+        f.completion_tokens = usage.and_then(|u| u.get("completion_tokens")).and_then(Value::as_u64);
+        if let Some(error) = value.get("error").filter(|e| !e.is_null()) {
+            f.error = Some(error.to_string());
+        }
+    }
+    f
+}
+
+/// Records a whole answer: TTFT is the full response time, labelled `streaming="false"`.
+pub fn record_whole(info: &RequestInfo, f: &StreamFigures, outcome: &str) {
+    let m = &info.metrics;
+    let labels = [info.model.as_str(), info.backend.as_str()];
+    let elapsed = info.arrived.elapsed().as_secs_f64();
+    m.requests.with_label_values(&[&info.model, &info.backend, outcome]).inc();
+    m.request_duration.with_label_values(&labels).observe(elapsed);
+    m.time_to_first_token.with_label_values(&[&info.model, &info.backend, "false"]).observe(elapsed);
+    if let Some(p) = f.prompt_tokens {
+        m.prompt_tokens.with_label_values(&labels).inc_by(p);
+    }
+    match f.tokens() {
+        Some(t) => m.generation_tokens.with_label_values(&labels).inc_by(t),
+        None => m.generation_tokens_unknown.with_label_values(&labels).inc(),
+    }
+}
+
+/// The `x-mlxgate-stats` comment line.
+fn stats_line(info: &RequestInfo, f: &StreamFigures) -> Bytes {
+    let ttft = f.first_token.map(|t| t.duration_since(info.arrived).as_millis().to_string());
+    let tps = f.decode_tokens_per_second().map(|t| format!("{t:.1}"));
+    let unknown = || "unknown".to_string();
+    Bytes::from(format!(
+        ": mlxgate queue_ms={} ttft_ms={} tokens={} tps={}\n\n",
+        info.queue_wait.as_millis(),
+        ttft.unwrap_or_else(unknown),
+        f.tokens().map_or_else(unknown, |t| t.to_string()),
+        tps.unwrap_or_else(unknown),
+    ))
 }
 
 impl Body for StreamMeter {
@@ -66,59 +335,136 @@ impl Body for StreamMeter {
     type Error = hyper::Error;
 
     fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
-        let this = self.project();
-        if *this.finished {
-            return Poll::Ready(None);
-        }
-        if let Some(first) = this.first.take() {
-            return Poll::Ready(Some(Ok(Frame::data(first))));
-        }
-        match this.inner.poll_frame(cx) {
-            Poll::Pending => Poll::Pending,
-            Poll::Ready(Some(Ok(frame))) => Poll::Ready(Some(Ok(frame))),
-            Poll::Ready(None) => {
-                *this.finished = true;
-                this.permit.take();
-                if let Some(outcome) = this.outcome.take() {
-                    outcome.record("ok");
-                }
-                Poll::Ready(None)
+        let mut this = self.project();
+        loop {
+            if let Some(bytes) = this.out.pop_front() {
+                return Poll::Ready(Some(Ok(Frame::data(bytes))));
             }
-            Poll::Ready(Some(Err(e))) => {
-                *this.finished = true;
-                this.permit.take();
-                let backend = this.outcome.as_ref().map(|o| o.backend.clone()).unwrap_or_default();
-                if let Some(outcome) = this.outcome.take() {
-                    outcome.record("backend_error");
+            if *this.finished {
+                return Poll::Ready(None);
+            }
+            let wants_usage = this.info.as_ref().is_some_and(|i| i.client_wants_usage);
+            match this.inner.as_mut().poll_frame(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(Some(Ok(frame))) => {
+                    if let Ok(data) = frame.into_data() {
+                        match this.mode {
+                            Mode::Sse => observe(this.parser, this.figures, this.partial, this.out, data, wants_usage),
+                            Mode::Raw => this.out.push_back(data),
+                        }
+                    }
                 }
-                tracing::warn!(backend, error = %e, "backend stream failed after it began");
-                if *this.sse {
+                Poll::Ready(None) => {
+                    *this.finished = true;
+                    // A last frame without its blank line still belongs to the client.
+                    this.out.extend(this.partial.drain(..));
+                    this.permit.take();
+                    if let Some(info) = this.info.take() {
+                        let outcome = if this.figures.error.is_some() { "stream_error" } else { "ok" };
+                        if info.stats_comment {
+                            this.out.push_back(stats_line(&info, this.figures));
+                        }
+                        record(&info, this.figures, outcome);
+                    }
+                }
+                Poll::Ready(Some(Err(e))) => {
+                    *this.finished = true;
+                    this.partial.clear();
+                    this.permit.take();
+                    let backend = this.info.as_ref().map(|i| i.backend.clone()).unwrap_or_default();
+                    if let Some(info) = this.info.take() {
+                        record(&info, this.figures, "backend_error");
+                    }
+                    tracing::warn!(backend, error = %e, "backend stream failed after it began");
+                    if *this.mode == Mode::Raw {
+                        return Poll::Ready(Some(Err(e)));
+                    }
                     let event =
-                        GatewayError::Backend { backend, reason: format!("the stream broke after it began: {e}") }
-                            .sse_event();
-                    Poll::Ready(Some(Ok(Frame::data(event))))
-                } else {
-                    Poll::Ready(Some(Err(e)))
+                        GatewayError::Backend { backend, reason: format!("the stream broke after it began: {e}") };
+                    this.out.push_back(event.sse_event());
                 }
             }
         }
     }
 
     fn is_end_stream(&self) -> bool {
-        self.finished || (self.first.is_none() && self.inner.is_end_stream())
+        self.finished && self.out.is_empty()
     }
 
     fn size_hint(&self) -> SizeHint {
-        if self.finished {
-            return SizeHint::with_exact(0);
+        SizeHint::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn figures_of(chunks: &[&str], wants_usage: bool) -> (StreamFigures, String) {
+        let mut parser = SseParser::new();
+        let mut figures = StreamFigures::default();
+        let (mut partial, mut out) = (Vec::new(), VecDeque::new());
+        for c in chunks {
+            observe(&mut parser, &mut figures, &mut partial, &mut out, Bytes::from(c.to_string()), wants_usage);
         }
-        let first = self.first.as_ref().map_or(0, |b| b.len() as u64);
-        let inner = self.inner.size_hint();
-        let mut hint = SizeHint::new();
-        hint.set_lower(inner.lower() + first);
-        if let Some(upper) = inner.upper() {
-            hint.set_upper(upper + first);
-        }
-        hint
+        out.extend(partial.drain(..));
+        let sent: Vec<u8> = out.iter().flat_map(|b| b.iter().copied()).collect();
+        (figures, String::from_utf8(sent).expect("utf8"))
+    }
+
+    const ROLE: &str = "data: {\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\"}}]}\n\n";
+    const KEEPALIVE: &str =
+        "data: {\"id\":\"chatcmpl-keepalive\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"\"}}]}\n\n";
+    const TOKEN: &str = "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"t \"}}]}\n\n";
+    const USAGE_ONLY: &str =
+        "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":2,\"total_tokens\":5}}\n\n";
+
+    #[test]
+    fn role_keepalive_and_comments_are_not_tokens() {
+        let (f, _) = figures_of(&[": keepalive 1/2\n\n", KEEPALIVE, ROLE], true);
+        assert_eq!(f.first_token, None);
+        assert_eq!(f.token_frames, 0);
+    }
+
+    #[test]
+    fn the_usage_only_chunk_is_dropped_unless_asked_and_nothing_else_changes() {
+        let chunks = [ROLE, TOKEN, TOKEN, USAGE_ONLY, "data: [DONE]\n\n"];
+        let (f, sent) = figures_of(&chunks, false);
+        assert_eq!(sent, [ROLE, TOKEN, TOKEN, "data: [DONE]\n\n"].concat());
+        assert_eq!(f.tokens(), Some(2));
+        let (_, sent) = figures_of(&chunks, true);
+        assert_eq!(sent, chunks.concat());
+        // Split mid-frame: the same bytes, the dropped frame's pieces dropped too.
+        let all = chunks.concat();
+        let cut = all.find("\"usage\"").expect("usage");
+        let (_, sent) = figures_of(&[&all[..cut], &all[cut..]], false);
+        assert_eq!(sent, [ROLE, TOKEN, TOKEN, "data: [DONE]\n\n"].concat());
+    }
+
+    #[test]
+    fn the_last_usage_wins_and_errors_are_failures() {
+        let twice =
+            "data: {\"choices\":[{\"delta\":{},\"finish_reason\":\"stop\"}],\"usage\":{\"completion_tokens\":2}}\n\n";
+        let (f, _) = figures_of(&[TOKEN, TOKEN, twice, USAGE_ONLY], true);
+        assert_eq!(f.tokens(), Some(2), "counted once");
+        let (f, _) =
+            figures_of(&[TOKEN, "data: {\"error\":{\"message\":\"boom\"}}\n\n", twice, "data: [DONE]\n\n"], true);
+        assert_eq!(f.error.as_deref(), Some("boom"));
+    }
+
+    #[test]
+    fn a_burst_gives_no_decode_speed() {
+        let (f, _) = figures_of(&[&[TOKEN, TOKEN, TOKEN, TOKEN].concat(), USAGE_ONLY], true);
+        assert!(f.is_burst());
+        assert_eq!(f.decode_tokens_per_second(), None);
+    }
+
+    #[test]
+    fn usage_without_any_output_frame_is_a_mismatch() {
+        let (f, _) = figures_of(&[ROLE, USAGE_ONLY], true);
+        assert!(f.usage_mismatch());
+        assert_eq!(figures_of_whole(br#"{"usage":{"prompt_tokens":4,"completion_tokens":9}}"#).tokens(), Some(9));
+        let (f, _) = figures_of(&[TOKEN, TOKEN, USAGE_ONLY], true);
+        assert!(!f.usage_mismatch());
     }
 }
