@@ -103,7 +103,7 @@ impl StreamFigures {
             self.last_token = Some(now);
             self.token_frames += 1;
         }
-        (!(usage_only && !client_wants_usage), generated)
+        (!usage_only || client_wants_usage, generated)
     }
 
     /// Tokens generated, from the backend's usage; `None` when it sent none.
