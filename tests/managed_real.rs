@@ -5,7 +5,6 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -14,7 +13,6 @@ use std::time::Duration;
 use common::*;
 use serde_json::{Value, json};
 
-const ROOT: &str = env!("CARGO_MANIFEST_DIR");
 const MLXGATE: &str = env!("CARGO_BIN_EXE_mlxgate");
 /// Backend kinds (also the venv names).
 const MLX_LM: &str = "mlx-lm";
@@ -22,40 +20,6 @@ const MLX_OPENAI: &str = "mlx-openai-server";
 /// What their processes' command lines contain.
 const MLX_LM_PROC: &str = "mlx_lm.server";
 const MLX_OPENAI_PROC: &str = "mlx-openai-server launch";
-
-/// The tiny model's directory, if the venvs for `servers` and the model exist. In CI a missing
-/// piece is a failure; elsewhere the test prints why it does not run.
-fn prerequisites(servers: &[&str]) -> Option<PathBuf> {
-    let model = Path::new(ROOT).join(".cache/tiny-qwen3");
-    let mut missing: Vec<String> = servers
-        .iter()
-        .filter(|s| !Path::new(ROOT).join(format!(".venv-{s}/bin")).is_dir())
-        .map(|s| format!(".venv-{s}"))
-        .collect();
-    if !model.join("model.safetensors").is_file() {
-        missing.push(".cache/tiny-qwen3".into());
-    }
-    if missing.is_empty() {
-        return Some(model);
-    }
-    let why = format!("missing {}: run scripts/setup-backends {}", missing.join(", "), servers.join(" "));
-    assert!(std::env::var_os("CI").is_none(), "CI must build the real servers first: {why}");
-    eprintln!("SKIPPED (not run, no real server here): {why}");
-    None
-}
-
-fn backend(name: &str, kind: &str, model: &Path, port: u16, extra: &str) -> String {
-    format!(
-        "  {name}:\n    kind: {kind}\n    model: '{}'\n    venv: '{ROOT}/.venv-{kind}'\n    port: {port}\n    \
-         max_concurrency: 2\n    stop_timeout: 10s\n    ready: {{timeout: 180s}}\n{extra}",
-        model.display()
-    )
-}
-
-fn config(backends: &[String], models: &[(&str, &str)], top: &str) -> String {
-    let models: String = models.iter().map(|(m, b)| format!("  {m}: {{backend: {b}, max_wait: 300s}}\n")).collect();
-    format!("{top}backends:\n{}models:\n{models}", backends.concat())
-}
 
 fn chat(model: &str, stream: bool) -> Value {
     json!({"model": model, "stream": stream, "max_tokens": 4,

@@ -11,6 +11,10 @@ pub enum Kind {
     MlxLm,
     /// `mlx-openai-server launch`.
     MlxOpenaiServer,
+    /// `vllm-mlx serve` (one request at a time unless `--continuous-batching`).
+    VllmMlx,
+    /// `rapid-mlx serve`.
+    RapidMlx,
     /// Any OpenAI-compatible server; `command` says how to launch it.
     Custom,
 }
@@ -34,20 +38,26 @@ impl Kind {
                 // mlxgate keeps its console output; no logs/app.log in the working directory.
                 "--no-log-file",
             ]),
+            Kind::VllmMlx => Some(&["vllm-mlx", "serve", "{model}", "--host", "{host}", "--port", "{port}"]),
+            Kind::RapidMlx => Some(&["rapid-mlx", "serve", "{model}", "--host", "{host}", "--port", "{port}"]),
             Kind::Custom => None,
         }
     }
 
     /// The path that answers 2xx once the server is up.
     pub fn ready_path(self) -> &'static str {
-        "/health"
+        match self {
+            Kind::RapidMlx => "/health/ready",
+            _ => "/health",
+        }
     }
 
     /// Whether a warm-up completion must succeed before the server counts as ready.
-    /// mlx_lm.server's `/health` says ok before the model is loaded; mlx-openai-server's answers
-    /// 503 while loading, but a first completion also compiles kernels, so warm it too.
+    /// mlx_lm.server's `/health` says ok before the model is loaded; the others answer 503 while
+    /// loading, but a first completion also compiles kernels (vllm-mlx's first one takes seconds
+    /// before any token), so every known server is warmed.
     pub fn needs_warmup(self) -> bool {
-        matches!(self, Kind::MlxLm | Kind::MlxOpenaiServer)
+        !matches!(self, Kind::Custom)
     }
 
     /// The name used in logs and `/admin/backends`.
@@ -55,6 +65,8 @@ impl Kind {
         match self {
             Kind::MlxLm => "mlx-lm",
             Kind::MlxOpenaiServer => "mlx-openai-server",
+            Kind::VllmMlx => "vllm-mlx",
+            Kind::RapidMlx => "rapid-mlx",
             Kind::Custom => "custom",
         }
     }

@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use futures_util::StreamExt;
@@ -209,4 +210,43 @@ pub fn describe_process(pid: u32) -> String {
     let after = stat.rsplit(')').next().unwrap_or("").split_whitespace().take(3).collect::<Vec<_>>().join(" ");
     let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
     format!("{pid} [{after}] {}", String::from_utf8_lossy(&cmdline).replace('\0', " "))
+}
+
+// ---- Real MLX servers (venvs from scripts/setup-backends, the generated tiny model) ----
+
+/// The repository root.
+pub const ROOT: &str = env!("CARGO_MANIFEST_DIR");
+
+/// The tiny model's directory, if the venvs for `servers` and the model exist. In CI a missing
+/// piece is a failure; elsewhere the test prints why it does not run.
+pub fn prerequisites(servers: &[&str]) -> Option<PathBuf> {
+    let model = Path::new(ROOT).join(".cache/tiny-qwen3");
+    let mut missing: Vec<String> = servers
+        .iter()
+        .filter(|s| !Path::new(ROOT).join(format!(".venv-{s}/bin")).is_dir())
+        .map(|s| format!(".venv-{s}"))
+        .collect();
+    if !model.join("model.safetensors").is_file() {
+        missing.push(".cache/tiny-qwen3".into());
+    }
+    if missing.is_empty() {
+        return Some(model);
+    }
+    let why = format!("missing {}: run scripts/setup-backends {}", missing.join(", "), servers.join(" "));
+    assert!(std::env::var_os("CI").is_none(), "CI must build the real servers first: {why}");
+    eprintln!("SKIPPED (not run, no real server here): {why}");
+    None
+}
+
+pub fn backend(name: &str, kind: &str, model: &Path, port: u16, extra: &str) -> String {
+    format!(
+        "  {name}:\n    kind: {kind}\n    model: '{}'\n    venv: '{ROOT}/.venv-{kind}'\n    port: {port}\n    \
+         max_concurrency: 2\n    stop_timeout: 10s\n    ready: {{timeout: 180s}}\n{extra}",
+        model.display()
+    )
+}
+
+pub fn config(backends: &[String], models: &[(&str, &str)], top: &str) -> String {
+    let models: String = models.iter().map(|(m, b)| format!("  {m}: {{backend: {b}, max_wait: 300s}}\n")).collect();
+    format!("{top}backends:\n{}models:\n{models}", backends.concat())
 }
