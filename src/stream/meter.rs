@@ -158,14 +158,10 @@ pin_project! {
         #[pin]
         inner: Incoming,
         mode: Mode,
-        parser: SseParser,
+        forward: Forward,
         figures: StreamFigures,
         info: Option<RequestInfo>,
         permit: Option<Permit>,
-        // Bytes of an unfinished frame, held until the frame completes.
-        partial: Vec<Bytes>,
-        // Ready to go to the client, in order.
-        out: VecDeque<Bytes>,
         finished: bool,
     }
 
@@ -187,19 +183,17 @@ impl StreamMeter {
         let mut meter = StreamMeter {
             inner,
             mode,
-            parser: SseParser::new(),
+            forward: Forward::default(),
             figures: StreamFigures { metered: mode == Mode::Sse, ..Default::default() },
             info: Some(info),
             permit: Some(permit),
-            partial: Vec::new(),
-            out: VecDeque::new(),
             finished: false,
         };
         match (first, mode) {
-            (Some(first), Mode::Raw) => meter.out.push_back(first),
+            (Some(first), Mode::Raw) => meter.forward.out.push_back(first),
             (Some(first), Mode::Sse) => {
                 let wants_usage = meter.info.as_ref().is_some_and(|i| i.client_wants_usage);
-                observe(&mut meter.parser, &mut meter.figures, &mut meter.partial, &mut meter.out, first, wants_usage);
+                meter.forward.observe(&mut meter.figures, first, wants_usage);
             }
             (None, _) => {}
         }
@@ -207,46 +201,85 @@ impl StreamMeter {
     }
 }
 
-/// Parses one read, queues the complete frames to forward (dropping those not to forward) and
-/// keeps the unfinished tail.
-fn observe(
-    parser: &mut SseParser,
-    figures: &mut StreamFigures,
-    partial: &mut Vec<Bytes>,
-    out: &mut VecDeque<Bytes>,
-    data: Bytes,
-    client_wants_usage: bool,
-) {
-    let now = Instant::now();
-    let mut cuts: Vec<(usize, bool)> = Vec::new();
-    let mut generated_here = 0u64;
-    parser.feed(&data, |item, end| {
-        let (keep, generated) = figures.watch(&item, now, client_wants_usage);
-        generated_here += u64::from(generated);
-        cuts.push((end, keep));
-    });
-    figures.max_frames_in_one_read = figures.max_frames_in_one_read.max(generated_here);
-    let mut from = 0;
-    let mut run_start: Option<usize> = None;
-    for (end, keep) in cuts {
-        if keep {
-            if run_start.is_none() {
-                out.extend(partial.drain(..));
-                run_start = Some(from);
+/// Turns the backend's reads into the client's: complete frames only, in order, as zero-copy
+/// slices of the backend's bytes, less the frames that must not be forwarded.
+#[derive(Default)]
+struct Forward {
+    parser: SseParser,
+    /// Bytes of an unfinished frame, held until the frame completes.
+    partial: Vec<Bytes>,
+    /// Ready to go to the client, in order.
+    out: VecDeque<Bytes>,
+    /// How the previous read ended: on an item's line end, kept or dropped. The `\n` of that
+    /// line's `\r\n` may open the next read, and goes (or not) with that item.
+    tail: Tail,
+}
+
+#[derive(Default, Clone, Copy, PartialEq, Eq)]
+enum Tail {
+    /// Inside a frame (or nothing read yet).
+    #[default]
+    Open,
+    Kept,
+    Dropped,
+}
+
+impl Forward {
+    /// Parses one read, queues the complete frames to forward and keeps the unfinished tail.
+    fn observe(&mut self, figures: &mut StreamFigures, data: Bytes, client_wants_usage: bool) {
+        let now = Instant::now();
+        let mut from = 0;
+        if self.parser.continues_line_ending(&data) {
+            match self.tail {
+                Tail::Kept => {
+                    self.out.push_back(data.slice(0..1));
+                    from = 1;
+                }
+                Tail::Dropped => from = 1,
+                Tail::Open => {}
             }
-        } else {
-            if let Some(start) = run_start.take() {
-                out.push_back(data.slice(start..from));
-            }
-            partial.clear();
         }
-        from = end;
+        let mut cuts: Vec<(usize, bool)> = Vec::new();
+        let mut generated_here = 0u64;
+        self.parser.feed(&data, |item, end| {
+            let (keep, generated) = figures.watch(&item, now, client_wants_usage);
+            generated_here += u64::from(generated);
+            cuts.push((end, keep));
+        });
+        figures.max_frames_in_one_read = figures.max_frames_in_one_read.max(generated_here);
+        let mut run_start: Option<usize> = None;
+        let mut last_kept = None;
+        for (end, keep) in cuts {
+            if keep {
+                if run_start.is_none() {
+                    self.out.extend(self.partial.drain(..));
+                    run_start = Some(from);
+                }
+            } else {
+                if let Some(start) = run_start.take() {
+                    self.out.push_back(data.slice(start..from));
+                }
+                self.partial.clear();
+            }
+            last_kept = Some(keep);
+            from = end;
+        }
+        self.tail = match last_kept {
+            Some(true) if from == data.len() => Tail::Kept,
+            Some(false) if from == data.len() => Tail::Dropped,
+            _ => Tail::Open,
+        };
+        if let Some(start) = run_start {
+            self.out.push_back(data.slice(start..from));
+        }
+        if from < data.len() {
+            self.partial.push(data.slice(from..));
+        }
     }
-    if let Some(start) = run_start {
-        out.push_back(data.slice(start..from));
-    }
-    if from < data.len() {
-        partial.push(data.slice(from..));
+
+    /// The end of the stream: a last frame without its blank line still goes to the client.
+    fn finish(&mut self) {
+        self.out.extend(self.partial.drain(..));
     }
 }
 
@@ -337,7 +370,7 @@ impl Body for StreamMeter {
     fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
         let mut this = self.project();
         loop {
-            if let Some(bytes) = this.out.pop_front() {
+            if let Some(bytes) = this.forward.out.pop_front() {
                 return Poll::Ready(Some(Ok(Frame::data(bytes))));
             }
             if *this.finished {
@@ -349,27 +382,26 @@ impl Body for StreamMeter {
                 Poll::Ready(Some(Ok(frame))) => {
                     if let Ok(data) = frame.into_data() {
                         match this.mode {
-                            Mode::Sse => observe(this.parser, this.figures, this.partial, this.out, data, wants_usage),
-                            Mode::Raw => this.out.push_back(data),
+                            Mode::Sse => this.forward.observe(this.figures, data, wants_usage),
+                            Mode::Raw => this.forward.out.push_back(data),
                         }
                     }
                 }
                 Poll::Ready(None) => {
                     *this.finished = true;
-                    // A last frame without its blank line still belongs to the client.
-                    this.out.extend(this.partial.drain(..));
+                    this.forward.finish();
                     this.permit.take();
                     if let Some(info) = this.info.take() {
                         let outcome = if this.figures.error.is_some() { "stream_error" } else { "ok" };
                         if info.stats_comment {
-                            this.out.push_back(stats_line(&info, this.figures));
+                            this.forward.out.push_back(stats_line(&info, this.figures));
                         }
                         record(&info, this.figures, outcome);
                     }
                 }
                 Poll::Ready(Some(Err(e))) => {
                     *this.finished = true;
-                    this.partial.clear();
+                    this.forward.partial.clear();
                     this.permit.take();
                     let backend = this.info.as_ref().map(|i| i.backend.clone()).unwrap_or_default();
                     if let Some(info) = this.info.take() {
@@ -381,14 +413,14 @@ impl Body for StreamMeter {
                     }
                     let event =
                         GatewayError::Backend { backend, reason: format!("the stream broke after it began: {e}") };
-                    this.out.push_back(event.sse_event());
+                    this.forward.out.push_back(event.sse_event());
                 }
             }
         }
     }
 
     fn is_end_stream(&self) -> bool {
-        self.finished && self.out.is_empty()
+        self.finished && self.forward.out.is_empty()
     }
 
     fn size_hint(&self) -> SizeHint {
@@ -401,14 +433,13 @@ mod tests {
     use super::*;
 
     fn figures_of(chunks: &[&str], wants_usage: bool) -> (StreamFigures, String) {
-        let mut parser = SseParser::new();
+        let mut forward = Forward::default();
         let mut figures = StreamFigures::default();
-        let (mut partial, mut out) = (Vec::new(), VecDeque::new());
         for c in chunks {
-            observe(&mut parser, &mut figures, &mut partial, &mut out, Bytes::from(c.to_string()), wants_usage);
+            forward.observe(&mut figures, Bytes::from(c.to_string()), wants_usage);
         }
-        out.extend(partial.drain(..));
-        let sent: Vec<u8> = out.iter().flat_map(|b| b.iter().copied()).collect();
+        forward.finish();
+        let sent: Vec<u8> = forward.out.iter().flat_map(|b| b.iter().copied()).collect();
         (figures, String::from_utf8(sent).expect("utf8"))
     }
 
@@ -466,5 +497,154 @@ mod tests {
         assert_eq!(figures_of_whole(br#"{"usage":{"prompt_tokens":4,"completion_tokens":9}}"#).tokens(), Some(9));
         let (f, _) = figures_of(&[TOKEN, TOKEN, USAGE_ONLY], true);
         assert!(!f.usage_mismatch());
+    }
+}
+
+/// Property tests: for generated transcripts in the style of every server in DESIGN.md's table,
+/// split at random, the parser sees the same events, the figures are the same, and the client
+/// gets the same bytes (exactly the backend's, less the usage-only chunk when not asked for).
+#[cfg(test)]
+mod properties {
+    use proptest::prelude::*;
+    use proptest::sample::Index;
+
+    use super::*;
+    use crate::stream::sse::SseParser;
+
+    fn chunk(delta: Value) -> Value {
+        serde_json::json!({"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1, "model": "m",
+            "choices": [{"index": 0, "delta": delta, "finish_reason": null}]})
+    }
+
+    /// One server's transcript of `n` tokens, as (lines of each frame).
+    fn transcript(style: u8, n: usize, split_data: bool) -> Vec<Vec<String>> {
+        let data = |v: Value| vec![format!("data: {v}")];
+        let usage = serde_json::json!({"prompt_tokens": 7, "completion_tokens": n, "total_tokens": 7 + n});
+        let mut frames: Vec<Vec<String>> = Vec::new();
+        match style {
+            0 => frames.push(vec![format!(": keepalive 3/{n}")]),
+            1 => frames.push(data(serde_json::json!({"id": "chatcmpl-keepalive", "object": "chat.completion.chunk",
+                "choices": [{"index": 0, "delta": {"content": ""}, "finish_reason": null}]}))),
+            2 => frames.push(vec![": ping".into()]),
+            _ => {}
+        }
+        frames.push(data(chunk(serde_json::json!({"role": "assistant"}))));
+        for i in 0..n {
+            let delta = match (style, i % 3) {
+                (3, _) => serde_json::json!({"reasoning_content": format!("r{i}")}),
+                (4, _) => serde_json::json!({"role": "assistant", "content": format!("t{i} ")}),
+                (5, 0) => serde_json::json!({"tool_calls": [{"index": 0, "function": {"arguments": "{}"}}]}),
+                _ => serde_json::json!({"content": format!("t{i}\nx")}),
+            };
+            let line = chunk(delta).to_string();
+            if split_data && i % 2 == 0 {
+                // A multi-line data field: the parser joins the lines with "\n", which JSON
+                // takes as whitespace between two members.
+                let at = line.find("\"choices\"").unwrap_or(0);
+                let (a, b) = line.split_at(at);
+                frames.push(vec![format!("data: {a}"), format!("data:{b}")]);
+            } else {
+                frames.push(vec![format!("data: {line}")]);
+            }
+            if style == 0 && i == 0 {
+                frames.push(vec![
+                    "event: message".into(),
+                    "id: 9".into(),
+                    format!("data: {}", chunk(serde_json::json!({}))),
+                ]);
+            }
+        }
+        if style == 6 {
+            frames.push(data(serde_json::json!({"error": {"message": "boom", "type": "server_error"}})));
+        }
+        let mut finish = chunk(serde_json::json!({}));
+        finish["choices"][0]["finish_reason"] = "stop".into();
+        if matches!(style, 2 | 6 | 7) {
+            finish["usage"] = usage.clone();
+        }
+        frames.push(data(finish));
+        if style != 6 {
+            frames.push(data(serde_json::json!({"id": "chatcmpl-1", "choices": [], "usage": usage})));
+        }
+        if style != 5 {
+            frames.push(vec!["data: [DONE]".into()]);
+        }
+        frames
+    }
+
+    fn render(frames: &[Vec<String>], eol: &str) -> Vec<u8> {
+        let mut out = String::new();
+        for frame in frames {
+            for line in frame {
+                out.push_str(line);
+                out.push_str(eol);
+            }
+            out.push_str(eol);
+        }
+        out.into_bytes()
+    }
+
+    fn split(bytes: &[u8], cuts: &[Index]) -> Vec<Bytes> {
+        let mut points: Vec<usize> = cuts.iter().map(|c| c.index(bytes.len() + 1)).collect();
+        points.push(0);
+        points.push(bytes.len());
+        points.sort_unstable();
+        points.dedup();
+        points.windows(2).map(|w| Bytes::copy_from_slice(&bytes[w[0]..w[1]])).collect()
+    }
+
+    /// Items, figures (less per-read counts) and forwarded bytes of one delivery.
+    fn run(chunks: &[Bytes], wants_usage: bool) -> (Vec<Item>, (u64, Option<u64>, Option<String>, bool), Vec<u8>) {
+        let mut items_parser = SseParser::new();
+        let mut items = Vec::new();
+        for c in chunks {
+            items_parser.feed(c, |i, _| items.push(i));
+        }
+        let mut forward = Forward::default();
+        let mut figures = StreamFigures::default();
+        for c in chunks {
+            forward.observe(&mut figures, c.clone(), wants_usage);
+        }
+        forward.finish();
+        let sent = forward.out.iter().flat_map(|b| b.iter().copied()).collect();
+        (items, (figures.token_frames, figures.tokens(), figures.error, figures.done), sent)
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig {
+            cases: std::env::var("MLXGATE_PROPTEST_CASES").ok().and_then(|c| c.parse().ok()).unwrap_or(100_000),
+            failure_persistence: None,
+            ..ProptestConfig::default()
+        })]
+
+        #[test]
+        fn any_split_gives_the_same_events_figures_and_bytes(
+            style in 0u8..8,
+            n in 0usize..12,
+            split_data in any::<bool>(),
+            eol in prop_oneof![Just("\n"), Just("\r\n"), Just("\r")],
+            cuts in prop::collection::vec(any::<Index>(), 0..24),
+            one_byte_reads in prop::bool::weighted(0.1),
+            wants_usage in any::<bool>(),
+        ) {
+            let bytes = render(&transcript(style, n, split_data), eol);
+            let whole = [Bytes::from(bytes.clone())];
+            let chunks = if one_byte_reads {
+                bytes.iter().map(|b| Bytes::copy_from_slice(&[*b])).collect()
+            } else {
+                split(&bytes, &cuts)
+            };
+            let (items, figures, sent) = run(&chunks, wants_usage);
+            let (whole_items, whole_figures, whole_sent) = run(&whole, wants_usage);
+            prop_assert_eq!(&items, &whole_items);
+            prop_assert_eq!(&figures, &whole_figures);
+            prop_assert_eq!(&sent, &whole_sent);
+            if wants_usage {
+                prop_assert_eq!(&sent, &bytes, "the client gets exactly the backend's bytes");
+            }
+            if n > 0 && style != 1 {
+                prop_assert_eq!(figures.0 as usize, n, "one output frame per generated token");
+            }
+        }
     }
 }

@@ -17,6 +17,9 @@ pub enum Item {
     Event(Event),
     /// A comment line (`: keepalive 3/9`), without the colon.
     Comment(String),
+    /// A blank line that ended no event (after a comment, or a second blank line): it belongs
+    /// to what came before it.
+    Blank,
 }
 
 /// An SSE event.
@@ -81,6 +84,12 @@ impl SseParser {
         self.line.extend_from_slice(&chunk[pos..]);
     }
 
+    /// Whether `chunk` starts with the `\n` of a `\r\n` whose `\r` ended the previous chunk:
+    /// that byte belongs to the line (and the item) the previous chunk completed.
+    pub fn continues_line_ending(&self, chunk: &[u8]) -> bool {
+        self.after_cr && chunk.first() == Some(&b'\n')
+    }
+
     /// Parses a whole `Bytes` and collects the items (tests and tools).
     pub fn items(&mut self, chunk: &Bytes) -> Vec<Item> {
         let mut out = Vec::new();
@@ -96,6 +105,8 @@ impl SseParser {
                     event.data.pop();
                 }
                 on_item(Item::Event(event), end);
+            } else {
+                on_item(Item::Blank, end);
             }
             self.event = Event::default();
             self.has_data = false;
@@ -133,6 +144,7 @@ mod tests {
         for c in chunks {
             p.feed(c, |i, _| out.push(i));
         }
+        out.retain(|i| *i != Item::Blank);
         out
     }
 
@@ -177,6 +189,9 @@ mod tests {
         let mut ends = Vec::new();
         SseParser::new().feed(text, |_, end| ends.push(end));
         assert_eq!(ends, [9, text.len()]);
+        let mut items = Vec::new();
+        SseParser::new().feed(b": c\n\n", |i, end| items.push((i, end)));
+        assert_eq!(items, [(Item::Comment("c".into()), 4), (Item::Blank, 5)]);
     }
 
     #[test]
