@@ -594,7 +594,10 @@ mod properties {
     }
 
     /// Items, figures (less per-read counts) and forwarded bytes of one delivery.
-    fn run(chunks: &[Bytes], wants_usage: bool) -> (Vec<Item>, (u64, Option<u64>, Option<String>, bool), Vec<u8>) {
+    /// Output frames, tokens, error, `[DONE]` seen.
+    type Summary = (u64, Option<u64>, Option<String>, bool);
+
+    fn run(chunks: &[Bytes], wants_usage: bool) -> (Vec<Item>, Summary, Vec<u8>) {
         let mut items_parser = SseParser::new();
         let mut items = Vec::new();
         for c in chunks {
