@@ -42,9 +42,9 @@ async fn check_against(kind: &str) {
             // The last usage the backend sent (vllm-mlx sends it twice).
             let usage = data_lines(&text)
                 .iter()
+                .rev()
                 .filter_map(|d| serde_json::from_str::<Value>(d).ok())
-                .filter_map(|v| v["usage"]["completion_tokens"].as_u64())
-                .last();
+                .find_map(|v| v["usage"]["completion_tokens"].as_u64());
             let stats = text.lines().find(|l| l.starts_with(": mlxgate ")).expect("stats line");
             let ttft = stats.split_whitespace().find_map(|w| w.strip_prefix("ttft_ms=")).expect("ttft_ms");
             (usage, ttft.parse::<f64>().ok())
