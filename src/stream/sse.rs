@@ -54,6 +54,10 @@ impl SseParser {
     /// Parses `chunk`, calling `on_item(item, end)` for every item completed in it, where `end`
     /// is the offset in `chunk` just past the line that completed it.
     pub fn feed(&mut self, chunk: &[u8], mut on_item: impl FnMut(Item, usize)) {
+        if chunk.is_empty() {
+            // Nothing read: a pending `\r` still waits for its possible `\n`.
+            return;
+        }
         let mut start = 0;
         if self.after_cr && chunk.first() == Some(&b'\n') {
             start = 1;
@@ -192,6 +196,19 @@ mod tests {
         let mut items = Vec::new();
         SseParser::new().feed(b": c\n\n", |i, end| items.push((i, end)));
         assert_eq!(items, [(Item::Comment("c".into()), 4), (Item::Blank, 5)]);
+    }
+
+    #[test]
+    fn an_empty_read_between_cr_and_lf_changes_nothing() {
+        // Found by the fuzzer (bench/fuzz.sh): an empty read used to forget the pending `\r`.
+        let whole = parse_all(&[b":\r\n\r\n"]);
+        assert_eq!(parse_all(&[b":\r", b"", b"\n\r\n"]), whole);
+        let mut items = Vec::new();
+        let mut p = SseParser::new();
+        for chunk in [&b":\r"[..], b"", b"\n\r", b"", b"\n"] {
+            p.feed(chunk, |i, _| items.push(i));
+        }
+        assert_eq!(items, [Item::Comment(String::new()), Item::Blank]);
     }
 
     #[test]
