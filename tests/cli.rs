@@ -56,30 +56,6 @@ fn spawn_sim(args: &[&str]) -> (KillOnDrop, String) {
     (KillOnDrop(child), url)
 }
 
-/// Starts `mlxgate serve` on a free port; returns it with its base URL (read from its log).
-fn spawn_gateway(config: &std::path::Path) -> (KillOnDrop, String) {
-    let mut child = Command::new(MLXGATE)
-        .args(["serve", "--config"])
-        .arg(config)
-        .env("RUST_LOG", "info")
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("gateway starts");
-    let stderr = child.stderr.take().expect("stderr");
-    let mut reader = BufReader::new(stderr);
-    let mut line = String::new();
-    let url = loop {
-        line.clear();
-        assert!(reader.read_line(&mut line).expect("log") > 0, "gateway exited before serving");
-        if let Some(rest) = line.split("listen=").nth(1) {
-            break format!("http://{}", rest.split_whitespace().next().expect("addr"));
-        }
-    };
-    // Keep draining the log so the gateway never blocks on a full pipe.
-    std::thread::spawn(move || for _ in reader.lines() {});
-    (KillOnDrop(child), url)
-}
-
 struct KillOnDrop(Child);
 
 impl Drop for KillOnDrop {
@@ -92,15 +68,13 @@ impl Drop for KillOnDrop {
 #[tokio::test]
 async fn sigterm_lets_a_running_stream_finish_then_exits() {
     let (_sim, sim_url) = spawn_sim(&[]);
-    let dir = tempfile::tempdir().expect("tempdir");
-    let config =
-        write_config(&dir, &format!("listen: 127.0.0.1:0\nshutdown_grace: 60s\n{}", one_model_yaml(&sim_url, 1, 1)));
-    let (mut gateway, url) = spawn_gateway(&config);
+    let mut gateway = gateway_binary(&format!("shutdown_grace: 60s\n{}", one_model_yaml(&sim_url, 1, 1)), None);
+    let url = gateway.url.clone();
     let body = chat(true, json!({"tokens": 3, "hold_after": 1, "hold_key": "term"}));
     let mut stream = client().post(format!("{url}/v1/chat/completions")).json(&body).send().await.expect("send");
     read_until(&mut stream, "t0 ").await;
 
-    let pid = gateway.0.id().to_string();
+    let pid = gateway.child.id().to_string();
     assert!(Command::new("kill").args(["-TERM", &pid]).status().expect("kill").success());
     // New connections are refused once the gateway stops accepting.
     eventually("listener closed", || {
@@ -108,18 +82,12 @@ async fn sigterm_lets_a_running_stream_finish_then_exits() {
         async move { client().get(format!("{url}/health")).send().await.is_err() }
     })
     .await;
-    assert!(gateway.0.try_wait().expect("wait").is_none(), "must wait for the running stream");
+    assert!(gateway.child.try_wait().expect("wait").is_none(), "must wait for the running stream");
 
     client().post(format!("{sim_url}/sim/release/term")).send().await.expect("release");
     let rest = text_of(stream).await;
     assert!(rest.contains("t2 ") && rest.contains("[DONE]"), "{rest}");
-    let status = tokio::task::spawn_blocking(move || {
-        let status = gateway.0.wait().expect("wait");
-        drop(gateway);
-        status
-    })
-    .await
-    .expect("join");
+    let status = gateway.exit_status().await;
     assert!(status.success(), "{status:?}");
 }
 

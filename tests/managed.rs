@@ -5,7 +5,7 @@
 
 mod common;
 
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
@@ -14,7 +14,6 @@ use common::*;
 use serde_json::{Value, json};
 
 const SIM: &str = env!("CARGO_BIN_EXE_mlxgate-sim");
-const MLXGATE: &str = env!("CARGO_BIN_EXE_mlxgate");
 
 /// A managed sim backend named `name` on `port`, serving model `name`.
 fn sim_backend(name: &str, port: u16, extra: &str) -> String {
@@ -247,45 +246,19 @@ async fn an_idle_backend_is_stopped_after_its_idle_timeout() {
     assert_eq!(post(&gw, "/v1/chat/completions", &ask("a", false, json!({}))).await.status(), 200);
 }
 
-/// Starts the gateway binary on `config`; returns it and its URL.
-fn spawn_gateway(config: &str) -> (std::process::Child, String, tempfile::TempDir) {
-    use std::io::{BufRead, BufReader};
-    let dir = tempfile::tempdir().expect("tempdir");
-    let path = dir.path().join("gateway.yaml");
-    std::fs::write(&path, format!("listen: 127.0.0.1:0\n{config}")).expect("write");
-    let mut child = Command::new(MLXGATE)
-        .args(["serve", "--config"])
-        .arg(&path)
-        .env("RUST_LOG", "info")
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("gateway");
-    let mut reader = BufReader::new(child.stderr.take().expect("stderr"));
-    let mut line = String::new();
-    let url = loop {
-        line.clear();
-        assert!(reader.read_line(&mut line).expect("log") > 0, "gateway exited");
-        if let Some(rest) = line.split("listen=").nth(1) {
-            break format!("http://{}", rest.split_whitespace().next().expect("addr"));
-        }
-    };
-    std::thread::spawn(move || for _ in reader.lines() {});
-    (child, url, dir)
-}
-
 #[tokio::test]
 async fn no_backend_outlives_the_gateway_after_sigterm_or_sigkill() {
     for signal in ["-TERM", "-KILL"] {
         let port = free_port();
-        let (mut gateway, url, _dir) =
-            spawn_gateway(&yaml(&[sim_backend("a", port, "    preload: true\n")], &[("a", "a")], ""));
+        let gateway = gateway_binary(&yaml(&[sim_backend("a", port, "    preload: true\n")], &[("a", "a")], ""), None);
+        let url = gateway.url.clone();
         let body = ask("a", false, json!({}));
         let r = client().post(format!("{url}/v1/chat/completions")).json(&body).send().await.expect("send");
         assert_eq!(r.status(), 200);
         let needle = port.to_string();
         assert_eq!(servers(SIM, &needle).len(), 1);
-        assert!(Command::new("kill").args([signal, &gateway.id().to_string()]).status().expect("kill").success());
-        let _ = tokio::task::spawn_blocking(move || gateway.wait()).await;
+        assert!(Command::new("kill").args([signal, &gateway.child.id().to_string()]).status().expect("kill").success());
+        gateway.exit_status().await;
         eventually(&format!("no server after {signal}"), || async { servers(SIM, &needle).is_empty() }).await;
         eventually("no keeper left either", || async { processes_with(&["mlxgate keep", &needle]).is_empty() }).await;
     }

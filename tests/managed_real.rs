@@ -5,7 +5,7 @@
 
 mod common;
 
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
@@ -13,7 +13,6 @@ use std::time::Duration;
 use common::*;
 use serde_json::{Value, json};
 
-const MLXGATE: &str = env!("CARGO_BIN_EXE_mlxgate");
 /// Backend kinds (also the venv names).
 const MLX_LM: &str = "mlx-lm";
 const MLX_OPENAI: &str = "mlx-openai-server";
@@ -133,36 +132,16 @@ async fn an_idle_mlx_lm_is_unloaded() {
 
 #[tokio::test]
 async fn no_mlx_server_outlives_the_gateway_after_sigterm_or_sigkill() {
-    use std::io::{BufRead, BufReader};
     let Some(model) = prerequisites(&[MLX_LM]) else { return };
     for signal in ["-TERM", "-KILL"] {
         let port = free_port();
-        let dir = tempfile::tempdir().expect("tempdir");
-        let path = dir.path().join("gateway.yaml");
         let text = config(&[backend("native", MLX_LM, &model, port, "    preload: true\n")], &[("qwen", "native")], "");
-        std::fs::write(&path, format!("listen: 127.0.0.1:0\n{text}")).expect("write");
-        let mut gateway = Command::new(MLXGATE)
-            .args(["serve", "--config"])
-            .arg(&path)
-            .env("RUST_LOG", "info")
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("gateway");
-        let mut reader = BufReader::new(gateway.stderr.take().expect("stderr"));
-        let mut line = String::new();
-        // Wait for "backend ready" in the log: preload starts it without any request.
-        loop {
-            line.clear();
-            assert!(reader.read_line(&mut line).expect("log") > 0, "gateway exited");
-            if line.contains("backend ready") {
-                break;
-            }
-        }
-        std::thread::spawn(move || for _ in reader.lines() {});
+        // Preload starts the server without any request: wait for it in the log.
+        let gateway = gateway_binary(&text, Some("backend ready"));
         let needle = port.to_string();
         assert_eq!(servers(MLX_LM_PROC, &needle).len(), 1);
-        assert!(Command::new("kill").args([signal, &gateway.id().to_string()]).status().expect("kill").success());
-        let _ = tokio::task::spawn_blocking(move || gateway.wait()).await;
+        assert!(Command::new("kill").args([signal, &gateway.child.id().to_string()]).status().expect("kill").success());
+        gateway.exit_status().await;
         eventually(&format!("no mlx_lm.server after {signal}"), || async { servers(MLX_LM_PROC, &needle).is_empty() })
             .await;
     }

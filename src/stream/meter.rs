@@ -297,13 +297,7 @@ fn record(info: &RequestInfo, f: &StreamFigures, outcome: &str) {
         let ttft = first.duration_since(info.arrived).as_secs_f64();
         m.time_to_first_token.with_label_values(&[&info.model, &info.backend, "true"]).observe(ttft);
     }
-    if let Some(p) = f.prompt_tokens {
-        m.prompt_tokens.with_label_values(&labels).inc_by(p);
-    }
-    match f.tokens() {
-        Some(t) => m.generation_tokens.with_label_values(&labels).inc_by(t),
-        None => m.generation_tokens_unknown.with_label_values(&labels).inc(),
-    }
+    record_tokens(m, &labels, f);
     if f.is_burst() {
         m.stream_bursts.with_label_values(&[&info.backend]).inc();
     }
@@ -315,6 +309,17 @@ fn record(info: &RequestInfo, f: &StreamFigures, outcome: &str) {
     }
     if f.usage_mismatch() {
         m.usage_mismatch.with_label_values(&[&info.backend]).inc();
+    }
+}
+
+/// Prompt and generated tokens from the backend's usage, or that the count is unknown.
+fn record_tokens(m: &Metrics, labels: &[&str; 2], f: &StreamFigures) {
+    if let Some(p) = f.prompt_tokens {
+        m.prompt_tokens.with_label_values(labels).inc_by(p);
+    }
+    match f.tokens() {
+        Some(t) => m.generation_tokens.with_label_values(labels).inc_by(t),
+        None => m.generation_tokens_unknown.with_label_values(labels).inc(),
     }
 }
 
@@ -340,13 +345,7 @@ pub fn record_whole(info: &RequestInfo, f: &StreamFigures, outcome: &str) {
     m.requests.with_label_values(&[&info.model, &info.backend, outcome]).inc();
     m.request_duration.with_label_values(&labels).observe(elapsed);
     m.time_to_first_token.with_label_values(&[&info.model, &info.backend, "false"]).observe(elapsed);
-    if let Some(p) = f.prompt_tokens {
-        m.prompt_tokens.with_label_values(&labels).inc_by(p);
-    }
-    match f.tokens() {
-        Some(t) => m.generation_tokens.with_label_values(&labels).inc_by(t),
-        None => m.generation_tokens_unknown.with_label_values(&labels).inc(),
-    }
+    record_tokens(m, &labels, f);
 }
 
 /// The `x-mlxgate-stats` comment line.

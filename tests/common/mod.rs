@@ -250,3 +250,53 @@ pub fn config(backends: &[String], models: &[(&str, &str)], top: &str) -> String
     let models: String = models.iter().map(|(m, b)| format!("  {m}: {{backend: {b}, max_wait: 300s}}\n")).collect();
     format!("{top}backends:\n{}models:\n{models}", backends.concat())
 }
+
+/// `mlxgate serve` as a separate process (for signals), killed when dropped.
+pub struct GatewayBinary {
+    pub child: std::process::Child,
+    pub url: String,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for GatewayBinary {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl GatewayBinary {
+    /// Waits (off the async runtime) for the process to exit, and returns its status.
+    pub async fn exit_status(mut self) -> std::process::ExitStatus {
+        tokio::task::spawn_blocking(move || self.child.wait().expect("wait")).await.expect("join")
+    }
+}
+
+/// Starts `mlxgate serve` on `config` (listening on a free port), reading its log until it
+/// serves and, if given, until a line containing `wait_for`; the rest of the log is drained.
+pub fn gateway_binary(config: &str, wait_for: Option<&str>) -> GatewayBinary {
+    use std::io::{BufRead, BufReader};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("gateway.yaml");
+    std::fs::write(&path, format!("listen: 127.0.0.1:0\n{config}")).expect("write config");
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_mlxgate"))
+        .args(["serve", "--config"])
+        .arg(&path)
+        .env("RUST_LOG", "info")
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("gateway starts");
+    let mut reader = BufReader::new(child.stderr.take().expect("stderr"));
+    let mut line = String::new();
+    let mut url = None;
+    while url.is_none() || wait_for.is_some_and(|w| !line.contains(w)) {
+        line.clear();
+        assert!(reader.read_line(&mut line).expect("log") > 0, "gateway exited early");
+        if let Some(rest) = line.split("listen=").nth(1) {
+            url = rest.split_whitespace().next().map(|addr| format!("http://{addr}"));
+        }
+    }
+    // Keep draining the log so the gateway never blocks on a full pipe.
+    std::thread::spawn(move || for _ in reader.lines() {});
+    GatewayBinary { child, url: url.expect("url"), _dir: dir }
+}
