@@ -257,6 +257,9 @@ async fn each_failure_has_its_status_and_openai_body() {
         assert!(e["message"].as_str().is_some_and(|m| !m.is_empty()), "{err}");
         assert!(e.get("param").is_some(), "{err}");
     }
+    let wrong_method = client().get(gw.url("/v1/chat/completions")).send().await.expect("send");
+    assert_eq!(wrong_method.status(), 404);
+    assert_eq!(wrong_method.json::<Value>().await.expect("json")["error"]["code"], "unknown_url");
     // The model-less request names the parameter, as OpenAI does.
     let r = post("/v1/chat/completions", json!({"messages": []}).to_string()).await.expect("send");
     assert_eq!(r.json::<Value>().await.expect("json")["error"]["param"], "model");

@@ -71,6 +71,8 @@ pub fn app(state: Arc<AppState>) -> Router {
         .route("/admin/backends/{name}/logs", get(admin::logs))
         .route("/admin/backends/{name}/restart", post(admin::restart))
         .fallback(openai::not_found)
+        // GET /v1/chat/completions and the like: OpenAI's "Invalid URL" body, not an empty 405.
+        .method_not_allowed_fallback(openai::not_found)
         .layer(
             TraceLayer::new_for_http()
                 .make_span_with(DefaultMakeSpan::new().level(Level::INFO))
