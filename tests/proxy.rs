@@ -307,3 +307,25 @@ async fn non_streaming_bodies_pass_through_with_their_length() {
     assert_eq!(v["choices"][0]["message"]["content"], "t0 t1 t2 ");
     assert_eq!(v["model"], "tiny-qwen3");
 }
+
+#[tokio::test]
+async fn a_request_that_waits_longer_than_max_wait_gets_503_with_retry_after() {
+    let sim = sim().await;
+    let yaml = format!(
+        "backends:\n  local: {{url: '{}', max_concurrency: 1}}\n\
+         models:\n  qwen: {{backend: local, max_queue: 4, max_wait: 300ms}}\n",
+        sim.url()
+    );
+    let gw = gateway(&yaml).await;
+    let mut holder = post(&gw, "/v1/chat/completions", &chat(true, json!({"hold_after": 1, "hold_key": "wait"}))).await;
+    read_until(&mut holder, "t0 ").await;
+    let r = post(&gw, "/v1/chat/completions", &chat(false, json!({}))).await;
+    assert_eq!(r.status(), 503);
+    assert!(r.headers().contains_key("retry-after"));
+    let e: Value = r.json().await.expect("json");
+    assert_eq!(e["error"]["code"], "server_overloaded");
+    assert!(e["error"]["message"].as_str().expect("message").contains("waited"), "{e}");
+    assert_eq!(metric(&gw, "mlxgate_queue_depth{model=\"qwen\"}").await, Some(0.0));
+    client().post(format!("{}/sim/release/wait", sim.url())).send().await.expect("release");
+    assert!(text_of(holder).await.contains("[DONE]"));
+}
