@@ -75,7 +75,8 @@ pub struct StreamFigures {
 }
 
 impl StreamFigures {
-    /// Looks at one SSE item; returns false when the item must not reach the client.
+    /// Looks at one SSE item; returns (whether it goes to the client, whether it carried
+    /// generated output).
     pub fn watch(&mut self, item: &Item, now: Instant, client_wants_usage: bool) -> (bool, bool) {
         let Item::Event(event) = item else { return (true, false) };
         if event.data == "[DONE]" {

@@ -8,8 +8,6 @@
 //! where each event ends in the bytes it was fed, so the caller can forward the backend's own
 //! bytes (sliced, never re-encoded).
 
-use bytes::Bytes;
-
 /// One thing a stream said.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Item {
@@ -92,13 +90,6 @@ impl SseParser {
     /// that byte belongs to the line (and the item) the previous chunk completed.
     pub fn continues_line_ending(&self, chunk: &[u8]) -> bool {
         self.after_cr && chunk.first() == Some(&b'\n')
-    }
-
-    /// Parses a whole `Bytes` and collects the items (tests and tools).
-    pub fn items(&mut self, chunk: &Bytes) -> Vec<Item> {
-        let mut out = Vec::new();
-        self.feed(chunk, |item, _| out.push(item));
-        out
     }
 
     fn line_complete(&mut self, line: &[u8], end: usize, on_item: &mut impl FnMut(Item, usize)) {
