@@ -722,6 +722,59 @@ models:
     }
 
     #[test]
+    fn managed_backends_are_checked_and_filled_in() {
+        let c = Config::parse(
+            "
+backends:
+  native: {kind: mlx-lm, model: /m, port: 8101, idle_timeout: 10m}
+  tool: {kind: custom, command: [srv, --port, '{port}'], port: 8102, gpu: false}
+models:
+  qwen: {backend: native}
+  t: {backend: tool}
+",
+            &no_env,
+        )
+        .expect("valid");
+        let native = c.backends["native"].managed.as_ref().expect("managed");
+        assert_eq!(native.command, ["mlx_lm.server", "--model", "/m", "--host", "127.0.0.1", "--port", "8101"]);
+        assert!(native.warmup && native.gpu && !native.preload);
+        assert_eq!(native.idle_timeout, Some(Duration::from_secs(600)));
+        assert_eq!(c.backends["native"].url, "http://127.0.0.1:8101");
+        assert_eq!(c.models["qwen"].upstream_model, "/m", "a managed server knows its model by its path");
+        let tool = c.backends["tool"].managed.as_ref().expect("managed");
+        assert_eq!(tool.command, ["srv", "--port", "8102"]);
+        assert!(!tool.warmup && !tool.gpu);
+
+        let p = problems(
+            "
+listen: 127.0.0.1:8101
+backends:
+  both: {url: 'http://x:1', kind: mlx-lm, model: m, port: 9000}
+  noport: {kind: mlx-lm, model: m}
+  nocmd: {kind: custom, port: 9001}
+  nomodel: {kind: mlx-openai-server, port: 9002}
+  a: {kind: mlx-lm, model: m, port: 8101, preload: true}
+  b: {kind: mlx-lm, model: m, port: 8101, preload: true}
+  remote: {url: 'http://x:1', idle_timeout: 5m}
+models:
+  m: {backend: a}
+",
+        );
+        for expected in [
+            "backends.both: give either url",
+            "backends.noport.port: a managed backend needs a port",
+            "backends.nocmd.command: kind: custom needs a command",
+            "backends.nomodel.model: the launch command uses {model}",
+            "backends.b.port: port 8101 is also backend \"a\"'s",
+            "backends.a.port: port 8101 is the gateway's own listen port",
+            "backends.b.preload: only one GPU backend can run at a time",
+            "backends.remote.idle_timeout: only for managed backends",
+        ] {
+            assert!(p.iter().any(|l| l.starts_with(expected)), "{expected:?} not in {p:#?}");
+        }
+    }
+
+    #[test]
     fn sizes_and_empty_models() {
         assert_eq!(parse_size("64MiB"), Some(64 << 20));
         assert_eq!(parse_size("512KB"), Some(512_000));
