@@ -105,10 +105,12 @@ enum RunEnd {
 
 impl Supervisor {
     /// Starts the supervisor task for a managed backend (it stays stopped until told).
+    /// `upstream` is the backend's pooled client, shared with the request path.
     pub fn spawn(
         config: Arc<BackendConfig>,
         managed: ManagedConfig,
         queue: BackendQueue,
+        upstream: Upstream,
         keeper: PathBuf,
         metrics: Metrics,
         changed: Arc<Notify>,
@@ -125,7 +127,7 @@ impl Supervisor {
         let logs = Arc::new(LogBuffer::default());
         metrics.backend_up.with_label_values(&[&config.name]).set(0);
         let task = Task {
-            upstream: Upstream::new(config.connect_timeout),
+            upstream,
             config: Arc::clone(&config),
             managed,
             queue: queue.clone(),

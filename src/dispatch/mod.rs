@@ -56,11 +56,13 @@ impl Dispatch {
                 metrics.clone(),
                 Arc::clone(&changed),
             );
+            let upstream = Upstream::new(backend.connect_timeout);
             if let Some(managed) = &backend.managed {
                 let supervisor = Supervisor::spawn(
                     Arc::clone(&backend),
                     managed.clone(),
                     queue.clone(),
+                    upstream.clone(),
                     keeper.clone(),
                     metrics.clone(),
                     Arc::clone(&changed),
@@ -70,7 +72,7 @@ impl Dispatch {
                 }
                 supervisors.insert(name.clone(), supervisor);
             }
-            upstreams.insert(name.clone(), Upstream::new(backend.connect_timeout));
+            upstreams.insert(name.clone(), upstream);
             backends.insert(name.clone(), backend);
             queues.insert(name.clone(), queue);
         }

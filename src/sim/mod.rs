@@ -155,6 +155,14 @@ impl SimState {
         lock(&self.recorded).iter().cloned().collect()
     }
 
+    /// Waits for room to generate when the server has a capacity (held while generating).
+    async fn generation_slot(&self) -> Option<tokio::sync::SemaphorePermit<'_>> {
+        match &self.capacity {
+            Some(s) => s.acquire().await.ok(),
+            None => None,
+        }
+    }
+
     fn crash(&self) {
         self.crashed.notify_one();
     }
@@ -326,10 +334,7 @@ async fn generate(
     }
     let (tx, rx) = mpsc::channel::<Bytes>(16);
     tokio::spawn(async move {
-        let _slot = match &state.capacity {
-            Some(s) => s.acquire().await.ok(),
-            None => None,
-        };
+        let _slot = state.generation_slot().await;
         let _active = Active::new(&state);
         stream::write_stream(&state, &plan, &job, tx).await;
     });
@@ -344,10 +349,7 @@ async fn generate(
 
 /// A non-streaming answer: sent whole once every token is "generated".
 async fn complete(state: &SimState, plan: &Plan, job: &Job) -> Response {
-    let _slot = match &state.capacity {
-        Some(s) => s.acquire().await.ok(),
-        None => None,
-    };
+    let _slot = state.generation_slot().await;
     let _active = Active::new(state);
     tokio::time::sleep(Duration::from_millis(plan.ttft_ms)).await;
     for i in 1..job.completion_tokens {
