@@ -166,6 +166,10 @@ async fn stats_for_clients_and_benchmarks() {
     for h in ["x-mlxgate-queue-ms", "x-mlxgate-ttft-ms", "x-mlxgate-tokens-per-second"] {
         assert!(r.headers().contains_key(h), "{h}");
     }
+    // Over the backend's whole time (20 ms prefill + 4 tokens at 200/s), never over the
+    // moment it took to read an answer that arrived complete.
+    let tps: f64 = r.headers()["x-mlxgate-tokens-per-second"].to_str().expect("ascii").parse().expect("number");
+    assert!(tps > 0.0 && tps <= 200.0, "{tps} tokens/s is faster than the backend generated");
     let body: Value = r.json().await.expect("json");
     assert_eq!(body["usage"]["completion_tokens"], 5);
     let whole = "backend=\"local\",model=\"qwen\",streaming=\"false\"";

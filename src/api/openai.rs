@@ -21,7 +21,7 @@ use serde_json::value::RawValue;
 use super::AppState;
 use crate::backend::upstream::strip_hop_by_hop;
 use crate::config::BackendConfig;
-use crate::dispatch::queue::ClientId;
+use crate::dispatch::queue::{ClientId, Permit};
 use crate::error::GatewayError;
 use crate::stream::meter::{Mode, RequestInfo, StreamMeter, figures_of_whole, record_whole};
 
@@ -66,12 +66,13 @@ pub async fn proxy(State(state): State<Arc<AppState>>, request: Request) -> Resu
     let path = parts.uri.path_and_query().map_or(parts.uri.path(), |p| p.as_str());
     let forwarded = Bytes::from(forwarded);
     let mut retries = 0;
-    let (permit, upstream, first) = loop {
+    let (permit, upstream, first, sent_at) = loop {
         let permit = route.slot.acquire(client.clone()).await.map_err(record_failure)?;
         if retries == 0 {
             state.metrics.queue_wait.with_label_values(&[&model]).observe(permit.queue_wait().as_secs_f64());
         }
         let generation = route.supervisor.as_ref().map(|s| s.status().generation);
+        let sent_at = Instant::now();
         let sent =
             route.upstream.send(&route.backend, parts.method.clone(), path, &parts.headers, forwarded.clone()).await;
         // A managed backend's answer is held until its first body bytes: if the process dies
@@ -83,7 +84,7 @@ pub async fn proxy(State(state): State<Arc<AppState>>, request: Request) -> Resu
             (Err(e), _) => Err(e),
         };
         match (sent, &route.supervisor, generation) {
-            (Ok((response, first)), _, _) => break (permit, response, first),
+            (Ok((response, first)), _, _) => break (permit, response, first, sent_at),
             (Err(e @ GatewayError::Backend { .. }), Some(supervisor), Some(generation)) if retries < MAX_RETRIES => {
                 retries += 1;
                 tracing::warn!(backend = %route.backend.name, error = %e, retries, "backend failed before the first byte; retrying");
@@ -123,8 +124,20 @@ pub async fn proxy(State(state): State<Arc<AppState>>, request: Request) -> Resu
         let body = StreamMeter::new(incoming, Mode::Raw, first, permit, info);
         return Ok(Response::from_parts(head, Body::new(body)));
     }
-    // A whole answer: read it (it is complete when the backend sends it) to take its usage.
-    let dispatched = Instant::now();
+    whole_answer(head, incoming, first, permit, info, sent_at).await
+}
+
+/// A whole (non-streaming) answer: read it (it is complete when the backend sends it) to take
+/// its usage, record it, and add the per-request figures as headers. `sent_at` is when the
+/// request went to the backend: the answer's tokens per second are over the backend's time.
+async fn whole_answer(
+    mut head: hyper::http::response::Parts,
+    incoming: Incoming,
+    first: Option<Bytes>,
+    permit: Permit,
+    info: RequestInfo,
+    sent_at: Instant,
+) -> Result<Response, GatewayError> {
     let mut whole = first.map(|b| b.to_vec()).unwrap_or_default();
     let rest = Limited::new(incoming, MAX_WHOLE_ANSWER.saturating_sub(whole.len())).collect().await.map_err(|e| {
         let e =
@@ -144,9 +157,9 @@ pub async fn proxy(State(state): State<Arc<AppState>>, request: Request) -> Resu
     let headers = &mut head.headers;
     headers.remove(header::CONTENT_LENGTH);
     headers.insert("x-mlxgate-queue-ms", HeaderValue::from(info.queue_wait.as_millis() as u64));
-    headers.insert("x-mlxgate-ttft-ms", HeaderValue::from(arrived.elapsed().as_millis() as u64));
+    headers.insert("x-mlxgate-ttft-ms", HeaderValue::from(info.arrived.elapsed().as_millis() as u64));
     if let Some(tokens) = figures.tokens() {
-        let seconds = dispatched.elapsed().as_secs_f64().max(1e-6);
+        let seconds = sent_at.elapsed().as_secs_f64().max(1e-6);
         let tps = format!("{:.1}", tokens as f64 / seconds);
         if let Ok(v) = HeaderValue::from_str(&tps) {
             headers.insert("x-mlxgate-tokens-per-second", v);
