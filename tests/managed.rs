@@ -28,6 +28,17 @@ fn yaml(backends: &[String], models: &[(&str, &str)], top: &str) -> String {
     format!("{top}backends:\n{}models:\n{models}", backends.concat())
 }
 
+/// A gateway with GPU backends `a` and `b` (models `ma`, `mb`); returns it and their ports.
+async fn two_gpu_backends(swap_after: &str) -> (Gateway, u16, u16) {
+    let (pa, pb) = (free_port(), free_port());
+    let config = yaml(
+        &[sim_backend("a", pa, ""), sim_backend("b", pb, "")],
+        &[("ma", "a"), ("mb", "b")],
+        &format!("swap_after: {swap_after}\n"),
+    );
+    (gateway(&config).await, pa, pb)
+}
+
 fn ask(model: &str, stream: bool, sim: Value) -> Value {
     json!({"model": model, "stream": stream, "messages": [{"role": "user", "content": "hi"}], "sim": sim})
 }
@@ -173,13 +184,7 @@ async fn too_many_crashes_fail_the_backend_until_an_operator_restarts_it() {
 
 #[tokio::test]
 async fn alternating_models_swap_gpu_backends_and_two_never_run_at_once() {
-    let (pa, pb) = (free_port(), free_port());
-    let gw = gateway(&yaml(
-        &[sim_backend("a", pa, ""), sim_backend("b", pb, "")],
-        &[("ma", "a"), ("mb", "b")],
-        "swap_after: 1s\n",
-    ))
-    .await;
+    let (gw, pa, pb) = two_gpu_backends("1s").await;
     let (sa, sb) = (pa.to_string(), pb.to_string());
     let done = Arc::new(AtomicBool::new(false));
     let peak = Arc::new(AtomicUsize::new(0));
@@ -208,13 +213,7 @@ async fn alternating_models_swap_gpu_backends_and_two_never_run_at_once() {
 
 #[tokio::test]
 async fn requests_for_the_loaded_model_keep_flowing_until_swap_after() {
-    let (pa, pb) = (free_port(), free_port());
-    let gw = gateway(&yaml(
-        &[sim_backend("a", pa, ""), sim_backend("b", pb, "")],
-        &[("ma", "a"), ("mb", "b")],
-        "swap_after: 60s\n",
-    ))
-    .await;
+    let (gw, pa, _) = two_gpu_backends("60s").await;
     // a is busy with a held stream when b's request arrives.
     let mut held = post(&gw, "/v1/chat/completions", &ask("ma", true, json!({"hold_after": 1, "hold_key": "h"}))).await;
     read_until(&mut held, "t0 ").await;
