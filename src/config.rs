@@ -45,6 +45,11 @@ pub struct BackendConfig {
     pub connect_timeout: Duration,
     /// Longest wait for the response headers (a long prefill can take minutes).
     pub response_timeout: Duration,
+    /// Longest wait from sending a request to the first byte of the answer's body.
+    pub first_byte_timeout: Duration,
+    /// Longest silence between two reads once the answer's body has begun: a backend that is
+    /// alive but silent longer than this is cut (error event, slot freed).
+    pub stream_idle_timeout: Duration,
     /// What kind of server it is (launch template, readiness rules).
     pub kind: Kind,
     /// Path that answers 2xx when the server is up (`/ready` and start-up probe it).
@@ -135,6 +140,7 @@ const DEFAULT_MAX_BODY: usize = 64 * 1024 * 1024;
 const DEFAULT_MAX_CONCURRENCY: usize = 1;
 const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 const DEFAULT_RESPONSE_TIMEOUT: Duration = Duration::from_secs(30 * 60);
+const DEFAULT_STREAM_IDLE_TIMEOUT: Duration = Duration::from_secs(10 * 60);
 const DEFAULT_MAX_QUEUE: usize = 64;
 const DEFAULT_MAX_WAIT: Duration = Duration::from_secs(120);
 const DEFAULT_MAX_TOKENS: u32 = 4096;
@@ -183,6 +189,8 @@ struct RawBackend {
     max_concurrency: Option<usize>,
     connect_timeout: Option<RawDuration>,
     response_timeout: Option<RawDuration>,
+    first_byte_timeout: Option<RawDuration>,
+    stream_idle_timeout: Option<RawDuration>,
 }
 
 #[derive(Deserialize)]
@@ -204,6 +212,7 @@ struct RawModel {
 }
 
 /// A duration written as `30s`, `5m`, `1h 30m`.
+#[derive(Clone, Copy)]
 struct RawDuration(Duration);
 
 impl<'de> Deserialize<'de> for RawDuration {
@@ -360,6 +369,8 @@ fn validate(raw: RawConfig, problems: &mut Vec<Problem>) -> Option<Config> {
         });
     }
 
+    let swap_after = positive(raw.swap_after, DEFAULT_SWAP_AFTER, "swap_after", problems);
+    let gpu_backends = backends.values().filter(|b| b.managed.as_ref().is_some_and(|m| m.gpu)).count();
     let mut models = BTreeMap::new();
     for (name, value) in raw.models {
         let path = format!("models.{name}");
@@ -377,9 +388,26 @@ fn validate(raw: RawConfig, problems: &mut Vec<Problem>) -> Option<Config> {
                 ),
             });
         }
-        let max_wait = m.max_wait.map_or(DEFAULT_MAX_WAIT, |d| d.0);
-        if max_wait.is_zero() {
-            problems.push(Problem { path: format!("{path}.max_wait"), reason: "must be longer than 0s".into() });
+        let max_wait = positive(m.max_wait, DEFAULT_MAX_WAIT, &format!("{path}.max_wait"), problems);
+        let max_queue = m.max_queue.unwrap_or(DEFAULT_MAX_QUEUE);
+        let managed = backends.get(&m.backend).and_then(|b| b.managed.as_ref());
+        if managed.is_some() && max_queue == 0 {
+            problems.push(Problem {
+                path: format!("{path}.max_queue"),
+                reason: "must be at least 1: requests for a managed backend wait while it starts, so with no \
+                         room to wait every request would be refused"
+                    .into(),
+            });
+        }
+        if managed.is_some_and(|mc| mc.gpu) && gpu_backends > 1 && !max_wait.is_zero() && max_wait <= swap_after {
+            problems.push(Problem {
+                path: format!("{path}.max_wait"),
+                reason: format!(
+                    "must be longer than swap_after ({}): a request for a GPU backend that is not running waits \
+                     swap_after before the running one is swapped out, so it would always time out first",
+                    humantime::format_duration(swap_after)
+                ),
+            });
         }
         // A managed server knows its model by the path it loaded (mlx_lm.server would try to
         // download any other name from the Hub).
@@ -390,7 +418,7 @@ fn validate(raw: RawConfig, problems: &mut Vec<Problem>) -> Option<Config> {
                 upstream_model: m.upstream_model.or(managed_model).unwrap_or_else(|| name.clone()),
                 name,
                 backend: m.backend,
-                max_queue: m.max_queue.unwrap_or(DEFAULT_MAX_QUEUE),
+                max_queue,
                 default_max_tokens: m.default_max_tokens.unwrap_or(DEFAULT_MAX_TOKENS),
                 max_wait,
             },
@@ -419,7 +447,7 @@ fn validate(raw: RawConfig, problems: &mut Vec<Problem>) -> Option<Config> {
         metrics_listen,
         shutdown_grace: raw.shutdown_grace.map_or(DEFAULT_SHUTDOWN_GRACE, |d| d.0),
         max_body_bytes: raw.max_body.map_or(DEFAULT_MAX_BODY, |s| s.0),
-        swap_after: raw.swap_after.map_or(DEFAULT_SWAP_AFTER, |d| d.0),
+        swap_after,
         backends,
         models,
     })
@@ -435,6 +463,11 @@ fn validate_backend(name: String, path: &str, b: RawBackend, problems: &mut Vec<
     if max_concurrency == 0 {
         problem("max_concurrency", "must be at least 1".into());
     }
+    let timeouts = Timeouts::check(&b, path, problems);
+    let mut problem = |field: &str, reason: String| {
+        let at = if field.is_empty() { path.to_string() } else { format!("{path}.{field}") };
+        problems.push(Problem { path: at, reason });
+    };
     let managed_keys = b.kind.is_some() || b.command.is_some();
     let (url, managed) = match (&b.url, managed_keys) {
         (Some(_), true) => {
@@ -458,6 +491,7 @@ fn validate_backend(name: String, path: &str, b: RawBackend, problems: &mut Vec<
                 }
                 _ => problem("url", format!("{url:?} is not a URL like http://127.0.0.1:8101")),
             }
+            let ready = b.ready.as_ref();
             for (set, key) in [
                 (b.port.is_some(), "port"),
                 (b.model.is_some(), "model"),
@@ -466,6 +500,12 @@ fn validate_backend(name: String, path: &str, b: RawBackend, problems: &mut Vec<
                 (b.idle_timeout.is_some(), "idle_timeout"),
                 (b.preload.is_some(), "preload"),
                 (b.gpu.is_some(), "gpu"),
+                (b.drain_timeout.is_some(), "drain_timeout"),
+                (b.stop_timeout.is_some(), "stop_timeout"),
+                (b.max_restarts.is_some(), "max_restarts"),
+                (b.restart_window.is_some(), "restart_window"),
+                (ready.is_some_and(|r| r.timeout.is_some()), "ready.timeout"),
+                (ready.is_some_and(|r| r.warmup.is_some()), "ready.warmup"),
             ] {
                 if set {
                     problem(key, "only for managed backends (kind/command); this one has a url".into());
@@ -501,6 +541,13 @@ fn validate_backend(name: String, path: &str, b: RawBackend, problems: &mut Vec<
                 (None, false) => name.clone(),
             };
             let ready = b.ready.unwrap_or(RawReady { path: None, timeout: None, warmup: None });
+            let mut positive_at = |field: &str, d: Option<RawDuration>, default: Duration| {
+                positive(d, default, &format!("{path}.{field}"), problems)
+            };
+            let ready_timeout = positive_at("ready.timeout", ready.timeout, DEFAULT_READY_TIMEOUT);
+            let stop_timeout = positive_at("stop_timeout", b.stop_timeout, DEFAULT_STOP_TIMEOUT);
+            let restart_window = positive_at("restart_window", b.restart_window, DEFAULT_RESTART_WINDOW);
+            let idle_timeout = b.idle_timeout.map(|d| positive_at("idle_timeout", Some(d), Duration::ZERO));
             let managed = ManagedConfig {
                 command: fill_template(&template, &model, MANAGED_HOST, port),
                 model,
@@ -508,23 +555,25 @@ fn validate_backend(name: String, path: &str, b: RawBackend, problems: &mut Vec<
                 env: b.env,
                 venv: b.venv.map(PathBuf::from),
                 workdir: PathBuf::from("."),
-                ready_timeout: ready.timeout.map_or(DEFAULT_READY_TIMEOUT, |d| d.0),
+                ready_timeout,
                 warmup: ready.warmup.unwrap_or(kind.needs_warmup()),
-                idle_timeout: b.idle_timeout.map(|d| d.0).filter(|d| !d.is_zero()),
+                idle_timeout,
                 preload: b.preload.unwrap_or(false),
                 gpu: b.gpu.unwrap_or(true),
                 drain_timeout: b.drain_timeout.map_or(DEFAULT_DRAIN_TIMEOUT, |d| d.0),
-                stop_timeout: b.stop_timeout.map_or(DEFAULT_STOP_TIMEOUT, |d| d.0),
+                stop_timeout,
                 max_restarts: b.max_restarts.unwrap_or(DEFAULT_MAX_RESTARTS),
-                restart_window: b.restart_window.map_or(DEFAULT_RESTART_WINDOW, |d| d.0),
+                restart_window,
             };
             let ready_path = ready.path.unwrap_or_else(|| kind.ready_path().to_string());
             return Some(BackendConfig {
                 url: format!("http://{MANAGED_HOST}:{port}"),
                 name,
                 max_concurrency,
-                connect_timeout: b.connect_timeout.map_or(DEFAULT_CONNECT_TIMEOUT, |d| d.0),
-                response_timeout: b.response_timeout.map_or(DEFAULT_RESPONSE_TIMEOUT, |d| d.0),
+                connect_timeout: timeouts.connect,
+                response_timeout: timeouts.response,
+                first_byte_timeout: timeouts.first_byte,
+                stream_idle_timeout: timeouts.stream_idle,
                 kind,
                 ready_path: if ready_path.starts_with('/') { ready_path } else { format!("/{ready_path}") },
                 managed: Some(managed),
@@ -537,12 +586,48 @@ fn validate_backend(name: String, path: &str, b: RawBackend, problems: &mut Vec<
         name,
         url,
         max_concurrency,
-        connect_timeout: b.connect_timeout.map_or(DEFAULT_CONNECT_TIMEOUT, |d| d.0),
-        response_timeout: b.response_timeout.map_or(DEFAULT_RESPONSE_TIMEOUT, |d| d.0),
+        connect_timeout: timeouts.connect,
+        response_timeout: timeouts.response,
+        first_byte_timeout: timeouts.first_byte,
+        stream_idle_timeout: timeouts.stream_idle,
         kind,
         ready_path,
         managed,
     })
+}
+
+/// A duration that must be longer than zero (zero would refuse or cut everything at once).
+fn positive(d: Option<RawDuration>, default: Duration, path: &str, problems: &mut Vec<Problem>) -> Duration {
+    match d {
+        Some(RawDuration(d)) if d.is_zero() => {
+            problems.push(Problem { path: path.to_string(), reason: "must be longer than 0s".into() });
+            default
+        }
+        Some(RawDuration(d)) => d,
+        None => default,
+    }
+}
+
+/// The timeouts every backend has, managed or remote.
+struct Timeouts {
+    connect: Duration,
+    response: Duration,
+    first_byte: Duration,
+    stream_idle: Duration,
+}
+
+impl Timeouts {
+    fn check(b: &RawBackend, path: &str, problems: &mut Vec<Problem>) -> Timeouts {
+        let at = |field: &str| format!("{path}.{field}");
+        let connect = positive(b.connect_timeout.clone(), DEFAULT_CONNECT_TIMEOUT, &at("connect_timeout"), problems);
+        let response =
+            positive(b.response_timeout.clone(), DEFAULT_RESPONSE_TIMEOUT, &at("response_timeout"), problems);
+        // The first byte comes with or after the headers: by default it may take as long.
+        let first_byte = positive(b.first_byte_timeout.clone(), response, &at("first_byte_timeout"), problems);
+        let stream_idle =
+            positive(b.stream_idle_timeout.clone(), DEFAULT_STREAM_IDLE_TIMEOUT, &at("stream_idle_timeout"), problems);
+        Timeouts { connect, response, first_byte, stream_idle }
+    }
 }
 
 /// Replaces `${VAR}` and `${VAR:-default}` in every string value; `$${` stays a literal `${`.

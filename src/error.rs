@@ -46,9 +46,12 @@ pub enum GatewayError {
     /// A managed backend crashed too often and waits for an operator.
     #[error("Backend `{backend}` is failed: {reason}. Fix it, then POST /admin/backends/{backend}/restart.")]
     BackendFailed { backend: String, reason: String },
-    /// The backend did not answer within its `response_timeout`.
+    /// The backend did not answer within its `response_timeout` or `first_byte_timeout`.
     #[error("Backend `{backend}` did not answer within {}s.", after.as_secs())]
     BackendTimeout { backend: String, after: Duration },
+    /// The backend's answer had begun, then nothing came for its `stream_idle_timeout`.
+    #[error("Backend `{backend}` sent nothing for {}s in the middle of its answer; the answer was cut.", after.as_secs())]
+    BackendStalled { backend: String, after: Duration },
 }
 
 impl GatewayError {
@@ -77,7 +80,7 @@ impl GatewayError {
                 (StatusCode::SERVICE_UNAVAILABLE, "backend_error", Some("backend_failed"))
             }
             GatewayError::Backend { .. } => (StatusCode::BAD_GATEWAY, "backend_error", Some("backend_error")),
-            GatewayError::BackendTimeout { .. } => {
+            GatewayError::BackendTimeout { .. } | GatewayError::BackendStalled { .. } => {
                 (StatusCode::GATEWAY_TIMEOUT, "backend_timeout", Some("backend_timeout"))
             }
         }
@@ -120,6 +123,87 @@ impl GatewayError {
     }
 }
 
+/// Longest backend error text put in a message.
+const MAX_BACKEND_TEXT: usize = 4096;
+
+/// A backend's own error answer in OpenAI's shape, whatever shape it came in: mlx_lm.server's
+/// `{"error": "…"}`, FastAPI's `{"detail": "…" | [{loc, msg}] | {…}}` (mlx-openai-server,
+/// vllm-mlx, mlx-vlm), plain text (mlx-omni-server's 500), or nothing. The status is kept by
+/// the caller; the backend's own words go in the message, unchanged, so clients that match on
+/// them (a context-length error, say) still can. A body already in OpenAI's shape is kept as it
+/// is, with any missing member added.
+pub fn backend_error_body(backend: &str, status: StatusCode, body: &[u8]) -> serde_json::Value {
+    let kind = if status.is_client_error() { "invalid_request_error" } else { "backend_error" };
+    let parsed: Option<serde_json::Value> = serde_json::from_slice(body).ok();
+    let (message, code) = match parsed.as_ref() {
+        Some(v) if v.get("error").is_some_and(|e| e.get("message").is_some_and(serde_json::Value::is_string)) => {
+            let mut error = v["error"].clone();
+            for (key, default) in [("type", json!(kind)), ("param", json!(null)), ("code", json!(null))] {
+                if error.get(key).is_none() {
+                    error[key] = default;
+                }
+            }
+            return json!({"error": error});
+        }
+        Some(v) => match (v.get("error"), v.get("detail"), v.get("message")) {
+            (Some(serde_json::Value::String(text)), _, _) => (text.clone(), None),
+            (_, Some(detail), _) => describe_detail(detail),
+            (_, _, Some(serde_json::Value::String(text))) => (text.clone(), None),
+            _ => (v.to_string(), None),
+        },
+        None => (String::from_utf8_lossy(body).trim().to_string(), None),
+    };
+    let mut message =
+        if message.is_empty() { format!("Backend `{backend}` answered {status} with an empty body.") } else { message };
+    if message.len() > MAX_BACKEND_TEXT {
+        let mut end = MAX_BACKEND_TEXT;
+        while !message.is_char_boundary(end) {
+            end -= 1;
+        }
+        message.truncate(end);
+        message.push('…');
+    }
+    json!({"error": {"message": message, "type": kind, "param": null, "code": code}})
+}
+
+/// FastAPI's `detail`: a string, a list of validation errors (`loc` + `msg`), or an object
+/// (vllm-mlx's busy answer: `{"error": code, "message": …}`). Returns the text and a code.
+fn describe_detail(detail: &serde_json::Value) -> (String, Option<String>) {
+    match detail {
+        serde_json::Value::String(text) => (text.clone(), None),
+        serde_json::Value::Array(items) => {
+            let lines: Vec<String> = items
+                .iter()
+                .map(|item| {
+                    let msg = item.get("msg").and_then(serde_json::Value::as_str);
+                    let loc = item.get("loc").and_then(serde_json::Value::as_array).map(|parts| {
+                        parts
+                            .iter()
+                            .map(|p| p.as_str().map_or_else(|| p.to_string(), str::to_string))
+                            .collect::<Vec<_>>()
+                    });
+                    match (loc, msg) {
+                        (Some(loc), Some(msg)) => format!("{}: {msg}", loc.join(".")),
+                        (None, Some(msg)) => msg.to_string(),
+                        _ => item.to_string(),
+                    }
+                })
+                .collect();
+            (lines.join("; "), None)
+        }
+        serde_json::Value::Object(map) => {
+            let text = map
+                .get("message")
+                .and_then(serde_json::Value::as_str)
+                .map_or_else(|| detail.to_string(), str::to_string);
+            let code =
+                map.get("error").or_else(|| map.get("code")).and_then(serde_json::Value::as_str).map(str::to_string);
+            (text, code)
+        }
+        other => (other.to_string(), None),
+    }
+}
+
 impl IntoResponse for GatewayError {
     fn into_response(self) -> Response {
         let mut response = (self.status(), axum::Json(self.body())).into_response();
@@ -157,6 +241,7 @@ mod tests {
             GatewayError::Backend { backend: "b".into(), reason: "refused".into() },
             GatewayError::BackendFailed { backend: "b".into(), reason: "crashed".into() },
             GatewayError::BackendTimeout { backend: "b".into(), after: Duration::from_secs(5) },
+            GatewayError::BackendStalled { backend: "b".into(), after: Duration::from_secs(5) },
         ];
         for e in cases {
             let body = e.body();
@@ -168,6 +253,47 @@ mod tests {
             let has_retry = response.headers().contains_key(header::RETRY_AFTER);
             assert_eq!(has_retry, response.status() == StatusCode::SERVICE_UNAVAILABLE);
         }
+    }
+
+    #[test]
+    fn every_backend_error_shape_becomes_openai_shaped_with_the_original_text() {
+        let bad = StatusCode::BAD_REQUEST;
+        // mlx_lm.server
+        let v = backend_error_body("native", bad, br#"{"error": "max_tokens must be at least 1"}"#);
+        assert_eq!(v["error"]["message"], "max_tokens must be at least 1");
+        assert_eq!(v["error"]["type"], "invalid_request_error");
+        assert!(v["error"].get("param").is_some() && v["error"].get("code").is_some());
+        // FastAPI validation list (vllm-mlx, mlx-openai-server)
+        let v = backend_error_body(
+            "v",
+            StatusCode::UNPROCESSABLE_ENTITY,
+            br#"{"detail":[{"type":"greater_than","loc":["body","max_tokens"],"msg":"Input should be greater than 0","input":-1}]}"#,
+        );
+        assert_eq!(v["error"]["message"], "body.max_tokens: Input should be greater than 0");
+        // vllm-mlx busy, a 503 with an object detail
+        let v = backend_error_body(
+            "v",
+            StatusCode::SERVICE_UNAVAILABLE,
+            br#"{"detail":{"error":"text_generation_busy","message":"SimpleEngine serialized route is busy; retry later"}}"#,
+        );
+        assert_eq!(v["error"]["message"], "SimpleEngine serialized route is busy; retry later");
+        assert_eq!(v["error"]["code"], "text_generation_busy");
+        assert_eq!(v["error"]["type"], "backend_error");
+        // mlx-vlm string detail, mlx-omni-server's plain text, an empty body
+        let v = backend_error_body(
+            "m",
+            bad,
+            br#"{"detail":"Protected conversation exceeds the available context budget."}"#,
+        );
+        assert_eq!(v["error"]["message"], "Protected conversation exceeds the available context budget.");
+        let v = backend_error_body("o", StatusCode::INTERNAL_SERVER_ERROR, b"Internal Server Error");
+        assert_eq!(v["error"]["message"], "Internal Server Error");
+        let v = backend_error_body("o", StatusCode::BAD_GATEWAY, b"");
+        assert_eq!(v["error"]["message"], "Backend `o` answered 502 Bad Gateway with an empty body.");
+        // Already OpenAI-shaped (Rapid-MLX): kept as it is.
+        let rapid = br#"{"error":{"message":"This model's maximum context length is 2048 tokens.","type":"invalid_request_error","code":"context_length_exceeded","param":"messages"}}"#;
+        let v = backend_error_body("r", bad, rapid);
+        assert_eq!(v, serde_json::from_slice::<serde_json::Value>(rapid).expect("json"));
     }
 
     #[test]

@@ -10,6 +10,7 @@ pub mod config;
 pub mod dispatch;
 pub mod error;
 pub mod metrics;
+pub mod outcome;
 pub mod sim;
 pub mod stream;
 

@@ -1,6 +1,7 @@
 //! `/v1/*`: the OpenAI endpoints. The proxy handler parses only what it needs from the body
 //! (`model`; other top-level fields stay raw JSON text), rewrites `model` to the backend's name,
 //! waits for a slot in the model's queue and streams the backend's answer back untouched.
+//! The handler reads as its phases: parse → acquire → send → wrap.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -19,24 +20,85 @@ use serde_json::json;
 use serde_json::value::RawValue;
 
 use super::AppState;
+use crate::backend::handle::{Answer, Outbound, SendFailure};
 use crate::backend::upstream::strip_hop_by_hop;
-use crate::config::BackendConfig;
+use crate::dispatch::Route;
 use crate::dispatch::queue::{ClientId, Permit};
-use crate::error::GatewayError;
-use crate::stream::meter::{Mode, RequestInfo, StreamMeter, figures_of_whole, record_whole};
+use crate::error::{GatewayError, backend_error_body};
+use crate::outcome::{Outcome, RequestRecord};
+use crate::stream::meter::{Mode, RequestInfo, StreamFigures, StreamMeter, figures_of_whole, record_whole};
 
 /// A request body: top-level fields in their original order, values left as raw JSON.
 type RawBody = IndexMap<String, Box<RawValue>>;
 
-/// POST `/v1/chat/completions`, `/v1/completions`, `/v1/embeddings`.
-pub async fn proxy(State(state): State<Arc<AppState>>, request: Request) -> Result<Response, GatewayError> {
-    let arrived = Instant::now();
+/// Sends to a restarted managed backend at most this many times.
+const MAX_RETRIES: u32 = 2;
+
+/// Largest whole (non-streaming) answer the gateway reads to meter it.
+const MAX_WHOLE_ANSWER: usize = 64 << 20;
+
+/// Largest backend error body read to put in OpenAI's shape.
+const MAX_ERROR_BODY: usize = 1 << 20;
+
+/// POST `/v1/chat/completions`, `/v1/completions`, `/v1/embeddings`. The request's outcome is
+/// recorded once: by the response body when it ends, else here for a refusal, else (the client
+/// went away) as `client_closed` when the record is dropped.
+pub async fn proxy(State(state): State<Arc<AppState>>, request: Request) -> Response {
+    let mut record = RequestRecord::new(state.metrics.clone());
+    match forward(&state, request, &mut record).await {
+        Ok(answered) => answered.into_response(record).await,
+        Err(e) => {
+            record.finish(Outcome::from(&e));
+            e.into_response()
+        }
+    }
+}
+
+/// What the client asked for, ready to send: the body re-encoded once; the client's own
+/// bytes and the parsed fields are gone before the request waits in the queue.
+struct Parsed {
+    outbound: Outbound,
+    /// Generation endpoints (chat, completions): their answers are metered.
+    generates: bool,
+    client_wants_usage: bool,
+    stats_comment: bool,
+}
+
+/// parse → acquire → send (retried on a restarted backend) → wrap.
+async fn forward(state: &AppState, request: Request, record: &mut RequestRecord) -> Result<Answered, GatewayError> {
     let (parts, body) = request.into_parts();
-    let bytes = read_body(body, state.config.max_body_bytes).await?;
+    let bytes = read_body(&parts, body, state.config.max_body_bytes).await?;
     let mut fields: RawBody = serde_json::from_slice(&bytes)
         .map_err(|e| GatewayError::invalid(format!("The request body is not a JSON object: {e}."), None))?;
+    drop(bytes);
     let model = requested_model(&fields)?;
     let route = state.dispatch.route(&model).ok_or_else(|| GatewayError::ModelNotFound(model.clone()))?;
+    record.routed(&model, &route.backend.config.name);
+    let parsed = parse(&parts, &mut fields, route)?;
+    drop(fields);
+
+    let client = client_id(&parts);
+    let mut retries = 0;
+    let (permit, answer) = loop {
+        let permit = route.slot.acquire(client.clone()).await?;
+        if retries == 0 {
+            state.metrics.queue_wait.with_label_values(&[&model]).observe(permit.queue_wait().as_secs_f64());
+        }
+        match route.backend.send(&parsed.outbound).await {
+            Ok(answer) => break (permit, answer),
+            Err(SendFailure::Retry(e)) if retries < MAX_RETRIES => {
+                retries += 1;
+                tracing::warn!(backend = %route.backend.config.name, error = %e, retries, "backend failed before the first byte and its process is gone; sending again");
+            }
+            Err(SendFailure::Retry(e) | SendFailure::Final(e)) => return Err(e),
+        }
+    };
+    Ok(Answered { answer, permit, parsed, idle_timeout: route.backend.config.stream_idle_timeout })
+}
+
+/// Rewrites `model`, asks for usage and an explicit `max_tokens` on generation endpoints, and
+/// encodes the body once.
+fn parse(parts: &axum::http::request::Parts, fields: &mut RawBody, route: &Route) -> Result<Parsed, GatewayError> {
     let upstream_model = serde_json::value::to_raw_value(&route.model.upstream_model)
         .map_err(|e| GatewayError::invalid(format!("cannot encode the model name: {e}"), Some("model")))?;
     fields.insert("model".to_string(), upstream_model);
@@ -45,7 +107,7 @@ pub async fn proxy(State(state): State<Arc<AppState>>, request: Request) -> Resu
     if generates {
         let streaming = fields.get("stream").is_some_and(|v| v.get() == "true");
         if streaming {
-            client_wants_usage = ask_for_usage(&mut fields)?;
+            client_wants_usage = ask_for_usage(fields)?;
         }
         // mlx_lm.server stops at 512 tokens when none is given: say it explicitly.
         if !fields.contains_key("max_tokens") && !fields.contains_key("max_completion_tokens") {
@@ -54,77 +116,68 @@ pub async fn proxy(State(state): State<Arc<AppState>>, request: Request) -> Resu
             fields.insert("max_tokens".to_string(), default);
         }
     }
-    let stats_comment = parts.headers.get("x-mlxgate-stats").is_some_and(|v| v.as_bytes() == b"1");
-    let forwarded = serde_json::to_vec(&fields)
+    let body = serde_json::to_vec(&fields)
         .map_err(|e| GatewayError::invalid(format!("cannot re-encode the body: {e}"), None))?;
-
-    let client = client_id(&parts);
-    let record_failure = |e: GatewayError| {
-        state.metrics.requests.with_label_values(&[&model, &route.backend.name, e.error_type()]).inc();
-        e
-    };
-    let path = parts.uri.path_and_query().map_or(parts.uri.path(), |p| p.as_str());
-    let forwarded = Bytes::from(forwarded);
-    let mut retries = 0;
-    let (permit, upstream, first, sent_at) = loop {
-        let permit = route.slot.acquire(client.clone()).await.map_err(record_failure)?;
-        if retries == 0 {
-            state.metrics.queue_wait.with_label_values(&[&model]).observe(permit.queue_wait().as_secs_f64());
-        }
-        let generation = route.supervisor.as_ref().map(|s| s.status().generation);
-        let sent_at = Instant::now();
-        let sent =
-            route.upstream.send(&route.backend, parts.method.clone(), path, &parts.headers, forwarded.clone()).await;
-        // A managed backend's answer is held until its first body bytes: if the process dies
-        // before then (a crash during prefill), nothing has reached the client and the request
-        // is sent again to the restarted process.
-        let sent = match (sent, &route.supervisor) {
-            (Ok(response), Some(_)) => first_bytes(response, &route.backend).await,
-            (Ok(response), None) => Ok((response, None)),
-            (Err(e), _) => Err(e),
-        };
-        match (sent, &route.supervisor, generation) {
-            (Ok((response, first)), _, _) => break (permit, response, first, sent_at),
-            (Err(e @ GatewayError::Backend { .. }), Some(supervisor), Some(generation)) if retries < MAX_RETRIES => {
-                retries += 1;
-                tracing::warn!(backend = %route.backend.name, error = %e, retries, "backend failed before the first byte; retrying");
-                drop(permit);
-                supervisor.replaced(generation, REPLACEMENT_WAIT).await;
-            }
-            (Err(e), _, _) => return Err(record_failure(e)),
-        }
-    };
-
-    let (mut head, incoming) = upstream.into_parts();
-    strip_hop_by_hop(&mut head.headers);
-    let sse = head
-        .headers
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.starts_with("text/event-stream"));
-    if sse {
-        // Tell nginx-style proxies in front of us not to buffer, and caches not to keep it.
-        head.headers.insert("x-accel-buffering", HeaderValue::from_static("no"));
-        head.headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-    }
-    let info = RequestInfo {
-        metrics: state.metrics.clone(),
-        model,
-        backend: route.backend.name.clone(),
-        arrived,
-        queue_wait: permit.queue_wait(),
+    let path_and_query = parts.uri.path_and_query().map_or(parts.uri.path(), |p| p.as_str()).to_string();
+    Ok(Parsed {
+        outbound: Outbound {
+            method: parts.method.clone(),
+            path_and_query,
+            headers: parts.headers.clone(),
+            body: Bytes::from(body),
+        },
+        generates,
         client_wants_usage,
-        stats_comment,
-    };
-    if sse {
-        let body = StreamMeter::new(incoming, Mode::Sse, first, permit, info);
-        return Ok(Response::from_parts(head, Body::new(body)));
+        stats_comment: parts.headers.get("x-mlxgate-stats").is_some_and(|v| v.as_bytes() == b"1"),
+    })
+}
+
+/// A backend's answer with the slot it holds, before it is wrapped for the client.
+struct Answered {
+    answer: Answer,
+    permit: Permit,
+    parsed: Parsed,
+    idle_timeout: Duration,
+}
+
+impl Answered {
+    /// wrap: the client's response. Streams and raw bodies are wrapped in the [`StreamMeter`]
+    /// (which records the outcome at their end); whole answers and the backend's own errors
+    /// are read here first.
+    async fn into_response(self, record: RequestRecord) -> Response {
+        let Answered { answer, permit, parsed, idle_timeout } = self;
+        let Answer { mut head, body, first, sent_at } = answer;
+        strip_hop_by_hop(&mut head.headers);
+        // Whatever the backend spoke (mlx_lm.server: HTTP/1.0), the client gets HTTP/1.1.
+        head.version = axum::http::Version::HTTP_11;
+        let info = RequestInfo {
+            record,
+            queue_wait: permit.queue_wait(),
+            client_wants_usage: parsed.client_wants_usage,
+            stats_comment: parsed.stats_comment,
+            idle_timeout,
+        };
+        if !head.status.is_success() {
+            return error_answer(head, body, first, permit, info).await;
+        }
+        let sse = head
+            .headers
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.starts_with("text/event-stream"));
+        if sse {
+            // Tell nginx-style proxies in front of us not to buffer, and caches not to keep it.
+            head.headers.insert("x-accel-buffering", HeaderValue::from_static("no"));
+            head.headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+            let body = StreamMeter::new(body, Mode::Sse, first, permit, info);
+            return Response::from_parts(head, Body::new(body));
+        }
+        if !parsed.generates {
+            let body = StreamMeter::new(body, Mode::Raw, first, permit, info);
+            return Response::from_parts(head, Body::new(body));
+        }
+        whole_answer(head, body, first, permit, info, sent_at).await
     }
-    if !generates {
-        let body = StreamMeter::new(incoming, Mode::Raw, first, permit, info);
-        return Ok(Response::from_parts(head, Body::new(body)));
-    }
-    whole_answer(head, incoming, first, permit, info, sent_at).await
 }
 
 /// A whole (non-streaming) answer: read it (it is complete when the backend sends it) to take
@@ -137,27 +190,29 @@ async fn whole_answer(
     permit: Permit,
     info: RequestInfo,
     sent_at: Instant,
-) -> Result<Response, GatewayError> {
-    let mut whole = first.map(|b| b.to_vec()).unwrap_or_default();
-    let rest = Limited::new(incoming, MAX_WHOLE_ANSWER.saturating_sub(whole.len())).collect().await.map_err(|e| {
-        let e =
-            GatewayError::Backend { backend: info.backend.clone(), reason: format!("reading the answer failed: {e}") };
-        info.metrics.requests.with_label_values(&[&info.model, &info.backend, e.error_type()]).inc();
-        e
-    })?;
-    whole.extend_from_slice(&rest.to_bytes());
-    drop(permit);
-    let figures = figures_of_whole(&whole);
-    let outcome = match head.status.as_u16() {
-        200..=299 => "ok",
-        400..=499 => "backend_rejected",
-        _ => "backend_error",
+) -> Response {
+    let backend = info.record.backend.clone();
+    let whole = match read_whole(&backend, first, incoming, MAX_WHOLE_ANSWER, info.idle_timeout).await {
+        Ok(whole) => whole,
+        Err(e) => {
+            drop(permit);
+            record_whole(info.record, &StreamFigures::default(), Outcome::from(&e));
+            return e.into_response();
+        }
     };
-    record_whole(&info, &figures, outcome);
+    drop(permit);
+    let Some(figures) = figures_of_whole(&whole) else {
+        let e = GatewayError::Backend {
+            backend,
+            reason: format!("it answered {} with a body that is not an OpenAI answer", head.status),
+        };
+        record_whole(info.record, &StreamFigures::default(), Outcome::from(&e));
+        return e.into_response();
+    };
     let headers = &mut head.headers;
     headers.remove(header::CONTENT_LENGTH);
     headers.insert("x-mlxgate-queue-ms", HeaderValue::from(info.queue_wait.as_millis() as u64));
-    headers.insert("x-mlxgate-ttft-ms", HeaderValue::from(info.arrived.elapsed().as_millis() as u64));
+    headers.insert("x-mlxgate-ttft-ms", HeaderValue::from(info.record.arrived.elapsed().as_millis() as u64));
     if let Some(tokens) = figures.tokens() {
         let seconds = sent_at.elapsed().as_secs_f64().max(1e-6);
         let tps = format!("{:.1}", tokens as f64 / seconds);
@@ -165,11 +220,69 @@ async fn whole_answer(
             headers.insert("x-mlxgate-tokens-per-second", v);
         }
     }
-    Ok(Response::from_parts(head, Body::from(whole)))
+    record_whole(info.record, &figures, Outcome::Ok);
+    Response::from_parts(head, Body::from(whole))
 }
 
-/// Largest whole (non-streaming) answer the gateway reads to meter it.
-const MAX_WHOLE_ANSWER: usize = 64 << 20;
+/// The backend's own error answer (any non-2xx): read (bounded) and given to the client in
+/// OpenAI's shape with the backend's status and words.
+async fn error_answer(
+    mut head: hyper::http::response::Parts,
+    incoming: Incoming,
+    first: Option<Bytes>,
+    permit: Permit,
+    info: RequestInfo,
+) -> Response {
+    let backend = info.record.backend.clone();
+    let text = read_whole(&backend, first, incoming, MAX_ERROR_BODY, info.idle_timeout).await.unwrap_or_default();
+    drop(permit);
+    let body = backend_error_body(&backend, head.status, &text);
+    let outcome =
+        if head.status.is_client_error() { Outcome::BackendRejected } else { Outcome::Failed("backend_error") };
+    tracing::info!(backend = %backend, status = %head.status, message = %body["error"]["message"], "backend refused the request");
+    let figures = StreamFigures::default();
+    record_whole(info.record, &figures, outcome);
+    head.headers.remove(header::CONTENT_LENGTH);
+    head.headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    Response::from_parts(head, Body::from(body.to_string()))
+}
+
+/// Reads the rest of a body after `first`, at most `limit` bytes, with at most `idle_timeout`
+/// between two reads.
+async fn read_whole(
+    backend: &str,
+    first: Option<Bytes>,
+    mut body: Incoming,
+    limit: usize,
+    idle_timeout: Duration,
+) -> Result<Vec<u8>, GatewayError> {
+    let mut whole = first.map(|b| b.to_vec()).unwrap_or_default();
+    loop {
+        let frame = tokio::time::timeout(idle_timeout, body.frame())
+            .await
+            .map_err(|_| GatewayError::BackendStalled { backend: backend.to_string(), after: idle_timeout })?;
+        match frame {
+            None => return Ok(whole),
+            Some(Err(e)) => {
+                return Err(GatewayError::Backend {
+                    backend: backend.to_string(),
+                    reason: format!("its answer broke before its end: {e}"),
+                });
+            }
+            Some(Ok(frame)) => {
+                if let Ok(data) = frame.into_data() {
+                    whole.extend_from_slice(&data);
+                }
+                if whole.len() > limit {
+                    return Err(GatewayError::Backend {
+                        backend: backend.to_string(),
+                        reason: format!("its answer is larger than the gateway reads ({} MiB)", limit >> 20),
+                    });
+                }
+            }
+        }
+    }
+}
 
 /// Sets `stream_options.include_usage: true` (mlxgate always wants usage) and returns whether
 /// the client had asked for it itself.
@@ -188,30 +301,6 @@ fn ask_for_usage(fields: &mut RawBody) -> Result<bool, GatewayError> {
     Ok(asked)
 }
 
-/// Sends to a restarted managed backend at most this many times.
-const MAX_RETRIES: u32 = 2;
-/// How long a retry waits to see the crashed process replaced before it tries anyway.
-const REPLACEMENT_WAIT: Duration = Duration::from_secs(5);
-
-/// Waits for the first body bytes (bounded by the backend's response_timeout). A body that
-/// fails before any byte is a backend failure, which the caller may retry.
-async fn first_bytes(
-    response: hyper::Response<Incoming>,
-    backend: &BackendConfig,
-) -> Result<(hyper::Response<Incoming>, Option<Bytes>), GatewayError> {
-    let (head, mut body) = response.into_parts();
-    let failed = |reason: String| GatewayError::Backend { backend: backend.name.clone(), reason };
-    match tokio::time::timeout(backend.response_timeout, body.frame()).await {
-        Err(_) => Err(GatewayError::BackendTimeout { backend: backend.name.clone(), after: backend.response_timeout }),
-        Ok(None) => Ok((hyper::Response::from_parts(head, body), None)),
-        Ok(Some(Err(e))) => Err(failed(format!("the response broke before its first byte: {e}"))),
-        Ok(Some(Ok(frame))) => {
-            let first = frame.into_data().ok();
-            Ok((hyper::Response::from_parts(head, body), first))
-        }
-    }
-}
-
 /// GET `/v1/models`: the configured public names, in OpenAI's list shape.
 pub async fn list_models(State(state): State<Arc<AppState>>) -> Json<serde_json::Value> {
     let created = state.started.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
@@ -224,14 +313,21 @@ pub async fn list_models(State(state): State<Arc<AppState>>) -> Json<serde_json:
     Json(json!({"object": "list", "data": data}))
 }
 
-/// Any other path: OpenAI's 404 shape rather than an empty body.
-pub async fn not_found(request: Request) -> Response {
-    GatewayError::UnknownUrl { method: request.method().to_string(), path: request.uri().path().to_string() }
-        .into_response()
+/// Any other path: OpenAI's 404 shape rather than an empty body (counted, unrouted).
+pub async fn not_found(State(state): State<Arc<AppState>>, request: Request) -> Response {
+    let e = GatewayError::UnknownUrl { method: request.method().to_string(), path: request.uri().path().to_string() };
+    RequestRecord::new(state.metrics.clone()).finish(Outcome::from(&e));
+    e.into_response()
 }
 
-/// Reads the whole request body, refusing more than `limit` bytes.
-async fn read_body(body: Body, limit: usize) -> Result<Bytes, GatewayError> {
+/// Reads the whole request body, refusing more than `limit` bytes. A `Content-Length` over the
+/// limit is refused from the header alone, before a byte of the body is read (and before a
+/// client waiting on `Expect: 100-continue` is told to send it).
+async fn read_body(parts: &axum::http::request::Parts, body: Body, limit: usize) -> Result<Bytes, GatewayError> {
+    let declared = parts.headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.trim().parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit as u64) {
+        return Err(GatewayError::BodyTooLarge { limit });
+    }
     match Limited::new(body, limit).collect().await {
         Ok(collected) => Ok(collected.to_bytes()),
         Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(GatewayError::BodyTooLarge { limit }),

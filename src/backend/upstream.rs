@@ -1,6 +1,7 @@
 //! The HTTP client side: one pooled, kept-alive hyper client shared by every backend, with
 //! TCP_NODELAY (a small SSE frame must not wait 40 ms for Nagle), a connect timeout and a
-//! response-header timeout per backend. Transport failures become `GatewayError`s here.
+//! response-header timeout per backend. Transport failures are told apart here
+//! ([`UpstreamError`]): whether anything can have reached the backend decides a retry.
 
 use std::time::Duration;
 
@@ -13,7 +14,20 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 
 use crate::config::BackendConfig;
-use crate::error::GatewayError;
+
+/// Why a request got no response headers from its backend.
+#[derive(Debug, thiserror::Error)]
+pub enum UpstreamError {
+    /// No connection: nothing reached the backend (refused, unreachable, connect timeout).
+    #[error("{0}")]
+    Connect(String),
+    /// The connection failed after the request may have reached the backend.
+    #[error("{0}")]
+    Broken(String),
+    /// No response headers within the backend's `response_timeout`.
+    #[error("no response headers within {}s", .0.as_secs())]
+    Timeout(Duration),
+}
 
 /// Pooled HTTP/1.1 client to the backends.
 #[derive(Clone)]
@@ -62,9 +76,9 @@ impl Upstream {
         Upstream { client }
     }
 
-    /// Sends `body` to `backend` at `path_and_query` with the client's end-to-end headers.
-    /// Errors before the response headers arrive are transport failures (502) or the
-    /// backend's `response_timeout` (504).
+    /// Sends `body` to `backend` at `path_and_query` with the client's end-to-end headers, and
+    /// waits for the response headers (at most the backend's `response_timeout`). The backend is
+    /// asked for an uncompressed answer: the gateway reads every stream it forwards.
     pub async fn send(
         &self,
         backend: &BackendConfig,
@@ -72,7 +86,7 @@ impl Upstream {
         path_and_query: &str,
         client_headers: &HeaderMap,
         body: Bytes,
-    ) -> Result<Response<Incoming>, GatewayError> {
+    ) -> Result<Response<Incoming>, UpstreamError> {
         let uri = format!("{}{}", backend.url, path_and_query);
         let mut builder = Request::builder().method(method).uri(&uri);
         if let Some(headers) = builder.headers_mut() {
@@ -82,20 +96,20 @@ impl Upstream {
                 }
             }
             strip_hop_by_hop(headers);
+            // A compressed stream could not be metered (and its usage not read).
+            headers.insert(header::ACCEPT_ENCODING, HeaderValue::from_static("identity"));
             if !body.is_empty() {
                 headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
             }
         }
-        let request = builder.body(Full::new(body)).map_err(|e| GatewayError::Backend {
-            backend: backend.name.clone(),
-            reason: format!("cannot build a request to {uri}: {e}"),
-        })?;
+        let request = builder
+            .body(Full::new(body))
+            .map_err(|e| UpstreamError::Connect(format!("cannot build a request to {uri}: {e}")))?;
         match tokio::time::timeout(backend.response_timeout, self.client.request(request)).await {
             Ok(Ok(response)) => Ok(response),
-            Ok(Err(e)) => Err(GatewayError::Backend { backend: backend.name.clone(), reason: describe(&e, &uri) }),
-            Err(_) => {
-                Err(GatewayError::BackendTimeout { backend: backend.name.clone(), after: backend.response_timeout })
-            }
+            Ok(Err(e)) if e.is_connect() => Err(UpstreamError::Connect(describe(&e, &uri))),
+            Ok(Err(e)) => Err(UpstreamError::Broken(describe(&e, &uri))),
+            Err(_) => Err(UpstreamError::Timeout(backend.response_timeout)),
         }
     }
 
@@ -113,9 +127,13 @@ impl Upstream {
 }
 
 /// Request headers the gateway never forwards: its own connection's framing, the gateway's
-/// API key (a backend has its own), and the client's `Host`.
+/// API key (a backend has its own), the client's `Host`, and the client's encodings (the
+/// gateway asks for `identity`).
 fn is_dropped_request_header(name: &HeaderName) -> bool {
-    name == header::HOST || name == header::CONTENT_LENGTH || name == header::AUTHORIZATION
+    name == header::HOST
+        || name == header::CONTENT_LENGTH
+        || name == header::AUTHORIZATION
+        || name == header::ACCEPT_ENCODING
 }
 
 /// Turns a client error into a sentence naming the cause (connection refused, reset, …).

@@ -2,7 +2,7 @@
 #![forbid(unsafe_code)]
 
 use clap::Parser;
-use mlxgate::sim::{Behaviour, SimConfig, SimState, run};
+use mlxgate::sim::{Behaviour, Framing, SimConfig, SimState, run};
 
 #[derive(Parser)]
 #[command(name = "mlxgate-sim", version, about = "OpenAI-compatible server with scripted timing and faults")]
@@ -21,6 +21,9 @@ struct Cli {
     /// Model ids listed by /v1/models (repeatable).
     #[arg(long = "model")]
     models: Vec<String>,
+    /// Response framing; default: the style's (`close`, HTTP/1.0, for mlx-lm; else `chunked`).
+    #[arg(long, value_enum)]
+    framing: Option<Framing>,
     #[command(flatten)]
     defaults: Behaviour,
 }
@@ -44,6 +47,7 @@ async fn main() -> std::process::ExitCode {
         capacity: cli.capacity,
         speedup: cli.speedup,
         models: cli.models,
+        framing: cli.framing,
     });
     // `run` returns only when a request's exit_after crashes the server.
     run(listener, state).await;

@@ -12,20 +12,20 @@ use std::time::Duration;
 
 use tokio::sync::Notify;
 
+use crate::backend::handle::BackendHandle;
 use crate::backend::supervisor::{Command, Supervisor};
 use crate::backend::upstream::Upstream;
-use crate::config::{BackendConfig, Config, ModelConfig};
+use crate::config::{Config, ModelConfig};
 use crate::metrics::Metrics;
 use queue::{BackendQueue, ModelSlot};
 
 /// Everything needed to send one model's requests.
 pub struct Route {
     pub model: ModelConfig,
-    pub backend: Arc<BackendConfig>,
-    pub upstream: Upstream,
+    /// Where its requests wait for a slot.
     pub slot: ModelSlot,
-    /// Set for managed backends.
-    pub supervisor: Option<Arc<Supervisor>>,
+    /// Its backend: sends, waits for the first bytes, decides retries.
+    pub backend: BackendHandle,
 }
 
 /// The routing table and the managed backends, built once from the configuration.
@@ -84,14 +84,14 @@ impl Dispatch {
             else {
                 continue;
             };
+            let handle =
+                BackendHandle::new(Arc::clone(backend), upstream.clone(), supervisors.get(&model.backend).cloned());
             routes.insert(
                 name.clone(),
                 Route {
                     model: model.clone(),
-                    backend: Arc::clone(backend),
-                    upstream: upstream.clone(),
                     slot: queue.add_model(name, model.max_queue, model.max_wait),
-                    supervisor: supervisors.get(&model.backend).cloned(),
+                    backend: handle,
                 },
             );
         }

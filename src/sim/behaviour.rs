@@ -59,6 +59,10 @@ pub struct Behaviour {
     /// Stop sending (connection stays open) after this many tokens.
     #[arg(long)]
     pub hang_after: Option<u32>,
+    /// Drop the connection after this many tokens while the process lives on (0: before any
+    /// byte of the body).
+    #[arg(long)]
+    pub drop_after: Option<u32>,
     /// Refuse prompts over this many tokens (a token is a whitespace-separated word here).
     #[arg(long)]
     pub prompt_cap: Option<u32>,
@@ -176,6 +180,7 @@ pub struct Plan {
     pub exit_after: Option<u32>,
     pub hang: bool,
     pub hang_after: Option<u32>,
+    pub drop_after: Option<u32>,
     pub prompt_cap: Option<u32>,
     pub cap_style: CapStyle,
     pub fail_status: Option<u16>,
@@ -207,6 +212,7 @@ impl Behaviour {
             exit_after,
             hang,
             hang_after,
+            drop_after,
             prompt_cap,
             cap_style,
             fail_status,
@@ -237,6 +243,7 @@ impl Behaviour {
             exit_after: b.exit_after,
             hang: b.hang.unwrap_or(false),
             hang_after: b.hang_after,
+            drop_after: b.drop_after,
             prompt_cap: b.prompt_cap,
             cap_style: b.cap_style.unwrap_or(CapStyle::Openai),
             fail_status: b.fail_status,

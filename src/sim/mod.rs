@@ -8,10 +8,10 @@
 //! `GET /sim/stats` (active, peak, held and total requests), `POST /sim/release/{key}`.
 
 pub mod behaviour;
+mod http10;
 mod stream;
 
 use std::collections::{HashMap, VecDeque};
-use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -49,6 +49,29 @@ pub struct SimConfig {
     pub speedup: Vec<f64>,
     /// Model ids listed by `/v1/models`.
     pub models: Vec<String>,
+    /// How responses are framed; `None`: the style's own (HTTP/1.0 close-delimited for
+    /// `mlx-lm`, as mlx_lm.server does; HTTP/1.1 chunked otherwise).
+    pub framing: Option<Framing>,
+}
+
+/// How the simulator frames its responses on the wire.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Framing {
+    /// HTTP/1.1 keep-alive, chunked streams (uvicorn-based servers).
+    Chunked,
+    /// HTTP/1.0, one request per connection, bodies ended by closing it (mlx_lm.server).
+    Close,
+}
+
+impl SimConfig {
+    /// The framing in force: the one asked for, else the style's.
+    pub fn framing(&self) -> Framing {
+        match (self.framing, self.defaults.style) {
+            (Some(f), _) => f,
+            (None, Some(Style::MlxLm)) => Framing::Close,
+            (None, _) => Framing::Chunked,
+        }
+    }
 }
 
 /// Shared state of one running simulator.
@@ -101,18 +124,24 @@ pub async fn spawn(config: SimConfig) -> std::io::Result<SimHandle> {
 /// Serves until a request's `exit_after` crashes the server; then every connection is cut.
 pub async fn run(listener: TcpListener, state: Arc<SimState>) {
     let router = router(Arc::clone(&state));
+    let framing = state.config.framing();
     let mut connections = JoinSet::new();
     loop {
         tokio::select! {
             accepted = listener.accept() => {
                 let Ok((tcp, _)) = accepted else { continue };
                 let _ = tcp.set_nodelay(true);
-                let service = TowerToHyperService::new(router.clone());
-                connections.spawn(async move {
-                    let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
-                        .serve_connection(TokioIo::new(tcp), service)
-                        .await;
-                });
+                let router = router.clone();
+                match framing {
+                    Framing::Close => connections.spawn(async move {
+                        let _ = http10::serve(tcp, router).await;
+                    }),
+                    Framing::Chunked => connections.spawn(async move {
+                        let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                            .serve_connection(TokioIo::new(tcp), TowerToHyperService::new(router))
+                            .await;
+                    }),
+                };
             }
             () = state.crashed.notified() => {
                 connections.abort_all();
@@ -180,7 +209,7 @@ impl SimState {
     }
 
     /// Waits until `POST /sim/release/{key}` (or the client leaves); false when it left.
-    async fn hold(&self, key: &str, tx: &mpsc::Sender<Bytes>) -> bool {
+    async fn hold(&self, key: &str, tx: &mpsc::Sender<stream::Write>) -> bool {
         let gate = Arc::clone(lock(&self.holds).entry(key.to_string()).or_insert_with(|| Arc::new(Semaphore::new(0))));
         self.held.fetch_add(1, Ordering::SeqCst);
         let released = tokio::select! {
@@ -332,14 +361,13 @@ async fn generate(
     if !streaming {
         return complete(&state, &plan, &job).await;
     }
-    let (tx, rx) = mpsc::channel::<Bytes>(16);
+    let (tx, rx) = mpsc::channel::<stream::Write>(16);
     tokio::spawn(async move {
         let _slot = state.generation_slot().await;
         let _active = Active::new(&state);
         stream::write_stream(&state, &plan, &job, tx).await;
     });
-    let body =
-        futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|b| (Ok::<_, Infallible>(b), rx)) });
+    let body = futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|write| (write, rx)) });
     Response::builder()
         .header(header::CONTENT_TYPE, "text/event-stream")
         .header(header::CACHE_CONTROL, "no-cache")
@@ -352,6 +380,14 @@ async fn complete(state: &SimState, plan: &Plan, job: &Job) -> Response {
     let _slot = state.generation_slot().await;
     let _active = Active::new(state);
     tokio::time::sleep(Duration::from_millis(plan.ttft_ms)).await;
+    if plan.drop_after.is_some() {
+        let dropped = std::io::Error::new(std::io::ErrorKind::ConnectionAborted, "mlxgate-sim: drop_after");
+        let body = futures_util::stream::once(async move { Err::<Bytes, _>(dropped) });
+        return Response::builder()
+            .header(header::CONTENT_TYPE, "application/json")
+            .body(Body::from_stream(body))
+            .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response());
+    }
     for i in 1..job.completion_tokens {
         if plan.exit_after == Some(i) {
             state.crash();

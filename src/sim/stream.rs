@@ -23,9 +23,16 @@ pub struct Job {
     pub include_usage: bool,
 }
 
+/// One write of the body, or the connection dropped.
+pub type Write = Result<Bytes, std::io::Error>;
+
 /// Sends the body's writes into `tx`; stops early when the client goes away.
-pub async fn write_stream(state: &SimState, plan: &Plan, job: &Job, tx: mpsc::Sender<Bytes>) {
+pub async fn write_stream(state: &SimState, plan: &Plan, job: &Job, tx: mpsc::Sender<Write>) {
     let out = Writer { tx, split: plan.bytes_per_write };
+    if plan.drop_after == Some(0) {
+        out.drop_connection().await;
+        return;
+    }
     if !prefill(plan, job, &out).await {
         return;
     }
@@ -54,6 +61,10 @@ pub async fn write_stream(state: &SimState, plan: &Plan, job: &Job, tx: mpsc::Se
         }
         if plan.hang_after == Some(i) {
             out.tx.closed().await;
+            return;
+        }
+        if i > 0 && plan.drop_after == Some(i) {
+            out.drop_connection().await;
             return;
         }
         if plan.error_after == Some(i) {
@@ -196,7 +207,7 @@ pub fn token_text(i: u32) -> String {
 
 /// The channel into the response body, with byte splitting.
 struct Writer {
-    tx: mpsc::Sender<Bytes>,
+    tx: mpsc::Sender<Write>,
     split: usize,
 }
 
@@ -212,18 +223,24 @@ impl Writer {
     /// Sends `bytes`, as pieces of `split` bytes when splitting (each piece its own write).
     async fn raw(&self, bytes: Bytes) -> bool {
         if self.split == 0 || bytes.len() <= self.split {
-            return self.tx.send(bytes).await.is_ok();
+            return self.tx.send(Ok(bytes)).await.is_ok();
         }
         let mut rest = bytes;
         while !rest.is_empty() {
             let piece = rest.split_to(self.split.min(rest.len()));
-            if self.tx.send(piece).await.is_err() {
+            if self.tx.send(Ok(piece)).await.is_err() {
                 return false;
             }
             // Give the connection task a turn so the piece leaves as its own write.
             tokio::task::yield_now().await;
         }
         true
+    }
+
+    /// Drops the connection (the body fails; the process lives on).
+    async fn drop_connection(&self) {
+        let dropped = std::io::Error::new(std::io::ErrorKind::ConnectionAborted, "mlxgate-sim: drop_after");
+        let _ = self.tx.send(Err(dropped)).await;
     }
 
     /// Sleeps `d` unless the client leaves first; false when it left.

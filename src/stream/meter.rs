@@ -9,10 +9,15 @@
 //!   `usage` (never from the frame count), bursts, usage that disagrees with the stream, and an
 //!   `{"error": …}` event as a failure whatever `finish_reason` follows;
 //! - holds the request's queue [`Permit`] until the body ends or the client goes away;
-//! - turns a backend failure after the stream began into a final SSE error event;
+//! - classifies how the stream ended, once: complete (`[DONE]` or a `finish_reason` seen), an
+//!   error event, or cut — an end of file before the answer's end (HTTP/1.0 bodies end at the
+//!   close, so a crashed mlx_lm.server looks like a normal end), a broken connection, silence
+//!   longer than `stream_idle_timeout`, or an event larger than [`MAX_EVENT_BYTES`]; a cut
+//!   stream gets a final SSE error event and counts as a backend failure;
 //! - records everything once, when the stream ends (DESIGN.md, "Streams and metrics").
 
 use std::collections::VecDeque;
+use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -27,22 +32,32 @@ use super::sse::{Item, SseParser};
 use crate::dispatch::queue::Permit;
 use crate::error::GatewayError;
 use crate::metrics::Metrics;
+use crate::outcome::{Outcome, RequestRecord};
 
 /// A burst: at least this share of the generated tokens' frames arrived in one read.
 const BURST_SHARE: f64 = 0.5;
 
-/// Who the request was, for labels, and what the client asked.
+/// The largest SSE event (or unfinished line) a backend may send: past it the stream is cut,
+/// so a backend that never ends a line cannot make the gateway hold its bytes without bound.
+pub const MAX_EVENT_BYTES: usize = 16 << 20;
+
+/// Who the request was and what the client asked.
 pub struct RequestInfo {
-    pub metrics: Metrics,
-    pub model: String,
-    pub backend: String,
-    /// When the gateway received the request.
-    pub arrived: Instant,
+    /// The request's one outcome record (labels, arrival time).
+    pub record: RequestRecord,
     pub queue_wait: Duration,
     /// The client asked for `stream_options.include_usage`; else the usage-only chunk is dropped.
     pub client_wants_usage: bool,
     /// Append `: mlxgate queue_ms=… ttft_ms=… tokens=… tps=…` at the end (`x-mlxgate-stats: 1`).
     pub stats_comment: bool,
+    /// Longest silence of the backend once its answer has begun.
+    pub idle_timeout: Duration,
+}
+
+impl RequestInfo {
+    fn backend(&self) -> String {
+        self.record.backend.clone()
+    }
 }
 
 /// How the body is watched.
@@ -70,6 +85,8 @@ pub struct StreamFigures {
     /// An `{"error": …}` event, with its message.
     pub error: Option<String>,
     pub done: bool,
+    /// A choice carried a `finish_reason`: the answer reached its end.
+    pub finished: bool,
     /// The body was parsed as a stream of generated output.
     pub metered: bool,
 }
@@ -96,6 +113,9 @@ impl StreamFigures {
             self.completion_tokens = usage.get("completion_tokens").and_then(Value::as_u64).or(self.completion_tokens);
         }
         let choices = value.get("choices").and_then(Value::as_array);
+        if choices.is_some_and(|c| c.iter().any(|c| c.get("finish_reason").is_some_and(Value::is_string))) {
+            self.finished = true;
+        }
         let usage_only = choices.is_some_and(Vec::is_empty) && value.get("usage").is_some_and(Value::is_object);
         let keepalive = value.get("id").and_then(Value::as_str) == Some("chatcmpl-keepalive");
         let generated = !keepalive && choices.is_some_and(|c| c.iter().any(carries_output));
@@ -105,6 +125,12 @@ impl StreamFigures {
             self.token_frames += 1;
         }
         (!usage_only || client_wants_usage, generated)
+    }
+
+    /// Whether the stream showed its end: `[DONE]` or a `finish_reason`. A stream that stops
+    /// without either was cut (the backend died or dropped the connection).
+    pub fn complete(&self) -> bool {
+        self.done || self.finished
     }
 
     /// Tokens generated, from the backend's usage; `None` when it sent none.
@@ -155,6 +181,7 @@ fn carries_output(choice: &Value) -> bool {
 
 pin_project! {
     /// Wraps the backend's streaming body for the client.
+    #[project = StreamMeterProj]
     pub struct StreamMeter {
         #[pin]
         inner: Incoming,
@@ -164,6 +191,10 @@ pin_project! {
         info: Option<RequestInfo>,
         permit: Option<Permit>,
         finished: bool,
+        // Fires when the backend has been silent for the idle timeout.
+        idle: Pin<Box<tokio::time::Sleep>>,
+        // A raw body's cut, given to the client as a body error (the connection is aborted).
+        failure: Option<axum::BoxError>,
     }
 
     impl PinnedDrop for StreamMeter {
@@ -171,7 +202,7 @@ pin_project! {
             let this = this.project();
             // Dropped before its end: the client went away.
             if let Some(info) = this.info.take() {
-                record(&info, this.figures, "client_closed");
+                record(info, this.figures, Outcome::ClientClosed);
             }
         }
     }
@@ -181,6 +212,7 @@ impl StreamMeter {
     /// Wraps `inner`; `first` holds bytes already taken from it (the first frame of a managed
     /// backend's answer). `permit` is released when the body ends or is dropped.
     pub fn new(inner: Incoming, mode: Mode, first: Option<Bytes>, permit: Permit, info: RequestInfo) -> Self {
+        let idle = Box::pin(tokio::time::sleep(info.idle_timeout));
         let mut meter = StreamMeter {
             inner,
             mode,
@@ -189,6 +221,8 @@ impl StreamMeter {
             info: Some(info),
             permit: Some(permit),
             finished: false,
+            idle,
+            failure: None,
         };
         match (first, mode) {
             (Some(first), Mode::Raw) => meter.forward.out.push_back(first),
@@ -278,29 +312,43 @@ impl Forward {
         }
     }
 
-    /// The end of the stream: a last frame without its blank line still goes to the client.
-    fn finish(&mut self) {
+    /// The end of the stream: a last event without its blank line still counts (its end is
+    /// implied) and goes to the client.
+    fn finish(&mut self, figures: &mut StreamFigures, client_wants_usage: bool) {
+        if !self.partial.is_empty() {
+            let now = Instant::now();
+            self.parser.feed(b"\n\n", |item, _| {
+                figures.watch(&item, now, client_wants_usage);
+            });
+        }
         self.out.extend(self.partial.drain(..));
+    }
+
+    /// Bytes held back for an event that has not ended yet.
+    fn pending_bytes(&self) -> usize {
+        self.partial.iter().map(Bytes::len).sum()
     }
 }
 
 /// Records one finished request.
-fn record(info: &RequestInfo, f: &StreamFigures, outcome: &str) {
-    let m = &info.metrics;
-    let labels = [info.model.as_str(), info.backend.as_str()];
-    m.requests.with_label_values(&[&info.model, &info.backend, outcome]).inc();
-    m.request_duration.with_label_values(&labels).observe(info.arrived.elapsed().as_secs_f64());
+fn record(info: RequestInfo, f: &StreamFigures, outcome: Outcome) {
+    let m = info.record.metrics().clone();
+    let (model, backend) = (info.record.model.clone(), info.record.backend.clone());
+    let labels = [model.as_str(), backend.as_str()];
+    m.request_duration.with_label_values(&labels).observe(info.record.arrived.elapsed().as_secs_f64());
+    let arrived = info.record.arrived;
+    info.record.finish(outcome);
     if !f.metered {
         // A raw body (embeddings, an error): nothing generated to count.
         return;
     }
     if let Some(first) = f.first_token {
-        let ttft = first.duration_since(info.arrived).as_secs_f64();
-        m.time_to_first_token.with_label_values(&[&info.model, &info.backend, "true"]).observe(ttft);
+        let ttft = first.duration_since(arrived).as_secs_f64();
+        m.time_to_first_token.with_label_values(&[&model, &backend, "true"]).observe(ttft);
     }
-    record_tokens(m, &labels, f);
+    record_tokens(&m, &labels, f);
     if f.is_burst() {
-        m.stream_bursts.with_label_values(&[&info.backend]).inc();
+        m.stream_bursts.with_label_values(&[&backend]).inc();
     }
     if let Some(tps) = f.decode_tokens_per_second() {
         m.tokens_per_second.with_label_values(&labels).observe(tps);
@@ -309,7 +357,7 @@ fn record(info: &RequestInfo, f: &StreamFigures, outcome: &str) {
         m.inter_token_latency.with_label_values(&labels).observe(itl);
     }
     if f.usage_mismatch() {
-        m.usage_mismatch.with_label_values(&[&info.backend]).inc();
+        m.usage_mismatch.with_label_values(&[&backend]).inc();
     }
 }
 
@@ -324,34 +372,39 @@ fn record_tokens(m: &Metrics, labels: &[&str; 2], f: &StreamFigures) {
     }
 }
 
-/// Figures of a whole (non-streaming) answer: its usage.
-pub fn figures_of_whole(body: &[u8]) -> StreamFigures {
-    let mut f = StreamFigures { metered: true, ..Default::default() };
-    if let Ok(value) = serde_json::from_slice::<Value>(body) {
-        let usage = value.get("usage");
-        f.prompt_tokens = usage.and_then(|u| u.get("prompt_tokens")).and_then(Value::as_u64);
-        f.completion_tokens = usage.and_then(|u| u.get("completion_tokens")).and_then(Value::as_u64);
-        if let Some(error) = value.get("error").filter(|e| !e.is_null()) {
-            f.error = Some(error.to_string());
-        }
+/// Figures of a whole (non-streaming) answer: its usage. `None` when the body is not an OpenAI
+/// answer (a JSON object with `choices`, or `data` for embeddings): an empty or cut body.
+pub fn figures_of_whole(body: &[u8]) -> Option<StreamFigures> {
+    let value = serde_json::from_slice::<Value>(body).ok()?;
+    let answer = value.get("choices").is_some_and(Value::is_array) || value.get("data").is_some_and(Value::is_array);
+    if !answer {
+        return None;
     }
-    f
+    let usage = value.get("usage");
+    Some(StreamFigures {
+        metered: true,
+        prompt_tokens: usage.and_then(|u| u.get("prompt_tokens")).and_then(Value::as_u64),
+        completion_tokens: usage.and_then(|u| u.get("completion_tokens")).and_then(Value::as_u64),
+        ..Default::default()
+    })
 }
 
 /// Records a whole answer: TTFT is the full response time, labelled `streaming="false"`.
-pub fn record_whole(info: &RequestInfo, f: &StreamFigures, outcome: &str) {
-    let m = &info.metrics;
-    let labels = [info.model.as_str(), info.backend.as_str()];
-    let elapsed = info.arrived.elapsed().as_secs_f64();
-    m.requests.with_label_values(&[&info.model, &info.backend, outcome]).inc();
+pub fn record_whole(record: RequestRecord, f: &StreamFigures, outcome: Outcome) {
+    let m = record.metrics().clone();
+    let labels = [record.model.as_str(), record.backend.as_str()];
+    let elapsed = record.arrived.elapsed().as_secs_f64();
     m.request_duration.with_label_values(&labels).observe(elapsed);
-    m.time_to_first_token.with_label_values(&[&info.model, &info.backend, "false"]).observe(elapsed);
-    record_tokens(m, &labels, f);
+    if outcome == Outcome::Ok {
+        m.time_to_first_token.with_label_values(&[labels[0], labels[1], "false"]).observe(elapsed);
+    }
+    record_tokens(&m, &labels, f);
+    record.finish(outcome);
 }
 
 /// The `x-mlxgate-stats` comment line.
 fn stats_line(info: &RequestInfo, f: &StreamFigures) -> Bytes {
-    let ttft = f.first_token.map(|t| t.duration_since(info.arrived).as_millis().to_string());
+    let ttft = f.first_token.map(|t| t.duration_since(info.record.arrived).as_millis().to_string());
     let tps = f.decode_tokens_per_second().map(|t| format!("{t:.1}"));
     let unknown = || "unknown".to_string();
     Bytes::from(format!(
@@ -365,55 +418,68 @@ fn stats_line(info: &RequestInfo, f: &StreamFigures) -> Bytes {
 
 impl Body for StreamMeter {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = axum::BoxError;
 
-    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, axum::BoxError>>> {
         let mut this = self.project();
         loop {
             if let Some(bytes) = this.forward.out.pop_front() {
                 return Poll::Ready(Some(Ok(Frame::data(bytes))));
             }
+            if let Some(failure) = this.failure.take() {
+                return Poll::Ready(Some(Err(failure)));
+            }
             if *this.finished {
                 return Poll::Ready(None);
             }
-            let wants_usage = this.info.as_ref().is_some_and(|i| i.client_wants_usage);
+            let Some(info) = this.info.as_ref() else { return Poll::Ready(None) };
+            let (wants_usage, idle_timeout) = (info.client_wants_usage, info.idle_timeout);
             match this.inner.as_mut().poll_frame(cx) {
-                Poll::Pending => return Poll::Pending,
+                Poll::Pending => {
+                    if this.idle.as_mut().poll(cx).is_pending() {
+                        return Poll::Pending;
+                    }
+                    cut(&mut this, |backend| GatewayError::BackendStalled { backend, after: idle_timeout });
+                }
                 Poll::Ready(Some(Ok(frame))) => {
-                    if let Ok(data) = frame.into_data() {
-                        match this.mode {
-                            Mode::Sse => this.forward.observe(this.figures, data, wants_usage),
-                            Mode::Raw => this.forward.out.push_back(data),
-                        }
+                    let deadline = tokio::time::Instant::now() + idle_timeout;
+                    this.idle.as_mut().reset(deadline);
+                    let Ok(data) = frame.into_data() else { continue };
+                    match this.mode {
+                        Mode::Sse => this.forward.observe(this.figures, data, wants_usage),
+                        Mode::Raw => this.forward.out.push_back(data),
+                    }
+                    if this.forward.pending_bytes() > MAX_EVENT_BYTES {
+                        let reason = format!(
+                            "it sent more than {} MiB without ending an SSE event; the answer was cut",
+                            MAX_EVENT_BYTES >> 20
+                        );
+                        cut(&mut this, |backend| GatewayError::Backend { backend, reason });
                     }
                 }
                 Poll::Ready(None) => {
+                    this.forward.finish(this.figures, wants_usage);
+                    let ended_early = *this.mode == Mode::Sse && !this.figures.complete();
+                    if ended_early && this.figures.error.is_none() {
+                        let reason = "the stream ended before the answer did (no finish_reason, no [DONE]): \
+                                      the backend closed the connection"
+                            .to_string();
+                        cut(&mut this, |backend| GatewayError::Backend { backend, reason });
+                        continue;
+                    }
                     *this.finished = true;
-                    this.forward.finish();
                     this.permit.take();
                     if let Some(info) = this.info.take() {
-                        let outcome = if this.figures.error.is_some() { "stream_error" } else { "ok" };
+                        let outcome = if this.figures.error.is_some() { Outcome::StreamError } else { Outcome::Ok };
                         if info.stats_comment {
                             this.forward.out.push_back(stats_line(&info, this.figures));
                         }
-                        record(&info, this.figures, outcome);
+                        record(info, this.figures, outcome);
                     }
                 }
                 Poll::Ready(Some(Err(e))) => {
-                    *this.finished = true;
-                    this.forward.partial.clear();
-                    this.permit.take();
-                    let backend = this.info.as_ref().map(|i| i.backend.clone()).unwrap_or_default();
-                    if let Some(info) = this.info.take() {
-                        record(&info, this.figures, "backend_error");
-                    }
-                    tracing::warn!(backend, error = %e, "backend stream failed after it began");
-                    if *this.mode == Mode::Raw {
-                        return Poll::Ready(Some(Err(e)));
-                    }
-                    let event =
-                        GatewayError::Backend { backend, reason: format!("the stream broke after it began: {e}") };
-                    this.forward.out.push_back(event.sse_event());
+                    let reason = format!("the stream broke after it began: {e}");
+                    cut(&mut this, |backend| GatewayError::Backend { backend, reason });
                 }
             }
         }
@@ -428,6 +494,25 @@ impl Body for StreamMeter {
     }
 }
 
+/// Ends a stream that the backend cut: the unfinished event is dropped, the slot freed, the
+/// request counted as the error's failure, and the client gets the error (made from the
+/// backend's name) as a final SSE event.
+fn cut(this: &mut StreamMeterProj<'_>, error: impl FnOnce(String) -> GatewayError) {
+    let error = error(this.info.as_ref().map(RequestInfo::backend).unwrap_or_default());
+    *this.finished = true;
+    this.forward.partial.clear();
+    this.permit.take();
+    tracing::warn!(error = %error, "backend stream cut");
+    let outcome = Outcome::from(&error);
+    match this.mode {
+        Mode::Sse => this.forward.out.push_back(error.sse_event()),
+        Mode::Raw => *this.failure = Some(Box::new(error)),
+    }
+    if let Some(info) = this.info.take() {
+        record(info, this.figures, outcome);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -438,7 +523,7 @@ mod tests {
         for c in chunks {
             forward.observe(&mut figures, Bytes::from(c.to_string()), wants_usage);
         }
-        forward.finish();
+        forward.finish(&mut figures, wants_usage);
         let sent: Vec<u8> = forward.out.iter().flat_map(|b| b.iter().copied()).collect();
         (figures, String::from_utf8(sent).expect("utf8"))
     }
@@ -494,7 +579,9 @@ mod tests {
     fn usage_without_any_output_frame_is_a_mismatch() {
         let (f, _) = figures_of(&[ROLE, USAGE_ONLY], true);
         assert!(f.usage_mismatch());
-        assert_eq!(figures_of_whole(br#"{"usage":{"prompt_tokens":4,"completion_tokens":9}}"#).tokens(), Some(9));
+        let whole = figures_of_whole(br#"{"choices":[],"usage":{"prompt_tokens":4,"completion_tokens":9}}"#);
+        assert_eq!(whole.and_then(|f| f.tokens()), Some(9));
+        assert!(figures_of_whole(b"").is_none() && figures_of_whole(br#"{"id":"x"}"#).is_none());
         let (f, _) = figures_of(&[TOKEN, TOKEN, USAGE_ONLY], true);
         assert!(!f.usage_mismatch());
     }
@@ -608,7 +695,7 @@ mod properties {
         for c in chunks {
             forward.observe(&mut figures, c.clone(), wants_usage);
         }
-        forward.finish();
+        forward.finish(&mut figures, wants_usage);
         let sent = forward.out.iter().flat_map(|b| b.iter().copied()).collect();
         (items, (figures.token_frames, figures.tokens(), figures.error, figures.done), sent)
     }
