@@ -88,10 +88,18 @@ impl BackendHandle {
     pub async fn send(&self, request: &Outbound) -> Result<Answer, SendFailure> {
         let generation = self.supervisor.as_ref().map(|s| s.status().generation);
         let sent_at = Instant::now();
-        let sent = self
-            .upstream
-            .send(&self.config, request.method.clone(), &request.path_and_query, &request.headers, request.body.clone())
-            .await;
+        // The first byte comes with or after the headers: its deadline bounds both.
+        let first_byte_deadline = tokio::time::Instant::from_std(sent_at + self.config.first_byte_timeout);
+        let send = self.upstream.send(
+            &self.config,
+            request.method.clone(),
+            &request.path_and_query,
+            &request.headers,
+            request.body.clone(),
+        );
+        let sent = tokio::time::timeout_at(first_byte_deadline, send)
+            .await
+            .unwrap_or(Err(UpstreamError::Timeout(self.config.first_byte_timeout)));
         let broke = match sent {
             Ok(response) => match self.first_bytes(response, sent_at).await {
                 Ok(answer) => return Ok(answer),

@@ -169,6 +169,11 @@ impl SimState {
         })
     }
 
+    /// How this server frames its responses.
+    pub fn framing(&self) -> Framing {
+        self.config.framing()
+    }
+
     /// Requests generating right now.
     pub fn active(&self) -> usize {
         self.active.load(Ordering::SeqCst)
