@@ -48,6 +48,8 @@ struct State {
     failure: Option<String>,
     /// Last time a request arrived or a slot was freed (for idle stops).
     last_activity: Instant,
+    /// Last time a slot was handed out or freed, or the gate opened (for stalled backends).
+    last_progress: Instant,
     in_flight: usize,
     models: Vec<ModelQueue>,
     /// Index of the model whose turn is next when a slot frees.
@@ -110,6 +112,9 @@ pub struct QueueView {
     pub oldest_wait: Option<Duration>,
     /// Time since the last arrival or release.
     pub idle_for: Duration,
+    /// Time since a slot was last handed out or freed, or the gate opened: how long the
+    /// backend has made no progress through its queue (its slots held by long requests).
+    pub since_progress: Duration,
 }
 
 impl BackendQueue {
@@ -127,6 +132,7 @@ impl BackendQueue {
                     open,
                     failure: None,
                     last_activity: Instant::now(),
+                    last_progress: Instant::now(),
                     in_flight: 0,
                     models: Vec::new(),
                     next_model: 0,
@@ -156,6 +162,7 @@ impl BackendQueue {
         let mut state = self.shared.lock();
         state.open = true;
         state.failure = None;
+        state.last_progress = Instant::now();
         drop(state);
         self.shared.dispatch_free_slots();
     }
@@ -194,6 +201,7 @@ impl BackendQueue {
             in_flight: state.in_flight,
             oldest_wait: oldest.map(|t| t.elapsed()),
             idle_for: state.last_activity.elapsed(),
+            since_progress: state.last_progress.elapsed(),
         }
     }
 }
@@ -213,6 +221,7 @@ impl ModelSlot {
             let nobody_waiting = state.models.iter().all(|m| m.waiting == 0);
             if state.open && nobody_waiting && state.in_flight < shared.max_concurrency {
                 state.in_flight += 1;
+                state.last_progress = Instant::now();
                 shared.metrics.inflight.with_label_values(&[&shared.backend]).set(state.in_flight as i64);
                 drop(state);
                 return Ok(shared.permit(arrived));
@@ -330,6 +339,7 @@ impl Shared {
             let mut state = self.lock();
             state.observe_service(held);
             state.last_activity = Instant::now();
+            state.last_progress = Instant::now();
         }
         self.hand_over();
         self.changed.notify_one();

@@ -1,13 +1,32 @@
 //! Which managed backend runs. Metal gives every process its own GPU context and MLX servers do
 //! not share one, so at most one backend with `gpu: true` runs at a time.
 //!
-//! The rules, applied by the pure [`decide`] (unit-tested here with made-up views) and carried
-//! out by the supervisors:
+//! The rules, applied by the pure [`decide`] over a snapshot of every managed backend, with what
+//! the loop must remember between rounds kept in the pure [`Scheduler`] (both driven by tests
+//! without processes), and carried out by the supervisors:
 //! - a stopped backend with waiting requests is started, if the GPU is free (or it needs none);
-//! - the running GPU backend keeps serving its own requests until another GPU backend's oldest
-//!   waiting request has waited `swap_after` (requests are grouped by model, no thrashing) or
-//!   until it has nothing left to do; then it is drained and stopped and the other one starts;
-//!   the one whose request has waited longest goes next, so nobody starves;
+//!   a `Start` sent but not yet picked up by the supervisor counts as starting, and a `Stop`
+//!   not yet picked up as draining, so the GPU is never promised twice;
+//! - the running GPU backend keeps serving its own requests until another GPU backend (the one
+//!   whose oldest request has waited longest) is due, and then it is drained and stopped. That
+//!   other backend is due when its oldest request has waited `swap_after` (requests are grouped
+//!   by model) **and** longer than the running backend's oldest waiting request (else the swap
+//!   would be undone at once for the older one), or when the running backend is stalled: no slot
+//!   handed out or freed for `swap_after` (its slots are held by long requests, so its own
+//!   waiters would not move anyway). A running backend with no work at all is swapped out at once;
+//! - a backend is never stopped while it is starting: stopping it there throws away the start
+//!   and, when its own waiters are the older ones, brings it straight back (the livelock of
+//!   issue 7: a stopped and started every 0.5 s, forever);
+//! - a backend that became ready keeps the GPU for at least `swap_after` before it can be swapped
+//!   out for another one's requests (unless it has nothing to do): each swap then buys at least
+//!   as much service as the grouping window the user chose, and swaps come at most once per
+//!   `swap_after` plus a start;
+//! - a backend in crash backoff (`Restarting`) holds no process and serves nothing, so nothing is
+//!   lost by stopping it: it is swapped out under the same rules as a ready one, without the
+//!   minimum time (it was never ready) and without the stalled rule (its own waiters, if older,
+//!   keep their turn: it will be back in at most one backoff);
+//! - after a swap the backend it was made for starts next, even if the stopped one's own
+//!   waiters are older: picking by age again here would restart the one just stopped;
 //! - a ready backend with nothing to do for its `idle_timeout` is stopped.
 
 use std::collections::{HashMap, HashSet};
@@ -26,34 +45,41 @@ pub struct BackendView {
     pub name: String,
     pub gpu: bool,
     pub phase: Phase,
+    /// The supervisor's process generation: a `Start` was picked up once it changes.
+    pub generation: u64,
+    /// How long the current process has been ready (set only while `Ready`).
+    pub ready_for: Option<Duration>,
     pub queue: QueueView,
     pub idle_timeout: Option<Duration>,
 }
 
-/// Why a backend is stopped.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum StopReason {
-    /// Another GPU backend's requests are due.
-    Swap,
-    /// Unused for its idle_timeout.
-    Idle,
+impl BackendView {
+    fn has_work(&self) -> bool {
+        self.queue.waiting > 0 || self.queue.in_flight > 0
+    }
 }
 
 /// A decision.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Action {
     Start(String),
-    Stop(String, StopReason),
+    /// Drain and stop `running` so that `next`, whose requests are due, gets the GPU.
+    Swap {
+        running: String,
+        next: String,
+    },
+    /// Stop a ready backend unused for its `idle_timeout`.
+    StopIdle(String),
 }
 
-/// The scheduling rules over a snapshot of every managed backend.
-pub fn decide(views: &[BackendView], swap_after: Duration) -> Vec<Action> {
+/// The scheduling rules over a snapshot of every managed backend. `swap_target` is the backend
+/// the last swap was made for, while it has not started yet.
+pub fn decide(views: &[BackendView], swap_target: Option<&str>, swap_after: Duration) -> Vec<Action> {
     let mut actions = Vec::new();
-    let has_work = |v: &BackendView| v.queue.waiting > 0 || v.queue.in_flight > 0;
     for v in views {
         let idle = v.idle_timeout.is_some_and(|t| v.queue.idle_for >= t);
-        if v.phase == Phase::Ready && !has_work(v) && idle {
-            actions.push(Action::Stop(v.name.clone(), StopReason::Idle));
+        if v.phase == Phase::Ready && !v.has_work() && idle {
+            actions.push(Action::StopIdle(v.name.clone()));
         }
         if !v.gpu && v.phase == Phase::Stopped && v.queue.waiting > 0 {
             actions.push(Action::Start(v.name.clone()));
@@ -61,78 +87,147 @@ pub fn decide(views: &[BackendView], swap_after: Duration) -> Vec<Action> {
     }
 
     let gpu: Vec<&BackendView> = views.iter().filter(|v| v.gpu).collect();
-    // The one waiting longest goes first.
-    let mut due: Vec<&&BackendView> = gpu.iter().filter(|v| v.phase == Phase::Stopped && v.queue.waiting > 0).collect();
-    due.sort_by_key(|v| std::cmp::Reverse(v.queue.oldest_wait.unwrap_or_default()));
-    let Some(next) = due.first() else { return actions };
+    let Some(next) = next_gpu_backend(&gpu, swap_target) else { return actions };
     match gpu.iter().find(|v| v.phase.is_running()) {
         None => actions.push(Action::Start(next.name.clone())),
-        // A swap is under way: wait for it to finish.
-        Some(running) if running.phase == Phase::Draining => {}
         Some(running) => {
-            let waited = next.queue.oldest_wait.unwrap_or_default();
-            let already_stopping = actions.iter().any(|a| matches!(a, Action::Stop(n, _) if *n == running.name));
-            if !already_stopping && (!has_work(running) || waited >= swap_after) {
-                actions.push(Action::Stop(running.name.clone(), StopReason::Swap));
+            let idle_stopping = actions.contains(&Action::StopIdle(running.name.clone()));
+            if !idle_stopping && may_swap_out(running, next, swap_after) {
+                actions.push(Action::Swap { running: running.name.clone(), next: next.name.clone() });
             }
         }
     }
     actions
 }
 
+/// The stopped GPU backend that gets the GPU next: the swap's target while it still has
+/// waiting requests, else the one whose oldest request has waited longest.
+fn next_gpu_backend<'a>(gpu: &[&'a BackendView], swap_target: Option<&str>) -> Option<&'a BackendView> {
+    let due = || gpu.iter().copied().filter(|v| v.phase == Phase::Stopped && v.queue.waiting > 0);
+    let target = swap_target.and_then(|t| due().find(|v| v.name == t));
+    target.or_else(|| due().min_by_key(|v| std::cmp::Reverse(v.queue.oldest_wait.unwrap_or_default())))
+}
+
+/// Whether the running GPU backend gives the GPU up for `next` now (see the module's rules).
+fn may_swap_out(running: &BackendView, next: &BackendView, swap_after: Duration) -> bool {
+    let can_stop = matches!(running.phase, Phase::Ready | Phase::Restarting);
+    if !running.has_work() {
+        return can_stop;
+    }
+    let waited = next.queue.oldest_wait.unwrap_or_default();
+    let due = waited >= swap_after;
+    let older = waited > running.queue.oldest_wait.unwrap_or_default();
+    match running.phase {
+        Phase::Ready => {
+            let held = running.ready_for.is_none_or(|t| t >= swap_after);
+            let stalled = running.queue.since_progress >= swap_after;
+            due && held && (older || stalled)
+        }
+        Phase::Restarting => due && older,
+        // Starting: never (see the module's rules); draining: a swap is under way.
+        _ => false,
+    }
+}
+
+/// What the run loop remembers between rounds, pure so that tests can drive it: commands sent
+/// but not yet seen carried out, and the target of the last swap.
+#[derive(Debug, Clone)]
+pub struct Scheduler {
+    swap_after: Duration,
+    /// Backends sent `Start` while stopped, with the generation they had then.
+    starting: HashMap<String, u64>,
+    /// Backends sent a stop that are not yet stopped.
+    stopping: HashSet<String>,
+    /// The backend the last swap was made for, until it starts.
+    swap_target: Option<String>,
+}
+
+impl Scheduler {
+    pub fn new(swap_after: Duration) -> Self {
+        Scheduler { swap_after, starting: HashMap::new(), stopping: HashSet::new(), swap_target: None }
+    }
+
+    /// One round over the supervisors' latest status: returns the commands to send now.
+    pub fn step(&mut self, observed: &[BackendView]) -> Vec<Action> {
+        let views = self.as_commanded(observed);
+        let target = self
+            .swap_target
+            .clone()
+            .filter(|t| views.iter().any(|v| v.name == *t && v.phase == Phase::Stopped && v.queue.waiting > 0));
+        let actions: Vec<Action> = decide(&views, target.as_deref(), self.swap_after)
+            .into_iter()
+            .filter(|a| match a {
+                Action::Start(n) => !self.starting.contains_key(n),
+                Action::Swap { running: n, .. } | Action::StopIdle(n) => !self.stopping.contains(n),
+            })
+            .collect();
+        if target.is_none() {
+            self.swap_target = None;
+        }
+        for action in &actions {
+            match action {
+                Action::Start(name) => {
+                    let generation = views.iter().find(|v| v.name == *name).map_or(0, |v| v.generation);
+                    self.starting.insert(name.clone(), generation);
+                }
+                Action::Swap { running, next } => {
+                    self.stopping.insert(running.clone());
+                    self.swap_target = Some(next.clone());
+                }
+                Action::StopIdle(name) => {
+                    self.stopping.insert(name.clone());
+                }
+            }
+        }
+        actions
+    }
+
+    /// The views as they will be once the commands already sent are picked up: a backend sent
+    /// `Start` that still reads stopped is starting; one sent a stop that still runs is draining.
+    /// Forgets the commands the supervisors have carried out.
+    fn as_commanded(&mut self, observed: &[BackendView]) -> Vec<BackendView> {
+        let mut views = observed.to_vec();
+        for v in &mut views {
+            let pending_start = self.starting.get(&v.name).is_some_and(|g| *g == v.generation);
+            if pending_start && v.phase == Phase::Stopped {
+                v.phase = Phase::Starting;
+            } else {
+                self.starting.remove(&v.name);
+            }
+            if matches!(v.phase, Phase::Stopped | Phase::Failed) {
+                self.stopping.remove(&v.name);
+            } else if self.stopping.contains(&v.name) && v.phase != Phase::Starting {
+                v.phase = Phase::Draining;
+                v.ready_for = None;
+            }
+        }
+        views
+    }
+}
+
 /// Runs the rules whenever a queue or a backend changes (and on a short tick for timers).
 pub async fn run(supervisors: Vec<Arc<Supervisor>>, swap_after: Duration, changed: Arc<Notify>, metrics: Metrics) {
-    let mut sent: HashMap<String, Phase> = HashMap::new();
-    let mut stopping: HashSet<String> = HashSet::new();
+    let mut scheduler = Scheduler::new(swap_after);
     let by_name: HashMap<String, Arc<Supervisor>> =
         supervisors.iter().map(|s| (s.config.name.clone(), Arc::clone(s))).collect();
     loop {
-        let views: Vec<BackendView> = supervisors
-            .iter()
-            .filter_map(|s| {
-                let managed = s.config.managed.as_ref()?;
-                Some(BackendView {
-                    name: s.config.name.clone(),
-                    gpu: managed.gpu,
-                    phase: s.status().phase,
-                    queue: s.queue.view(),
-                    idle_timeout: managed.idle_timeout,
-                })
-            })
-            .collect();
-        // Forget commands once the backend has moved on from the phase they were sent in.
-        for v in &views {
-            if sent.get(&v.name).is_some_and(|p| *p != v.phase) {
-                sent.remove(&v.name);
-            }
-            if matches!(v.phase, Phase::Stopped | Phase::Failed) {
-                stopping.remove(&v.name);
-            }
-        }
-        for action in decide(&views, swap_after) {
+        let views: Vec<BackendView> = supervisors.iter().filter_map(|s| view_of(s)).collect();
+        for action in scheduler.step(&views) {
             let (name, command) = match &action {
                 Action::Start(name) => (name, Command::Start),
-                Action::Stop(name, _) => (name, Command::Stop),
-            };
-            let phase = views.iter().find(|v| &v.name == name).map(|v| v.phase);
-            let duplicate = match command {
-                Command::Stop => stopping.contains(name),
-                _ => sent.contains_key(name),
-            };
-            let (Some(phase), Some(supervisor), false) = (phase, by_name.get(name), duplicate) else { continue };
-            match action {
-                Action::Stop(_, StopReason::Swap) => {
+                Action::Swap { running, next } => {
                     metrics.backend_swaps.inc();
-                    tracing::info!(backend = %name, "swapping out: another model's requests are due");
+                    tracing::info!(backend = %running, next = %next, "swapping out: another model's requests are due");
+                    (running, Command::Stop)
                 }
-                Action::Stop(_, StopReason::Idle) => tracing::info!(backend = %name, "stopping idle backend"),
-                Action::Start(_) => {}
+                Action::StopIdle(name) => {
+                    tracing::info!(backend = %name, "stopping idle backend");
+                    (name, Command::Stop)
+                }
+            };
+            if let Some(supervisor) = by_name.get(name) {
+                supervisor.send(command);
             }
-            if command == Command::Stop {
-                stopping.insert(name.clone());
-            }
-            sent.insert(name.clone(), phase);
-            supervisor.send(command);
         }
         tokio::select! {
             () = changed.notified() => {}
@@ -141,22 +236,41 @@ pub async fn run(supervisors: Vec<Arc<Supervisor>>, swap_after: Duration, change
     }
 }
 
+/// The scheduler's view of a managed backend (None for a backend mlxgate does not run).
+fn view_of(supervisor: &Supervisor) -> Option<BackendView> {
+    let managed = supervisor.config.managed.as_ref()?;
+    let status = supervisor.status();
+    Some(BackendView {
+        name: supervisor.config.name.clone(),
+        gpu: managed.gpu,
+        phase: status.phase,
+        generation: status.generation,
+        ready_for: status.ready_since.filter(|_| status.phase == Phase::Ready).map(|t| t.elapsed()),
+        queue: supervisor.queue.view(),
+        idle_timeout: managed.idle_timeout,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     const SWAP_AFTER: Duration = Duration::from_secs(10);
 
+    /// A GPU backend; a ready one has been ready for a minute and its queue moved just now.
     fn view(name: &str, phase: Phase, waiting: usize, in_flight: usize, oldest_secs: Option<u64>) -> BackendView {
         BackendView {
             name: name.into(),
             gpu: true,
             phase,
+            generation: 0,
+            ready_for: (phase == Phase::Ready).then_some(Duration::from_secs(60)),
             queue: QueueView {
                 waiting,
                 in_flight,
                 oldest_wait: oldest_secs.map(Duration::from_secs),
                 idle_for: Duration::ZERO,
+                since_progress: Duration::ZERO,
             },
             idle_timeout: None,
         }
@@ -166,21 +280,25 @@ mod tests {
         Action::Start(n.into())
     }
 
-    fn swap(n: &str) -> Action {
-        Action::Stop(n.into(), StopReason::Swap)
+    fn swap(running: &str, next: &str) -> Action {
+        Action::Swap { running: running.into(), next: next.into() }
+    }
+
+    fn decide(views: &[BackendView]) -> Vec<Action> {
+        super::decide(views, None, SWAP_AFTER)
     }
 
     #[test]
     fn starts_the_backend_a_request_waits_for_when_the_gpu_is_free() {
         let views = [view("a", Phase::Stopped, 1, 0, Some(0)), view("b", Phase::Stopped, 0, 0, None)];
-        assert_eq!(decide(&views, SWAP_AFTER), [start("a")]);
+        assert_eq!(decide(&views), [start("a")]);
     }
 
     #[test]
     fn never_starts_a_second_gpu_backend() {
         for phase in [Phase::Starting, Phase::Ready, Phase::Restarting, Phase::Draining] {
             let views = [view("a", phase, 3, 1, Some(1)), view("b", Phase::Stopped, 1, 0, Some(1))];
-            assert!(!decide(&views, SWAP_AFTER).contains(&start("b")), "{phase:?}");
+            assert!(!decide(&views).contains(&start("b")), "{phase:?}");
         }
     }
 
@@ -188,21 +306,24 @@ mod tests {
     fn groups_requests_for_the_loaded_model_until_swap_after() {
         // a is busy and has more queued; b's request has waited less than swap_after.
         let views = [view("a", Phase::Ready, 4, 2, Some(3)), view("b", Phase::Stopped, 2, 0, Some(9))];
-        assert_eq!(decide(&views, SWAP_AFTER), []);
-        // Once b's oldest has waited swap_after, a is drained and stopped.
+        assert_eq!(decide(&views), []);
+        // Once b's oldest has waited swap_after (and longer than a's oldest), a is drained.
         let views = [view("a", Phase::Ready, 4, 2, Some(3)), view("b", Phase::Stopped, 2, 0, Some(10))];
-        assert_eq!(decide(&views, SWAP_AFTER), [swap("a")]);
+        assert_eq!(decide(&views), [swap("a", "b")]);
         // While a drains nothing else happens; once stopped, b starts.
         let views = [view("a", Phase::Draining, 4, 1, Some(3)), view("b", Phase::Stopped, 2, 0, Some(11))];
-        assert_eq!(decide(&views, SWAP_AFTER), []);
+        assert_eq!(decide(&views), []);
         let views = [view("a", Phase::Stopped, 4, 0, Some(4)), view("b", Phase::Stopped, 2, 0, Some(12))];
-        assert_eq!(decide(&views, SWAP_AFTER), [start("b")]);
+        assert_eq!(decide(&views), [start("b")]);
     }
 
     #[test]
     fn swaps_at_once_when_the_running_backend_has_nothing_to_do() {
-        let views = [view("a", Phase::Ready, 0, 0, None), view("b", Phase::Stopped, 1, 0, Some(0))];
-        assert_eq!(decide(&views, SWAP_AFTER), [swap("a")]);
+        let mut a = view("a", Phase::Ready, 0, 0, None);
+        // Even just after it became ready: the minimum time protects work, and it has none.
+        a.ready_for = Some(Duration::ZERO);
+        let views = [a, view("b", Phase::Stopped, 1, 0, Some(0))];
+        assert_eq!(decide(&views), [swap("a", "b")]);
     }
 
     #[test]
@@ -212,16 +333,62 @@ mod tests {
             view("b", Phase::Stopped, 5, 0, Some(2)),
             view("c", Phase::Stopped, 1, 0, Some(12)),
         ];
-        assert_eq!(decide(&views, SWAP_AFTER), [start("a")]);
-        // Alternating demand: whoever runs is swapped out once the other has waited swap_after,
-        // however many requests keep arriving for the running one.
+        assert_eq!(decide(&views), [start("a")]);
+        // Alternating demand: whoever runs is swapped out once the other has waited swap_after
+        // and longer than the running one's oldest, however many requests it has queued.
         let mut running = "a";
         let mut other = "b";
         for _ in 0..4 {
             let views = [view(running, Phase::Ready, 50, 2, Some(1)), view(other, Phase::Stopped, 1, 0, Some(10))];
-            assert_eq!(decide(&views, SWAP_AFTER), [swap(running)]);
+            assert_eq!(decide(&views), [swap(running, other)]);
             std::mem::swap(&mut running, &mut other);
         }
+    }
+
+    #[test]
+    fn is_not_swapped_out_for_requests_younger_than_its_own_waiters() {
+        // New rule (the old one swapped here): a works through its queue, whose oldest request
+        // is older than b's; swapping would bring a straight back for it.
+        let views = [view("a", Phase::Ready, 3, 1, Some(15)), view("b", Phase::Stopped, 1, 0, Some(12))];
+        assert_eq!(decide(&views), []);
+        // Unless a is stalled: no slot moved for swap_after (a long request holds it), so its
+        // waiters would not move either.
+        let mut stalled = view("a", Phase::Ready, 3, 1, Some(15));
+        stalled.queue.since_progress = SWAP_AFTER;
+        assert_eq!(decide(&[stalled, view("b", Phase::Stopped, 1, 0, Some(12))]), [swap("a", "b")]);
+    }
+
+    #[test]
+    fn never_stops_a_backend_that_is_still_starting() {
+        // New rule (the old one stopped a here: the livelock).
+        for a_waiting in [0, 1] {
+            let views = [view("a", Phase::Starting, a_waiting, 0, Some(1)), view("b", Phase::Stopped, 1, 0, Some(99))];
+            assert_eq!(decide(&views), [], "a waiting {a_waiting}");
+        }
+    }
+
+    #[test]
+    fn a_ready_backend_keeps_the_gpu_for_swap_after_before_a_swap() {
+        let mut a = view("a", Phase::Ready, 0, 1, None);
+        a.ready_for = Some(SWAP_AFTER - Duration::from_millis(1));
+        a.queue.since_progress = SWAP_AFTER;
+        let b = view("b", Phase::Stopped, 1, 0, Some(99));
+        assert_eq!(decide(&[a.clone(), b.clone()]), []);
+        a.ready_for = Some(SWAP_AFTER);
+        assert_eq!(decide(&[a, b]), [swap("a", "b")]);
+    }
+
+    #[test]
+    fn a_backend_in_crash_backoff_is_swapped_out_only_for_older_requests() {
+        let b = view("b", Phase::Stopped, 1, 0, Some(12));
+        // Nothing to do: at once.
+        assert_eq!(decide(&[view("a", Phase::Restarting, 0, 0, None), b.clone()]), [swap("a", "b")]);
+        // Its own waiters are younger: swapped out once b has waited swap_after.
+        assert_eq!(decide(&[view("a", Phase::Restarting, 2, 0, Some(5)), b.clone()]), [swap("a", "b")]);
+        let early = view("b", Phase::Stopped, 1, 0, Some(9));
+        assert_eq!(decide(&[view("a", Phase::Restarting, 2, 0, Some(5)), early]), []);
+        // Its own waiters are older: it keeps its turn.
+        assert_eq!(decide(&[view("a", Phase::Restarting, 2, 0, Some(20)), b]), []);
     }
 
     #[test]
@@ -231,15 +398,65 @@ mod tests {
         idle.queue.idle_for = Duration::from_secs(61);
         let mut cpu = view("emb", Phase::Stopped, 1, 0, Some(0));
         cpu.gpu = false;
-        let actions = decide(&[idle.clone(), cpu], SWAP_AFTER);
-        assert_eq!(actions, [Action::Stop("a".into(), StopReason::Idle), start("emb")]);
+        let actions = decide(&[idle.clone(), cpu]);
+        assert_eq!(actions, [Action::StopIdle("a".into()), start("emb")]);
         idle.queue.idle_for = Duration::from_secs(59);
-        assert_eq!(decide(&[idle], SWAP_AFTER), []);
+        assert_eq!(decide(&[idle]), []);
     }
 
     #[test]
     fn a_failed_backend_does_not_hold_the_gpu() {
         let views = [view("a", Phase::Failed, 0, 0, None), view("b", Phase::Stopped, 1, 0, Some(0))];
-        assert_eq!(decide(&views, SWAP_AFTER), [start("b")]);
+        assert_eq!(decide(&views), [start("b")]);
+    }
+
+    #[test]
+    fn a_start_not_yet_picked_up_holds_the_gpu_and_is_sent_once() {
+        let mut scheduler = Scheduler::new(SWAP_AFTER);
+        let a = view("a", Phase::Stopped, 1, 0, Some(0));
+        assert_eq!(scheduler.step(&[a.clone(), view("b", Phase::Stopped, 0, 0, None)]), [start("a")]);
+        // The supervisor has not picked the Start up yet (same generation, still stopped), and
+        // b's request is now the older one: b must not start too, nor a be started twice.
+        assert_eq!(scheduler.step(&[a.clone(), view("b", Phase::Stopped, 1, 0, Some(99))]), []);
+        // Picked up, started, crashed and stopped again: a new generation, a new Start is due.
+        let mut again = a;
+        again.generation = 1;
+        assert_eq!(scheduler.step(&[again, view("b", Phase::Stopped, 0, 0, None)]), [start("a")]);
+    }
+
+    #[test]
+    fn a_stop_not_yet_picked_up_is_sent_once() {
+        let mut scheduler = Scheduler::new(SWAP_AFTER);
+        let views = [view("a", Phase::Ready, 0, 0, None), view("b", Phase::Stopped, 1, 0, Some(1))];
+        assert_eq!(scheduler.step(&views), [swap("a", "b")]);
+        assert_eq!(scheduler.step(&views), []);
+        let views = [view("a", Phase::Stopped, 0, 0, None), view("b", Phase::Stopped, 1, 0, Some(2))];
+        assert_eq!(scheduler.step(&views), [start("b")]);
+    }
+
+    /// Issue 7's schedule, round by round: a long stream on a, a second request for a, then one
+    /// for b. The old rules started a again after stopping it for b, then stopped it again
+    /// while it was starting, forever.
+    #[test]
+    fn after_a_swap_its_target_starts_even_when_the_stopped_one_has_older_waiters() {
+        let swap_after = Duration::from_secs(2);
+        let mut scheduler = Scheduler::new(swap_after);
+        let mut a = view("a", Phase::Ready, 1, 1, Some(3));
+        a.queue.since_progress = Duration::from_secs(5);
+        let b = |secs| view("b", Phase::Stopped, 1, 0, Some(secs));
+        // a is stalled behind its long stream: b's request is due after swap_after.
+        assert_eq!(scheduler.step(&[a.clone(), b(1)]), []);
+        assert_eq!(scheduler.step(&[a, b(2)]), [swap("a", "b")]);
+        // a drained and stopped; its waiter (4 s) is older than b's (3 s): b starts all the same.
+        let a_stopped = view("a", Phase::Stopped, 1, 0, Some(4));
+        assert_eq!(scheduler.step(&[a_stopped.clone(), b(3)]), [start("b")]);
+        // b starting: not stopped, however long a's request has waited.
+        let b_starting = view("b", Phase::Starting, 1, 0, Some(6));
+        let mut a_old = a_stopped;
+        a_old.queue.oldest_wait = Some(Duration::from_secs(7));
+        assert_eq!(scheduler.step(&[a_old.clone(), b_starting]), []);
+        // b ready and served its request: a's turn, at once since b has nothing left to do.
+        let b_done = view("b", Phase::Ready, 0, 0, None);
+        assert_eq!(scheduler.step(&[a_old, b_done]), [swap("b", "a")]);
     }
 }
