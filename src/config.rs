@@ -429,7 +429,8 @@ fn validate(raw: RawConfig, problems: &mut Vec<Problem>) -> Option<Config> {
             None
         }
     };
-    let (header_read_timeout, max_connections_per_client) = connection_limits(raw.header_read_timeout.map(|d| d.0), raw.max_connections_per_client, problems);
+    let (header_read_timeout, max_connections_per_client) =
+        connection_limits(raw.header_read_timeout.map(|d| d.0), raw.max_connections_per_client, problems);
     Some(Config {
         listen: listen?,
         metrics_listen,

@@ -156,11 +156,7 @@ async fn a_soft_open_files_limit_is_raised_to_the_hard_one_and_logged() {
     let gateway = limited_gateway(&one_model_yaml("http://127.0.0.1:9", 1, 1), "-Sn 256");
     // Linux (these tests read /proc) takes the hard limit itself; macOS would cap it at 10240.
     let expected = format!("open files limit raised from 256 to {hard}");
-    assert!(
-        gateway.startup_log.iter().any(|l| l.contains(&expected)),
-        "no {expected:?} in {:?}",
-        gateway.startup_log
-    );
+    assert!(gateway.startup_log.iter().any(|l| l.contains(&expected)), "no {expected:?} in {:?}", gateway.startup_log);
     let limits = std::fs::read_to_string(format!("/proc/{}/limits", gateway.child.id())).expect("limits");
     let soft: Option<u64> = limits
         .lines()
@@ -229,4 +225,18 @@ fn connection_limits_have_defaults_and_refuse_zero() {
     let problems = Config::parse(&zero, &|_| None).expect_err("zero refused").to_string();
     assert!(problems.contains("header_read_timeout: must be longer than 0s"), "{problems}");
     assert!(problems.contains("max_connections_per_client: must be at least 1"), "{problems}");
+}
+
+#[tokio::test]
+async fn shutdown_cuts_a_running_stream_after_the_grace_period() {
+    let sim = sim().await;
+    let mut gw = gateway(&format!("shutdown_grace: 1s\n{}", one_model_yaml(&sim.url(), 1, 1))).await;
+    let body = chat(true, json!({"tokens": 3, "hold_after": 1, "hold_key": "cut"}));
+    let mut stream = post(&gw, "/v1/chat/completions", &body).await;
+    read_until(&mut stream, "t0 ").await;
+    gw.stop();
+    let rest = tokio::time::timeout(PATIENCE, text_of(stream)).await.expect("the stream is cut");
+    assert!(!rest.contains("[DONE]"), "the held stream cannot have finished: {rest}");
+    let served = tokio::time::timeout(PATIENCE, &mut gw.task).await.expect("serve returns");
+    assert!(served.expect("join").is_ok());
 }
