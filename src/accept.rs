@@ -62,6 +62,10 @@ pub async fn serve(
                         refuse(&tcp, peer, limits.max_per_client);
                         continue;
                     };
+                    // Small SSE frames must leave at once, not after Nagle's 40 ms.
+                    if let Err(e) = tcp.set_nodelay(true) {
+                        tracing::debug!(error = %e, "cannot set TCP_NODELAY on a client connection");
+                    }
                     let service = connection_service(&mut make_service, peer).await;
                     let watcher = graceful.watcher();
                     let builder = Arc::clone(&builder);
