@@ -26,6 +26,11 @@ pub struct Config {
     pub shutdown_grace: Duration,
     /// Largest request body accepted, in bytes (413 beyond).
     pub max_body_bytes: usize,
+    /// A client connection that has not sent a whole request head (request line and headers)
+    /// within this time is closed; so is a keep-alive connection idle that long between requests.
+    pub header_read_timeout: Duration,
+    /// Connections one client address may hold open at once; more are refused at accept.
+    pub max_connections_per_client: usize,
     /// How long a request for a stopped GPU backend may wait before the running one is swapped
     /// out for it (requests for the running model flow until then).
     pub swap_after: Duration,
@@ -137,6 +142,14 @@ fn format_problems(problems: &[Problem]) -> String {
 const DEFAULT_LISTEN: &str = "127.0.0.1:8000";
 const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
 const DEFAULT_MAX_BODY: usize = 64 * 1024 * 1024;
+/// hyper's own default: ample for any client that means to send a request (agents on the same
+/// machine or network send their headers in milliseconds), short enough that a socket held open
+/// by a client that never finishes is freed long before the open-files limit matters.
+const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
+/// A coding agent holds a few connections; a machine running many of them, or a benchmark,
+/// holds tens. 128 leaves room for that while one address can take at most half of macOS's
+/// default soft limit of 256 open files (and a sliver of the raised one).
+const DEFAULT_MAX_CONNECTIONS_PER_CLIENT: usize = 128;
 const DEFAULT_MAX_CONCURRENCY: usize = 1;
 const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 const DEFAULT_RESPONSE_TIMEOUT: Duration = Duration::from_secs(30 * 60);
@@ -161,6 +174,8 @@ struct RawConfig {
     shutdown_grace: Option<RawDuration>,
     max_body: Option<RawSize>,
     swap_after: Option<RawDuration>,
+    header_read_timeout: Option<RawDuration>,
+    max_connections_per_client: Option<usize>,
     #[serde(default)]
     backends: BTreeMap<String, Value>,
     #[serde(default)]
@@ -442,15 +457,37 @@ fn validate(raw: RawConfig, problems: &mut Vec<Problem>) -> Option<Config> {
             None
         }
     };
+    let (header_read_timeout, max_connections_per_client) =
+        connection_limits(raw.header_read_timeout.map(|d| d.0), raw.max_connections_per_client, problems);
     Some(Config {
         listen: listen?,
         metrics_listen,
         shutdown_grace: raw.shutdown_grace.map_or(DEFAULT_SHUTDOWN_GRACE, |d| d.0),
         max_body_bytes: raw.max_body.map_or(DEFAULT_MAX_BODY, |s| s.0),
         swap_after,
+        header_read_timeout,
+        max_connections_per_client,
         backends,
         models,
     })
+}
+
+/// `header_read_timeout` and `max_connections_per_client`, with their defaults; zero is refused
+/// (it would close or refuse every connection).
+fn connection_limits(
+    timeout: Option<Duration>,
+    per_client: Option<usize>,
+    problems: &mut Vec<Problem>,
+) -> (Duration, usize) {
+    let timeout = timeout.unwrap_or(DEFAULT_HEADER_READ_TIMEOUT);
+    if timeout.is_zero() {
+        problems.push(Problem { path: "header_read_timeout".into(), reason: "must be longer than 0s".into() });
+    }
+    let per_client = per_client.unwrap_or(DEFAULT_MAX_CONNECTIONS_PER_CLIENT);
+    if per_client == 0 {
+        problems.push(Problem { path: "max_connections_per_client".into(), reason: "must be at least 1".into() });
+    }
+    (timeout, per_client)
 }
 
 /// Checks one backend: either `url` (a running server) or `kind`/`command` (a managed one).

@@ -4,6 +4,7 @@
 //! router used by `mlxgate serve` and by the integration tests alike.
 #![forbid(unsafe_code)]
 
+pub mod accept;
 pub mod api;
 pub mod backend;
 pub mod config;
@@ -15,10 +16,8 @@ pub mod sim;
 pub mod stream;
 
 use std::future::Future;
-use std::net::SocketAddr;
 use std::path::PathBuf;
 
-use axum::serve::ListenerExt;
 use tokio::net::TcpListener;
 
 pub use api::{AppState, app};
@@ -37,6 +36,10 @@ pub async fn serve(
 ) -> std::io::Result<()> {
     let grace = config.shutdown_grace;
     let metrics_listen = config.metrics_listen;
+    let limits = accept::ConnectionLimits {
+        header_read_timeout: config.header_read_timeout,
+        max_per_client: config.max_connections_per_client,
+    };
     let state = AppState::new(config, keeper);
     let metrics_server = match metrics_listen {
         Some(addr) => {
@@ -44,48 +47,16 @@ pub async fn serve(
                 .await
                 .map_err(|e| std::io::Error::new(e.kind(), format!("cannot listen on {addr} (metrics_listen): {e}")))?;
             tracing::info!(metrics_listen = %addr, "serving /metrics");
-            Some(tokio::spawn(axum::serve(listener, api::metrics_app(state.clone())).into_future()))
+            let router = api::metrics_app(state.clone());
+            // Never shut down gracefully: aborted (its connections with it) when the gateway stops.
+            Some(tokio::spawn(accept::serve(router, listener, limits, std::future::pending(), grace)))
         }
         None => None,
     };
-    let result = serve_http(app(state.clone()), listener, shutdown, grace).await;
+    accept::serve(app(state.clone()), listener, limits, shutdown, grace).await;
     if let Some(server) = metrics_server {
         server.abort();
     }
     state.dispatch.shutdown().await;
-    result
-}
-
-async fn serve_http(
-    router: axum::Router,
-    listener: TcpListener,
-    shutdown: impl Future<Output = ()> + Send + 'static,
-    grace: std::time::Duration,
-) -> std::io::Result<()> {
-    // Small SSE frames must leave at once, not after Nagle's 40 ms.
-    let listener = listener.tap_io(|tcp| {
-        if let Err(e) = tcp.set_nodelay(true) {
-            tracing::debug!(error = %e, "cannot set TCP_NODELAY on a client connection");
-        }
-    });
-    let (stop_accepting, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = axum::serve(listener, router.into_make_service_with_connect_info::<SocketAddr>())
-        .with_graceful_shutdown(async move {
-            let _ = stopped.await;
-        });
-    let mut server = tokio::spawn(server.into_future());
-    tokio::select! {
-        finished = &mut server => return finished.map_err(std::io::Error::other)?,
-        () = shutdown => {}
-    }
-    tracing::info!(grace_seconds = grace.as_secs(), "shutting down: no new connections, waiting for running requests");
-    let _ = stop_accepting.send(());
-    match tokio::time::timeout(grace, &mut server).await {
-        Ok(finished) => finished.map_err(std::io::Error::other)?,
-        Err(_) => {
-            tracing::warn!("grace period over: cutting the requests still running");
-            server.abort();
-            Ok(())
-        }
-    }
+    Ok(())
 }

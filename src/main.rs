@@ -74,6 +74,7 @@ fn main() -> ExitCode {
             }
         },
         Command::Serve { config } => {
+            raise_open_files_limit();
             let loaded = match Config::load(&config) {
                 Ok(c) => c,
                 Err(e) => {
@@ -110,6 +111,32 @@ async fn run(config: Config) -> std::io::Result<()> {
     );
     let keeper = std::env::current_exe()?;
     mlxgate::serve(config, listener, shutdown_signal(), keeper).await
+}
+
+/// Raises the soft open-files limit to the hard one, so that client connections are not refused
+/// at a soft limit as low as macOS's default of 256; logs the limit the gateway runs with.
+fn raise_open_files_limit() {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) else {
+        tracing::warn!("cannot read the open-files limit");
+        return;
+    };
+    let target = open_files_target(hard);
+    if soft >= target {
+        tracing::info!(limit = soft, "open files limit");
+        return;
+    }
+    match setrlimit(Resource::RLIMIT_NOFILE, target, hard) {
+        Ok(()) => tracing::info!("open files limit raised from {soft} to {target}"),
+        Err(e) => tracing::warn!(limit = soft, hard, error = %e, "open files limit could not be raised"),
+    }
+}
+
+/// The soft limit to ask for: the hard one, except that macOS refuses a soft limit above
+/// OPEN_MAX (10240) however high (even unlimited) the hard limit is.
+fn open_files_target(hard: nix::sys::resource::rlim_t) -> nix::sys::resource::rlim_t {
+    const OPEN_MAX: nix::sys::resource::rlim_t = 10240;
+    if cfg!(target_os = "macos") || hard == nix::sys::resource::RLIM_INFINITY { hard.min(OPEN_MAX) } else { hard }
 }
 
 /// Resolves on SIGINT or SIGTERM.

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Json;
+use axum::extract::rejection::{PathRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
 use axum::http::{StatusCode, header};
 use axum::response::IntoResponse;
@@ -114,16 +115,19 @@ pub async fn backends(State(state): State<Arc<AppState>>) -> Json<serde_json::Va
 /// Query of `/admin/backends/{name}/logs`.
 #[derive(serde::Deserialize)]
 pub struct LogQuery {
-    /// How many of the last lines (default 200).
+    /// How many of the last lines (default 200). More than the backend's log buffer holds gives
+    /// the whole buffer: the number only selects, it never sizes an allocation.
     lines: Option<usize>,
 }
 
 /// GET `/admin/backends/{name}/logs`: the managed server's last output lines, as plain text.
 pub async fn logs(
     State(state): State<Arc<AppState>>,
-    Path(name): Path<String>,
-    Query(query): Query<LogQuery>,
+    name: Result<Path<String>, PathRejection>,
+    query: Result<Query<LogQuery>, QueryRejection>,
 ) -> Result<impl IntoResponse, GatewayError> {
+    let Path(name) = name.map_err(bad_path)?;
+    let Query(query) = query.map_err(|e| GatewayError::invalid(e.body_text(), Some("lines")))?;
     let supervisor = managed(&state, &name)?;
     let mut text = supervisor.logs.tail(query.lines.unwrap_or(200)).join("\n");
     text.push('\n');
@@ -134,12 +138,18 @@ pub async fn logs(
 /// next request, when the GPU is free), or restarts it now if it runs.
 pub async fn restart(
     State(state): State<Arc<AppState>>,
-    Path(name): Path<String>,
+    name: Result<Path<String>, PathRejection>,
 ) -> Result<impl IntoResponse, GatewayError> {
+    let Path(name) = name.map_err(bad_path)?;
     let supervisor = managed(&state, &name)?;
     tracing::info!(backend = %name, "restart asked through the admin API");
     supervisor.send(Command::Restart);
     Ok((StatusCode::ACCEPTED, Json(json!({"backend": name, "state": supervisor.status().phase}))))
+}
+
+/// A backend name that is not text (`%FF`): OpenAI's error shape, not axum's plain text.
+fn bad_path(rejection: PathRejection) -> GatewayError {
+    GatewayError::invalid(rejection.body_text(), None)
 }
 
 fn managed<'a>(state: &'a AppState, name: &str) -> Result<&'a Arc<Supervisor>, GatewayError> {
