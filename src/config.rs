@@ -84,6 +84,17 @@ pub struct ManagedConfig {
     /// Crashes allowed within `restart_window` before the backend is marked failed.
     pub max_restarts: u32,
     pub restart_window: Duration,
+    /// How a ready server is probed; a hung one is restarted.
+    pub health: HealthCheck,
+}
+
+/// The probe of a ready managed server's ready path: `failures` probes in a row that fail or
+/// take longer than `timeout` restart it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HealthCheck {
+    pub interval: Duration,
+    pub timeout: Duration,
+    pub failures: u32,
 }
 
 /// A public model name and where its requests go.
@@ -144,6 +155,8 @@ const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(60);
 const DEFAULT_STOP_TIMEOUT: Duration = Duration::from_secs(10);
 const DEFAULT_MAX_RESTARTS: u32 = 5;
 const DEFAULT_RESTART_WINDOW: Duration = Duration::from_secs(300);
+const DEFAULT_HEALTH: HealthCheck =
+    HealthCheck { interval: Duration::from_secs(10), timeout: Duration::from_secs(5), failures: 3 };
 /// Managed servers listen on loopback only: the gateway is their one client.
 pub const MANAGED_HOST: &str = "127.0.0.1";
 
@@ -180,6 +193,7 @@ struct RawBackend {
     stop_timeout: Option<RawDuration>,
     max_restarts: Option<u32>,
     restart_window: Option<RawDuration>,
+    health: Option<RawHealth>,
     max_concurrency: Option<usize>,
     connect_timeout: Option<RawDuration>,
     response_timeout: Option<RawDuration>,
@@ -191,6 +205,14 @@ struct RawReady {
     path: Option<String>,
     timeout: Option<RawDuration>,
     warmup: Option<bool>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawHealth {
+    interval: Option<RawDuration>,
+    timeout: Option<RawDuration>,
+    failures: Option<u32>,
 }
 
 #[derive(Deserialize)]
@@ -466,6 +488,7 @@ fn validate_backend(name: String, path: &str, b: RawBackend, problems: &mut Vec<
                 (b.idle_timeout.is_some(), "idle_timeout"),
                 (b.preload.is_some(), "preload"),
                 (b.gpu.is_some(), "gpu"),
+                (b.health.is_some(), "health"),
             ] {
                 if set {
                     problem(key, "only for managed backends (kind/command); this one has a url".into());
@@ -501,6 +524,7 @@ fn validate_backend(name: String, path: &str, b: RawBackend, problems: &mut Vec<
                 (None, false) => name.clone(),
             };
             let ready = b.ready.unwrap_or(RawReady { path: None, timeout: None, warmup: None });
+            let health = validate_health(b.health, &mut problem);
             let managed = ManagedConfig {
                 command: fill_template(&template, &model, MANAGED_HOST, port),
                 model,
@@ -517,6 +541,7 @@ fn validate_backend(name: String, path: &str, b: RawBackend, problems: &mut Vec<
                 stop_timeout: b.stop_timeout.map_or(DEFAULT_STOP_TIMEOUT, |d| d.0),
                 max_restarts: b.max_restarts.unwrap_or(DEFAULT_MAX_RESTARTS),
                 restart_window: b.restart_window.map_or(DEFAULT_RESTART_WINDOW, |d| d.0),
+                health,
             };
             let ready_path = ready.path.unwrap_or_else(|| kind.ready_path().to_string());
             return Some(BackendConfig {
@@ -543,6 +568,25 @@ fn validate_backend(name: String, path: &str, b: RawBackend, problems: &mut Vec<
         ready_path,
         managed,
     })
+}
+
+/// A managed backend's `health` block, defaults filled; zero durations or failures are problems.
+fn validate_health(raw: Option<RawHealth>, problem: &mut impl FnMut(&str, String)) -> HealthCheck {
+    let Some(raw) = raw else { return DEFAULT_HEALTH };
+    let health = HealthCheck {
+        interval: raw.interval.map_or(DEFAULT_HEALTH.interval, |d| d.0),
+        timeout: raw.timeout.map_or(DEFAULT_HEALTH.timeout, |d| d.0),
+        failures: raw.failures.unwrap_or(DEFAULT_HEALTH.failures),
+    };
+    for (value, field) in [(health.interval, "health.interval"), (health.timeout, "health.timeout")] {
+        if value.is_zero() {
+            problem(field, "must be longer than 0s".into());
+        }
+    }
+    if health.failures == 0 {
+        problem("health.failures", "must be at least 1".into());
+    }
+    health
 }
 
 /// Replaces `${VAR}` and `${VAR:-default}` in every string value; `$${` stays a literal `${`.

@@ -2,6 +2,7 @@
 //! managed backends the process, its keeper and its supervisor.
 
 pub mod keeper;
+pub mod preflight;
 pub mod process;
 pub mod profile;
 pub mod supervisor;
