@@ -819,6 +819,34 @@ models:
     }
 
     #[test]
+    fn health_probe_defaults_and_checks() {
+        let c = Config::parse(
+            "backends:\n  a: {kind: custom, command: [s], port: 9001, health: {interval: 2s, failures: 5}}\n\
+             models:\n  m: {backend: a}\n",
+            &no_env,
+        )
+        .expect("valid");
+        let health = c.backends["a"].managed.as_ref().expect("managed").health;
+        assert_eq!(
+            health,
+            HealthCheck { interval: Duration::from_secs(2), timeout: Duration::from_secs(5), failures: 5 }
+        );
+        let p = problems(
+            "backends:\n  a: {kind: custom, command: [s], port: 9001, health: {interval: 0s, timeout: 0s, failures: 0}}\n  \
+             r: {url: 'http://x:1', health: {interval: 1s}}\n\
+             models:\n  m: {backend: a}\n",
+        );
+        for expected in [
+            "backends.a.health.interval: must be longer than 0s",
+            "backends.a.health.timeout: must be longer than 0s",
+            "backends.a.health.failures: must be at least 1",
+            "backends.r.health: only for managed backends",
+        ] {
+            assert!(p.iter().any(|l| l.starts_with(expected)), "{expected:?} not in {p:#?}");
+        }
+    }
+
+    #[test]
     fn sizes_and_empty_models() {
         assert_eq!(parse_size("64MiB"), Some(64 << 20));
         assert_eq!(parse_size("512KB"), Some(512_000));

@@ -556,3 +556,74 @@ async fn wait_ready(upstream: Upstream, config: Arc<BackendConfig>, model: Strin
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+
+    /// A backend `b` whose program does not exist, with its queue, client and metrics.
+    fn parts() -> (Arc<BackendConfig>, BackendQueue, Upstream, Metrics, Arc<Notify>) {
+        let text = "backends:\n  b: {kind: custom, command: [/nonexistent/srv], port: 9, max_restarts: 3}\n\
+                    models:\n  m: {backend: b}\n";
+        let config = Config::parse(text, &|_| None).expect("valid");
+        let backend = Arc::new(config.backends["b"].clone());
+        let metrics = Metrics::new();
+        let changed = Arc::new(Notify::new());
+        let queue = BackendQueue::new("b", 1, false, metrics.clone(), Arc::clone(&changed));
+        (backend, queue, Upstream::new(Duration::from_secs(1)), metrics, changed)
+    }
+
+    #[tokio::test]
+    async fn a_start_reads_as_starting_before_the_task_picks_it_up() {
+        let (backend, queue, upstream, metrics, changed) = parts();
+        let managed = backend.managed.clone().expect("managed");
+        let supervisor =
+            Supervisor::spawn(backend, managed, queue, upstream, PathBuf::from("/nonexistent"), metrics, changed);
+        assert_eq!(supervisor.status().phase, Phase::Stopped);
+        supervisor.send(Command::Start);
+        // Nothing has yielded to the task yet (one-threaded runtime).
+        assert_eq!(supervisor.status().phase, Phase::Starting);
+        // And the start does run: here it fails at once, its program missing.
+        let mut rx = supervisor.watch();
+        let failed = rx.wait_for(|s| s.phase == Phase::Failed).await.expect("status").clone();
+        assert!(failed.last_error.is_some_and(|e| e.contains("/nonexistent/srv does not exist")));
+        assert_eq!(failed.restarts, 0, "no crash loop");
+        // A failed backend is not flipped by a Start.
+        supervisor.send(Command::Start);
+        assert_eq!(supervisor.status().phase, Phase::Failed);
+    }
+
+    #[tokio::test]
+    async fn a_restart_during_the_crash_backoff_restarts_now() {
+        let (backend, queue, upstream, metrics, changed) = parts();
+        let (status, _) = watch::channel(Status {
+            phase: Phase::Ready,
+            pid: None,
+            ready_since: None,
+            restarts: 0,
+            generation: 1,
+            last_error: None,
+        });
+        let (commands, receiver) = mpsc::channel(4);
+        let mut task = Task {
+            managed: backend.managed.clone().expect("managed"),
+            config: backend,
+            queue,
+            logs: Arc::default(),
+            status,
+            commands: receiver,
+            upstream,
+            keeper: PathBuf::from("/nonexistent"),
+            metrics,
+            changed,
+            crashes: VecDeque::new(),
+        };
+        // Two earlier crashes: this third one would wait 4 s.
+        task.crashes.extend([Instant::now(), Instant::now()]);
+        commands.try_send(Command::Restart).expect("send");
+        assert!(task.after_crash("exited with status 1".into(), "crash").await, "starts again");
+        assert!(task.crashes.is_empty(), "the backoff and the crash count are cleared");
+        assert_eq!(task.status.borrow().phase, Phase::Restarting);
+    }
+}
