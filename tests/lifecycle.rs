@@ -291,10 +291,8 @@ async fn the_log_reader_survives_invalid_utf8_and_caps_a_long_line() {
     )
     .expect("write");
     let port = free_port();
-    let backend = format!(
-        "  a:\n    kind: custom\n    command: [sh, '{}', '{{port}}']\n    port: {port}\n",
-        script.display()
-    );
+    let backend =
+        format!("  a:\n    kind: custom\n    command: [sh, '{}', '{{port}}']\n    port: {port}\n", script.display());
     let gw = gateway(&yaml(&[backend], &[("a", "a")])).await;
     assert_eq!(post(&gw, "/v1/chat/completions", &ask("a")).await.status(), 200);
     let logs = client().get(gw.url("/admin/backends/a/logs")).send().await.expect("send").text().await.expect("text");

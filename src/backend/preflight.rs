@@ -99,10 +99,8 @@ mod tests {
     #[test]
     fn missing_venv_names_the_field_and_the_build_command() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let (kind, m) = managed(
-            "{kind: mlx-openai-server, model: /m, port: 8102, venv: .venv-mlx-openai-server}",
-            dir.path(),
-        );
+        let (kind, m) =
+            managed("{kind: mlx-openai-server, model: /m, port: 8102, venv: .venv-mlx-openai-server}", dir.path());
         let p: Vec<String> = managed_problems("openai-server", kind, &m).iter().map(ToString::to_string).collect();
         assert_eq!(
             p,

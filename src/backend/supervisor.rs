@@ -105,7 +105,10 @@ enum RunEnd {
     Stopped,
     Restart,
     /// The process died or hung; `cause` labels `mlxgate_backend_restarts_total`.
-    Crashed { reason: String, cause: &'static str },
+    Crashed {
+        reason: String,
+        cause: &'static str,
+    },
     /// It cannot be started at all (missing program, port taken): no point in retrying.
     CannotStart(String),
 }
