@@ -338,8 +338,8 @@ impl Task {
         if !missing.is_empty() {
             return RunEnd::CannotStart(missing.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "));
         }
-        if let Err(why) = wait_port_free(&self.config.name, self.managed.port).await {
-            return RunEnd::CannotStart(why);
+        if let Some(end) = self.until_port_free().await {
+            return end;
         }
         tracing::info!(backend = %self.config.name, command = ?self.managed.command, "starting backend");
         let mut process =
@@ -434,6 +434,23 @@ impl Task {
         tracing::info!(backend = %self.config.name, "stopping backend");
         process.stop(self.managed.stop_timeout).await;
         end.0
+    }
+
+    /// Waits until the backend's port is free; what ends this run instead, if anything does
+    /// first (the port stays taken, or a stop).
+    async fn until_port_free(&mut self) -> Option<RunEnd> {
+        let name = self.config.name.clone();
+        let port_free = wait_port_free(&name, self.managed.port);
+        tokio::pin!(port_free);
+        loop {
+            tokio::select! {
+                free = &mut port_free => return free.err().map(RunEnd::CannotStart),
+                command = self.commands.recv() => match command {
+                    Some(Command::Stop | Command::Shutdown) | None => return Some(RunEnd::Stopped),
+                    Some(_) => {}
+                },
+            }
+        }
     }
 
     /// Lets in-flight requests finish, up to `drain_timeout` (or until the process exits).
