@@ -94,6 +94,17 @@ pub struct ManagedConfig {
     /// Crashes allowed within `restart_window` before the backend is marked failed.
     pub max_restarts: u32,
     pub restart_window: Duration,
+    /// How a ready server is probed; a hung one is restarted.
+    pub health: HealthCheck,
+}
+
+/// The probe of a ready managed server's ready path: `failures` probes in a row that fail or
+/// take longer than `timeout` restart it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HealthCheck {
+    pub interval: Duration,
+    pub timeout: Duration,
+    pub failures: u32,
 }
 
 /// A public model name and where its requests go.
@@ -163,6 +174,8 @@ const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(60);
 const DEFAULT_STOP_TIMEOUT: Duration = Duration::from_secs(10);
 const DEFAULT_MAX_RESTARTS: u32 = 5;
 const DEFAULT_RESTART_WINDOW: Duration = Duration::from_secs(300);
+const DEFAULT_HEALTH: HealthCheck =
+    HealthCheck { interval: Duration::from_secs(10), timeout: Duration::from_secs(5), failures: 3 };
 /// Managed servers listen on loopback only: the gateway is their one client.
 pub const MANAGED_HOST: &str = "127.0.0.1";
 
@@ -201,6 +214,7 @@ struct RawBackend {
     stop_timeout: Option<RawDuration>,
     max_restarts: Option<u32>,
     restart_window: Option<RawDuration>,
+    health: Option<RawHealth>,
     max_concurrency: Option<usize>,
     connect_timeout: Option<RawDuration>,
     response_timeout: Option<RawDuration>,
@@ -214,6 +228,14 @@ struct RawReady {
     path: Option<String>,
     timeout: Option<RawDuration>,
     warmup: Option<bool>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawHealth {
+    interval: Option<RawDuration>,
+    timeout: Option<RawDuration>,
+    failures: Option<u32>,
 }
 
 #[derive(Deserialize)]
@@ -543,6 +565,7 @@ fn validate_backend(name: String, path: &str, b: RawBackend, problems: &mut Vec<
                 (b.restart_window.is_some(), "restart_window"),
                 (ready.is_some_and(|r| r.timeout.is_some()), "ready.timeout"),
                 (ready.is_some_and(|r| r.warmup.is_some()), "ready.warmup"),
+                (b.health.is_some(), "health"),
             ] {
                 if set {
                     problem(key, "only for managed backends (kind/command); this one has a url".into());
@@ -578,6 +601,7 @@ fn validate_backend(name: String, path: &str, b: RawBackend, problems: &mut Vec<
                 (None, false) => name.clone(),
             };
             let ready = b.ready.unwrap_or(RawReady { path: None, timeout: None, warmup: None });
+            let health = validate_health(b.health, &mut problem);
             let mut positive_at = |field: &str, d: Option<RawDuration>, default: Duration| {
                 positive(d, default, &format!("{path}.{field}"), problems)
             };
@@ -601,6 +625,7 @@ fn validate_backend(name: String, path: &str, b: RawBackend, problems: &mut Vec<
                 stop_timeout,
                 max_restarts: b.max_restarts.unwrap_or(DEFAULT_MAX_RESTARTS),
                 restart_window,
+                health,
             };
             let ready_path = ready.path.unwrap_or_else(|| kind.ready_path().to_string());
             return Some(BackendConfig {
@@ -665,6 +690,25 @@ impl Timeouts {
             positive(b.stream_idle_timeout.clone(), DEFAULT_STREAM_IDLE_TIMEOUT, &at("stream_idle_timeout"), problems);
         Timeouts { connect, response, first_byte, stream_idle }
     }
+}
+
+/// A managed backend's `health` block, defaults filled; zero durations or failures are problems.
+fn validate_health(raw: Option<RawHealth>, problem: &mut impl FnMut(&str, String)) -> HealthCheck {
+    let Some(raw) = raw else { return DEFAULT_HEALTH };
+    let health = HealthCheck {
+        interval: raw.interval.map_or(DEFAULT_HEALTH.interval, |d| d.0),
+        timeout: raw.timeout.map_or(DEFAULT_HEALTH.timeout, |d| d.0),
+        failures: raw.failures.unwrap_or(DEFAULT_HEALTH.failures),
+    };
+    for (value, field) in [(health.interval, "health.interval"), (health.timeout, "health.timeout")] {
+        if value.is_zero() {
+            problem(field, "must be longer than 0s".into());
+        }
+    }
+    if health.failures == 0 {
+        problem("health.failures", "must be at least 1".into());
+    }
+    health
 }
 
 /// Replaces `${VAR}` and `${VAR:-default}` in every string value; `$${` stays a literal `${`.
@@ -891,6 +935,34 @@ models:
             "backends.a.port: port 8101 is the gateway's own listen port",
             "backends.b.preload: only one GPU backend can run at a time",
             "backends.remote.idle_timeout: only for managed backends",
+        ] {
+            assert!(p.iter().any(|l| l.starts_with(expected)), "{expected:?} not in {p:#?}");
+        }
+    }
+
+    #[test]
+    fn health_probe_defaults_and_checks() {
+        let c = Config::parse(
+            "backends:\n  a: {kind: custom, command: [s], port: 9001, health: {interval: 2s, failures: 5}}\n\
+             models:\n  m: {backend: a}\n",
+            &no_env,
+        )
+        .expect("valid");
+        let health = c.backends["a"].managed.as_ref().expect("managed").health;
+        assert_eq!(
+            health,
+            HealthCheck { interval: Duration::from_secs(2), timeout: Duration::from_secs(5), failures: 5 }
+        );
+        let p = problems(
+            "backends:\n  a: {kind: custom, command: [s], port: 9001, health: {interval: 0s, timeout: 0s, failures: 0}}\n  \
+             r: {url: 'http://x:1', health: {interval: 1s}}\n\
+             models:\n  m: {backend: a}\n",
+        );
+        for expected in [
+            "backends.a.health.interval: must be longer than 0s",
+            "backends.a.health.timeout: must be longer than 0s",
+            "backends.a.health.failures: must be at least 1",
+            "backends.r.health: only for managed backends",
         ] {
             assert!(p.iter().any(|l| l.starts_with(expected)), "{expected:?} not in {p:#?}");
         }

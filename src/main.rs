@@ -57,7 +57,7 @@ fn main() -> ExitCode {
     init_logging(cli.log_format);
     match cli.command {
         Command::Keep { .. } => ExitCode::SUCCESS,
-        Command::Check { config } => match Config::load(&config) {
+        Command::Check { config } => match load(&config) {
             Ok(c) => {
                 println!(
                     "{}: ok ({} backends, {} models, listening on {})",
@@ -68,19 +68,13 @@ fn main() -> ExitCode {
                 );
                 ExitCode::SUCCESS
             }
-            Err(e) => {
-                eprintln!("{}: invalid configuration\n{e}", config.display());
-                ExitCode::FAILURE
-            }
+            Err(code) => code,
         },
         Command::Serve { config } => {
             raise_open_files_limit();
-            let loaded = match Config::load(&config) {
+            let loaded = match load(&config) {
                 Ok(c) => c,
-                Err(e) => {
-                    eprintln!("{}: invalid configuration\n{e}", config.display());
-                    return ExitCode::FAILURE;
-                }
+                Err(code) => return code,
             };
             let runtime = match tokio::runtime::Runtime::new() {
                 Ok(r) => r,
@@ -98,6 +92,21 @@ fn main() -> ExitCode {
             }
         }
     }
+}
+
+/// Loads and validates `path`, then checks that every managed backend's venv and program exist
+/// on this machine; prints every problem and gives the exit code when any is found.
+fn load(path: &std::path::Path) -> Result<Config, ExitCode> {
+    let invalid = |problems: String| {
+        eprintln!("{}: invalid configuration\n{problems}", path.display());
+        ExitCode::FAILURE
+    };
+    let config = Config::load(path).map_err(|e| invalid(e.to_string()))?;
+    let missing = mlxgate::backend::preflight::problems(&config);
+    if !missing.is_empty() {
+        return Err(invalid(missing.iter().map(ToString::to_string).collect::<Vec<_>>().join("\n")));
+    }
+    Ok(config)
 }
 
 async fn run(config: Config) -> std::io::Result<()> {

@@ -5,9 +5,16 @@
 //! keeps the write end. The keeper starts CMD in a process group of its own and waits. When the
 //! pipe closes (the gateway stopped the backend, exited, or was killed with SIGKILL and the
 //! kernel closed its files) the keeper sends SIGTERM to the server's whole group, SIGKILL after
-//! the grace period, and exits. When the server exits by itself the keeper exits with its status.
-//! Pipes and process groups behave the same on Linux and macOS, and no `unsafe` is needed
-//! (unlike `prctl(PR_SET_PDEATHSIG)`, which Linux alone has).
+//! the grace period, and exits. When the server exits by itself the keeper exits with its status
+//! (127 when it could not start the server at all). Pipes and process groups behave the same on
+//! Linux and macOS, and no `unsafe` is needed (unlike `prctl(PR_SET_PDEATHSIG)`, which Linux
+//! alone has).
+//!
+//! The keeper cannot act on its own SIGKILL. The other half is the gateway's: whenever a keeper
+//! exits, for whatever reason, the gateway kills the server's group (`ServerProcess::wait`), so
+//! a server outlives its keeper only if the gateway is killed at the same moment. The server
+//! leads its group (rather than sharing the keeper's) so that the pid `/admin/backends` reports
+//! is both the server's and the group's; the keeper reports it on its first line of stderr.
 
 use std::process::{ExitCode, Stdio};
 use std::time::Duration;

@@ -3,6 +3,7 @@
 
 pub mod handle;
 pub mod keeper;
+pub mod preflight;
 pub mod process;
 pub mod profile;
 pub mod supervisor;

@@ -4,14 +4,16 @@
 //! keeper's pipe (SIGTERM to the server's group, SIGKILL after `stop_timeout`).
 
 use std::collections::VecDeque;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{ExitStatus, Stdio};
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
+use nix::sys::signal::{Signal, killpg};
+use nix::unistd::Pid;
+use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::process::{Child, ChildStdin, Command};
+use tokio::sync::watch;
 
 use crate::config::ManagedConfig;
 
@@ -45,9 +47,13 @@ pub struct ServerProcess {
     keeper: Child,
     /// The gateway's end of the keeper's pipe: dropping it stops the server.
     pipe: Option<ChildStdin>,
-    /// The server's own pid, reported by the keeper on its first line.
-    server_pid: Arc<AtomicU32>,
+    /// The server's own pid (0 until the keeper reports it on its first line). The server leads
+    /// a process group of its own, so this is also the group that holds its children.
+    server_pid: watch::Receiver<u32>,
 }
+
+/// How long the gateway waits for a dead keeper's pid report still in its pipe.
+const PID_REPORT_WAIT: Duration = Duration::from_secs(2);
 
 impl ServerProcess {
     /// Starts `managed.command` under the keeper at `keeper_exe`.
@@ -75,19 +81,16 @@ impl ServerProcess {
             .process_group(0)
             .kill_on_drop(false);
         if let Some(venv) = &managed.venv {
-            let path = std::env::var_os("PATH").unwrap_or_default();
-            let mut dirs = vec![venv.join("bin")];
-            dirs.extend(std::env::split_paths(&path));
-            command.env("PATH", std::env::join_paths(dirs).map_err(std::io::Error::other)?);
+            command.env("PATH", std::env::join_paths(search_path(managed)).map_err(std::io::Error::other)?);
             command.env("VIRTUAL_ENV", venv);
         }
         let mut keeper = command.spawn()?;
-        let server_pid = Arc::new(AtomicU32::new(0));
+        let (report, server_pid) = watch::channel(0);
         if let Some(out) = keeper.stdout.take() {
             tokio::spawn(pump(out, backend.to_string(), Arc::clone(&logs), None));
         }
         if let Some(err) = keeper.stderr.take() {
-            tokio::spawn(pump(err, backend.to_string(), logs, Some(Arc::clone(&server_pid))));
+            tokio::spawn(pump(err, backend.to_string(), logs, Some(report)));
         }
         let pipe = keeper.stdin.take();
         Ok(ServerProcess { keeper, pipe, server_pid })
@@ -95,19 +98,38 @@ impl ServerProcess {
 
     /// The server's pid once the keeper has reported it, else the keeper's.
     pub fn pid(&self) -> Option<u32> {
-        match self.server_pid.load(Ordering::SeqCst) {
+        match *self.server_pid.borrow() {
             0 => self.keeper.id(),
             pid => Some(pid),
         }
     }
 
-    /// Resolves when the server has exited (the keeper exits with its status).
+    /// Resolves when the keeper has exited: with the server's status when the server exited by
+    /// itself. Whatever ended the keeper (a `kill -9` of the keeper included, which it cannot
+    /// handle), the server's process group is then killed, so no server outlives its keeper
+    /// while the gateway runs.
     pub async fn wait(&mut self) -> std::io::Result<ExitStatus> {
-        self.keeper.wait().await
+        let status = self.keeper.wait().await;
+        self.kill_server_group().await;
+        status
+    }
+
+    /// SIGKILL to the server's group, once its pid is known (the report may still be in the
+    /// pipe of a keeper that was just killed). A group already gone is no error.
+    async fn kill_server_group(&mut self) {
+        let reported = tokio::time::timeout(PID_REPORT_WAIT, self.server_pid.wait_for(|pid| *pid != 0)).await;
+        let pid = match reported {
+            Ok(Ok(pid)) => *pid,
+            // The keeper died before it could start a server, or its report is lost.
+            _ => return,
+        };
+        if let Ok(pgid) = i32::try_from(pid) {
+            let _ = killpg(Pid::from_raw(pgid), Signal::SIGKILL);
+        }
     }
 
     /// Stops the server: closes the pipe, and waits for the keeper to finish its SIGTERM /
-    /// SIGKILL sequence; kills the keeper if it does not.
+    /// SIGKILL sequence; kills the keeper (and the server's group) if it does not.
     pub async fn stop(mut self, stop_timeout: Duration) {
         self.pipe.take();
         let bound = stop_timeout + Duration::from_secs(5);
@@ -115,20 +137,109 @@ impl ServerProcess {
             tracing::warn!("keeper did not stop in time; killing it");
             let _ = self.keeper.kill().await;
         }
+        self.kill_server_group().await;
     }
 }
 
-/// Forwards a stream's lines to the log and the ring buffer.
-async fn pump(stream: impl AsyncRead + Unpin, backend: String, logs: Arc<LogBuffer>, pid: Option<Arc<AtomicU32>>) {
-    let mut lines = BufReader::new(stream).lines();
-    while let Ok(Some(line)) = lines.next_line().await {
-        if let Some(pid) = &pid
-            && let Some(n) = super::keeper::reported_pid(&line)
-        {
-            pid.store(n, Ordering::SeqCst);
+/// The directories a managed command's program is looked up in, in order: the venv's `bin/`,
+/// then the PATH the server gets.
+pub fn search_path(managed: &ManagedConfig) -> Vec<PathBuf> {
+    let mut dirs: Vec<PathBuf> = managed.venv.iter().map(|v| v.join("bin")).collect();
+    // With a venv, the gateway's PATH follows it; without, the backend's own `env: PATH` wins.
+    let path = match (&managed.venv, managed.env.get("PATH")) {
+        (None, Some(own)) => Some(std::ffi::OsString::from(own)),
+        _ => std::env::var_os("PATH"),
+    };
+    dirs.extend(path.iter().flat_map(std::env::split_paths));
+    dirs
+}
+
+/// Longest log line kept; the rest of a longer line is dropped and the line marked.
+pub const MAX_LOG_LINE: usize = 16 * 1024;
+/// Appended to a line cut at [`MAX_LOG_LINE`].
+pub const TRUNCATED: &str = " [line truncated by mlxgate]";
+
+/// Splits a byte stream into lines of at most [`MAX_LOG_LINE`] bytes, whatever it holds.
+#[derive(Default)]
+struct LineSplitter {
+    line: Vec<u8>,
+    /// The current line went past the cap: its rest is skipped up to the newline.
+    cut: bool,
+}
+
+impl LineSplitter {
+    /// Feeds bytes; returns the lines they complete (lossy UTF-8, no line ending).
+    fn feed(&mut self, mut bytes: &[u8]) -> Vec<String> {
+        let mut done = Vec::new();
+        while !bytes.is_empty() {
+            let (part, rest, ended) = match bytes.iter().position(|b| *b == b'\n') {
+                Some(i) => (&bytes[..i], &bytes[i + 1..], true),
+                None => (bytes, &bytes[bytes.len()..], false),
+            };
+            if !self.cut {
+                let room = MAX_LOG_LINE - self.line.len();
+                self.line.extend_from_slice(&part[..part.len().min(room)]);
+                self.cut = part.len() > room;
+            }
+            if ended {
+                done.push(self.take());
+            }
+            bytes = rest;
         }
-        tracing::info!(target: "mlxgate::backend::output", backend = %backend, "{line}");
-        logs.push(line);
+        done
+    }
+
+    /// The unfinished last line, at end of file.
+    fn finish(&mut self) -> Option<String> {
+        (!self.line.is_empty() || self.cut).then(|| self.take())
+    }
+
+    fn take(&mut self) -> String {
+        if self.line.last() == Some(&b'\r') {
+            self.line.pop();
+        }
+        let mut text = String::from_utf8_lossy(&self.line).into_owned();
+        if std::mem::take(&mut self.cut) {
+            text.push_str(TRUNCATED);
+        }
+        self.line.clear();
+        text
+    }
+}
+
+/// Forwards a stream's lines to the log and the ring buffer, until end of file whatever the
+/// server writes (invalid UTF-8 is replaced, over-long lines are cut), so that the server never
+/// writes into a closed pipe.
+async fn pump(
+    mut stream: impl AsyncRead + Unpin,
+    backend: String,
+    logs: Arc<LogBuffer>,
+    pid: Option<watch::Sender<u32>>,
+) {
+    let mut splitter = LineSplitter::default();
+    let mut buf = vec![0u8; 8192];
+    loop {
+        let (lines, eof) = match stream.read(&mut buf).await {
+            Ok(0) => (splitter.finish().into_iter().collect(), true),
+            Ok(n) => (splitter.feed(&buf[..n]), false),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => {
+                tracing::warn!(backend = %backend, "cannot read the server's output: {e}");
+                return;
+            }
+        };
+        for line in lines {
+            if let Some(pid) = &pid
+                && let Some(n) = super::keeper::reported_pid(&line)
+            {
+                pid.send_replace(n);
+            }
+            tracing::info!(target: "mlxgate::backend::output", backend = %backend, "{line}");
+            logs.push(line);
+        }
+        if eof {
+            return;
+        }
     }
 }
 
@@ -141,5 +252,29 @@ pub fn describe_exit(status: &std::io::Result<ExitStatus>) -> String {
             None => format!("ended by {s}"),
         },
         Err(e) => format!("could not be waited for: {e}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lines_survive_invalid_utf8_any_split_and_overlong_lines() {
+        let mut s = LineSplitter::default();
+        assert!(s.feed(b"\xff\xfe").is_empty());
+        assert_eq!(s.feed(b"x\r\nnext\npart"), ["\u{fffd}\u{fffd}x", "next"]);
+        assert_eq!(s.feed(b"ial\n"), ["partial"]);
+        let long = vec![b'a'; MAX_LOG_LINE * 3];
+        for chunk in long.chunks(1000) {
+            assert!(s.feed(chunk).is_empty());
+        }
+        let lines = s.feed(b"\nafter\n");
+        assert_eq!(lines.len(), 2);
+        assert_eq!(lines[0], format!("{}{TRUNCATED}", "a".repeat(MAX_LOG_LINE)));
+        assert_eq!(lines[1], "after");
+        assert!(s.feed(b"tail").is_empty());
+        assert_eq!(s.finish().as_deref(), Some("tail"));
+        assert_eq!(s.finish(), None);
     }
 }

@@ -1,6 +1,8 @@
-//! The life of one managed backend: start (spawn, wait for readiness, warm up), watch, restart
-//! after a crash with exponential backoff, give up (`failed`) after too many crashes in a
-//! window, drain and stop when told. The scheduler decides *when* a backend runs; this module
+//! The life of one managed backend: start (check that its program exists and that no other
+//! process holds its port, spawn, wait for readiness, warm up), watch (its process, and its
+//! health probe while ready), restart after a crash or a hang with exponential backoff, give up
+//! (`failed`) after too many crashes in a window or at once when it cannot be started at all,
+//! drain and stop when told. The scheduler decides *when* a backend runs; this module
 //! carries it out and publishes the backend's [`Status`].
 //!
 //! While the backend is not ready its queue's gate is closed, so requests wait instead of
@@ -17,9 +19,10 @@ use http_body_util::{BodyExt, Limited};
 use serde::Serialize;
 use tokio::sync::{Notify, mpsc, watch};
 
+use super::preflight;
 use super::process::{LogBuffer, ServerProcess, describe_exit};
 use super::upstream::Upstream;
-use crate::config::{BackendConfig, ManagedConfig};
+use crate::config::{BackendConfig, HealthCheck, ManagedConfig};
 use crate::dispatch::queue::BackendQueue;
 use crate::metrics::Metrics;
 
@@ -79,6 +82,7 @@ pub struct Supervisor {
     pub logs: Arc<LogBuffer>,
     status: watch::Sender<Status>,
     commands: mpsc::Sender<Command>,
+    changed: Arc<Notify>,
 }
 
 /// Everything the supervisor task needs, moved into it.
@@ -100,8 +104,26 @@ struct Task {
 enum RunEnd {
     Stopped,
     Restart,
-    Crashed(String),
+    /// The process died or hung; `cause` labels `mlxgate_backend_restarts_total`.
+    Crashed {
+        reason: String,
+        cause: &'static str,
+    },
+    /// It cannot be started at all (missing program, port taken): no point in retrying.
+    CannotStart(String),
 }
+
+impl RunEnd {
+    fn crashed(reason: String) -> Self {
+        RunEnd::Crashed { reason, cause: "crash" }
+    }
+}
+
+/// The keeper's exit status when it could not start the server's program.
+const CANNOT_START: i32 = 127;
+/// How long a start waits for another process to let go of the backend's port (a server just
+/// killed takes a moment to release it) before it fails.
+const PORT_WAIT: Duration = Duration::from_secs(5);
 
 impl Supervisor {
     /// Starts the supervisor task for a managed backend (it stays stopped until told).
@@ -136,11 +158,11 @@ impl Supervisor {
             commands: receiver,
             keeper,
             metrics,
-            changed,
+            changed: Arc::clone(&changed),
             crashes: VecDeque::new(),
         };
         tokio::spawn(task.run());
-        Arc::new(Supervisor { config, queue, logs, status, commands })
+        Arc::new(Supervisor { config, queue, logs, status, commands, changed })
     }
 
     /// The backend's current status.
@@ -154,8 +176,33 @@ impl Supervisor {
     }
 
     /// Sends a command; a full command queue means the same request is already pending.
+    /// A `Start` of a stopped backend reads as `Starting` at once: while the backend is
+    /// `Stopped` its task waits for commands only, so the start it is sent will run.
     pub fn send(&self, command: Command) {
-        let _ = self.commands.try_send(command);
+        if self.commands.try_send(command).is_ok()
+            && command == Command::Start
+            && self.status.send_if_modified(|s| {
+                let stopped = s.phase == Phase::Stopped;
+                if stopped {
+                    s.phase = Phase::Starting;
+                }
+                stopped
+            })
+        {
+            self.changed.notify_one();
+        }
+    }
+
+    /// Whether the backend's program and venv are there to start it (the scheduler asks before
+    /// it swaps a healthy backend out for this one). The error says what is missing, at its
+    /// configuration path.
+    pub fn preflight(&self) -> Result<(), String> {
+        let Some(managed) = &self.config.managed else { return Ok(()) };
+        let problems = preflight::managed_problems(&self.config.name, self.config.kind, managed);
+        match problems.is_empty() {
+            true => Ok(()),
+            false => Err(problems.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ")),
+        }
     }
 
     /// After a request failed on process `generation`: waits (up to `limit`) until that process
@@ -204,40 +251,37 @@ impl Task {
                         break;
                     }
                     RunEnd::Restart => continue,
-                    RunEnd::Crashed(reason) => {
-                        if !self.after_crash(reason).await {
+                    RunEnd::Crashed { reason, cause } => {
+                        if !self.after_crash(reason, cause).await {
                             break;
                         }
+                    }
+                    RunEnd::CannotStart(reason) => {
+                        self.fail(format!("cannot start: {reason}"));
+                        break;
                     }
                 }
             }
         }
     }
 
-    /// Records a crash; waits out the backoff. False when the backend is now failed or was
-    /// stopped during the backoff.
-    async fn after_crash(&mut self, reason: String) -> bool {
+    /// Records a crash (or a hang: `cause` labels the restart metric); waits out the backoff.
+    /// False when the backend is now failed or was stopped during the backoff; an operator's
+    /// `Restart` during the backoff ends it at once (and forgets the crashes).
+    async fn after_crash(&mut self, reason: String, cause: &str) -> bool {
         let now = Instant::now();
         self.crashes.push_back(now);
         while self.crashes.front().is_some_and(|t| now.duration_since(*t) > self.managed.restart_window) {
             self.crashes.pop_front();
         }
-        self.metrics.backend_restarts.with_label_values(&[&self.config.name, "crash"]).inc();
+        self.metrics.backend_restarts.with_label_values(&[&self.config.name, cause]).inc();
         let crashes = self.crashes.len() as u32;
-        tracing::warn!(backend = %self.config.name, crashes, %reason, "backend crashed");
+        tracing::warn!(backend = %self.config.name, crashes, %reason, cause, "backend crashed");
         if crashes > self.managed.max_restarts {
-            let why = format!(
+            self.fail(format!(
                 "it crashed {crashes} times within {} (last: {reason})",
                 humantime::format_duration(self.managed.restart_window)
-            );
-            tracing::error!(backend = %self.config.name, %why, "backend failed; it stays down until POST /admin/backends/{}/restart", self.config.name);
-            self.queue.fail(&why);
-            self.set(|s| {
-                s.phase = Phase::Failed;
-                s.pid = None;
-                s.ready_since = None;
-                s.last_error = Some(why.clone());
-            });
+            ));
             return false;
         }
         let backoff = Duration::from_secs(1 << (crashes - 1).min(5)).min(Duration::from_secs(30));
@@ -258,24 +302,50 @@ impl Task {
                         self.set(|s| s.phase = Phase::Stopped);
                         return false;
                     }
-                    Some(_) => {}
+                    Some(Command::Restart) => {
+                        tracing::info!(backend = %self.config.name, "restart asked during the crash backoff: restarting now");
+                        self.crashes.clear();
+                        return true;
+                    }
+                    Some(Command::Start) => {}
                 },
             }
         }
     }
 
-    /// Spawns the process, waits until it is ready, serves until it crashes or is stopped.
+    /// Marks the backend failed with `why`: waiting and new requests get it until an operator's
+    /// restart.
+    fn fail(&mut self, why: String) {
+        tracing::error!(backend = %self.config.name, %why, "backend failed; it stays down until POST /admin/backends/{}/restart", self.config.name);
+        self.queue.fail(&why);
+        self.set(|s| {
+            s.phase = Phase::Failed;
+            s.pid = None;
+            s.ready_since = None;
+            s.last_error = Some(why);
+        });
+    }
+
+    /// Spawns the process, waits until it is ready, serves until it crashes, hangs or is
+    /// stopped.
     async fn run_once(&mut self) -> RunEnd {
         let started = Instant::now();
         self.set(|s| {
             s.phase = Phase::Starting;
             s.generation += 1;
         });
+        let missing = preflight::managed_problems(&self.config.name, self.config.kind, &self.managed);
+        if !missing.is_empty() {
+            return RunEnd::CannotStart(missing.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "));
+        }
+        if let Some(end) = self.until_port_free().await {
+            return end;
+        }
         tracing::info!(backend = %self.config.name, command = ?self.managed.command, "starting backend");
         let mut process =
             match ServerProcess::spawn(&self.keeper, &self.config.name, &self.managed, Arc::clone(&self.logs)) {
                 Ok(p) => p,
-                Err(e) => return RunEnd::Crashed(format!("cannot start the keeper process: {e}")),
+                Err(e) => return RunEnd::crashed(format!("cannot start the keeper process: {e}")),
             };
         self.set(|s| s.pid = process.pid());
 
@@ -293,7 +363,11 @@ impl Task {
             tokio::select! {
                 r = &mut readiness => break r,
                 status = process.wait() => {
-                    return RunEnd::Crashed(format!("{} during start-up{}", describe_exit(&status), self.last_log()));
+                    let why = format!("{} during start-up{}", describe_exit(&status), self.last_log());
+                    return match status {
+                        Ok(s) if s.code() == Some(CANNOT_START) => RunEnd::CannotStart(why),
+                        _ => RunEnd::crashed(why),
+                    };
                 }
                 command = self.commands.recv() => match command {
                     Some(Command::Stop | Command::Shutdown) | None => {
@@ -308,11 +382,11 @@ impl Task {
             Ok(Ok(())) => {}
             Ok(Err(reason)) => {
                 process.stop(self.managed.stop_timeout).await;
-                return RunEnd::Crashed(reason);
+                return RunEnd::crashed(reason);
             }
             Err(_) => {
                 process.stop(self.managed.stop_timeout).await;
-                return RunEnd::Crashed(format!(
+                return RunEnd::crashed(format!(
                     "not ready within {}{}",
                     humantime::format_duration(self.managed.ready_timeout),
                     self.last_log()
@@ -330,12 +404,19 @@ impl Task {
         });
         self.queue.open();
 
+        let health = watch_health(self.upstream.clone(), Arc::clone(&self.config), self.managed.health);
+        tokio::pin!(health);
         let end = loop {
             tokio::select! {
                 status = process.wait() => {
                     self.queue.close();
                     self.metrics.backend_up.with_label_values(&[&self.config.name]).set(0);
-                    return RunEnd::Crashed(format!("{}{}", describe_exit(&status), self.last_log()));
+                    return RunEnd::crashed(format!("{}{}", describe_exit(&status), self.last_log()));
+                }
+                reason = &mut health => {
+                    // A hung server finishes nothing: stop it without draining.
+                    tracing::warn!(backend = %self.config.name, %reason, "backend is not healthy; restarting it");
+                    break (RunEnd::Crashed { reason, cause: "health" }, false);
                 }
                 command = self.commands.recv() => match command {
                     Some(Command::Stop) => break (RunEnd::Stopped, true),
@@ -353,6 +434,23 @@ impl Task {
         tracing::info!(backend = %self.config.name, "stopping backend");
         process.stop(self.managed.stop_timeout).await;
         end.0
+    }
+
+    /// Waits until the backend's port is free; what ends this run instead, if anything does
+    /// first (the port stays taken, or a stop).
+    async fn until_port_free(&mut self) -> Option<RunEnd> {
+        let name = self.config.name.clone();
+        let port_free = wait_port_free(&name, self.managed.port);
+        tokio::pin!(port_free);
+        loop {
+            tokio::select! {
+                free = &mut port_free => return free.err().map(RunEnd::CannotStart),
+                command = self.commands.recv() => match command {
+                    Some(Command::Stop | Command::Shutdown) | None => return Some(RunEnd::Stopped),
+                    Some(_) => {}
+                },
+            }
+        }
     }
 
     /// Lets in-flight requests finish, up to `drain_timeout` (or until the process exits).
@@ -375,6 +473,70 @@ impl Task {
     fn set(&self, change: impl FnOnce(&mut Status)) {
         self.status.send_modify(change);
         self.changed.notify_one();
+    }
+}
+
+/// Waits until nothing holds 127.0.0.1:`port` (up to [`PORT_WAIT`]): a server started while
+/// another process answers on its port would fail to bind while the other answered its
+/// readiness probe, so the backend would read as ready with a stranger behind it.
+async fn wait_port_free(backend: &str, port: u16) -> Result<(), String> {
+    let deadline = tokio::time::Instant::now() + PORT_WAIT;
+    let mut warned = false;
+    loop {
+        match port_holder(port).await {
+            None => return Ok(()),
+            Some(why) if tokio::time::Instant::now() >= deadline => {
+                return Err(format!(
+                    "port {port} is in use by another process ({why}); stop that process or change backends.{backend}.port"
+                ));
+            }
+            Some(why) => {
+                if !std::mem::replace(&mut warned, true) {
+                    tracing::warn!(backend, port, %why, "the backend's port is in use; waiting for it to be freed");
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+}
+
+/// Why 127.0.0.1:`port` is not free, if it is not: a process accepts connections on it, or it
+/// cannot be bound. Binding alone does not see a wildcard listener on macOS, where the address
+/// reuse a server sets allows a more specific bind; a connection does.
+async fn port_holder(port: u16) -> Option<String> {
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    let connect = tokio::time::timeout(Duration::from_millis(500), tokio::net::TcpStream::connect(addr)).await;
+    if let Ok(Ok(_)) = connect {
+        return Some("it accepts connections".into());
+    }
+    // As the servers bind: with SO_REUSEADDR, so that connections of a previous server in
+    // TIME_WAIT do not count.
+    match std::net::TcpListener::bind(addr) {
+        Ok(_) => None,
+        Err(e) => Some(format!("cannot bind it: {e}")),
+    }
+}
+
+/// Probes the ready path every `interval` while the server is ready; resolves with the reason
+/// once `failures` probes in a row failed or took longer than `timeout`.
+async fn watch_health(upstream: Upstream, config: Arc<BackendConfig>, health: HealthCheck) -> String {
+    let mut failed = 0;
+    loop {
+        tokio::time::sleep(health.interval).await;
+        match upstream.probe(&config, &config.ready_path, health.timeout).await {
+            Ok(()) => failed = 0,
+            Err(why) => {
+                failed += 1;
+                if failed >= health.failures {
+                    return format!(
+                        "{failed} health probes in a row failed (GET {} every {}, timeout {}; last: {why})",
+                        config.ready_path,
+                        humantime::format_duration(health.interval),
+                        humantime::format_duration(health.timeout),
+                    );
+                }
+            }
+        }
     }
 }
 
@@ -412,5 +574,76 @@ async fn wait_ready(upstream: Upstream, config: Arc<BackendConfig>, model: Strin
             // Not listening yet (some servers answer /health before the API is up).
             Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+
+    /// A backend `b` whose program does not exist, with its queue, client and metrics.
+    fn parts() -> (Arc<BackendConfig>, BackendQueue, Upstream, Metrics, Arc<Notify>) {
+        let text = "backends:\n  b: {kind: custom, command: [/nonexistent/srv], port: 9, max_restarts: 3}\n\
+                    models:\n  m: {backend: b}\n";
+        let config = Config::parse(text, &|_| None).expect("valid");
+        let backend = Arc::new(config.backends["b"].clone());
+        let metrics = Metrics::new();
+        let changed = Arc::new(Notify::new());
+        let queue = BackendQueue::new("b", 1, false, metrics.clone(), Arc::clone(&changed));
+        (backend, queue, Upstream::new(Duration::from_secs(1)), metrics, changed)
+    }
+
+    #[tokio::test]
+    async fn a_start_reads_as_starting_before_the_task_picks_it_up() {
+        let (backend, queue, upstream, metrics, changed) = parts();
+        let managed = backend.managed.clone().expect("managed");
+        let supervisor =
+            Supervisor::spawn(backend, managed, queue, upstream, PathBuf::from("/nonexistent"), metrics, changed);
+        assert_eq!(supervisor.status().phase, Phase::Stopped);
+        supervisor.send(Command::Start);
+        // Nothing has yielded to the task yet (one-threaded runtime).
+        assert_eq!(supervisor.status().phase, Phase::Starting);
+        // And the start does run: here it fails at once, its program missing.
+        let mut rx = supervisor.watch();
+        let failed = rx.wait_for(|s| s.phase == Phase::Failed).await.expect("status").clone();
+        assert!(failed.last_error.is_some_and(|e| e.contains("/nonexistent/srv does not exist")));
+        assert_eq!(failed.restarts, 0, "no crash loop");
+        // A failed backend is not flipped by a Start.
+        supervisor.send(Command::Start);
+        assert_eq!(supervisor.status().phase, Phase::Failed);
+    }
+
+    #[tokio::test]
+    async fn a_restart_during_the_crash_backoff_restarts_now() {
+        let (backend, queue, upstream, metrics, changed) = parts();
+        let (status, _) = watch::channel(Status {
+            phase: Phase::Ready,
+            pid: None,
+            ready_since: None,
+            restarts: 0,
+            generation: 1,
+            last_error: None,
+        });
+        let (commands, receiver) = mpsc::channel(4);
+        let mut task = Task {
+            managed: backend.managed.clone().expect("managed"),
+            config: backend,
+            queue,
+            logs: Arc::default(),
+            status,
+            commands: receiver,
+            upstream,
+            keeper: PathBuf::from("/nonexistent"),
+            metrics,
+            changed,
+            crashes: VecDeque::new(),
+        };
+        // Two earlier crashes: this third one would wait 4 s.
+        task.crashes.extend([Instant::now(), Instant::now()]);
+        commands.try_send(Command::Restart).expect("send");
+        assert!(task.after_crash("exited with status 1".into(), "crash").await, "starts again");
+        assert!(task.crashes.is_empty(), "the backoff and the crash count are cleared");
+        assert_eq!(task.status.borrow().phase, Phase::Restarting);
     }
 }

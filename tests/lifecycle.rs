@@ -1,0 +1,307 @@
+//! A managed backend's process lifecycle under faults: its keeper killed with SIGKILL, another
+//! process on its port, a venv or program that is missing (at `check`, at `serve`, and after
+//! start), a server that hangs (its health probe restarts it), a server that writes invalid
+//! UTF-8 and endless lines, and an operator's restart during the crash backoff. Servers are
+//! `mlxgate-sim` processes (`kind: custom`), and mlx_lm.server once for the keeper's death.
+
+mod common;
+
+use std::process::Command;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use common::*;
+use serde_json::{Value, json};
+
+const SIM: &str = env!("CARGO_BIN_EXE_mlxgate-sim");
+const MLXGATE: &str = env!("CARGO_BIN_EXE_mlxgate");
+
+/// A managed sim backend named `name` on `port`, serving model `name`.
+fn sim_backend(name: &str, port: u16, extra: &str) -> String {
+    format!(
+        "  {name}:\n    kind: custom\n    command: ['{SIM}', '--port', '{{port}}', '--style', 'mlx-lm']\n    \
+         port: {port}\n    max_concurrency: 2\n    stop_timeout: 5s\n{extra}"
+    )
+}
+
+fn yaml(backends: &[String], models: &[(&str, &str)]) -> String {
+    let models: String = models.iter().map(|(m, b)| format!("  {m}: {{backend: {b}, max_wait: 120s}}\n")).collect();
+    format!("backends:\n{}models:\n{models}", backends.concat())
+}
+
+fn ask(model: &str) -> Value {
+    json!({"model": model, "stream": false, "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]})
+}
+
+fn pid_of(state: &Value) -> u32 {
+    state["pid"].as_u64().and_then(|p| u32::try_from(p).ok()).expect("a pid")
+}
+
+fn signal(name: &str, pid: u32) {
+    assert!(Command::new("kill").args([name, &pid.to_string()]).status().expect("kill").success());
+}
+
+/// Whether `pid` is a live process (a zombie holds nothing).
+fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .is_ok_and(|stat| !stat.rsplit(')').next().is_some_and(|rest| rest.trim_start().starts_with('Z')))
+}
+
+/// The one keeper of the server on `port`.
+fn keeper_of(port: u16) -> u32 {
+    let keepers = processes_with(&[" keep --grace ", &format!("--port {port} ")]);
+    assert_eq!(keepers.len(), 1, "one keeper for port {port}: {keepers:?}");
+    keepers[0]
+}
+
+/// Counts, on a thread of its own, the most servers matching `program` and `arg` seen alive at
+/// once, until stopped.
+struct Watcher {
+    done: Arc<AtomicBool>,
+    peak: Arc<AtomicUsize>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Watcher {
+    fn start(program: &'static str, arg: String) -> Self {
+        let done = Arc::new(AtomicBool::new(false));
+        let peak = Arc::new(AtomicUsize::new(0));
+        let thread = std::thread::spawn({
+            let (done, peak) = (Arc::clone(&done), Arc::clone(&peak));
+            move || {
+                while !done.load(Ordering::SeqCst) {
+                    peak.fetch_max(servers(program, &arg).len(), Ordering::SeqCst);
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+            }
+        });
+        Watcher { done, peak, thread: Some(thread) }
+    }
+
+    /// Stops watching; the peak.
+    fn peak(mut self) -> usize {
+        self.done.store(true, Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            t.join().expect("watcher");
+        }
+        self.peak.load(Ordering::SeqCst)
+    }
+}
+
+/// `kill -9` of the keeper: its server must die with it (while the gateway runs), never two
+/// servers run at once, and the next request is served by a new process.
+async fn keeper_killed(gw: &Gateway, backend: &str, model: &str, program: &'static str, port: u16) {
+    let r = post(gw, "/v1/chat/completions", &ask(model)).await;
+    let status = r.status();
+    assert_eq!(status, 200, "{}", r.text().await.unwrap_or_default());
+    let server = pid_of(&backend_state(gw, backend).await);
+    let needle = format!("--port {port} ");
+    assert_eq!(servers(program, &needle), [server]);
+    let watcher = Watcher::start(program, needle.clone());
+
+    signal("-9", keeper_of(port));
+    eventually("the killed keeper's server gone", || async { !alive(server) }).await;
+    let r = post(gw, "/v1/chat/completions", &ask(model)).await;
+    let status = r.status();
+    assert_eq!(status, 200, "{}", r.text().await.unwrap_or_default());
+    let state = backend_state(gw, backend).await;
+    assert_eq!(state["state"], "ready", "{state}");
+    let replacement = pid_of(&state);
+    assert_ne!(replacement, server, "a new process");
+    assert_eq!(servers(program, &needle), [replacement], "only the new server runs");
+    assert_eq!(watcher.peak(), 1, "never two servers on port {port} at once");
+}
+
+#[tokio::test]
+async fn the_server_dies_with_its_keeper_killed_by_sigkill() {
+    let port = free_port();
+    let gw = gateway(&yaml(&[sim_backend("a", port, "")], &[("a", "a")])).await;
+    keeper_killed(&gw, "a", "a", SIM, port).await;
+}
+
+#[tokio::test]
+async fn a_real_mlx_lm_server_dies_with_its_keeper_killed_by_sigkill() {
+    let Some(model) = prerequisites(&["mlx-lm"]) else { return };
+    let port = free_port();
+    let gw = gateway(&config(&[backend("native", "mlx-lm", &model, port, "")], &[("qwen", "native")], "")).await;
+    keeper_killed(&gw, "native", "qwen", "mlx_lm.server", port).await;
+}
+
+#[tokio::test]
+async fn a_backend_whose_port_another_process_answers_on_never_reads_as_ready() {
+    // A stranger (say, an orphaned server) answers on the port, /health included.
+    let stranger = sim().await;
+    let port = stranger.addr.port();
+    let gw = gateway(&yaml(&[sim_backend("a", port, "")], &[("a", "a")])).await;
+    let saw_ready = Arc::new(AtomicBool::new(false));
+    let done = Arc::new(AtomicBool::new(false));
+    let watch = tokio::spawn({
+        let (saw_ready, done, url) = (Arc::clone(&saw_ready), Arc::clone(&done), gw.url("/admin/backends"));
+        async move {
+            while !done.load(Ordering::SeqCst) {
+                if let Ok(r) = client().get(&url).send().await
+                    && let Ok(all) = r.json::<Value>().await
+                    && all["backends"][0]["state"] == "ready"
+                {
+                    saw_ready.store(true, Ordering::SeqCst);
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+    });
+    let r = post(&gw, "/v1/chat/completions", &ask("a")).await;
+    done.store(true, Ordering::SeqCst);
+    watch.await.expect("watcher");
+    assert_eq!(r.status(), 503);
+    let e: Value = r.json().await.expect("json");
+    assert_eq!(e["error"]["code"], "backend_failed", "{e}");
+    let message = e["error"]["message"].as_str().expect("message");
+    assert!(message.contains(&format!("port {port} is in use")), "{message}");
+    assert!(!saw_ready.load(Ordering::SeqCst), "reported ready while a stranger owned its port");
+    let state = backend_state(&gw, "a").await;
+    assert_eq!(state["state"], "failed", "{state}");
+    assert!(servers(SIM, &format!("--port {port} ")).is_empty(), "no server was started");
+    assert_eq!(sim_stats(&stranger).await["total"].as_u64().unwrap_or(0), 0, "nothing was sent to the stranger");
+}
+
+/// A config with the shipped openai-server backend's missing venv and a custom backend whose
+/// program does not exist.
+fn missing_pieces_config(dir: &std::path::Path) -> std::path::PathBuf {
+    let path = dir.join("gateway.yaml");
+    std::fs::write(
+        &path,
+        "listen: 127.0.0.1:0\nbackends:\n  openai-server:\n    kind: mlx-openai-server\n    model: m\n    \
+         venv: .venv-mlx-openai-server\n    port: 8102\n  tool:\n    kind: custom\n    \
+         command: [./bin/no-such-server, --port, '{port}']\n    port: 8103\n\
+         models:\n  qwen-oai: {backend: openai-server}\n  t: {backend: tool}\n",
+    )
+    .expect("write config");
+    path
+}
+
+#[test]
+fn check_and_serve_refuse_a_missing_venv_or_program() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = missing_pieces_config(dir.path());
+    for command in ["check", "serve"] {
+        let out = Command::new(MLXGATE).args([command, "--config"]).arg(&path).output().expect("run");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{command}: {stderr}");
+        assert!(
+            stderr.contains(
+                "backends.openai-server.venv: .venv-mlx-openai-server does not exist \
+                 (build it with: scripts/setup-backends mlx-openai-server)"
+            ),
+            "{command}: {stderr}"
+        );
+        assert!(
+            stderr.contains("backends.tool.command: ./bin/no-such-server does not exist or is not executable"),
+            "{command}: {stderr}"
+        );
+    }
+}
+
+/// A venv with `bin/srv`, a script that runs the simulator.
+fn sim_venv(dir: &std::path::Path) -> std::path::PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let venv = dir.join("venv");
+    std::fs::create_dir_all(venv.join("bin")).expect("mkdir");
+    let srv = venv.join("bin/srv");
+    std::fs::write(&srv, format!("#!/bin/sh\nexec '{SIM}' \"$@\"\n")).expect("write");
+    std::fs::set_permissions(&srv, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    venv
+}
+
+#[tokio::test]
+async fn a_venv_deleted_after_start_fails_the_backend_at_once() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let venv = sim_venv(dir.path());
+    let port = free_port();
+    let backend = format!(
+        "  a:\n    kind: custom\n    venv: '{}'\n    command: [srv, --port, '{{port}}']\n    port: {port}\n    \
+         idle_timeout: 1s\n",
+        venv.display()
+    );
+    let gw = gateway(&yaml(&[backend], &[("a", "a")])).await;
+    assert_eq!(post(&gw, "/v1/chat/completions", &ask("a")).await.status(), 200);
+    eventually("idle stop", || async { backend_state(&gw, "a").await["state"] == "stopped" }).await;
+
+    std::fs::remove_dir_all(&venv).expect("rm venv");
+    let r = post(&gw, "/v1/chat/completions", &ask("a")).await;
+    assert_eq!(r.status(), 503);
+    let e: Value = r.json().await.expect("json");
+    assert_eq!(e["error"]["code"], "backend_failed", "{e}");
+    let message = e["error"]["message"].as_str().expect("message");
+    assert!(message.contains(&format!("backends.a.venv: {} does not exist", venv.display())), "{message}");
+    let state = backend_state(&gw, "a").await;
+    assert_eq!(state["state"], "failed", "{state}");
+    assert_eq!(state["restarts"], 0, "no crash loop: {state}");
+}
+
+#[tokio::test]
+async fn a_program_that_cannot_be_started_fails_the_backend_at_once() {
+    // The shell cannot run its program: it exits 127, as the keeper does when it cannot.
+    let port = free_port();
+    let backend = format!(
+        "  a:\n    kind: custom\n    command: [sh, -c, 'exec /nonexistent/server --port {{port}}']\n    port: {port}\n"
+    );
+    let gw = gateway(&yaml(&[backend], &[("a", "a")])).await;
+    let r = post(&gw, "/v1/chat/completions", &ask("a")).await;
+    assert_eq!(r.status(), 503);
+    let e: Value = r.json().await.expect("json");
+    let message = e["error"]["message"].as_str().expect("message");
+    assert!(message.contains("cannot start") && message.contains("status 127"), "{message}");
+    let state = backend_state(&gw, "a").await;
+    assert_eq!(state["state"], "failed", "{state}");
+    assert_eq!(state["restarts"], 0, "no crash loop: {state}");
+}
+
+#[tokio::test]
+async fn a_hung_server_is_restarted_by_its_health_probe() {
+    let port = free_port();
+    let health = "    health: {interval: 100ms, timeout: 300ms, failures: 2}\n";
+    let gw = gateway(&yaml(&[sim_backend("a", port, health)], &[("a", "a")])).await;
+    assert_eq!(post(&gw, "/v1/chat/completions", &ask("a")).await.status(), 200);
+    let hung = pid_of(&backend_state(&gw, "a").await);
+    // A hung process: alive, its port open, answering nothing.
+    signal("-STOP", hung);
+    eventually("a new process after the hang", || async {
+        let s = backend_state(&gw, "a").await;
+        s["state"] == "ready" && s["pid"].as_u64().is_some_and(|p| p != u64::from(hung))
+    })
+    .await;
+    assert!(!alive(hung), "the hung process was killed");
+    let state = backend_state(&gw, "a").await;
+    assert!(state["last_error"].as_str().is_some_and(|e| e.contains("health probes")), "{state}");
+    assert_eq!(metric(&gw, "mlxgate_backend_restarts_total{backend=\"a\",reason=\"health\"}").await, Some(1.0));
+    assert_eq!(post(&gw, "/v1/chat/completions", &ask("a")).await.status(), 200);
+}
+
+#[tokio::test]
+async fn the_log_reader_survives_invalid_utf8_and_caps_a_long_line() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let script = dir.path().join("server.sh");
+    std::fs::write(
+        &script,
+        format!(
+            "printf 'before \\377\\376 after\\n'\nhead -c 100000 /dev/zero | tr '\\0' a\necho\n\
+             exec '{SIM}' --port \"$1\"\n"
+        ),
+    )
+    .expect("write");
+    let port = free_port();
+    let backend =
+        format!("  a:\n    kind: custom\n    command: [sh, '{}', '{{port}}']\n    port: {port}\n", script.display());
+    let gw = gateway(&yaml(&[backend], &[("a", "a")])).await;
+    assert_eq!(post(&gw, "/v1/chat/completions", &ask("a")).await.status(), 200);
+    let logs = client().get(gw.url("/admin/backends/a/logs")).send().await.expect("send").text().await.expect("text");
+    assert!(logs.contains("before \u{fffd}\u{fffd} after"), "invalid UTF-8 is replaced: {logs:.300}");
+    assert!(logs.contains("mlxgate-sim listening on"), "later lines still arrive: {logs:.300}");
+    let long = logs.lines().find(|l| l.starts_with("aaaa")).expect("the long line");
+    assert!(long.ends_with("[line truncated by mlxgate]"), "{:.100}", &long[long.len().saturating_sub(100)..]);
+    assert!(long.len() < 17 * 1024, "capped: {} bytes", long.len());
+    // The server still writes into a live pipe and serves.
+    assert_eq!(post(&gw, "/v1/chat/completions", &ask("a")).await.status(), 200);
+    assert_eq!(backend_state(&gw, "a").await["restarts"], 0);
+}
