@@ -240,6 +240,31 @@ async fn a_venv_deleted_after_start_fails_the_backend_at_once() {
 }
 
 #[tokio::test]
+async fn a_healthy_backend_is_not_swapped_out_for_one_that_cannot_start() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let venv = sim_venv(dir.path());
+    let (pa, pb) = (free_port(), free_port());
+    let broken = format!(
+        "  b:\n    kind: custom\n    venv: '{}'\n    command: [srv, --port, '{{port}}']\n    port: {pb}\n",
+        venv.display()
+    );
+    let gw = gateway(&format!("swap_after: 1s\n{}", yaml(&[sim_backend("a", pa, ""), broken], &[("a", "a"), ("b", "b")])))
+        .await;
+    assert_eq!(post(&gw, "/v1/chat/completions", &ask("a")).await.status(), 200);
+    let pid = pid_of(&backend_state(&gw, "a").await);
+    std::fs::remove_dir_all(&venv).expect("rm venv");
+    let r = post(&gw, "/v1/chat/completions", &ask("b")).await;
+    assert_eq!(r.status(), 503);
+    let e: Value = r.json().await.expect("json");
+    assert!(e["error"]["message"].as_str().is_some_and(|m| m.contains("does not exist")), "{e}");
+    assert_eq!(backend_state(&gw, "b").await["state"], "failed");
+    let a = backend_state(&gw, "a").await;
+    assert_eq!((a["state"].as_str(), pid_of(&a)), (Some("ready"), pid), "a kept the GPU: {a}");
+    assert_eq!(metric(&gw, "mlxgate_backend_swaps_total").await, Some(0.0));
+    assert_eq!(post(&gw, "/v1/chat/completions", &ask("a")).await.status(), 200);
+}
+
+#[tokio::test]
 async fn a_program_that_cannot_be_started_fails_the_backend_at_once() {
     // The shell cannot run its program: it exits 127, as the keeper does when it cannot.
     let port = free_port();

@@ -73,6 +73,9 @@ pub enum Command {
     Shutdown,
     /// Clear a failure (it starts again on demand); restart it now if it runs.
     Restart,
+    /// A stopped backend whose program or venv is missing: fail it at once with the reason
+    /// (the scheduler sends this instead of swapping a healthy backend out for it).
+    Refuse,
 }
 
 /// Handle to one managed backend.
@@ -227,6 +230,14 @@ impl Task {
             let failed = self.status.borrow().phase == Phase::Failed;
             match command {
                 Command::Start if !failed => {}
+                Command::Refuse if self.status.borrow().phase == Phase::Stopped => {
+                    let missing = preflight::managed_problems(&self.config.name, self.config.kind, &self.managed);
+                    if !missing.is_empty() {
+                        let reason = missing.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ");
+                        self.fail(format!("cannot start: {reason}"));
+                    }
+                    continue;
+                }
                 Command::Restart => {
                     // Not started from here: the scheduler starts it when a request waits and
                     // the GPU is free.
@@ -307,7 +318,7 @@ impl Task {
                         self.crashes.clear();
                         return true;
                     }
-                    Some(Command::Start) => {}
+                    Some(Command::Start | Command::Refuse) => {}
                 },
             }
         }
@@ -422,7 +433,7 @@ impl Task {
                     Some(Command::Stop) => break (RunEnd::Stopped, true),
                     Some(Command::Restart) => break (RunEnd::Restart, true),
                     Some(Command::Shutdown) | None => break (RunEnd::Stopped, false),
-                    Some(Command::Start) => {}
+                    Some(Command::Start | Command::Refuse) => {}
                 },
             }
         };

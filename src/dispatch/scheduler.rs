@@ -211,7 +211,18 @@ pub async fn run(supervisors: Vec<Arc<Supervisor>>, swap_after: Duration, change
     let by_name: HashMap<String, Arc<Supervisor>> =
         supervisors.iter().map(|s| (s.config.name.clone(), Arc::clone(s))).collect();
     loop {
-        let views: Vec<BackendView> = supervisors.iter().filter_map(|s| view_of(s)).collect();
+        let mut views: Vec<BackendView> = supervisors.iter().filter_map(|s| view_of(s)).collect();
+        // A backend that cannot start (its program or venv is gone) is failed at once, before
+        // any healthy backend is swapped out for it.
+        for v in views.iter_mut().filter(|v| v.phase == Phase::Stopped && v.queue.waiting > 0) {
+            if let Some(supervisor) = by_name.get(&v.name)
+                && supervisor.preflight().is_err()
+            {
+                supervisor.send(Command::Refuse);
+                v.queue.waiting = 0;
+                v.queue.oldest_wait = None;
+            }
+        }
         for action in scheduler.step(&views) {
             let (name, command) = match &action {
                 Action::Start(name) => (name, Command::Start),
