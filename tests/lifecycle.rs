@@ -248,8 +248,9 @@ async fn a_healthy_backend_is_not_swapped_out_for_one_that_cannot_start() {
         "  b:\n    kind: custom\n    venv: '{}'\n    command: [srv, --port, '{{port}}']\n    port: {pb}\n",
         venv.display()
     );
-    let gw = gateway(&format!("swap_after: 1s\n{}", yaml(&[sim_backend("a", pa, ""), broken], &[("a", "a"), ("b", "b")])))
-        .await;
+    let gw =
+        gateway(&format!("swap_after: 1s\n{}", yaml(&[sim_backend("a", pa, ""), broken], &[("a", "a"), ("b", "b")])))
+            .await;
     assert_eq!(post(&gw, "/v1/chat/completions", &ask("a")).await.status(), 200);
     let pid = pid_of(&backend_state(&gw, "a").await);
     std::fs::remove_dir_all(&venv).expect("rm venv");

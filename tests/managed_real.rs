@@ -66,6 +66,32 @@ async fn mlx_lm_starts_on_the_first_request_and_comes_back_after_kill_9() {
 }
 
 #[tokio::test]
+async fn a_real_mlx_lm_server_killed_mid_stream_ends_the_stream_with_an_error_not_a_success() {
+    // mlx_lm.server answers in HTTP/1.0: its body ends when the connection closes, so a crash
+    // looks like a normal end unless the gateway checks for `[DONE]` or a finish_reason.
+    let Some(model) = prerequisites(&[MLX_LM]) else { return };
+    let port = free_port();
+    let gw = gateway(&config(&[backend("native", MLX_LM, &model, port, "")], &[("qwen", "native")], "")).await;
+    let long = json!({"model": "qwen", "stream": true, "max_tokens": 20000, "temperature": 0,
+        "messages": [{"role": "user", "content": "hello there"}]});
+    let mut r = post(&gw, "/v1/chat/completions", &long).await;
+    assert_eq!(r.status(), 200);
+    let first = read_until(&mut r, "\"content\"").await;
+    let pid = backend_state(&gw, "native").await["pid"].as_u64().expect("pid");
+    assert!(Command::new("kill").args(["-9", &pid.to_string()]).status().expect("kill").success());
+    let text = format!("{first}{}", text_of(r).await);
+    assert!(!text.contains("data: [DONE]"), "the server was killed before its end: {text}");
+    let last: Value = serde_json::from_str(data_lines(&text).last().expect("events")).expect("json");
+    assert_eq!(last["error"]["type"], "backend_error", "{}", &text[text.len().saturating_sub(600)..]);
+    let series =
+        |outcome: &str| format!("mlxgate_requests_total{{backend=\"native\",model=\"qwen\",outcome=\"{outcome}\"}}");
+    assert_eq!(metric(&gw, &series("ok")).await, None, "a cut stream is no success");
+    assert_eq!(metric(&gw, &series("backend_error")).await, Some(1.0));
+    // And the restarted server serves the next request.
+    answered(&gw, "qwen", true).await;
+}
+
+#[tokio::test]
 async fn mlx_openai_server_starts_on_the_first_request() {
     let Some(model) = prerequisites(&[MLX_OPENAI, MLX_LM]) else { return };
     let port = free_port();
