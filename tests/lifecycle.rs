@@ -8,7 +8,7 @@ mod common;
 
 use std::process::Command;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use common::*;
@@ -55,40 +55,6 @@ fn keeper_of(port: u16) -> u32 {
     keepers[0]
 }
 
-/// Counts, on a thread of its own, the most servers matching `program` and `arg` seen alive at
-/// once, until stopped.
-struct Watcher {
-    done: Arc<AtomicBool>,
-    peak: Arc<AtomicUsize>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl Watcher {
-    fn start(program: &'static str, arg: String) -> Self {
-        let done = Arc::new(AtomicBool::new(false));
-        let peak = Arc::new(AtomicUsize::new(0));
-        let thread = std::thread::spawn({
-            let (done, peak) = (Arc::clone(&done), Arc::clone(&peak));
-            move || {
-                while !done.load(Ordering::SeqCst) {
-                    peak.fetch_max(servers(program, &arg).len(), Ordering::SeqCst);
-                    std::thread::sleep(Duration::from_millis(5));
-                }
-            }
-        });
-        Watcher { done, peak, thread: Some(thread) }
-    }
-
-    /// Stops watching; the peak.
-    fn peak(mut self) -> usize {
-        self.done.store(true, Ordering::SeqCst);
-        if let Some(t) = self.thread.take() {
-            t.join().expect("watcher");
-        }
-        self.peak.load(Ordering::SeqCst)
-    }
-}
-
 /// `kill -9` of the keeper: its server must die with it (while the gateway runs), never two
 /// servers run at once, and the next request is served by a new process.
 async fn keeper_killed(gw: &Gateway, backend: &str, model: &str, program: &'static str, port: u16) {
@@ -98,7 +64,7 @@ async fn keeper_killed(gw: &Gateway, backend: &str, model: &str, program: &'stat
     let server = pid_of(&backend_state(gw, backend).await);
     let needle = format!("--port {port} ");
     assert_eq!(servers(program, &needle), [server]);
-    let watcher = Watcher::start(program, needle.clone());
+    let watcher = ServerWatch::start(program, vec![needle.clone()]);
 
     signal("-9", keeper_of(port));
     eventually("the killed keeper's server gone", || async { !alive(server) }).await;

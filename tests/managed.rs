@@ -6,9 +6,6 @@
 mod common;
 
 use std::process::Command;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::time::Duration;
 
 use common::*;
 use serde_json::{Value, json};
@@ -185,19 +182,7 @@ async fn too_many_crashes_fail_the_backend_until_an_operator_restarts_it() {
 #[tokio::test]
 async fn alternating_models_swap_gpu_backends_and_two_never_run_at_once() {
     let (gw, pa, pb) = two_gpu_backends("1s").await;
-    let (sa, sb) = (pa.to_string(), pb.to_string());
-    let done = Arc::new(AtomicBool::new(false));
-    let peak = Arc::new(AtomicUsize::new(0));
-    let watcher = std::thread::spawn({
-        let (done, peak) = (Arc::clone(&done), Arc::clone(&peak));
-        move || {
-            while !done.load(Ordering::SeqCst) {
-                let alive = servers(SIM, &sa).len() + servers(SIM, &sb).len();
-                peak.fetch_max(alive, Ordering::SeqCst);
-                std::thread::sleep(Duration::from_millis(5));
-            }
-        }
-    });
+    let watcher = ServerWatch::start(SIM, vec![pa.to_string(), pb.to_string()]);
     for round in 0..3 {
         for model in ["ma", "mb"] {
             let r = post(&gw, "/v1/chat/completions", &ask(model, true, json!({"tokens": 3}))).await;
@@ -205,9 +190,7 @@ async fn alternating_models_swap_gpu_backends_and_two_never_run_at_once() {
             assert!(text_of(r).await.contains("[DONE]"));
         }
     }
-    done.store(true, Ordering::SeqCst);
-    watcher.join().expect("watcher");
-    assert_eq!(peak.load(Ordering::SeqCst), 1, "at most one GPU backend process at any moment");
+    assert_eq!(watcher.peak(), 1, "at most one GPU backend process at any moment");
     assert_eq!(metric(&gw, "mlxgate_backend_swaps_total").await, Some(5.0));
 }
 

@@ -13,8 +13,6 @@
 mod common;
 
 use std::collections::VecDeque;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use common::*;
@@ -495,19 +493,7 @@ async fn issue_7_schedule_serves_both_waiting_requests() {
         slow_sim_backend("b", pb)
     );
     let gw = gateway(&config).await;
-    let (sa, sb) = (pa.to_string(), pb.to_string());
-    let done = Arc::new(AtomicBool::new(false));
-    let peak = Arc::new(AtomicUsize::new(0));
-    let watcher = std::thread::spawn({
-        let (done, peak) = (Arc::clone(&done), Arc::clone(&peak));
-        move || {
-            while !done.load(Ordering::SeqCst) {
-                let alive = servers(SIM, &sa).len() + servers(SIM, &sb).len();
-                peak.fetch_max(alive, Ordering::SeqCst);
-                std::thread::sleep(Duration::from_millis(5));
-            }
-        }
-    });
+    let watcher = ServerWatch::start(SIM, vec![pa.to_string(), pb.to_string()]);
 
     // The arrival schedule of the report (times are part of the scenario, not synchronisation:
     // each step also waits until the previous one is in place).
@@ -529,8 +515,7 @@ async fn issue_7_schedule_serves_both_waiting_requests() {
 
     let (status_b, body_b) = first_b.await.expect("task");
     let (status_a, body_a) = second_a.await.expect("task");
-    done.store(true, Ordering::SeqCst);
-    watcher.join().expect("watcher");
+    let peak = watcher.peak();
     assert_eq!(status_b, 200, "{body_b}");
     assert_eq!(status_a, 200, "{body_a}");
     for body in [&body_a, &body_b] {
@@ -539,9 +524,9 @@ async fn issue_7_schedule_serves_both_waiting_requests() {
         assert!(choice["finish_reason"].is_string() && choice["message"]["content"].is_string(), "{body}");
     }
     let swaps = metric(&gw, "mlxgate_backend_swaps_total").await.expect("swaps metric");
-    eprintln!("swaps: {swaps}; peak GPU servers alive: {}", peak.load(Ordering::SeqCst));
+    eprintln!("swaps: {swaps}; peak GPU servers alive: {peak}");
     assert!(swaps <= 3.0, "{swaps} swaps");
-    assert_eq!(peak.load(Ordering::SeqCst), 1, "at most one GPU backend process at any moment");
+    assert_eq!(peak, 1, "at most one GPU backend process at any moment");
     // The long stream was preempted for b (it would hold a's only slot forever).
     let (_, long_text) = long.await.expect("task");
     assert!(!long_text.contains("[DONE]"), "{long_text}");

@@ -330,3 +330,40 @@ pub fn gateway_binary(config: &str, wait_for: Option<&str>) -> GatewayBinary {
     std::thread::spawn(move || for _ in reader.lines() {});
     GatewayBinary { child, url: url.expect("url"), _dir: dir }
 }
+
+/// Counts, on a thread of its own, the most servers seen alive at once: processes whose command
+/// line contains `program` and one of `args` (see [`servers`]), until [`ServerWatch::peak`].
+pub struct ServerWatch {
+    done: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    peak: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl ServerWatch {
+    pub fn start(program: &'static str, args: Vec<String>) -> Self {
+        use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+        let done = std::sync::Arc::new(AtomicBool::new(false));
+        let peak = std::sync::Arc::new(AtomicUsize::new(0));
+        let thread = std::thread::spawn({
+            let (done, peak) = (std::sync::Arc::clone(&done), std::sync::Arc::clone(&peak));
+            move || {
+                while !done.load(Ordering::SeqCst) {
+                    let alive: usize = args.iter().map(|a| servers(program, a).len()).sum();
+                    peak.fetch_max(alive, Ordering::SeqCst);
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+            }
+        });
+        ServerWatch { done, peak, thread: Some(thread) }
+    }
+
+    /// Stops watching; the most servers seen alive at once.
+    pub fn peak(mut self) -> usize {
+        use std::sync::atomic::Ordering;
+        self.done.store(true, Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            t.join().expect("watcher");
+        }
+        self.peak.load(Ordering::SeqCst)
+    }
+}
