@@ -681,13 +681,12 @@ struct Timeouts {
 impl Timeouts {
     fn check(b: &RawBackend, path: &str, problems: &mut Vec<Problem>) -> Timeouts {
         let at = |field: &str| format!("{path}.{field}");
-        let connect = positive(b.connect_timeout.clone(), DEFAULT_CONNECT_TIMEOUT, &at("connect_timeout"), problems);
-        let response =
-            positive(b.response_timeout.clone(), DEFAULT_RESPONSE_TIMEOUT, &at("response_timeout"), problems);
+        let connect = positive(b.connect_timeout, DEFAULT_CONNECT_TIMEOUT, &at("connect_timeout"), problems);
+        let response = positive(b.response_timeout, DEFAULT_RESPONSE_TIMEOUT, &at("response_timeout"), problems);
         // The first byte comes with or after the headers: by default it may take as long.
-        let first_byte = positive(b.first_byte_timeout.clone(), response, &at("first_byte_timeout"), problems);
+        let first_byte = positive(b.first_byte_timeout, response, &at("first_byte_timeout"), problems);
         let stream_idle =
-            positive(b.stream_idle_timeout.clone(), DEFAULT_STREAM_IDLE_TIMEOUT, &at("stream_idle_timeout"), problems);
+            positive(b.stream_idle_timeout, DEFAULT_STREAM_IDLE_TIMEOUT, &at("stream_idle_timeout"), problems);
         Timeouts { connect, response, first_byte, stream_idle }
     }
 }
