@@ -968,6 +968,62 @@ models:
     }
 
     #[test]
+    fn refuses_configs_that_cannot_work() {
+        let p = problems(
+            "
+swap_after: 30s
+backends:
+  a: {kind: custom, command: [srv, '{port}'], port: 9101, stop_timeout: 0s, idle_timeout: 0s, ready: {timeout: 0s}}
+  b: {kind: custom, command: [srv, '{port}'], port: 9102, restart_window: 0s}
+  cpu: {kind: custom, command: [srv, '{port}'], port: 9103, gpu: false}
+  remote:
+    url: 'http://127.0.0.1:9000'
+    connect_timeout: 0s
+    stream_idle_timeout: 0s
+    first_byte_timeout: 0s
+    drain_timeout: 10s
+    stop_timeout: 5s
+    max_restarts: 2
+    restart_window: 1m
+    ready: {path: /health, timeout: 10s, warmup: false}
+models:
+  closed: {backend: a, max_queue: 0}
+  short: {backend: b, max_wait: 30s}
+  cpu_short: {backend: cpu, max_wait: 5s}
+  remote_empty: {backend: remote, max_queue: 0, max_wait: 0s}
+",
+        );
+        for expected in [
+            "backends.a.stop_timeout: must be longer than 0s",
+            "backends.a.idle_timeout: must be longer than 0s",
+            "backends.a.ready.timeout: must be longer than 0s",
+            "backends.b.restart_window: must be longer than 0s",
+            "backends.remote.connect_timeout: must be longer than 0s",
+            "backends.remote.stream_idle_timeout: must be longer than 0s",
+            "backends.remote.first_byte_timeout: must be longer than 0s",
+            "backends.remote.drain_timeout: only for managed backends",
+            "backends.remote.stop_timeout: only for managed backends",
+            "backends.remote.max_restarts: only for managed backends",
+            "backends.remote.restart_window: only for managed backends",
+            "backends.remote.ready.timeout: only for managed backends",
+            "backends.remote.ready.warmup: only for managed backends",
+            "models.closed.max_queue: must be at least 1",
+            "models.short.max_wait: must be longer than swap_after (30s)",
+            "models.remote_empty.max_wait: must be longer than 0s",
+        ] {
+            assert!(p.iter().any(|l| l.starts_with(expected)), "{expected:?} not in {p:#?}");
+        }
+        // A CPU backend never waits for a swap, a remote one has no gate to be closed, and the
+        // ready path is a remote backend's too.
+        for fine in ["models.cpu_short", "models.remote_empty.max_queue", "backends.remote.ready.path"] {
+            assert!(!p.iter().any(|l| l.starts_with(fine)), "{fine} refused: {p:#?}");
+        }
+        assert_eq!(p.len(), 16, "{p:#?}");
+        let zero_swap = problems("swap_after: 0s\nbackends: {r: {url: 'http://127.0.0.1:9'}}\nmodels: {m: {backend: r}}\n");
+        assert_eq!(zero_swap, ["swap_after: must be longer than 0s"]);
+    }
+
+    #[test]
     fn sizes_and_empty_models() {
         assert_eq!(parse_size("64MiB"), Some(64 << 20));
         assert_eq!(parse_size("512KB"), Some(512_000));
