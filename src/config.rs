@@ -31,6 +31,9 @@ pub struct Config {
     pub header_read_timeout: Duration,
     /// Connections one client address may hold open at once; more are refused at accept.
     pub max_connections_per_client: usize,
+    /// Longest time a request's body may take to arrive once its headers are in (408 beyond):
+    /// a client that announces a body and sends it slowly, or never, holds a connection.
+    pub body_read_timeout: Duration,
     /// How long a request for a stopped GPU backend may wait before the running one is swapped
     /// out for it (requests for the running model flow until then).
     pub swap_after: Duration,
@@ -165,6 +168,7 @@ const DEFAULT_MAX_CONCURRENCY: usize = 1;
 const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 const DEFAULT_RESPONSE_TIMEOUT: Duration = Duration::from_secs(30 * 60);
 const DEFAULT_STREAM_IDLE_TIMEOUT: Duration = Duration::from_secs(10 * 60);
+const DEFAULT_BODY_READ_TIMEOUT: Duration = Duration::from_secs(60);
 const DEFAULT_MAX_QUEUE: usize = 64;
 const DEFAULT_MAX_WAIT: Duration = Duration::from_secs(120);
 const DEFAULT_MAX_TOKENS: u32 = 4096;
@@ -189,6 +193,7 @@ struct RawConfig {
     swap_after: Option<RawDuration>,
     header_read_timeout: Option<RawDuration>,
     max_connections_per_client: Option<usize>,
+    body_read_timeout: Option<RawDuration>,
     #[serde(default)]
     backends: BTreeMap<String, Value>,
     #[serde(default)]
@@ -481,11 +486,20 @@ fn validate(raw: RawConfig, problems: &mut Vec<Problem>) -> Option<Config> {
     };
     let (header_read_timeout, max_connections_per_client) =
         connection_limits(raw.header_read_timeout.map(|d| d.0), raw.max_connections_per_client, problems);
+    let body_read_timeout = positive(raw.body_read_timeout, DEFAULT_BODY_READ_TIMEOUT, "body_read_timeout", problems);
+    let max_body_bytes = raw.max_body.map_or(DEFAULT_MAX_BODY, |s| s.0);
+    if max_body_bytes == 0 {
+        problems.push(Problem {
+            path: "max_body".into(),
+            reason: "must be larger than 0 (every request has a body)".into(),
+        });
+    }
     Some(Config {
         listen: listen?,
         metrics_listen,
         shutdown_grace: raw.shutdown_grace.map_or(DEFAULT_SHUTDOWN_GRACE, |d| d.0),
-        max_body_bytes: raw.max_body.map_or(DEFAULT_MAX_BODY, |s| s.0),
+        max_body_bytes,
+        body_read_timeout,
         swap_after,
         header_read_timeout,
         max_connections_per_client,
@@ -1019,8 +1033,16 @@ models:
             assert!(!p.iter().any(|l| l.starts_with(fine)), "{fine} refused: {p:#?}");
         }
         assert_eq!(p.len(), 16, "{p:#?}");
-        let zero_swap = problems("swap_after: 0s\nbackends: {r: {url: 'http://127.0.0.1:9'}}\nmodels: {m: {backend: r}}\n");
+        let zero_swap =
+            problems("swap_after: 0s\nbackends: {r: {url: 'http://127.0.0.1:9'}}\nmodels: {m: {backend: r}}\n");
         assert_eq!(zero_swap, ["swap_after: must be longer than 0s"]);
+        let zero_body = problems(
+            "max_body: 0\nbody_read_timeout: 0s\nbackends: {r: {url: 'http://127.0.0.1:9'}}\nmodels: {m: {backend: r}}\n",
+        );
+        assert_eq!(
+            zero_body,
+            ["body_read_timeout: must be longer than 0s", "max_body: must be larger than 0 (every request has a body)"]
+        );
     }
 
     #[test]

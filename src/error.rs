@@ -18,6 +18,9 @@ pub enum GatewayError {
     /// The body is larger than `max_body`.
     #[error("request body is larger than the gateway's limit of {limit} bytes")]
     BodyTooLarge { limit: usize },
+    /// The body did not arrive within `body_read_timeout` of the headers.
+    #[error("The request body did not arrive within {}s.", after.as_secs())]
+    BodyTimeout { after: Duration },
     /// `model` names no configured model.
     #[error("The model `{0}` does not exist or you do not have access to it.")]
     ModelNotFound(String),
@@ -67,6 +70,9 @@ impl GatewayError {
             GatewayError::InvalidRequest { .. } => (StatusCode::BAD_REQUEST, "invalid_request_error", None),
             GatewayError::BodyTooLarge { .. } => {
                 (StatusCode::PAYLOAD_TOO_LARGE, "invalid_request_error", Some("request_too_large"))
+            }
+            GatewayError::BodyTimeout { .. } => {
+                (StatusCode::REQUEST_TIMEOUT, "invalid_request_error", Some("request_timeout"))
             }
             GatewayError::ModelNotFound(_) => (StatusCode::NOT_FOUND, "invalid_request_error", Some("model_not_found")),
             GatewayError::UnknownBackend(_) => {
@@ -224,6 +230,7 @@ mod tests {
         let cases = [
             GatewayError::invalid("bad", Some("messages")),
             GatewayError::BodyTooLarge { limit: 10 },
+            GatewayError::BodyTimeout { after: Duration::from_secs(60) },
             GatewayError::ModelNotFound("x".into()),
             GatewayError::QueueFull {
                 model: "q".into(),

@@ -290,3 +290,67 @@ async fn a_client_that_leaves_while_queued_is_counted_as_client_closed() {
     assert!(text_of(held).await.contains("[DONE]"));
     assert_eq!(outcome(&gw, "local", "ok").await, 1.0);
 }
+
+#[tokio::test]
+async fn a_cut_multi_choice_stream_is_no_success_even_after_one_choice_finished() {
+    // n=2 over HTTP/1.0: choice 0 finishes, choice 1 is cut by the close.
+    let event = |i: u32, finish: &str| {
+        format!(
+            "data: {{\"choices\":[{{\"index\":{i},\"delta\":{{\"content\":\"x\"}},\"finish_reason\":{finish}}}]}}\n\n"
+        )
+    };
+    let answer = format!(
+        "HTTP/1.0 200 OK\r\nContent-type: text/event-stream\r\n\r\n{}{}{}{}",
+        event(0, "null"),
+        event(1, "null"),
+        event(0, "\"stop\""),
+        event(1, "null")
+    );
+    let (url, _) = raw_backend(answer.into_bytes()).await;
+    let gw = gateway(&one_model_yaml(&url, 1, 4)).await;
+    let mut body = chat(true, json!({}));
+    body["n"] = json!(2);
+    let text = text_of(post(&gw, "/v1/chat/completions", &body).await).await;
+    assert_eq!(last_event(&text)["error"]["type"], "backend_error", "{text}");
+    assert_eq!(outcome(&gw, "local", "ok").await, 0.0);
+}
+
+#[tokio::test]
+async fn an_sse_answer_with_a_content_length_reaches_the_client_whole_less_the_usage_chunk() {
+    let events = "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hi\"},\"finish_reason\":\"stop\"}]}\n\n\
+                  data: {\"choices\":[],\"usage\":{\"prompt_tokens\":2,\"completion_tokens\":1}}\n\ndata: [DONE]\n\n";
+    let answer = format!(
+        "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: {}\r\n\r\n{events}",
+        events.len()
+    );
+    let (url, _) = raw_backend(answer.into_bytes()).await;
+    let gw = gateway(&one_model_yaml(&url, 1, 4)).await;
+    let r = post(&gw, "/v1/chat/completions", &chat(true, json!({}))).await;
+    assert!(r.headers().get("content-length").is_none(), "{:?}", r.headers());
+    let text = text_of(r).await;
+    assert!(text.contains("\"hi\"") && text.contains("data: [DONE]"), "{text}");
+    assert!(!text.contains("usage"), "the client did not ask for usage: {text}");
+    assert_eq!(outcome(&gw, "local", "ok").await, 1.0);
+}
+
+#[tokio::test]
+async fn a_body_that_never_arrives_gets_408_and_frees_the_connection() {
+    let sim = sim().await;
+    let gw = gateway(&format!("body_read_timeout: 1s\n{}", one_model_yaml(&sim.url(), 1, 4))).await;
+    let mut tcp = TcpStream::connect(gw.addr).await.expect("connect");
+    let head = "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{";
+    tcp.write_all(head.as_bytes()).await.expect("write");
+    let mut seen = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        match tcp.read(&mut chunk).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => seen.extend_from_slice(&chunk[..n]),
+        }
+    }
+    let text = String::from_utf8_lossy(&seen);
+    assert!(text.starts_with("HTTP/1.1 408"), "{text}");
+    assert!(text.contains("request_timeout"), "{text}");
+    let series = "mlxgate_requests_total{backend=\"\",model=\"\",outcome=\"invalid_request_error\"}";
+    assert_eq!(metric(&gw, series).await, Some(1.0));
+}

@@ -67,7 +67,7 @@ struct Parsed {
 /// parse → acquire → send (retried on a restarted backend) → wrap.
 async fn forward(state: &AppState, request: Request, record: &mut RequestRecord) -> Result<Answered, GatewayError> {
     let (parts, body) = request.into_parts();
-    let bytes = read_body(&parts, body, state.config.max_body_bytes).await?;
+    let bytes = read_body(&parts, body, state.config.max_body_bytes, state.config.body_read_timeout).await?;
     let mut fields: RawBody = serde_json::from_slice(&bytes)
         .map_err(|e| GatewayError::invalid(format!("The request body is not a JSON object: {e}."), None))?;
     drop(bytes);
@@ -79,8 +79,11 @@ async fn forward(state: &AppState, request: Request, record: &mut RequestRecord)
 
     let client = client_id(&parts);
     let mut retries = 0;
+    let queued = Instant::now();
     let (permit, answer) = loop {
-        let permit = route.slot.acquire(client.clone()).await?;
+        // A retried request waits again for the restarted backend, within its first max_wait.
+        let left = route.model.max_wait.saturating_sub(queued.elapsed()).max(Duration::from_millis(1));
+        let permit = route.slot.acquire_within(client.clone(), left).await?;
         if retries == 0 {
             state.metrics.queue_wait.with_label_values(&[&model]).observe(permit.queue_wait().as_secs_f64());
         }
@@ -169,6 +172,9 @@ impl Answered {
             // Tell nginx-style proxies in front of us not to buffer, and caches not to keep it.
             head.headers.insert("x-accel-buffering", HeaderValue::from_static("no"));
             head.headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+            // The meter changes the length (a dropped usage chunk, an error event, the stats
+            // line): the client's body is chunked, never the backend's announced length.
+            head.headers.remove(header::CONTENT_LENGTH);
             let body = StreamMeter::new(body, Mode::Sse, first, permit, info);
             return Response::from_parts(head, Body::new(body));
         }
@@ -320,18 +326,25 @@ pub async fn not_found(State(state): State<Arc<AppState>>, request: Request) -> 
     e.into_response()
 }
 
-/// Reads the whole request body, refusing more than `limit` bytes. A `Content-Length` over the
-/// limit is refused from the header alone, before a byte of the body is read (and before a
-/// client waiting on `Expect: 100-continue` is told to send it).
-async fn read_body(parts: &axum::http::request::Parts, body: Body, limit: usize) -> Result<Bytes, GatewayError> {
+/// Reads the whole request body, refusing more than `limit` bytes or a body that takes longer
+/// than `deadline` to arrive. A `Content-Length` over the limit is refused from the header
+/// alone, before a byte of the body is read (and before a client waiting on
+/// `Expect: 100-continue` is told to send it).
+async fn read_body(
+    parts: &axum::http::request::Parts,
+    body: Body,
+    limit: usize,
+    deadline: Duration,
+) -> Result<Bytes, GatewayError> {
     let declared = parts.headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.trim().parse::<u64>().ok());
     if declared.is_some_and(|n| n > limit as u64) {
         return Err(GatewayError::BodyTooLarge { limit });
     }
-    match Limited::new(body, limit).collect().await {
-        Ok(collected) => Ok(collected.to_bytes()),
-        Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(GatewayError::BodyTooLarge { limit }),
-        Err(e) => Err(GatewayError::invalid(format!("cannot read the request body: {e}"), None)),
+    match tokio::time::timeout(deadline, Limited::new(body, limit).collect()).await {
+        Err(_) => Err(GatewayError::BodyTimeout { after: deadline }),
+        Ok(Ok(collected)) => Ok(collected.to_bytes()),
+        Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => Err(GatewayError::BodyTooLarge { limit }),
+        Ok(Err(e)) => Err(GatewayError::invalid(format!("cannot read the request body: {e}"), None)),
     }
 }
 

@@ -25,8 +25,10 @@ use super::upstream::{Upstream, UpstreamError};
 use crate::config::BackendConfig;
 use crate::error::GatewayError;
 
-/// How long a failed attempt waits to see the managed process that had it replaced.
-const REPLACEMENT_WAIT: Duration = Duration::from_secs(5);
+/// How long a failed attempt waits to see the managed process that had it gone. A crash closes
+/// the connection and ends the process at once (the supervisor sees the exit within
+/// milliseconds); this bounds the wait when the process lives on (no retry then).
+const REPLACEMENT_WAIT: Duration = Duration::from_secs(2);
 
 /// A request as it goes to the backend.
 pub struct Outbound {

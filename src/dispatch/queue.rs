@@ -210,6 +210,12 @@ impl ModelSlot {
     /// Waits for a slot for `client`, failing fast when the queue is full and after `max_wait`.
     /// Dropping the returned future (client gone) leaves the queue clean.
     pub async fn acquire(&self, client: ClientId) -> Result<Permit, GatewayError> {
+        self.acquire_within(client, Duration::MAX).await
+    }
+
+    /// As [`ModelSlot::acquire`], waiting at most `limit` (when less than `max_wait`): a
+    /// request that is queued again after a retry keeps what is left of its first wait.
+    pub async fn acquire_within(&self, client: ClientId, limit: Duration) -> Result<Permit, GatewayError> {
         let arrived = Instant::now();
         let shared = &self.queue;
         let (id, receiver, max_wait) = {
@@ -247,7 +253,7 @@ impl ModelSlot {
             }
             model.waiting += 1;
             shared.metrics.queue_depth.with_label_values(&[&model.name]).set(model.waiting as i64);
-            let max_wait = model.max_wait;
+            let max_wait = model.max_wait.min(limit);
             drop(state);
             shared.changed.notify_one();
             (id, receiver, max_wait)

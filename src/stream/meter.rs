@@ -85,8 +85,10 @@ pub struct StreamFigures {
     /// An `{"error": …}` event, with its message.
     pub error: Option<String>,
     pub done: bool,
-    /// A choice carried a `finish_reason`: the answer reached its end.
-    pub finished: bool,
+    /// Choice indices seen, and those that carried a `finish_reason` (`n` > 1 answers several
+    /// choices in one stream: each must finish).
+    pub choices_seen: Vec<u64>,
+    pub choices_finished: Vec<u64>,
     /// The body was parsed as a stream of generated output.
     pub metered: bool,
 }
@@ -113,8 +115,14 @@ impl StreamFigures {
             self.completion_tokens = usage.get("completion_tokens").and_then(Value::as_u64).or(self.completion_tokens);
         }
         let choices = value.get("choices").and_then(Value::as_array);
-        if choices.is_some_and(|c| c.iter().any(|c| c.get("finish_reason").is_some_and(Value::is_string))) {
-            self.finished = true;
+        for choice in choices.into_iter().flatten() {
+            let index = choice.get("index").and_then(Value::as_u64).unwrap_or(0);
+            if !self.choices_seen.contains(&index) {
+                self.choices_seen.push(index);
+            }
+            if choice.get("finish_reason").is_some_and(Value::is_string) && !self.choices_finished.contains(&index) {
+                self.choices_finished.push(index);
+            }
         }
         let usage_only = choices.is_some_and(Vec::is_empty) && value.get("usage").is_some_and(Value::is_object);
         let keepalive = value.get("id").and_then(Value::as_str) == Some("chatcmpl-keepalive");
@@ -127,10 +135,13 @@ impl StreamFigures {
         (!usage_only || client_wants_usage, generated)
     }
 
-    /// Whether the stream showed its end: `[DONE]` or a `finish_reason`. A stream that stops
-    /// without either was cut (the backend died or dropped the connection).
+    /// Whether the stream showed its end: `[DONE]`, or a `finish_reason` for every choice it
+    /// carried. A stream that stops without either was cut (the backend died or dropped the
+    /// connection).
     pub fn complete(&self) -> bool {
-        self.done || self.finished
+        let every_choice_finished =
+            !self.choices_seen.is_empty() && self.choices_seen.iter().all(|i| self.choices_finished.contains(i));
+        self.done || every_choice_finished
     }
 
     /// Tokens generated, from the backend's usage; `None` when it sent none.
@@ -566,6 +577,26 @@ mod tests {
         let (f, _) =
             figures_of(&[TOKEN, "data: {\"error\":{\"message\":\"boom\"}}\n\n", twice, "data: [DONE]\n\n"], true);
         assert_eq!(f.error.as_deref(), Some("boom"));
+    }
+
+    #[test]
+    fn a_stream_is_complete_at_done_or_when_every_choice_has_finished() {
+        let choice = |i: u32, finish: &str| {
+            let reason = if finish.is_empty() { "null".to_string() } else { format!("\"{finish}\"") };
+            format!(
+                "data: {{\"choices\":[{{\"index\":{i},\"delta\":{{\"content\":\"x\"}},\"finish_reason\":{reason}}}]}}\n\n"
+            )
+        };
+        let (f, _) = figures_of(&[&choice(0, ""), &choice(0, "stop")], true);
+        assert!(f.complete(), "one choice, finished");
+        let (f, _) = figures_of(&[&choice(0, ""), &choice(1, ""), &choice(0, "stop"), &choice(1, "")], true);
+        assert!(!f.complete(), "choice 1 never finished (n=2, cut)");
+        let (f, _) = figures_of(&[&choice(0, ""), &choice(1, ""), &choice(0, "stop"), &choice(1, "length")], true);
+        assert!(f.complete());
+        let (f, _) = figures_of(&[&choice(0, ""), "data: [DONE]\n\n"], true);
+        assert!(f.complete(), "[DONE] ends it whatever the choices said");
+        let (f, _) = figures_of(&[&choice(0, ""), USAGE_ONLY], true);
+        assert!(!f.complete(), "usage alone is no end");
     }
 
     #[test]
