@@ -71,11 +71,11 @@ fn main() -> ExitCode {
             Err(code) => code,
         },
         Command::Serve { config } => {
-            raise_open_files_limit();
             let loaded = match load(&config) {
                 Ok(c) => c,
                 Err(code) => return code,
             };
+            raise_open_files_limit();
             let runtime = match tokio::runtime::Runtime::new() {
                 Ok(r) => r,
                 Err(e) => {
@@ -132,7 +132,7 @@ fn raise_open_files_limit() {
     };
     let target = open_files_target(hard);
     if soft >= target {
-        tracing::info!(limit = soft, "open files limit");
+        tracing::info!(limit = soft, "open files limit left as it is (already the highest allowed)");
         return;
     }
     match setrlimit(Resource::RLIMIT_NOFILE, target, hard) {
