@@ -19,7 +19,7 @@ use http_body_util::{BodyExt, Limited};
 use serde::Serialize;
 use tokio::sync::{Notify, mpsc, watch};
 
-use super::preflight;
+use super::{keeper, preflight};
 use super::process::{LogBuffer, ServerProcess, describe_exit};
 use super::upstream::Upstream;
 use crate::config::{BackendConfig, HealthCheck, ManagedConfig};
@@ -414,6 +414,7 @@ impl Task {
             s.ready_since = Some(Instant::now());
         });
         self.queue.open();
+        process.record().await;
 
         let health = watch_health(self.upstream.clone(), Arc::clone(&self.config), self.managed.health);
         tokio::pin!(health);
@@ -450,8 +451,14 @@ impl Task {
     /// Waits until the backend's port is free; what ends this run instead, if anything does
     /// first (the port stays taken, or a stop).
     async fn until_port_free(&mut self) -> Option<RunEnd> {
-        let name = self.config.name.clone();
-        let port_free = wait_port_free(&name, self.managed.port);
+        let (name, port, grace) = (self.config.name.clone(), self.managed.port, self.managed.stop_timeout);
+        let port_free = async {
+            // A server of an earlier gateway killed together with its keeper: ours to stop.
+            if port_holder(port).await.is_some() {
+                keeper::reclaim_orphan(&name, port, grace).await;
+            }
+            wait_port_free(&name, port).await
+        };
         tokio::pin!(port_free);
         loop {
             tokio::select! {
