@@ -322,6 +322,7 @@ async fn an_orphan_of_a_gateway_killed_with_its_keeper_is_reclaimed_by_the_next_
     };
     let keeper = keeper_of(port);
     let gateway = first.child.id();
+    let _cleanup = KillServersOnDrop(needle.clone());
 
     // Both in one `kill`, the gateway first, as `pkill -9 mlxgate` does.
     signal_all("-9", &[gateway, keeper]);
@@ -349,4 +350,15 @@ async fn an_orphan_of_a_gateway_killed_with_its_keeper_is_reclaimed_by_the_next_
 fn signal_all(name: &str, pids: &[u32]) {
     let pids: Vec<String> = pids.iter().map(u32::to_string).collect();
     assert!(Command::new("kill").arg(name).args(&pids).status().expect("kill").success());
+}
+
+/// Kills, when the test ends (a failed one included), any sim server still on its port.
+struct KillServersOnDrop(String);
+
+impl Drop for KillServersOnDrop {
+    fn drop(&mut self) {
+        for pid in servers(SIM, &self.0) {
+            let _ = Command::new("kill").args(["-9", &format!("-{pid}")]).status();
+        }
+    }
 }

@@ -187,7 +187,6 @@ async fn reclaim_in(dir: &Path, backend: &str, port: u16, grace: Duration) -> Op
     if !is_our_orphan(&record, facts_off_thread(record.pid).await.as_ref()) {
         return None;
     }
-    tracing::warn!(backend, port, pid = record.pid, "reclaimed an orphaned server (pid {}) left by an earlier gateway", record.pid);
     let pgid = Pid::from_raw(i32::try_from(record.pid).ok()?);
     let _ = killpg(pgid, Signal::SIGTERM);
     if !gone_within(&record, grace).await {
@@ -200,6 +199,13 @@ async fn reclaim_in(dir: &Path, backend: &str, port: u16, grace: Duration) -> Op
     // Children of the orphan that ignored SIGTERM.
     let _ = killpg(pgid, Signal::SIGKILL);
     forget_in(dir, port, record.pid);
+    tracing::warn!(
+        backend,
+        port,
+        pid = record.pid,
+        "reclaimed an orphaned server (pid {}) left by an earlier gateway",
+        record.pid
+    );
     Some(record.pid)
 }
 
@@ -280,8 +286,10 @@ fn own_uid() -> std::io::Result<u32> {
     if let Some(uid) = UID.get() {
         return Ok(*uid);
     }
-    let probe = std::env::temp_dir().join(format!(".mlxgate-uid-{}", std::process::id()));
-    let file = std::fs::File::create(&probe)?;
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
+    let probe = std::env::temp_dir().join(format!(".mlxgate-uid-{}-{nanos}", std::process::id()));
+    // A new file (never one planted there, nor a symlink's target).
+    let file = std::fs::OpenOptions::new().write(true).create_new(true).open(&probe)?;
     let uid = file.metadata().map(|m| m.uid());
     let _ = std::fs::remove_file(&probe);
     Ok(*UID.get_or_init(|| uid.unwrap_or(u32::MAX)))
