@@ -297,3 +297,68 @@ async fn the_log_reader_survives_invalid_utf8_and_caps_a_long_line() {
     assert_eq!(post(&gw, "/v1/chat/completions", &ask("a")).await.status(), 200);
     assert_eq!(backend_state(&gw, "a").await["restarts"], 0);
 }
+
+/// The parent pid of `pid`.
+fn parent_of(pid: u32) -> Option<u32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit(')').next()?.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// `pkill -9 mlxgate`: the gateway and the keeper killed at the same moment leave the server
+/// running with no keeper. The next gateway on the same config recognises it as its own orphan,
+/// stops it before starting its own server, and serves; never two servers at once.
+#[tokio::test]
+async fn an_orphan_of_a_gateway_killed_with_its_keeper_is_reclaimed_by_the_next_gateway() {
+    let port = free_port();
+    let config = yaml(&[sim_backend("a", port, "")], &[("a", "a")]);
+    let chat = |url: &str| client().post(format!("{url}/v1/chat/completions")).json(&ask("a")).send();
+    let first = gateway_binary(&config, None);
+    let r = chat(&first.url).await.expect("send");
+    assert_eq!(r.status(), 200, "{}", r.text().await.unwrap_or_default());
+    let needle = format!("--port {port} ");
+    let orphan = match servers(SIM, &needle)[..] {
+        [one] => one,
+        ref many => panic!("one server on port {port}: {many:?}"),
+    };
+    let keeper = keeper_of(port);
+    let gateway = first.child.id();
+    let _cleanup = KillServersOnDrop(needle.clone());
+
+    // Both in one `kill`, the gateway first, as `pkill -9 mlxgate` does.
+    signal_all("-9", &[gateway, keeper]);
+    // Dead, and the server handed to a reaper (a killed process's threads may still be exiting
+    // while it already reads as a zombie).
+    eventually("the gateway and the keeper dead", || async {
+        !alive(gateway) && !alive(keeper) && parent_of(orphan) != Some(keeper)
+    })
+    .await;
+    assert!(alive(orphan), "the reproduction: the server outlives both ({})", describe_process(orphan));
+    assert_eq!(servers(SIM, &needle), [orphan]);
+
+    let watcher = ServerWatch::start(SIM, vec![needle.clone()]);
+    let second = gateway_binary(&config, None);
+    let r = chat(&second.url).await.expect("send");
+    assert_eq!(r.status(), 200, "{}", r.text().await.unwrap_or_default());
+    assert!(!alive(orphan), "the orphan was reclaimed: {}", describe_process(orphan));
+    let now = servers(SIM, &needle);
+    assert!(now.len() == 1 && now[0] != orphan, "only the new gateway's server runs: {now:?}");
+    assert_eq!(watcher.peak(), 1, "never two servers on port {port} at once");
+    drop(first);
+}
+
+/// Sends signal `name` to all of `pids` with one `kill` command.
+fn signal_all(name: &str, pids: &[u32]) {
+    let pids: Vec<String> = pids.iter().map(u32::to_string).collect();
+    assert!(Command::new("kill").arg(name).args(&pids).status().expect("kill").success());
+}
+
+/// Kills, when the test ends (a failed one included), any sim server still on its port.
+struct KillServersOnDrop(String);
+
+impl Drop for KillServersOnDrop {
+    fn drop(&mut self) {
+        for pid in servers(SIM, &self.0) {
+            let _ = Command::new("kill").args(["-9", &format!("-{pid}")]).status();
+        }
+    }
+}

@@ -50,6 +50,8 @@ pub struct ServerProcess {
     /// The server's own pid (0 until the keeper reports it on its first line). The server leads
     /// a process group of its own, so this is also the group that holds its children.
     server_pid: watch::Receiver<u32>,
+    /// The backend's port: the key of the server's record (see [`super::keeper::ServerRecord`]).
+    port: u16,
 }
 
 /// How long the gateway waits for a dead keeper's pid report still in its pipe.
@@ -93,7 +95,8 @@ impl ServerProcess {
             tokio::spawn(pump(err, backend.to_string(), logs, Some(report)));
         }
         let pipe = keeper.stdin.take();
-        Ok(ServerProcess { keeper, pipe, server_pid })
+        tokio::spawn(record_when_reported(server_pid.clone(), managed.port));
+        Ok(ServerProcess { keeper, pipe, server_pid, port: managed.port })
     }
 
     /// The server's pid once the keeper has reported it, else the keeper's.
@@ -101,6 +104,15 @@ impl ServerProcess {
         match *self.server_pid.borrow() {
             0 => self.keeper.id(),
             pid => Some(pid),
+        }
+    }
+
+    /// Records the server again, as it runs now (a server that replaced its program with `exec`
+    /// since it started has another command line): call once it is ready.
+    pub async fn record(&self) {
+        let (port, pid) = (self.port, *self.server_pid.borrow());
+        if pid != 0 {
+            let _ = tokio::task::spawn_blocking(move || super::keeper::record_server(port, pid)).await;
         }
     }
 
@@ -126,6 +138,7 @@ impl ServerProcess {
         if let Ok(pgid) = i32::try_from(pid) {
             let _ = killpg(Pid::from_raw(pgid), Signal::SIGKILL);
         }
+        super::keeper::forget_server(self.port, pid);
     }
 
     /// Stops the server: closes the pipe, and waits for the keeper to finish its SIGTERM /
@@ -139,6 +152,13 @@ impl ServerProcess {
         }
         self.kill_server_group().await;
     }
+}
+
+/// Records the server once its keeper reports its pid, so that a later gateway can reclaim it
+/// should the gateway and the keeper both be killed.
+async fn record_when_reported(mut server_pid: watch::Receiver<u32>, port: u16) {
+    let Ok(pid) = server_pid.wait_for(|pid| *pid != 0).await.map(|p| *p) else { return };
+    let _ = tokio::task::spawn_blocking(move || super::keeper::record_server(port, pid)).await;
 }
 
 /// The directories a managed command's program is looked up in, in order: the venv's `bin/`,

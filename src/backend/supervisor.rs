@@ -1,5 +1,5 @@
 //! The life of one managed backend: start (check that its program exists and that no other
-//! process holds its port, spawn, wait for readiness, warm up), watch (its process, and its
+//! process holds its port, reclaiming a server orphaned by an earlier gateway, spawn, wait for readiness, warm up), watch (its process, and its
 //! health probe while ready), restart after a crash or a hang with exponential backoff, give up
 //! (`failed`) after too many crashes in a window or at once when it cannot be started at all,
 //! drain and stop when told. The scheduler decides *when* a backend runs; this module
@@ -19,9 +19,9 @@ use http_body_util::{BodyExt, Limited};
 use serde::Serialize;
 use tokio::sync::{Notify, mpsc, watch};
 
-use super::preflight;
 use super::process::{LogBuffer, ServerProcess, describe_exit};
 use super::upstream::Upstream;
+use super::{keeper, preflight};
 use crate::config::{BackendConfig, HealthCheck, ManagedConfig};
 use crate::dispatch::queue::BackendQueue;
 use crate::metrics::Metrics;
@@ -414,6 +414,7 @@ impl Task {
             s.ready_since = Some(Instant::now());
         });
         self.queue.open();
+        process.record().await;
 
         let health = watch_health(self.upstream.clone(), Arc::clone(&self.config), self.managed.health);
         tokio::pin!(health);
@@ -447,11 +448,18 @@ impl Task {
         end.0
     }
 
-    /// Waits until the backend's port is free; what ends this run instead, if anything does
-    /// first (the port stays taken, or a stop).
+    /// Waits until the backend's port is free, first stopping the process that holds it if that
+    /// is a server an earlier gateway left orphaned (see [`keeper::reclaim_orphan`]); what ends
+    /// this run instead, if anything does first (the port stays taken, or a stop).
     async fn until_port_free(&mut self) -> Option<RunEnd> {
-        let name = self.config.name.clone();
-        let port_free = wait_port_free(&name, self.managed.port);
+        let (name, port, grace) = (self.config.name.clone(), self.managed.port, self.managed.stop_timeout);
+        let port_free = async {
+            // A server of an earlier gateway killed together with its keeper: ours to stop.
+            if port_holder(port).await.is_some() {
+                keeper::reclaim_orphan(&name, port, grace).await;
+            }
+            wait_port_free(&name, port).await
+        };
         tokio::pin!(port_free);
         loop {
             tokio::select! {
