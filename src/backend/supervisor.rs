@@ -149,7 +149,7 @@ impl Supervisor {
             last_error: None,
         });
         let (commands, receiver) = mpsc::channel(16);
-        let logs = Arc::new(LogBuffer::default());
+        let logs = Arc::new(LogBuffer::new(&config.ready_path));
         metrics.backend_up.with_label_values(&[&config.name]).set(0);
         let task = Task {
             upstream,
