@@ -4,7 +4,6 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -17,52 +16,6 @@ use tokio::net::{TcpSocket, TcpStream};
 
 /// Half a request line: a client that starts a request and never finishes it.
 const HALF_REQUEST: &[u8] = b"POST /v1/chat/comp";
-
-/// `mlxgate serve` run under `ulimit ULIMIT_ARGS 256`, killed when dropped.
-struct LimitedGateway {
-    child: std::process::Child,
-    url: String,
-    /// The log lines written up to "mlxgate serving".
-    startup_log: Vec<String>,
-    _dir: tempfile::TempDir,
-}
-
-impl Drop for LimitedGateway {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// Starts `mlxgate serve` on `config` in a shell that first runs `ulimit {ulimit}` (for example
-/// `-n 256`, soft and hard, or `-Sn 256`, soft only).
-fn limited_gateway(config: &str, ulimit: &str) -> LimitedGateway {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let path = dir.path().join("gateway.yaml");
-    std::fs::write(&path, format!("listen: 127.0.0.1:0\n{config}")).expect("write config");
-    let mut child = std::process::Command::new("sh")
-        .arg("-c")
-        .arg(format!("ulimit {ulimit} && exec \"$0\" serve --config \"$1\""))
-        .arg(env!("CARGO_BIN_EXE_mlxgate"))
-        .arg(&path)
-        .env("RUST_LOG", "info")
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("gateway starts");
-    let mut reader = BufReader::new(child.stderr.take().expect("stderr"));
-    let mut startup_log = Vec::new();
-    let url = loop {
-        let mut line = String::new();
-        assert!(reader.read_line(&mut line).expect("log") > 0, "gateway exited early: {startup_log:?}");
-        let addr = line.split("listen=").nth(1).and_then(|rest| rest.split_whitespace().next()).map(str::to_string);
-        startup_log.push(line);
-        if let Some(addr) = addr {
-            break format!("http://{addr}");
-        }
-    };
-    std::thread::spawn(move || for _ in reader.lines() {});
-    LimitedGateway { child, url, startup_log, _dir: dir }
-}
 
 /// A connection from `from` (any 127.0.0.0/8 address is this machine) to `to`.
 async fn connect_from(from: &str, to: SocketAddr) -> TcpStream {
@@ -98,7 +51,7 @@ async fn three_hundred_half_requests_from_one_address_leave_the_gateway_to_other
     // Soft and hard limit 256: raising cannot help, the per-address cap must. The header
     // deadline is long so that it cannot be what frees the descriptors here.
     let config = format!("header_read_timeout: 10m\n{}", one_model_yaml(&sim.url(), 1, 4));
-    let gateway = limited_gateway(&config, "-n 256");
+    let gateway = gateway_binary_under(&config, None, Some("-n 256"));
     let addr = addr_of(&gateway.url);
 
     let closed = Arc::new(AtomicUsize::new(0));
@@ -153,7 +106,7 @@ async fn a_soft_open_files_limit_is_raised_to_the_hard_one_and_logged() {
         eprintln!("SKIPPED (not run): the hard open-files limit is {hard}, no room above a soft 256");
         return;
     }
-    let gateway = limited_gateway(&one_model_yaml("http://127.0.0.1:9", 1, 1), "-Sn 256");
+    let gateway = gateway_binary_under(&one_model_yaml("http://127.0.0.1:9", 1, 1), None, Some("-Sn 256"));
     // Linux (these tests read /proc) takes the hard limit itself; macOS would cap it at 10240.
     let expected = format!("open files limit raised from 256 to {hard}");
     assert!(gateway.startup_log.iter().any(|l| l.contains(&expected)), "no {expected:?} in {:?}", gateway.startup_log);

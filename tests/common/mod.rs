@@ -285,6 +285,8 @@ pub fn config(backends: &[String], models: &[(&str, &str)], top: &str) -> String
 pub struct GatewayBinary {
     pub child: std::process::Child,
     pub url: String,
+    /// The log lines written up to the one the start waited for.
+    pub startup_log: Vec<String>,
     _dir: tempfile::TempDir,
 }
 
@@ -305,30 +307,41 @@ impl GatewayBinary {
 /// Starts `mlxgate serve` on `config` (listening on a free port), reading its log until it
 /// serves and, if given, until a line containing `wait_for`; the rest of the log is drained.
 pub fn gateway_binary(config: &str, wait_for: Option<&str>) -> GatewayBinary {
+    gateway_binary_under(config, wait_for, None)
+}
+
+/// As [`gateway_binary`], in a shell that first runs `ulimit {ulimit}` when given (for example
+/// `-n 256`, soft and hard, or `-Sn 256`, soft only).
+pub fn gateway_binary_under(config: &str, wait_for: Option<&str>, ulimit: Option<&str>) -> GatewayBinary {
     use std::io::{BufRead, BufReader};
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("gateway.yaml");
     std::fs::write(&path, format!("listen: 127.0.0.1:0\n{config}")).expect("write config");
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_mlxgate"))
-        .args(["serve", "--config"])
-        .arg(&path)
-        .env("RUST_LOG", "info")
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("gateway starts");
+    let mut command = std::process::Command::new("sh");
+    command
+        .arg("-c")
+        .arg(format!(
+            "{}exec \"$0\" serve --config \"$1\"",
+            ulimit.map_or(String::new(), |u| format!("ulimit {u} && "))
+        ))
+        .arg(env!("CARGO_BIN_EXE_mlxgate"))
+        .arg(&path);
+    let mut child =
+        command.env("RUST_LOG", "info").stderr(std::process::Stdio::piped()).spawn().expect("gateway starts");
     let mut reader = BufReader::new(child.stderr.take().expect("stderr"));
-    let mut line = String::new();
+    let mut startup_log: Vec<String> = Vec::new();
     let mut url = None;
-    while url.is_none() || wait_for.is_some_and(|w| !line.contains(w)) {
-        line.clear();
-        assert!(reader.read_line(&mut line).expect("log") > 0, "gateway exited early");
+    while url.is_none() || wait_for.is_some_and(|w| !startup_log.last().is_some_and(|l| l.contains(w))) {
+        let mut line = String::new();
+        assert!(reader.read_line(&mut line).expect("log") > 0, "gateway exited early: {startup_log:?}");
         if let Some(rest) = line.split("listen=").nth(1) {
             url = rest.split_whitespace().next().map(|addr| format!("http://{addr}"));
         }
+        startup_log.push(line);
     }
     // Keep draining the log so the gateway never blocks on a full pipe.
     std::thread::spawn(move || for _ in reader.lines() {});
-    GatewayBinary { child, url: url.expect("url"), _dir: dir }
+    GatewayBinary { child, url: url.expect("url"), startup_log, _dir: dir }
 }
 
 /// Counts, on a thread of its own, the most servers seen alive at once: processes whose command
