@@ -17,6 +17,7 @@ pub mod stream;
 
 use std::future::Future;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use tokio::net::TcpListener;
 
@@ -40,6 +41,18 @@ pub async fn serve(
         header_read_timeout: config.header_read_timeout,
         max_per_client: config.max_connections_per_client,
     };
+    // Servers an earlier gateway left behind (it and their keepers killed at once, before they
+    // could stop them) are stopped before any backend starts: never two GPU servers alive.
+    let orphans = config.backends.values().filter_map(|b| {
+        let managed = b.managed.as_ref()?;
+        Some(backend::keeper::reclaim_orphan(&b.name, managed.port, managed.stop_timeout))
+    });
+    futures_util::future::join_all(orphans).await;
+    tracing::info!(
+        listen = %listener.local_addr()?,
+        models = ?config.models.keys().collect::<Vec<_>>(),
+        "mlxgate serving"
+    );
     let state = AppState::new(config, keeper);
     let metrics_server = match metrics_listen {
         Some(addr) => {
@@ -52,6 +65,11 @@ pub async fn serve(
             Some(tokio::spawn(accept::serve(router, listener, limits, std::future::pending(), grace)))
         }
         None => None,
+    };
+    let scheduling = Arc::clone(&state);
+    let shutdown = async move {
+        shutdown.await;
+        scheduling.dispatch.stop_scheduling();
     };
     accept::serve(app(state.clone()), listener, limits, shutdown, grace).await;
     if let Some(server) = metrics_server {

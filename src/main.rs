@@ -113,11 +113,6 @@ async fn run(config: Config) -> std::io::Result<()> {
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
         .map_err(|e| std::io::Error::new(e.kind(), format!("cannot listen on {}: {e}", config.listen)))?;
-    tracing::info!(
-        listen = %listener.local_addr()?,
-        models = ?config.models.keys().collect::<Vec<_>>(),
-        "mlxgate serving"
-    );
     let keeper = std::env::current_exe()?;
     mlxgate::serve(config, listener, shutdown_signal(), keeper).await
 }
@@ -148,7 +143,7 @@ fn open_files_target(hard: nix::sys::resource::rlim_t) -> nix::sys::resource::rl
     if cfg!(target_os = "macos") || hard == nix::sys::resource::RLIM_INFINITY { hard.min(OPEN_MAX) } else { hard }
 }
 
-/// Resolves on SIGINT or SIGTERM.
+/// Resolves on SIGINT or SIGTERM; a second one exits at once.
 async fn shutdown_signal() {
     use tokio::signal::unix::{SignalKind, signal};
     let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
@@ -159,6 +154,16 @@ async fn shutdown_signal() {
         _ = term.recv() => tracing::info!("SIGTERM received"),
         _ = int.recv() => tracing::info!("SIGINT received"),
     }
+    // A second signal (a second Ctrl-C) does not wait for the grace period: exit now. The
+    // keepers see their pipes close and stop the servers.
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
+        tracing::warn!("second signal: exiting now, without waiting for running requests");
+        std::process::exit(130);
+    });
 }
 
 fn init_logging(format: LogFormat) {

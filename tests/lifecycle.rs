@@ -304,6 +304,39 @@ fn parent_of(pid: u32) -> Option<u32> {
     stat.rsplit(')').next()?.split_whitespace().nth(1)?.parse().ok()
 }
 
+/// Runs a gateway on `config`, has `model` served, and `kill -9`s the gateway and the keeper of
+/// the server on `port` in one command, as `pkill -9 mlxgate` does: returns the orphaned server.
+/// The keeper sometimes sees its gateway's pipe close and stops the server before its own
+/// SIGKILL lands (the wanted outcome, but no orphan to test with): then the scene is set again.
+async fn orphan_of(config: &str, model: &str, port: u16) -> u32 {
+    let needle = format!("--port {port} ");
+    for _ in 0..10 {
+        let first = gateway_binary(config, None);
+        let r = client().post(format!("{}/v1/chat/completions", first.url)).json(&ask(model)).send().await;
+        assert_eq!(r.expect("send").status(), 200);
+        let orphan = match servers(SIM, &needle)[..] {
+            [one] => one,
+            ref many => panic!("one server on port {port}: {many:?}"),
+        };
+        let (gateway, keeper) = (first.child.id(), keeper_of(port));
+        // Both in one `kill`, the gateway first.
+        signal_all("-9", &[gateway, keeper]);
+        // Dead, and the server handed to a reaper (a killed process's threads may still be
+        // exiting while it already reads as a zombie).
+        eventually("the gateway and the keeper dead", || async {
+            !alive(gateway) && !alive(keeper) && (!alive(orphan) || parent_of(orphan) != Some(keeper))
+        })
+        .await;
+        drop(first);
+        if alive(orphan) {
+            return orphan;
+        }
+        eprintln!("the keeper stopped its server before it died; setting the scene again");
+        eventually("the server gone", || async { servers(SIM, &needle).is_empty() }).await;
+    }
+    panic!("the server never outlived its gateway and keeper in 10 tries");
+}
+
 /// `pkill -9 mlxgate`: the gateway and the keeper killed at the same moment leave the server
 /// running with no keeper. The next gateway on the same config recognises it as its own orphan,
 /// stops it before starting its own server, and serves; never two servers at once.
@@ -311,39 +344,19 @@ fn parent_of(pid: u32) -> Option<u32> {
 async fn an_orphan_of_a_gateway_killed_with_its_keeper_is_reclaimed_by_the_next_gateway() {
     let port = free_port();
     let config = yaml(&[sim_backend("a", port, "")], &[("a", "a")]);
-    let chat = |url: &str| client().post(format!("{url}/v1/chat/completions")).json(&ask("a")).send();
-    let first = gateway_binary(&config, None);
-    let r = chat(&first.url).await.expect("send");
-    assert_eq!(r.status(), 200, "{}", r.text().await.unwrap_or_default());
     let needle = format!("--port {port} ");
-    let orphan = match servers(SIM, &needle)[..] {
-        [one] => one,
-        ref many => panic!("one server on port {port}: {many:?}"),
-    };
-    let keeper = keeper_of(port);
-    let gateway = first.child.id();
     let _cleanup = KillServersOnDrop(needle.clone());
-
-    // Both in one `kill`, the gateway first, as `pkill -9 mlxgate` does.
-    signal_all("-9", &[gateway, keeper]);
-    // Dead, and the server handed to a reaper (a killed process's threads may still be exiting
-    // while it already reads as a zombie).
-    eventually("the gateway and the keeper dead", || async {
-        !alive(gateway) && !alive(keeper) && parent_of(orphan) != Some(keeper)
-    })
-    .await;
-    assert!(alive(orphan), "the reproduction: the server outlives both ({})", describe_process(orphan));
-    assert_eq!(servers(SIM, &needle), [orphan]);
+    let orphan = orphan_of(&config, "a", port).await;
+    assert_eq!(servers(SIM, &needle), [orphan], "the reproduction: the server outlives both");
 
     let watcher = ServerWatch::start(SIM, vec![needle.clone()]);
     let second = gateway_binary(&config, None);
-    let r = chat(&second.url).await.expect("send");
+    let r = client().post(format!("{}/v1/chat/completions", second.url)).json(&ask("a")).send().await.expect("send");
     assert_eq!(r.status(), 200, "{}", r.text().await.unwrap_or_default());
     assert!(!alive(orphan), "the orphan was reclaimed: {}", describe_process(orphan));
     let now = servers(SIM, &needle);
     assert!(now.len() == 1 && now[0] != orphan, "only the new gateway's server runs: {now:?}");
     assert_eq!(watcher.peak(), 1, "never two servers on port {port} at once");
-    drop(first);
 }
 
 /// Sends signal `name` to all of `pids` with one `kill` command.
@@ -361,4 +374,87 @@ impl Drop for KillServersOnDrop {
             let _ = Command::new("kill").args(["-9", &format!("-{pid}")]).status();
         }
     }
+}
+
+#[tokio::test]
+async fn orphans_are_reclaimed_when_the_next_gateway_starts_before_any_other_backend_runs() {
+    // The orphan is `a`'s; the next gateway's first request is for `b`: without a reclaim at
+    // start-up, b would run beside the orphan (two GPU servers).
+    let (pa, pb) = (free_port(), free_port());
+    let config = format!(
+        "swap_after: 1s\n{}",
+        yaml(&[sim_backend("a", pa, ""), sim_backend("b", pb, "")], &[("a", "a"), ("b", "b")])
+    );
+    let needle = format!("--port {pa} ");
+    let _cleanup = KillServersOnDrop(needle.clone());
+    let orphan = orphan_of(&config, "a", pa).await;
+
+    let watcher = ServerWatch::start(SIM, vec![needle.clone(), format!("--port {pb} ")]);
+    let second = gateway_binary(&config, None);
+    assert!(
+        !alive(orphan),
+        "reclaimed before the gateway serves: {}; its log: {:?}",
+        describe_process(orphan),
+        second.startup_log
+    );
+    let r = client().post(format!("{}/v1/chat/completions", second.url)).json(&ask("b")).send().await.expect("send");
+    assert_eq!(r.status(), 200);
+    assert_eq!(watcher.peak(), 1, "never two GPU servers at once");
+}
+
+#[tokio::test]
+async fn an_operators_restart_of_a_start_that_hangs_starts_a_new_process() {
+    let port = free_port();
+    let backend = format!(
+        "  a:\n    kind: custom\n    command: [sh, -c, 'sleep 600; exec {SIM} --port {{port}}']\n    port: {port}\n"
+    );
+    let gw = gateway(&yaml(&[backend], &[("a", "a")])).await;
+    let waiting = tokio::spawn({
+        let url = gw.url("/v1/chat/completions");
+        async move { client().post(url).json(&ask("a")).send().await.map(|r| r.status()) }
+    });
+    eventually("starting with a pid", || async {
+        let s = backend_state(&gw, "a").await;
+        s["state"] == "starting" && s["pid"].is_u64()
+    })
+    .await;
+    let first = pid_of(&backend_state(&gw, "a").await);
+    let r = client().post(gw.url("/admin/backends/a/restart")).send().await.expect("send");
+    assert_eq!(r.status(), 202);
+    eventually("a new process", || async {
+        let s = backend_state(&gw, "a").await;
+        s["state"] == "starting" && s["pid"].as_u64().is_some_and(|p| p != u64::from(first))
+    })
+    .await;
+    assert!(!alive(first), "the hung start's process is gone");
+    waiting.abort();
+}
+
+#[tokio::test]
+async fn nothing_is_swapped_or_started_once_shutdown_begins() {
+    let (pa, pb) = (free_port(), free_port());
+    let config = format!(
+        "swap_after: 4s\nshutdown_grace: 8s\n{}",
+        yaml(&[sim_backend("a", pa, ""), sim_backend("b", pb, "    drain_timeout: 1s\n")], &[("a", "a"), ("b", "b")])
+    );
+    let mut gw = gateway(&config).await;
+    let stream = json!({"model": "b", "stream": true, "messages": [{"role": "user", "content": "hi"}],
+        "sim": {"hold_after": 1, "hold_key": "s"}});
+    let mut held = post(&gw, "/v1/chat/completions", &stream).await;
+    read_until(&mut held, "t0 ").await;
+    let watch_a = ServerWatch::start(SIM, vec![format!("--port {pa} ")]);
+    // A request for `a` waits for b's stream or for swap_after (4s); the shutdown begins first.
+    // Before, the scheduler swapped b out for it 4s into the 8s grace, cutting b's stream.
+    let waiting = tokio::spawn({
+        let url = gw.url("/v1/chat/completions");
+        async move { client().post(url).json(&ask("a")).send().await.map(|r| r.status()) }
+    });
+    eventually("a's request queued", || async { backend_state(&gw, "a").await["queue"] == 1 }).await;
+    gw.stop();
+    let _ = waiting.await;
+    let ended = (&mut gw.task).await;
+    assert!(ended.is_ok(), "the gateway ended");
+    assert_eq!(watch_a.peak(), 0, "a was never started during the shutdown");
+    let text = text_of(held).await;
+    assert!(!text.contains("data: [DONE]"), "the held stream was cut at the grace, not finished: {text}");
 }

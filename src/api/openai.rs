@@ -80,23 +80,29 @@ async fn forward(state: &AppState, request: Request, record: &mut RequestRecord)
     let client = client_id(&parts);
     let mut retries = 0;
     let queued = Instant::now();
-    let (permit, answer) = loop {
+    // The queue wait of a request is from its arrival in the queue to the slot of the attempt
+    // that answered: a retry's wait for the restarted backend counts. Recorded once.
+    let observe_wait =
+        |waited: Duration| state.metrics.queue_wait.with_label_values(&[&model]).observe(waited.as_secs_f64());
+    let (permit, answer, queue_wait) = loop {
         // A retried request waits again for the restarted backend, within its first max_wait.
         let left = route.model.max_wait.saturating_sub(queued.elapsed()).max(Duration::from_millis(1));
         let permit = route.slot.acquire_within(client.clone(), left).await?;
-        if retries == 0 {
-            state.metrics.queue_wait.with_label_values(&[&model]).observe(permit.queue_wait().as_secs_f64());
-        }
+        let waited = queued.elapsed();
         match route.backend.send(&parsed.outbound).await {
-            Ok(answer) => break (permit, answer),
+            Ok(answer) => break (permit, answer, waited),
             Err(SendFailure::Retry(e)) if retries < MAX_RETRIES => {
                 retries += 1;
                 tracing::warn!(backend = %route.backend.config.name, error = %e, retries, "backend failed before the first byte and its process is gone; sending again");
             }
-            Err(SendFailure::Retry(e) | SendFailure::Final(e)) => return Err(e),
+            Err(SendFailure::Retry(e) | SendFailure::Final(e)) => {
+                observe_wait(waited);
+                return Err(e);
+            }
         }
     };
-    Ok(Answered { answer, permit, parsed, idle_timeout: route.backend.config.stream_idle_timeout })
+    observe_wait(queue_wait);
+    Ok(Answered { answer, permit, parsed, queue_wait, idle_timeout: route.backend.config.stream_idle_timeout })
 }
 
 /// Rewrites `model`, asks for usage and an explicit `max_tokens` on generation endpoints, and
@@ -140,6 +146,8 @@ struct Answered {
     answer: Answer,
     permit: Permit,
     parsed: Parsed,
+    /// From arrival in the queue to the slot this answer came through.
+    queue_wait: Duration,
     idle_timeout: Duration,
 }
 
@@ -148,14 +156,14 @@ impl Answered {
     /// (which records the outcome at their end); whole answers and the backend's own errors
     /// are read here first.
     async fn into_response(self, record: RequestRecord) -> Response {
-        let Answered { answer, permit, parsed, idle_timeout } = self;
+        let Answered { answer, permit, parsed, queue_wait, idle_timeout } = self;
         let Answer { mut head, body, first, sent_at } = answer;
         strip_hop_by_hop(&mut head.headers);
         // Whatever the backend spoke (mlx_lm.server: HTTP/1.0), the client gets HTTP/1.1.
         head.version = axum::http::Version::HTTP_11;
         let info = RequestInfo {
             record,
-            queue_wait: permit.queue_wait(),
+            queue_wait,
             client_wants_usage: parsed.client_wants_usage,
             stats_comment: parsed.stats_comment,
             idle_timeout,

@@ -124,8 +124,10 @@ impl RunEnd {
 
 /// The keeper's exit status when it could not start the server's program.
 const CANNOT_START: i32 = 127;
-/// How long a start waits for another process to let go of the backend's port (a server just
-/// killed takes a moment to release it) before it fails.
+/// How long a start waits, beyond the backend's `stop_timeout`, for another process to let go
+/// of the backend's port before it fails: a server just killed takes a moment to release it,
+/// and one whose keeper is still stopping it (an earlier gateway killed alone) may take the
+/// whole `stop_timeout` if it ignores SIGTERM.
 const PORT_WAIT: Duration = Duration::from_secs(5);
 
 impl Supervisor {
@@ -385,6 +387,11 @@ impl Task {
                         process.stop(self.managed.stop_timeout).await;
                         return RunEnd::Stopped;
                     }
+                    // An operator's restart of a start that hangs: a new process now.
+                    Some(Command::Restart) => {
+                        process.stop(self.managed.stop_timeout).await;
+                        return RunEnd::Restart;
+                    }
                     Some(_) => {}
                 },
             }
@@ -458,7 +465,7 @@ impl Task {
             if port_holder(port).await.is_some() {
                 keeper::reclaim_orphan(&name, port, grace).await;
             }
-            wait_port_free(&name, port).await
+            wait_port_free(&name, port, grace + PORT_WAIT).await
         };
         tokio::pin!(port_free);
         loop {
@@ -466,6 +473,8 @@ impl Task {
                 free = &mut port_free => return free.err().map(RunEnd::CannotStart),
                 command = self.commands.recv() => match command {
                     Some(Command::Stop | Command::Shutdown) | None => return Some(RunEnd::Stopped),
+                    // An operator's restart: begin the start again (the wait starts over).
+                    Some(Command::Restart) => return Some(RunEnd::Restart),
                     Some(_) => {}
                 },
             }
@@ -495,11 +504,11 @@ impl Task {
     }
 }
 
-/// Waits until nothing holds 127.0.0.1:`port` (up to [`PORT_WAIT`]): a server started while
-/// another process answers on its port would fail to bind while the other answered its
-/// readiness probe, so the backend would read as ready with a stranger behind it.
-async fn wait_port_free(backend: &str, port: u16) -> Result<(), String> {
-    let deadline = tokio::time::Instant::now() + PORT_WAIT;
+/// Waits until nothing holds 127.0.0.1:`port` (up to `limit`): a server started while another
+/// process answers on its port would fail to bind while the other answered its readiness
+/// probe, so the backend would read as ready with a stranger behind it.
+async fn wait_port_free(backend: &str, port: u16, limit: Duration) -> Result<(), String> {
+    let deadline = tokio::time::Instant::now() + limit;
     let mut warned = false;
     loop {
         match port_holder(port).await {

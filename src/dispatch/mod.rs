@@ -35,6 +35,8 @@ pub struct Dispatch {
     pub queues: BTreeMap<String, BackendQueue>,
     /// Managed backends, by name.
     pub supervisors: BTreeMap<String, Arc<Supervisor>>,
+    /// The scheduler's task, when there are managed backends.
+    scheduler: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl Dispatch {
@@ -95,20 +97,28 @@ impl Dispatch {
                 },
             );
         }
-        if !supervisors.is_empty() {
+        let scheduler = (!supervisors.is_empty()).then(|| {
             tokio::spawn(scheduler::run(
                 supervisors.values().cloned().collect(),
                 config.swap_after,
                 changed,
                 metrics.clone(),
-            ));
-        }
-        Dispatch { routes, queues, supervisors }
+            ))
+        });
+        Dispatch { routes, queues, supervisors, scheduler }
     }
 
     /// The route for a public model name.
     pub fn route(&self, model: &str) -> Option<&Route> {
         self.routes.get(model)
+    }
+
+    /// Stops starting, swapping and idling backends (the gateway is shutting down): running
+    /// backends keep serving what runs for the whole shutdown grace, and nothing new starts.
+    pub fn stop_scheduling(&self) {
+        if let Some(task) = &self.scheduler {
+            task.abort();
+        }
     }
 
     /// Stops every managed backend (SIGTERM, SIGKILL after its stop_timeout) and waits.
