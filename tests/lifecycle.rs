@@ -458,3 +458,26 @@ async fn nothing_is_swapped_or_started_once_shutdown_begins() {
     let text = text_of(held).await;
     assert!(!text.contains("data: [DONE]"), "the held stream was cut at the grace, not finished: {text}");
 }
+
+#[tokio::test]
+async fn a_second_ctrl_c_exits_at_once_and_the_servers_still_stop() {
+    let port = free_port();
+    let config = format!("shutdown_grace: 10m\n{}", yaml(&[sim_backend("a", port, "")], &[("a", "a")]));
+    let gateway = gateway_binary(&config, None);
+    let stream = json!({"model": "a", "stream": true, "messages": [{"role": "user", "content": "hi"}],
+        "sim": {"hold_after": 1, "hold_key": "s"}});
+    let mut held = client().post(format!("{}/v1/chat/completions", gateway.url)).json(&stream).send().await.expect("send");
+    read_until(&mut held, "t0 ").await;
+    let pid = gateway.child.id();
+    signal("-INT", pid);
+    // The first one waits for the running stream (up to 10 minutes); the second does not.
+    eventually("the first signal seen", || async {
+        client().get(format!("{}/health", gateway.url)).send().await.is_err()
+    })
+    .await;
+    signal("-INT", pid);
+    let status = gateway.exit_status().await;
+    assert_eq!(status.code(), Some(130), "{status:?}");
+    let needle = format!("--port {port} ");
+    eventually("the server stopped by its keeper", || async { servers(SIM, &needle).is_empty() }).await;
+}
