@@ -36,8 +36,12 @@ pub struct ConnectionLimits {
     pub max_per_client: usize,
 }
 
+/// How long streams cut at the end of the grace period get to send their final error event.
+const CUT_FLUSH: Duration = Duration::from_secs(1);
+
 /// Serves `router` on `listener` until `shutdown` resolves; then stops accepting, lets running
-/// requests finish for up to `grace`, and cuts whatever is left. Handlers see the peer as
+/// requests finish for up to `grace`, calls `at_grace_end` (streams end themselves with an error
+/// event), gives them a moment to send it, and cuts whatever is left. Handlers see the peer as
 /// `ConnectInfo<SocketAddr>`.
 pub async fn serve(
     router: Router,
@@ -45,6 +49,7 @@ pub async fn serve(
     limits: ConnectionLimits,
     shutdown: impl Future<Output = ()>,
     grace: Duration,
+    at_grace_end: impl FnOnce(),
 ) {
     let mut make_service = router.into_make_service_with_connect_info::<SocketAddr>();
     let builder = Arc::new(http1_builder(limits.header_read_timeout));
@@ -89,8 +94,12 @@ pub async fn serve(
         connections = connections.len(),
         "shutting down: no new connections, waiting for running requests"
     );
-    if tokio::time::timeout(grace, graceful.shutdown()).await.is_err() {
+    let finished = graceful.shutdown();
+    tokio::pin!(finished);
+    if tokio::time::timeout(grace, &mut finished).await.is_err() {
         tracing::warn!(connections = connections.len(), "grace period over: cutting the requests still running");
+        at_grace_end();
+        let _ = tokio::time::timeout(CUT_FLUSH, &mut finished).await;
     }
     connections.shutdown().await;
 }

@@ -52,6 +52,9 @@ pub enum GatewayError {
     /// The backend did not answer within its `response_timeout` or `first_byte_timeout`.
     #[error("Backend `{backend}` did not answer within {}s.", after.as_secs())]
     BackendTimeout { backend: String, after: Duration },
+    /// The gateway is shutting down and its grace period is over.
+    #[error("The gateway is shutting down; the answer was cut at the end of its grace period.")]
+    ShuttingDown,
     /// The backend's answer had begun, then nothing came for its `stream_idle_timeout`.
     #[error("Backend `{backend}` sent nothing for {}s in the middle of its answer; the answer was cut.", after.as_secs())]
     BackendStalled { backend: String, after: Duration },
@@ -82,6 +85,9 @@ impl GatewayError {
             GatewayError::QueueFull { .. } | GatewayError::QueueTimeout { .. } => {
                 (StatusCode::SERVICE_UNAVAILABLE, "server_overloaded", Some("server_overloaded"))
             }
+            GatewayError::ShuttingDown => {
+                (StatusCode::SERVICE_UNAVAILABLE, "gateway_shutdown", Some("gateway_shutting_down"))
+            }
             GatewayError::BackendFailed { .. } => {
                 (StatusCode::SERVICE_UNAVAILABLE, "backend_error", Some("backend_failed"))
             }
@@ -107,7 +113,7 @@ impl GatewayError {
             GatewayError::QueueFull { retry_after, .. } | GatewayError::QueueTimeout { retry_after, .. } => {
                 Some(*retry_after)
             }
-            GatewayError::BackendFailed { .. } => Some(Duration::from_secs(30)),
+            GatewayError::BackendFailed { .. } | GatewayError::ShuttingDown => Some(Duration::from_secs(30)),
             _ => None,
         }
     }
@@ -249,6 +255,7 @@ mod tests {
             GatewayError::BackendFailed { backend: "b".into(), reason: "crashed".into() },
             GatewayError::BackendTimeout { backend: "b".into(), after: Duration::from_secs(5) },
             GatewayError::BackendStalled { backend: "b".into(), after: Duration::from_secs(5) },
+            GatewayError::ShuttingDown,
         ];
         for e in cases {
             let body = e.body();

@@ -62,7 +62,7 @@ pub async fn serve(
             tracing::info!(metrics_listen = %addr, "serving /metrics");
             let router = api::metrics_app(state.clone());
             // Never shut down gracefully: aborted (its connections with it) when the gateway stops.
-            Some(tokio::spawn(accept::serve(router, listener, limits, std::future::pending(), grace)))
+            Some(tokio::spawn(accept::serve(router, listener, limits, std::future::pending(), grace, || {})))
         }
         None => None,
     };
@@ -71,7 +71,8 @@ pub async fn serve(
         shutdown.await;
         scheduling.dispatch.stop_scheduling();
     };
-    accept::serve(app(state.clone()), listener, limits, shutdown, grace).await;
+    let cutoff = Arc::clone(&state.cutoff);
+    accept::serve(app(state.clone()), listener, limits, shutdown, grace, move || cutoff.cut()).await;
     if let Some(server) = metrics_server {
         server.abort();
     }

@@ -190,6 +190,7 @@ async fn shutdown_cuts_a_running_stream_after_the_grace_period() {
     gw.stop();
     let rest = tokio::time::timeout(PATIENCE, text_of(stream)).await.expect("the stream is cut");
     assert!(!rest.contains("[DONE]"), "the held stream cannot have finished: {rest}");
+    assert!(rest.contains("\"type\":\"gateway_shutdown\""), "it ends with a last error event: {rest}");
     let served = tokio::time::timeout(PATIENCE, &mut gw.task).await.expect("serve returns");
     assert!(served.expect("join").is_ok());
 }

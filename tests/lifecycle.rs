@@ -457,6 +457,8 @@ async fn nothing_is_swapped_or_started_once_shutdown_begins() {
     assert_eq!(watch_a.peak(), 0, "a was never started during the shutdown");
     let text = text_of(held).await;
     assert!(!text.contains("data: [DONE]"), "the held stream was cut at the grace, not finished: {text}");
+    let last: Value = serde_json::from_str(data_lines(&text).last().expect("events")).expect("json");
+    assert_eq!(last["error"]["type"], "gateway_shutdown", "cut at the grace's end with a last event: {text}");
 }
 
 #[tokio::test]
@@ -466,7 +468,8 @@ async fn a_second_ctrl_c_exits_at_once_and_the_servers_still_stop() {
     let gateway = gateway_binary(&config, None);
     let stream = json!({"model": "a", "stream": true, "messages": [{"role": "user", "content": "hi"}],
         "sim": {"hold_after": 1, "hold_key": "s"}});
-    let mut held = client().post(format!("{}/v1/chat/completions", gateway.url)).json(&stream).send().await.expect("send");
+    let mut held =
+        client().post(format!("{}/v1/chat/completions", gateway.url)).json(&stream).send().await.expect("send");
     read_until(&mut held, "t0 ").await;
     let pid = gateway.child.id();
     signal("-INT", pid);

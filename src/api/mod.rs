@@ -17,6 +17,7 @@ use crate::backend::upstream::Upstream;
 use crate::config::Config;
 use crate::dispatch::Dispatch;
 use crate::metrics::Metrics;
+use crate::stream::meter::Cutoff;
 
 /// State shared by all handlers. Immutable after start-up apart from queues and metrics.
 pub struct AppState {
@@ -25,6 +26,8 @@ pub struct AppState {
     pub metrics: Metrics,
     /// For `/ready` probes, separate from the request pools.
     pub prober: Upstream,
+    /// Ends every running stream with an error event when the shutdown grace is over.
+    pub cutoff: Arc<Cutoff>,
     pub started: SystemTime,
 }
 
@@ -39,6 +42,7 @@ impl AppState {
             dispatch,
             metrics,
             prober: Upstream::new(std::time::Duration::from_secs(2)),
+            cutoff: Arc::new(Cutoff::default()),
             started: SystemTime::now(),
         })
     }

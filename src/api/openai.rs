@@ -26,7 +26,7 @@ use crate::dispatch::Route;
 use crate::dispatch::queue::{ClientId, Permit};
 use crate::error::{GatewayError, backend_error_body};
 use crate::outcome::{Outcome, RequestRecord};
-use crate::stream::meter::{Mode, RequestInfo, StreamFigures, StreamMeter, figures_of_whole, record_whole};
+use crate::stream::meter::{Cutoff, Mode, RequestInfo, StreamFigures, StreamMeter, figures_of_whole, record_whole};
 
 /// A request body: top-level fields in their original order, values left as raw JSON.
 type RawBody = IndexMap<String, Box<RawValue>>;
@@ -46,7 +46,7 @@ const MAX_ERROR_BODY: usize = 1 << 20;
 pub async fn proxy(State(state): State<Arc<AppState>>, request: Request) -> Response {
     let mut record = RequestRecord::new(state.metrics.clone());
     match forward(&state, request, &mut record).await {
-        Ok(answered) => answered.into_response(record).await,
+        Ok(answered) => answered.into_response(record, Arc::clone(&state.cutoff)).await,
         Err(e) => {
             record.finish(Outcome::from(&e));
             e.into_response()
@@ -155,7 +155,7 @@ impl Answered {
     /// wrap: the client's response. Streams and raw bodies are wrapped in the [`StreamMeter`]
     /// (which records the outcome at their end); whole answers and the backend's own errors
     /// are read here first.
-    async fn into_response(self, record: RequestRecord) -> Response {
+    async fn into_response(self, record: RequestRecord, cutoff: Arc<Cutoff>) -> Response {
         let Answered { answer, permit, parsed, queue_wait, idle_timeout } = self;
         let Answer { mut head, body, first, sent_at } = answer;
         strip_hop_by_hop(&mut head.headers);
@@ -167,6 +167,7 @@ impl Answered {
             client_wants_usage: parsed.client_wants_usage,
             stats_comment: parsed.stats_comment,
             idle_timeout,
+            cutoff,
         };
         if !head.status.is_success() {
             return error_answer(head, body, first, permit, info).await;

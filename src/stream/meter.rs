@@ -19,6 +19,8 @@
 use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -27,6 +29,8 @@ use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 use pin_project_lite::pin_project;
 use serde_json::Value;
+use tokio::sync::Notify;
+use tokio::sync::futures::OwnedNotified;
 
 use super::sse::{Item, SseParser};
 use crate::dispatch::queue::Permit;
@@ -41,6 +45,32 @@ const BURST_SHARE: f64 = 0.5;
 /// so a backend that never ends a line cannot make the gateway hold its bytes without bound.
 pub const MAX_EVENT_BYTES: usize = 16 << 20;
 
+/// The end of the shutdown grace, as the running streams see it: once cut, each ends itself
+/// with a final error event (counted as `gateway_shutdown`) instead of being dropped mid-frame
+/// with its connection.
+#[derive(Default)]
+pub struct Cutoff {
+    notify: Arc<Notify>,
+    cut: AtomicBool,
+}
+
+impl Cutoff {
+    /// Ends every running stream.
+    pub fn cut(&self) {
+        self.cut.store(true, Ordering::SeqCst);
+        self.notify.notify_waiters();
+    }
+
+    /// A future that resolves at the cut; registered from its creation on.
+    fn notified(&self) -> Pin<Box<OwnedNotified>> {
+        Box::pin(Arc::clone(&self.notify).notified_owned())
+    }
+
+    fn is_cut(&self) -> bool {
+        self.cut.load(Ordering::SeqCst)
+    }
+}
+
 /// Who the request was and what the client asked.
 pub struct RequestInfo {
     /// The request's one outcome record (labels, arrival time).
@@ -52,6 +82,8 @@ pub struct RequestInfo {
     pub stats_comment: bool,
     /// Longest silence of the backend once its answer has begun.
     pub idle_timeout: Duration,
+    /// The gateway's shutdown cut.
+    pub cutoff: Arc<Cutoff>,
 }
 
 impl RequestInfo {
@@ -206,6 +238,8 @@ pin_project! {
         idle: Pin<Box<tokio::time::Sleep>>,
         // A raw body's cut, given to the client as a body error (the connection is aborted).
         failure: Option<axum::BoxError>,
+        // Fires when the gateway's shutdown grace is over.
+        shutdown: Pin<Box<OwnedNotified>>,
     }
 
     impl PinnedDrop for StreamMeter {
@@ -224,6 +258,7 @@ impl StreamMeter {
     /// backend's answer). `permit` is released when the body ends or is dropped.
     pub fn new(inner: Incoming, mode: Mode, first: Option<Bytes>, permit: Permit, info: RequestInfo) -> Self {
         let idle = Box::pin(tokio::time::sleep(info.idle_timeout));
+        let shutdown = info.cutoff.notified();
         let mut meter = StreamMeter {
             inner,
             mode,
@@ -234,6 +269,7 @@ impl StreamMeter {
             finished: false,
             idle,
             failure: None,
+            shutdown,
         };
         match (first, mode) {
             (Some(first), Mode::Raw) => meter.forward.out.push_back(first),
@@ -445,8 +481,16 @@ impl Body for StreamMeter {
             }
             let Some(info) = this.info.as_ref() else { return Poll::Ready(None) };
             let (wants_usage, idle_timeout) = (info.client_wants_usage, info.idle_timeout);
+            if info.cutoff.is_cut() {
+                cut(&mut this, |_| GatewayError::ShuttingDown);
+                continue;
+            }
             match this.inner.as_mut().poll_frame(cx) {
                 Poll::Pending => {
+                    if this.shutdown.as_mut().poll(cx).is_ready() {
+                        cut(&mut this, |_| GatewayError::ShuttingDown);
+                        continue;
+                    }
                     if this.idle.as_mut().poll(cx).is_pending() {
                         return Poll::Pending;
                     }
