@@ -484,3 +484,25 @@ async fn a_second_ctrl_c_exits_at_once_and_the_servers_still_stop() {
     let needle = format!("--port {port} ");
     eventually("the server stopped by its keeper", || async { servers(SIM, &needle).is_empty() }).await;
 }
+
+#[tokio::test]
+async fn a_keeper_whose_gateway_is_gone_before_it_reports_still_stops_its_server() {
+    // The gateway dies while the keeper starts: the keeper's report line meets a closed pipe. It
+    // must not die of it (eprintln! panics there) and leave the server running.
+    let port = free_port();
+    let mut keeper = std::process::Command::new(MLXGATE)
+        .args(["keep", "--grace", "2s", "--", SIM, "--port", &port.to_string()])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("keeper starts");
+    drop(keeper.stderr.take());
+    let needle = format!("--port {port}");
+    let _cleanup = KillServersOnDrop(needle.clone());
+    eventually("the server started", || async { !servers(SIM, &needle).is_empty() }).await;
+    drop(keeper.stdin.take());
+    eventually("the server stopped by its keeper", || async { servers(SIM, &needle).is_empty() }).await;
+    let status = tokio::task::spawn_blocking(move || keeper.wait()).await.expect("join").expect("wait");
+    assert!(status.success(), "the keeper stopped cleanly: {status:?}");
+}

@@ -42,16 +42,23 @@ pub fn reported_pid(line: &str) -> Option<u32> {
     line.strip_prefix(PID_REPORT)?.split_whitespace().next()?.parse().ok()
 }
 
+/// Writes a line for the gateway on standard error. Never panics (as `eprintln!` does): when the
+/// gateway has died the pipe is closed, and the keeper must go on to stop its server.
+fn say(line: std::fmt::Arguments<'_>) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "{line}");
+}
+
 /// Runs the keeper until the server exits or the gateway's pipe closes.
 pub fn run(grace: Duration, argv: &[String]) -> ExitCode {
     let Some((program, args)) = argv.split_first() else {
-        eprintln!("mlxgate keep: no command given");
+        say(format_args!("mlxgate keep: no command given"));
         return ExitCode::from(2);
     };
     let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
         Ok(r) => r,
         Err(e) => {
-            eprintln!("mlxgate keep: {e}");
+            say(format_args!("mlxgate keep: {e}"));
             return ExitCode::FAILURE;
         }
     };
@@ -60,12 +67,12 @@ pub fn run(grace: Duration, argv: &[String]) -> ExitCode {
             match Command::new(program).args(args).stdin(Stdio::null()).process_group(0).kill_on_drop(false).spawn() {
                 Ok(child) => child,
                 Err(e) => {
-                    eprintln!("mlxgate keep: cannot start {program}: {e}");
+                    say(format_args!("mlxgate keep: cannot start {program}: {e}"));
                     return ExitCode::from(127);
                 }
             };
         let Some(pid) = server.id() else { return ExitCode::FAILURE };
-        eprintln!("{PID_REPORT}{pid} ({program})");
+        say(format_args!("{PID_REPORT}{pid} ({program})"));
         let pgid = Pid::from_raw(i32::try_from(pid).unwrap_or(i32::MAX));
         let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
         let stop_asked = async {
