@@ -25,6 +25,11 @@ async fn mlx_lm_sim() -> mlxgate::sim::SimHandle {
 /// A backend that answers every connection with `answer` (raw bytes) and closes it, keeping the
 /// request heads it read.
 async fn raw_backend(answer: Vec<u8>) -> (String, Arc<Mutex<Vec<String>>>) {
+    raw_backend_closing(answer, true).await
+}
+
+/// As [`raw_backend`]; with `close` false the connection stays open (and silent) afterwards.
+async fn raw_backend_closing(answer: Vec<u8>, close: bool) -> (String, Arc<Mutex<Vec<String>>>) {
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let url = format!("http://{}", listener.local_addr().expect("addr"));
     let heads = Arc::new(Mutex::new(Vec::new()));
@@ -37,7 +42,12 @@ async fn raw_backend(answer: Vec<u8>) -> (String, Arc<Mutex<Vec<String>>>) {
                 let head = read_head(&mut tcp).await;
                 seen.lock().expect("lock").push(head);
                 let _ = tcp.write_all(&answer).await;
-                let _ = tcp.shutdown().await;
+                if close {
+                    let _ = tcp.shutdown().await;
+                } else {
+                    // Silent, open, until the gateway lets go.
+                    let _ = tcp.read(&mut [0u8; 1]).await;
+                }
             });
         }
     });
@@ -353,4 +363,24 @@ async fn a_body_that_never_arrives_gets_408_and_frees_the_connection() {
     assert!(text.contains("request_timeout"), "{text}");
     let series = "mlxgate_requests_total{backend=\"\",model=\"\",outcome=\"invalid_request_error\"}";
     assert_eq!(metric(&gw, series).await, Some(1.0));
+}
+
+#[tokio::test]
+async fn a_backend_silent_after_done_is_a_success_not_a_stall() {
+    let events = "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hi\"},\"finish_reason\":\"stop\"}]}\n\n\
+                  data: [DONE]\n\n";
+    // Chunked, and the last chunk never comes.
+    let answer = format!(
+        "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n{:x}\r\n{events}\r\n",
+        events.len()
+    );
+    let (url, _) = raw_backend_closing(answer.into_bytes(), false).await;
+    let yaml = format!(
+        "backends:\n  local: {{url: '{url}', stream_idle_timeout: 1s}}\nmodels:\n  qwen: {{backend: local, max_wait: 60s}}\n"
+    );
+    let gw = gateway(&yaml).await;
+    let text = text_of(post(&gw, "/v1/chat/completions", &chat(true, json!({}))).await).await;
+    assert!(text.contains("data: [DONE]"), "{text}");
+    assert!(!text.contains("\"error\""), "no error event after a complete answer: {text}");
+    assert_eq!(outcome(&gw, "local", "ok").await, 1.0);
 }

@@ -99,7 +99,9 @@ async fn a_backend_whose_port_another_process_answers_on_never_reads_as_ready() 
     // A stranger (say, an orphaned server) answers on the port, /health included.
     let stranger = sim().await;
     let port = stranger.addr.port();
-    let gw = gateway(&yaml(&[sim_backend("a", port, "")], &[("a", "a")])).await;
+    // A held port is retried like a crash (an earlier gateway may still be stopping its server);
+    // with no restarts allowed the first try fails the backend.
+    let gw = gateway(&yaml(&[sim_backend("a", port, "    max_restarts: 0\n")], &[("a", "a")])).await;
     let saw_ready = Arc::new(AtomicBool::new(false));
     let done = Arc::new(AtomicBool::new(false));
     let watch = tokio::spawn({

@@ -470,7 +470,9 @@ impl Task {
         tokio::pin!(port_free);
         loop {
             tokio::select! {
-                free = &mut port_free => return free.err().map(RunEnd::CannotStart),
+                // A port still held (an earlier gateway still stopping its server in its
+                // shutdown grace, say) is retried with the crash backoff, not failed for good.
+                free = &mut port_free => return free.err().map(|reason| RunEnd::Crashed { reason, cause: "port_in_use" }),
                 command = self.commands.recv() => match command {
                     Some(Command::Stop | Command::Shutdown) | None => return Some(RunEnd::Stopped),
                     // An operator's restart: begin the start again (the wait starts over).

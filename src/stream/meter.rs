@@ -522,15 +522,7 @@ impl Body for StreamMeter {
                         cut(&mut this, |backend| GatewayError::Backend { backend, reason });
                         continue;
                     }
-                    *this.finished = true;
-                    this.permit.take();
-                    if let Some(info) = this.info.take() {
-                        let outcome = if this.figures.error.is_some() { Outcome::StreamError } else { Outcome::Ok };
-                        if info.stats_comment {
-                            this.forward.out.push_back(stats_line(&info, this.figures));
-                        }
-                        record(info, this.figures, outcome);
-                    }
+                    end(&mut this);
                 }
                 Poll::Ready(Some(Err(e))) => {
                     let reason = format!("the stream broke after it began: {e}");
@@ -549,10 +541,32 @@ impl Body for StreamMeter {
     }
 }
 
+/// Ends a stream that reached its end: the slot freed, the outcome recorded (`ok`, or
+/// `stream_error` after an error event), the stats line added when asked for.
+fn end(this: &mut StreamMeterProj<'_>) {
+    *this.finished = true;
+    this.permit.take();
+    if let Some(info) = this.info.take() {
+        let outcome = if this.figures.error.is_some() { Outcome::StreamError } else { Outcome::Ok };
+        if info.stats_comment {
+            this.forward.out.push_back(stats_line(&info, this.figures));
+        }
+        record(info, this.figures, outcome);
+    }
+}
+
 /// Ends a stream that the backend cut: the unfinished event is dropped, the slot freed, the
 /// request counted as the error's failure, and the client gets the error (made from the
 /// backend's name) as a final SSE event.
 fn cut(this: &mut StreamMeterProj<'_>, error: impl FnOnce(String) -> GatewayError) {
+    if *this.mode == Mode::Sse && this.figures.complete() {
+        // The answer had reached its end; only the close was missing (a chunked server that
+        // died before its last chunk, a silent backend after `[DONE]`, the shutdown's cut).
+        let wants_usage = this.info.as_ref().is_some_and(|i| i.client_wants_usage);
+        this.forward.finish(this.figures, wants_usage);
+        end(this);
+        return;
+    }
     let error = error(this.info.as_ref().map(RequestInfo::backend).unwrap_or_default());
     *this.finished = true;
     this.forward.partial.clear();
