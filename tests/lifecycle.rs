@@ -453,7 +453,9 @@ async fn nothing_is_swapped_or_started_once_shutdown_begins() {
     });
     eventually("a's request queued", || async { backend_state(&gw, "a").await["queue"] == 1 }).await;
     gw.stop();
-    let _ = waiting.await;
+    // `a` will not start: its waiting request is answered at once, not held to the grace's end.
+    let refused = waiting.await.expect("task").expect("an answer");
+    assert_eq!(refused.as_u16(), 503);
     let ended = (&mut gw.task).await;
     assert!(ended.is_ok(), "the gateway ended");
     assert_eq!(watch_a.peak(), 0, "a was never started during the shutdown");
@@ -507,4 +509,47 @@ async fn a_keeper_whose_gateway_is_gone_before_it_reports_still_stops_its_server
     eventually("the server stopped by its keeper", || async { servers(SIM, &needle).is_empty() }).await;
     let status = tokio::task::spawn_blocking(move || keeper.wait()).await.expect("join").expect("wait");
     assert!(status.success(), "the keeper stopped cleanly: {status:?}");
+}
+
+#[tokio::test]
+async fn during_the_shutdown_grace_a_crash_is_not_restarted_and_waiting_answers_get_503() {
+    let port = free_port();
+    // A remote backend's held stream keeps the gateway in its 3s grace after the crash.
+    let remote = sim().await;
+    let backends = [sim_backend("a", port, ""), format!("  r: {{url: '{}'}}\n", remote.url())];
+    let config = format!("shutdown_grace: 3s\n{}", yaml(&backends, &[("a", "a"), ("r", "r")]));
+    let mut gw = gateway(&config).await;
+    let stream = |model: &str| {
+        json!({"model": model, "stream": true, "messages": [{"role": "user", "content": "hi"}],
+            "sim": {"hold_after": 1, "hold_key": "s"}})
+    };
+    let mut held = post(&gw, "/v1/chat/completions", &stream("a")).await;
+    read_until(&mut held, "t0 ").await;
+    let mut held_remote = post(&gw, "/v1/chat/completions", &stream("r")).await;
+    read_until(&mut held_remote, "t0 ").await;
+    // A whole answer still being generated when the grace ends.
+    let whole = tokio::spawn({
+        let url = gw.url("/v1/chat/completions");
+        let body = json!({"model": "a", "messages": [{"role": "user", "content": "hi"}], "sim": {"ttft_ms": 600_000}});
+        async move {
+            let r = client().post(url).json(&body).send().await.expect("send");
+            (r.status().as_u16(), r.text().await.unwrap_or_default())
+        }
+    });
+    eventually("both at the server", || async { backend_state(&gw, "a").await["in_flight"] == 2 }).await;
+    let server = pid_of(&backend_state(&gw, "a").await);
+    gw.stop();
+    signal("-9", server);
+    let needle = format!("--port {port} ");
+    let watch = ServerWatch::start(SIM, vec![needle]);
+    let (status, body) = whole.await.expect("task");
+    assert_eq!(status, 503, "{body}");
+    let e: Value = serde_json::from_str(&body).expect("json");
+    assert!(e["error"]["type"] == "gateway_shutdown" || e["error"]["type"] == "backend_error", "{e}");
+    let ended = (&mut gw.task).await;
+    assert!(ended.is_ok());
+    assert_eq!(watch.peak(), 0, "the crashed backend was not restarted during the shutdown");
+    let cut = text_of(held_remote).await;
+    assert!(cut.contains("gateway_shutdown"), "the remote stream ran to the grace's end: {cut}");
+    drop(held);
 }

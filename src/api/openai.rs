@@ -43,9 +43,22 @@ const MAX_ERROR_BODY: usize = 1 << 20;
 /// POST `/v1/chat/completions`, `/v1/completions`, `/v1/embeddings`. The request's outcome is
 /// recorded once: by the response body when it ends, else here for a refusal, else (the client
 /// went away) as `client_closed` when the record is dropped.
+///
+/// At the end of the shutdown grace, a request still waiting for a slot or for its answer's
+/// first bytes gets 503 `gateway_shutdown` (nothing is sent to a backend after that); a stream
+/// is ended by its meter.
 pub async fn proxy(State(state): State<Arc<AppState>>, request: Request) -> Response {
     let mut record = RequestRecord::new(state.metrics.clone());
-    match forward(&state, request, &mut record).await {
+    let cut = state.cutoff.notified();
+    let forwarded = if state.cutoff.is_cut() {
+        Err(GatewayError::ShuttingDown)
+    } else {
+        tokio::select! {
+            forwarded = forward(&state, request, &mut record) => forwarded,
+            () = cut => Err(GatewayError::ShuttingDown),
+        }
+    };
+    match forwarded {
         Ok(answered) => answered.into_response(record, Arc::clone(&state.cutoff)).await,
         Err(e) => {
             record.finish(Outcome::from(&e));
@@ -79,24 +92,36 @@ async fn forward(state: &AppState, request: Request, record: &mut RequestRecord)
 
     let client = client_id(&parts);
     let mut retries = 0;
-    let queued = Instant::now();
-    // The queue wait of a request is from its arrival in the queue to the slot of the attempt
-    // that answered: a retry's wait for the restarted backend counts. Recorded once.
+    // A request's queue wait is the time it waited for slots: a retry's wait for the restarted
+    // backend counts, its failed attempt at the backend does not. Recorded once, when the
+    // request got at least one slot.
+    let mut queue_wait = Duration::ZERO;
     let observe_wait =
         |waited: Duration| state.metrics.queue_wait.with_label_values(&[&model]).observe(waited.as_secs_f64());
-    let (permit, answer, queue_wait) = loop {
-        // A retried request waits again for the restarted backend, within its first max_wait.
-        let left = route.model.max_wait.saturating_sub(queued.elapsed()).max(Duration::from_millis(1));
-        let permit = route.slot.acquire_within(client.clone(), left).await?;
-        let waited = queued.elapsed();
+    let (permit, answer) = loop {
+        // A retried request waits again for the restarted backend, within what is left of its
+        // max_wait.
+        let left = route.model.max_wait.saturating_sub(queue_wait).max(Duration::from_millis(1));
+        let asked = Instant::now();
+        let acquired = route.slot.acquire_within(client.clone(), left).await;
+        queue_wait += asked.elapsed();
+        let permit = match acquired {
+            Ok(permit) => permit,
+            Err(e) => {
+                if retries > 0 {
+                    observe_wait(queue_wait);
+                }
+                return Err(e);
+            }
+        };
         match route.backend.send(&parsed.outbound).await {
-            Ok(answer) => break (permit, answer, waited),
+            Ok(answer) => break (permit, answer),
             Err(SendFailure::Retry(e)) if retries < MAX_RETRIES => {
                 retries += 1;
                 tracing::warn!(backend = %route.backend.config.name, error = %e, retries, "backend failed before the first byte and its process is gone; sending again");
             }
             Err(SendFailure::Retry(e) | SendFailure::Final(e)) => {
-                observe_wait(waited);
+                observe_wait(queue_wait);
                 return Err(e);
             }
         }
@@ -146,7 +171,7 @@ struct Answered {
     answer: Answer,
     permit: Permit,
     parsed: Parsed,
-    /// From arrival in the queue to the slot this answer came through.
+    /// Time spent waiting for slots (every attempt's).
     queue_wait: Duration,
     idle_timeout: Duration,
 }
@@ -207,7 +232,14 @@ async fn whole_answer(
     sent_at: Instant,
 ) -> Response {
     let backend = info.record.backend.clone();
-    let whole = match read_whole(&backend, first, incoming, MAX_WHOLE_ANSWER, info.idle_timeout).await {
+    let cut = info.cutoff.notified();
+    let read = async {
+        tokio::select! {
+            whole = read_whole(&backend, first, incoming, MAX_WHOLE_ANSWER, info.idle_timeout) => whole,
+            () = cut => Err(GatewayError::ShuttingDown),
+        }
+    };
+    let whole = match read.await {
         Ok(whole) => whole,
         Err(e) => {
             drop(permit);

@@ -11,6 +11,7 @@
 use std::collections::VecDeque;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use axum::http::{HeaderMap, Method};
@@ -86,6 +87,8 @@ pub struct Supervisor {
     status: watch::Sender<Status>,
     commands: mpsc::Sender<Command>,
     changed: Arc<Notify>,
+    /// Set when the gateway begins to shut down: the backend is not started or restarted again.
+    shutting_down: Arc<AtomicBool>,
 }
 
 /// Everything the supervisor task needs, moved into it.
@@ -101,6 +104,7 @@ struct Task {
     metrics: Metrics,
     changed: Arc<Notify>,
     crashes: VecDeque<Instant>,
+    shutting_down: Arc<AtomicBool>,
 }
 
 /// How one run of the process ended.
@@ -165,9 +169,20 @@ impl Supervisor {
             metrics,
             changed: Arc::clone(&changed),
             crashes: VecDeque::new(),
+            shutting_down: Arc::new(AtomicBool::new(false)),
         };
+        let shutting_down = Arc::clone(&task.shutting_down);
         tokio::spawn(task.run());
-        Arc::new(Supervisor { config, queue, logs, status, commands, changed })
+        Arc::new(Supervisor { config, queue, logs, status, commands, changed, shutting_down })
+    }
+
+    /// The gateway begins to shut down: a backend that serves goes on serving (for the shutdown
+    /// grace); one that is not serving yet is stopped, and none is started or restarted again.
+    pub fn shut_down(&self) {
+        self.shutting_down.store(true, Ordering::SeqCst);
+        if matches!(self.status().phase, Phase::Starting | Phase::Restarting) {
+            self.send(Command::Stop);
+        }
     }
 
     /// The backend's current status.
@@ -184,6 +199,9 @@ impl Supervisor {
     /// A `Start` of a stopped backend reads as `Starting` at once: while the backend is
     /// `Stopped` its task waits for commands only, so the start it is sent will run.
     pub fn send(&self, command: Command) {
+        if command == Command::Start && self.shutting_down.load(Ordering::SeqCst) {
+            return;
+        }
         if self.commands.try_send(command).is_ok()
             && command == Command::Start
             && self.status.send_if_modified(|s| {
@@ -231,7 +249,7 @@ impl Task {
             let Some(command) = self.commands.recv().await else { return };
             let failed = self.status.borrow().phase == Phase::Failed;
             match command {
-                Command::Start if !failed => {}
+                Command::Start if !failed && !self.shutting_down.load(Ordering::SeqCst) => {}
                 Command::Refuse if self.status.borrow().phase == Phase::Stopped => {
                     let missing = preflight::managed_problems(&self.config.name, self.config.kind, &self.managed);
                     if !missing.is_empty() {
@@ -254,6 +272,15 @@ impl Task {
                 _ => continue,
             }
             loop {
+                if self.shutting_down.load(Ordering::SeqCst) {
+                    // The gateway began to shut down during a backoff: no new process.
+                    self.set(|s| {
+                        s.phase = Phase::Stopped;
+                        s.pid = None;
+                        s.ready_since = None;
+                    });
+                    break;
+                }
                 match self.run_once().await {
                     RunEnd::Stopped => {
                         self.set(|s| {
@@ -282,6 +309,16 @@ impl Task {
     /// False when the backend is now failed or was stopped during the backoff; an operator's
     /// `Restart` during the backoff ends it at once (and forgets the crashes).
     async fn after_crash(&mut self, reason: String, cause: &str) -> bool {
+        if self.shutting_down.load(Ordering::SeqCst) {
+            tracing::warn!(backend = %self.config.name, %reason, "backend ended during the gateway's shutdown; not restarted");
+            self.set(|s| {
+                s.phase = Phase::Stopped;
+                s.pid = None;
+                s.ready_since = None;
+                s.last_error = Some(reason.clone());
+            });
+            return false;
+        }
         let now = Instant::now();
         self.crashes.push_back(now);
         while self.crashes.front().is_some_and(|t| now.duration_since(*t) > self.managed.restart_window) {
@@ -668,6 +705,7 @@ mod tests {
             metrics,
             changed,
             crashes: VecDeque::new(),
+            shutting_down: Arc::default(),
         };
         // Two earlier crashes: this third one would wait 4 s.
         task.crashes.extend([Instant::now(), Instant::now()]);

@@ -114,10 +114,15 @@ impl Dispatch {
     }
 
     /// Stops starting, swapping and idling backends (the gateway is shutting down): running
-    /// backends keep serving what runs for the whole shutdown grace, and nothing new starts.
+    /// backends keep serving for the whole shutdown grace, nothing starts or restarts, and
+    /// requests waiting for a backend that is not serving get 503 `gateway_shutdown` at once.
     pub fn stop_scheduling(&self) {
         if let Some(task) = &self.scheduler {
             task.abort();
+        }
+        for supervisor in self.supervisors.values() {
+            supervisor.shut_down();
+            supervisor.queue.shut_down();
         }
     }
 

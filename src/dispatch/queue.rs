@@ -46,6 +46,9 @@ struct State {
     open: bool,
     /// Set while the backend is failed: requests are refused with this reason.
     failure: Option<String>,
+    /// The gateway is shutting down: while the gate is closed nobody waits (the backend will not
+    /// start again); an open gate goes on serving for the shutdown grace.
+    shutting_down: bool,
     /// Last time a request arrived or a slot was freed (for idle stops).
     last_activity: Instant,
     /// Last time a slot was handed out or freed, or the gate opened (for stalled backends).
@@ -131,6 +134,7 @@ impl BackendQueue {
                 state: Mutex::new(State {
                     open,
                     failure: None,
+                    shutting_down: false,
                     last_activity: Instant::now(),
                     last_progress: Instant::now(),
                     in_flight: 0,
@@ -168,8 +172,10 @@ impl BackendQueue {
     }
 
     /// Closes the gate (backend stopping or restarting): requests wait; in-flight ones go on.
+    /// During the gateway's shutdown nobody waits behind a closed gate.
     pub fn close(&self) {
         self.shared.lock().open = false;
+        self.refuse_if_shutting_down();
     }
 
     /// Marks the backend failed: waiting and new requests are refused with `reason` until
@@ -183,6 +189,30 @@ impl BackendQueue {
             model.clients.clear();
             model.waiting = 0;
             self.shared.metrics.queue_depth.with_label_values(&[&model.name]).set(0);
+        }
+    }
+
+    /// The gateway begins to shut down: requests waiting behind a closed gate (a backend that
+    /// is not serving and will not start again) are refused with `gateway_shutdown`, and so is
+    /// any new one that would wait there.
+    pub fn shut_down(&self) {
+        let mut state = self.shared.lock();
+        state.shutting_down = true;
+        if !state.open {
+            for model in &mut state.models {
+                // Dropping the senders wakes each waiter, which then reads `shutting_down`.
+                model.clients.clear();
+                model.waiting = 0;
+                self.shared.metrics.queue_depth.with_label_values(&[&model.name]).set(0);
+            }
+        }
+    }
+
+    /// Closes the gate and, when the gateway is shutting down, refuses whoever waits behind it.
+    fn refuse_if_shutting_down(&self) {
+        let shutting_down = self.shared.lock().shutting_down;
+        if shutting_down {
+            self.shut_down();
         }
     }
 
@@ -222,6 +252,9 @@ impl ModelSlot {
             let mut state = shared.lock();
             if let Some(reason) = &state.failure {
                 return Err(GatewayError::BackendFailed { backend: shared.backend.clone(), reason: reason.clone() });
+            }
+            if state.shutting_down && !state.open {
+                return Err(GatewayError::ShuttingDown);
             }
             state.last_activity = Instant::now();
             let nobody_waiting = state.models.iter().all(|m| m.waiting == 0);
@@ -279,9 +312,13 @@ impl ModelSlot {
 
     /// Why a waiter's grant channel closed: the backend failed (or, defensively, a timeout).
     fn closed_error(&self, arrived: Instant) -> GatewayError {
-        let failure = self.queue.lock().failure.clone();
+        let (failure, shutting_down) = {
+            let state = self.queue.lock();
+            (state.failure.clone(), state.shutting_down)
+        };
         match failure {
             Some(reason) => GatewayError::BackendFailed { backend: self.queue.backend.clone(), reason },
+            None if shutting_down => GatewayError::ShuttingDown,
             None => self.timeout_error(arrived),
         }
     }

@@ -62,11 +62,12 @@ impl Cutoff {
     }
 
     /// A future that resolves at the cut; registered from its creation on.
-    fn notified(&self) -> Pin<Box<OwnedNotified>> {
+    pub fn notified(&self) -> Pin<Box<OwnedNotified>> {
         Box::pin(Arc::clone(&self.notify).notified_owned())
     }
 
-    fn is_cut(&self) -> bool {
+    /// Whether the cut has happened.
+    pub fn is_cut(&self) -> bool {
         self.cut.load(Ordering::SeqCst)
     }
 }
