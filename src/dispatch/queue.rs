@@ -88,14 +88,6 @@ pub struct ModelSlot {
 pub struct Permit {
     shared: Option<Arc<Shared>>,
     granted: Instant,
-    queue_wait: Duration,
-}
-
-impl Permit {
-    /// How long the request waited before it got this slot.
-    pub fn queue_wait(&self) -> Duration {
-        self.queue_wait
-    }
 }
 
 impl Drop for Permit {
@@ -263,7 +255,7 @@ impl ModelSlot {
                 state.last_progress = Instant::now();
                 shared.metrics.inflight.with_label_values(&[&shared.backend]).set(state.in_flight as i64);
                 drop(state);
-                return Ok(shared.permit(arrived));
+                return Ok(shared.permit());
             }
             let in_flight = state.in_flight;
             let retry_after = state.retry_after(shared.max_concurrency);
@@ -371,9 +363,8 @@ impl Shared {
         self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    fn permit(self: &Arc<Self>, arrived: Instant) -> Permit {
-        let queue_wait = arrived.elapsed();
-        Permit { shared: Some(Arc::clone(self)), granted: Instant::now(), queue_wait }
+    fn permit(self: &Arc<Self>) -> Permit {
+        Permit { shared: Some(Arc::clone(self)), granted: Instant::now() }
     }
 
     /// Frees a slot: hands it to the next waiter in fair order, or returns it to the pool.
@@ -427,8 +418,7 @@ impl Shared {
                 }
             };
             // The slot moves to the waiter; `in_flight` is unchanged.
-            let permit =
-                Permit { shared: Some(Arc::clone(self)), granted: Instant::now(), queue_wait: next.since.elapsed() };
+            let permit = Permit { shared: Some(Arc::clone(self)), granted: Instant::now() };
             match next.grant.send(permit) {
                 Ok(()) => return,
                 // That waiter is gone; disarm the returned permit and try the next one.
