@@ -219,6 +219,10 @@ fn describe_detail(detail: &serde_json::Value) -> (String, Option<String>) {
 impl IntoResponse for GatewayError {
     fn into_response(self) -> Response {
         let mut response = (self.status(), axum::Json(self.body())).into_response();
+        if matches!(self, GatewayError::BodyTooLarge { .. } | GatewayError::BodyTimeout { .. }) {
+            // The body was not read: the connection cannot carry another request.
+            response.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
+        }
         if let Some(after) = self.retry_after() {
             let secs = after.as_secs().max(1);
             response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(secs));

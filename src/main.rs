@@ -157,12 +157,13 @@ async fn shutdown_signal() {
     // A second signal (a second Ctrl-C) does not wait for the grace period: exit now. The
     // keepers see their pipes close and stop the servers.
     tokio::spawn(async move {
-        tokio::select! {
-            _ = term.recv() => {}
-            _ = int.recv() => {}
-        }
+        // The shell's convention: 128 + the signal's number.
+        let code = tokio::select! {
+            _ = term.recv() => 143,
+            _ = int.recv() => 130,
+        };
         tracing::warn!("second signal: exiting now, without waiting for running requests");
-        std::process::exit(130);
+        std::process::exit(code);
     });
 }
 

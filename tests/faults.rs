@@ -360,6 +360,7 @@ async fn a_body_that_never_arrives_gets_408_and_frees_the_connection() {
     }
     let text = String::from_utf8_lossy(&seen);
     assert!(text.starts_with("HTTP/1.1 408"), "{text}");
+    assert!(text.to_ascii_lowercase().contains("connection: close"), "{text}");
     assert!(text.contains("request_timeout"), "{text}");
     let series = "mlxgate_requests_total{backend=\"\",model=\"\",outcome=\"invalid_request_error\"}";
     assert_eq!(metric(&gw, series).await, Some(1.0));
