@@ -33,9 +33,10 @@ async fn check_against(kind: &str) {
             .send()
             .await
             .expect("send");
-        assert_eq!(r.status(), 200, "{kind}");
+        let status = r.status();
         let headers = r.headers().clone();
         let text = text_of(r).await;
+        assert_eq!(status, 200, "{kind}: {text}; backend: {}", backend_state(&gw, "b").await);
         let e2e_ms = started.elapsed().as_secs_f64() * 1000.0;
         e2e_total += e2e_ms / 1000.0;
         let (usage, ttft_ms) = if stream {
