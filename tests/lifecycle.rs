@@ -306,37 +306,31 @@ fn parent_of(pid: u32) -> Option<u32> {
     stat.rsplit(')').next()?.split_whitespace().nth(1)?.parse().ok()
 }
 
-/// Runs a gateway on `config`, has `model` served, and `kill -9`s the gateway and the keeper of
-/// the server on `port` in one command, as `pkill -9 mlxgate` does: returns the orphaned server.
-/// The keeper sometimes sees its gateway's pipe close and stops the server before its own
-/// SIGKILL lands (the wanted outcome, but no orphan to test with): then the scene is set again.
+/// Runs a gateway on `config`, has `model` served, and kills the gateway and the keeper of the
+/// server on `port` with SIGKILL, as `pkill -9 mlxgate` does: returns the orphaned server. So
+/// that the keeper cannot see its gateway's pipe close and stop the server first (a race that
+/// `pkill` may or may not win), the keeper is stopped (SIGSTOP) before the gateway dies and
+/// killed after.
 async fn orphan_of(config: &str, model: &str, port: u16) -> u32 {
     let needle = format!("--port {port} ");
-    for _ in 0..10 {
-        let first = gateway_binary(config, None);
-        let r = client().post(format!("{}/v1/chat/completions", first.url)).json(&ask(model)).send().await;
-        assert_eq!(r.expect("send").status(), 200);
-        let orphan = match servers(SIM, &needle)[..] {
-            [one] => one,
-            ref many => panic!("one server on port {port}: {many:?}"),
-        };
-        let (gateway, keeper) = (first.child.id(), keeper_of(port));
-        // Both in one `kill`, the gateway first.
-        signal_all("-9", &[gateway, keeper]);
-        // Dead, and the server handed to a reaper (a killed process's threads may still be
-        // exiting while it already reads as a zombie).
-        eventually("the gateway and the keeper dead", || async {
-            !alive(gateway) && !alive(keeper) && (!alive(orphan) || parent_of(orphan) != Some(keeper))
-        })
-        .await;
-        drop(first);
-        if alive(orphan) {
-            return orphan;
-        }
-        eprintln!("the keeper stopped its server before it died; setting the scene again");
-        eventually("the server gone", || async { servers(SIM, &needle).is_empty() }).await;
-    }
-    panic!("the server never outlived its gateway and keeper in 10 tries");
+    let first = gateway_binary(config, None);
+    let r = client().post(format!("{}/v1/chat/completions", first.url)).json(&ask(model)).send().await;
+    assert_eq!(r.expect("send").status(), 200);
+    let orphan = match servers(SIM, &needle)[..] {
+        [one] => one,
+        ref many => panic!("one server on port {port}: {many:?}"),
+    };
+    let (gateway, keeper) = (first.child.id(), keeper_of(port));
+    signal("-STOP", keeper);
+    signal("-9", gateway);
+    eventually("the gateway dead", || async { !alive(gateway) }).await;
+    signal("-9", keeper);
+    // Dead, and the server handed to a reaper (a killed process's threads may still be exiting
+    // while it already reads as a zombie).
+    eventually("the keeper dead", || async { !alive(keeper) && parent_of(orphan) != Some(keeper) }).await;
+    drop(first);
+    assert!(alive(orphan), "the reproduction: the server outlives its gateway and keeper");
+    orphan
 }
 
 /// `pkill -9 mlxgate`: the gateway and the keeper killed at the same moment leave the server
@@ -359,12 +353,6 @@ async fn an_orphan_of_a_gateway_killed_with_its_keeper_is_reclaimed_by_the_next_
     let now = servers(SIM, &needle);
     assert!(now.len() == 1 && now[0] != orphan, "only the new gateway's server runs: {now:?}");
     assert_eq!(watcher.peak(), 1, "never two servers on port {port} at once");
-}
-
-/// Sends signal `name` to all of `pids` with one `kill` command.
-fn signal_all(name: &str, pids: &[u32]) {
-    let pids: Vec<String> = pids.iter().map(u32::to_string).collect();
-    assert!(Command::new("kill").arg(name).args(&pids).status().expect("kill").success());
 }
 
 /// Kills, when the test ends (a failed one included), any sim server still on its port.
