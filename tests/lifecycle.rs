@@ -25,6 +25,11 @@ fn sim_backend(name: &str, port: u16, extra: &str) -> String {
     )
 }
 
+/// A managed backend `name` on `port` whose server is the shell `script` (`{port}` filled in).
+fn shell_backend(name: &str, port: u16, script: &str) -> String {
+    format!("  {name}:\n    kind: custom\n    command: [sh, -c, '{script}']\n    port: {port}\n")
+}
+
 fn yaml(backends: &[String], models: &[(&str, &str)]) -> String {
     let models: String = models.iter().map(|(m, b)| format!("  {m}: {{backend: {b}, max_wait: 120s}}\n")).collect();
     format!("backends:\n{}models:\n{models}", backends.concat())
@@ -237,9 +242,7 @@ async fn a_healthy_backend_is_not_swapped_out_for_one_that_cannot_start() {
 async fn a_program_that_cannot_be_started_fails_the_backend_at_once() {
     // The shell cannot run its program: it exits 127, as the keeper does when it cannot.
     let port = free_port();
-    let backend = format!(
-        "  a:\n    kind: custom\n    command: [sh, -c, 'exec /nonexistent/server --port {{port}}']\n    port: {port}\n"
-    );
+    let backend = shell_backend("a", port, "exec /nonexistent/server --port {port}");
     let gw = gateway(&yaml(&[backend], &[("a", "a")])).await;
     let r = post(&gw, "/v1/chat/completions", &ask("a")).await;
     assert_eq!(r.status(), 503);
@@ -395,9 +398,7 @@ async fn orphans_are_reclaimed_when_the_next_gateway_starts_before_any_other_bac
 #[tokio::test]
 async fn an_operators_restart_of_a_start_that_hangs_starts_a_new_process() {
     let port = free_port();
-    let backend = format!(
-        "  a:\n    kind: custom\n    command: [sh, -c, 'sleep 600; exec {SIM} --port {{port}}']\n    port: {port}\n"
-    );
+    let backend = shell_backend("a", port, &format!("sleep 600; exec {SIM} --port {{port}}"));
     let gw = gateway(&yaml(&[backend], &[("a", "a")])).await;
     let waiting = tokio::spawn({
         let url = gw.url("/v1/chat/completions");

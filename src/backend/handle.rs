@@ -20,7 +20,7 @@ use bytes::Bytes;
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 
-use super::supervisor::{Phase, Supervisor};
+use super::supervisor::Supervisor;
 use super::upstream::{Upstream, UpstreamError};
 use crate::config::BackendConfig;
 use crate::error::GatewayError;
@@ -124,7 +124,7 @@ impl BackendHandle {
         };
         // A refused connection is safe to retry, but only once the process can have been
         // replaced; otherwise retrying is safe only when the process that had it is gone.
-        let gone = process_gone(supervisor, generation).await;
+        let gone = supervisor.replaced(generation, REPLACEMENT_WAIT).await;
         if refused || gone { Err(SendFailure::Retry(error)) } else { Err(SendFailure::Final(error)) }
     }
 
@@ -168,12 +168,4 @@ impl BackendHandle {
     fn name(&self) -> String {
         self.config.name.clone()
     }
-}
-
-/// Whether the process `generation` of a managed backend is gone (replaced, restarting,
-/// stopped or failed), waiting up to [`REPLACEMENT_WAIT`] for the supervisor to notice.
-async fn process_gone(supervisor: &Supervisor, generation: u64) -> bool {
-    let mut status = supervisor.watch();
-    let gone = status.wait_for(|s| s.generation != generation || s.phase != Phase::Ready);
-    matches!(tokio::time::timeout(REPLACEMENT_WAIT, gone).await, Ok(Ok(_)))
 }

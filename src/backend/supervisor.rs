@@ -229,11 +229,11 @@ impl Supervisor {
     }
 
     /// After a request failed on process `generation`: waits (up to `limit`) until that process
-    /// is known gone: replaced, restarting, stopped or failed.
-    pub async fn replaced(&self, generation: u64, limit: Duration) {
+    /// is known gone — replaced, restarting, stopped or failed — and says whether it is.
+    pub async fn replaced(&self, generation: u64, limit: Duration) -> bool {
         let mut rx = self.watch();
-        let _ =
-            tokio::time::timeout(limit, rx.wait_for(|s| s.generation != generation || s.phase != Phase::Ready)).await;
+        let gone = rx.wait_for(|s| s.generation != generation || s.phase != Phase::Ready);
+        matches!(tokio::time::timeout(limit, gone).await, Ok(Ok(_)))
     }
 
     /// Waits until the backend is stopped or failed (after a `Stop` or `Shutdown`).
