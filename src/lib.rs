@@ -14,6 +14,7 @@ pub mod metrics;
 pub mod outcome;
 pub mod sim;
 pub mod stream;
+pub mod tokens;
 
 use std::future::Future;
 use std::path::PathBuf;

@@ -1,0 +1,1 @@
+//! The model's own tokenizer and chat template (to be written).

@@ -1,0 +1,1 @@
+//! Plans for a prompt over a backend's context cap (to be written).
