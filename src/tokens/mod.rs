@@ -47,3 +47,27 @@ pub trait Count: Send + Sync {
     /// Whether the counts are the model's own (false: an estimate).
     fn exact(&self) -> bool;
 }
+
+/// What a model does with a prompt over its backend's context cap (`on_overflow`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnOverflow {
+    /// 400 `context_length_exceeded` with OpenAI's wording.
+    #[default]
+    Reject,
+    /// OpenRouter's middle-out: drop middle messages, then cut the longest one's middle.
+    MiddleOut,
+    /// Map the over-long last user message in pieces, then reduce the partial answers.
+    Chunk,
+}
+
+impl OnOverflow {
+    /// The `action` label of `mlxgate_context_overflow_total`.
+    pub fn label(self) -> &'static str {
+        match self {
+            OnOverflow::Reject => "reject",
+            OnOverflow::MiddleOut => "middle_out",
+            OnOverflow::Chunk => "chunk",
+        }
+    }
+}
