@@ -15,6 +15,7 @@ use serde::de::DeserializeOwned;
 use serde_yaml::Value;
 
 use crate::backend::profile::{Kind, fill_template};
+use crate::tokens::OnOverflow;
 
 /// The validated configuration. Built once before binding; never mutated.
 #[derive(Debug, Clone)]
@@ -64,6 +65,10 @@ pub struct BackendConfig {
     pub ready_path: String,
     /// Set when mlxgate runs the server itself.
     pub managed: Option<ManagedConfig>,
+    /// Largest prompt + `max_tokens` the server takes, in tokens, as written in the file. When
+    /// not written, the gateway takes it from the kind (omlx: 32768) or from the model's own
+    /// `config.json` (`max_position_embeddings`) at start-up.
+    pub context_cap: Option<usize>,
 }
 
 /// A backend whose process mlxgate starts, watches, restarts and stops.
@@ -123,6 +128,11 @@ pub struct ModelConfig {
     pub max_wait: Duration,
     /// `max_tokens` sent when a generation request gives none (mlx_lm.server would stop at 512).
     pub default_max_tokens: u32,
+    /// What to do with a prompt over the backend's context cap.
+    pub on_overflow: OnOverflow,
+    /// A directory with the model's `tokenizer.json` (and chat template), when the backend's
+    /// model is not a local directory or a Hugging Face id in the local cache.
+    pub tokenizer: Option<PathBuf>,
 }
 
 /// Why a configuration could not be loaded: every problem found, each at its YAML path.
@@ -225,6 +235,7 @@ struct RawBackend {
     response_timeout: Option<RawDuration>,
     first_byte_timeout: Option<RawDuration>,
     stream_idle_timeout: Option<RawDuration>,
+    context_cap: Option<usize>,
 }
 
 #[derive(Deserialize)]
@@ -251,6 +262,8 @@ struct RawModel {
     upstream_model: Option<String>,
     max_queue: Option<usize>,
     max_wait: Option<RawDuration>,
+    on_overflow: Option<OnOverflow>,
+    tokenizer: Option<String>,
 }
 
 /// A duration written as `30s`, `5m`, `1h 30m`.
@@ -312,6 +325,11 @@ impl Config {
             _ => PathBuf::from("."),
         };
         let base = std::fs::canonicalize(&base).unwrap_or(base);
+        for tokenizer in config.models.values_mut().filter_map(|m| m.tokenizer.as_mut()) {
+            if tokenizer.is_relative() {
+                *tokenizer = base.join(&*tokenizer);
+            }
+        }
         for managed in config.backends.values_mut().filter_map(|b| b.managed.as_mut()) {
             managed.workdir = base.clone();
             if let Some(venv) = managed.venv.as_mut()
@@ -463,6 +481,8 @@ fn validate(raw: RawConfig, problems: &mut Vec<Problem>) -> Option<Config> {
                 max_queue,
                 default_max_tokens: m.default_max_tokens.unwrap_or(DEFAULT_MAX_TOKENS),
                 max_wait,
+                on_overflow: m.on_overflow.unwrap_or_default(),
+                tokenizer: m.tokenizer.map(PathBuf::from),
             },
         );
     }
@@ -537,6 +557,13 @@ fn validate_backend(name: String, path: &str, b: RawBackend, problems: &mut Vec<
         problem("max_concurrency", "must be at least 1".into());
     }
     let timeouts = Timeouts::check(&b, path, problems);
+    if b.context_cap == Some(0) {
+        problems.push(Problem {
+            path: format!("{path}.context_cap"),
+            reason: "must be at least 1 token (leave it out for the kind's or the model's own limit)".into(),
+        });
+    }
+    let context_cap = b.context_cap.filter(|c| *c > 0);
     let mut problem = |field: &str, reason: String| {
         let at = if field.is_empty() { path.to_string() } else { format!("{path}.{field}") };
         problems.push(Problem { path: at, reason });
@@ -653,6 +680,7 @@ fn validate_backend(name: String, path: &str, b: RawBackend, problems: &mut Vec<
                 kind,
                 ready_path: if ready_path.starts_with('/') { ready_path } else { format!("/{ready_path}") },
                 managed: Some(managed),
+                context_cap,
             });
         }
     };
@@ -669,6 +697,7 @@ fn validate_backend(name: String, path: &str, b: RawBackend, problems: &mut Vec<
         kind,
         ready_path,
         managed,
+        context_cap,
     })
 }
 

@@ -21,6 +21,13 @@ pub enum GatewayError {
     /// The body did not arrive within `body_read_timeout` of the headers.
     #[error("The request body did not arrive within {}s.", after.as_secs())]
     BodyTimeout { after: Duration },
+    /// The prompt and the requested `max_tokens` do not fit the backend's context cap. OpenAI's
+    /// own wording (Aider and LiteLLM recognise it by this text and the code).
+    #[error(
+        "This model's maximum context length is {cap} tokens. However, your {what} resulted in {requested} tokens. \
+         Please reduce the length of the {what}."
+    )]
+    ContextLengthExceeded { cap: usize, requested: usize, what: PromptPart },
     /// `model` names no configured model.
     #[error("The model `{0}` does not exist or you do not have access to it.")]
     ModelNotFound(String),
@@ -77,6 +84,9 @@ impl GatewayError {
             GatewayError::BodyTimeout { .. } => {
                 (StatusCode::REQUEST_TIMEOUT, "invalid_request_error", Some("request_timeout"))
             }
+            GatewayError::ContextLengthExceeded { .. } => {
+                (StatusCode::BAD_REQUEST, "invalid_request_error", Some("context_length_exceeded"))
+            }
             GatewayError::ModelNotFound(_) => (StatusCode::NOT_FOUND, "invalid_request_error", Some("model_not_found")),
             GatewayError::UnknownBackend(_) => {
                 (StatusCode::NOT_FOUND, "invalid_request_error", Some("backend_not_found"))
@@ -124,6 +134,7 @@ impl GatewayError {
         let param = match self {
             GatewayError::InvalidRequest { param, .. } => *param,
             GatewayError::ModelNotFound(_) => Some("model"),
+            GatewayError::ContextLengthExceeded { what, .. } => Some(what.param()),
             _ => None,
         };
         json!({"error": {"message": self.to_string(), "type": kind, "param": param, "code": code}})
@@ -132,6 +143,34 @@ impl GatewayError {
     /// The final SSE event sent when a stream fails after it began.
     pub fn sse_event(&self) -> Bytes {
         Bytes::from(format!("data: {}\n\n", self.body()))
+    }
+}
+
+/// The part of a request a context cap measures, as the error message and `param` name it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PromptPart {
+    /// `/v1/chat/completions`: "your messages", param `messages`.
+    Messages,
+    /// `/v1/completions`: "your prompt", param `prompt`.
+    Prompt,
+    /// `/v1/embeddings`: "your input", param `input`.
+    Input,
+}
+
+impl PromptPart {
+    /// The request field that is too long.
+    pub fn param(self) -> &'static str {
+        match self {
+            PromptPart::Messages => "messages",
+            PromptPart::Prompt => "prompt",
+            PromptPart::Input => "input",
+        }
+    }
+}
+
+impl std::fmt::Display for PromptPart {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.param())
     }
 }
 

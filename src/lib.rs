@@ -54,7 +54,14 @@ pub async fn serve(
         models = ?config.models.keys().collect::<Vec<_>>(),
         "mlxgate serving"
     );
-    let state = AppState::new(config, keeper);
+    let tokens = {
+        let config = config.clone();
+        tokio::task::spawn_blocking(move || tokens::registry::Registry::load(&config))
+            .await
+            .map_err(std::io::Error::other)?
+            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e.to_string()))?
+    };
+    let state = AppState::new(config, keeper, tokens);
     let metrics_server = match metrics_listen {
         Some(addr) => {
             let listener = TcpListener::bind(addr)

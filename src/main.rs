@@ -102,7 +102,8 @@ fn load(path: &std::path::Path) -> Result<Config, ExitCode> {
         ExitCode::FAILURE
     };
     let config = Config::load(path).map_err(|e| invalid(e.to_string()))?;
-    let missing = mlxgate::backend::preflight::problems(&config);
+    let mut missing = mlxgate::backend::preflight::problems(&config);
+    missing.extend(mlxgate::tokens::registry::tokenizer_problems(&config));
     if !missing.is_empty() {
         return Err(invalid(missing.iter().map(ToString::to_string).collect::<Vec<_>>().join("\n")));
     }

@@ -44,6 +44,10 @@ pub struct Metrics {
     pub stream_bursts: IntCounterVec,
     /// Streams whose usage disagrees with what they showed.
     pub usage_mismatch: IntCounterVec,
+    /// Prompts over their backend's context cap, by the action taken.
+    pub context_overflow: IntCounterVec,
+    /// Time to count a prompt's tokens (chat template + tokenizer), by model.
+    pub prompt_count_seconds: HistogramVec,
 }
 
 /// TTFT buckets: 10 ms to 30 min (a 52k-token prefill took 31 minutes on one server).
@@ -146,6 +150,17 @@ impl Metrics {
             "Streams whose usage disagrees with the output frames they carried.",
             &["backend"],
         );
+        let context_overflow = counter(
+            "mlxgate_context_overflow_total",
+            "Prompts over their backend's context cap, by action (reject, middle_out, chunk).",
+            &["model", "action"],
+        );
+        let prompt_count_seconds = histogram(
+            "mlxgate_prompt_count_seconds",
+            "Time to count a prompt's tokens with the model's tokenizer and chat template.",
+            &[0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0],
+            &["model"],
+        );
         for collector in [
             Box::new(requests.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(queue_depth.clone()),
@@ -164,6 +179,8 @@ impl Metrics {
             Box::new(generation_tokens_unknown.clone()),
             Box::new(stream_bursts.clone()),
             Box::new(usage_mismatch.clone()),
+            Box::new(context_overflow.clone()),
+            Box::new(prompt_count_seconds.clone()),
         ] {
             registry.register(collector).expect("metric names are unique");
         }
@@ -186,6 +203,8 @@ impl Metrics {
             generation_tokens_unknown,
             stream_bursts,
             usage_mismatch,
+            context_overflow,
+            prompt_count_seconds,
         }
     }
 

@@ -18,6 +18,7 @@ use crate::config::Config;
 use crate::dispatch::Dispatch;
 use crate::metrics::Metrics;
 use crate::stream::meter::Cutoff;
+use crate::tokens::registry::Registry;
 
 /// State shared by all handlers. Immutable after start-up apart from queues and metrics.
 pub struct AppState {
@@ -29,12 +30,14 @@ pub struct AppState {
     /// Ends every running stream with an error event when the shutdown grace is over.
     pub cutoff: Arc<Cutoff>,
     pub started: SystemTime,
+    /// Each model's tokenizer, context cap and overflow action.
+    pub tokens: Registry,
 }
 
 impl AppState {
     /// Builds routes, queues, clients and backend supervisors from a validated configuration.
     /// `keeper` is the mlxgate executable (it runs `mlxgate keep` for each managed server).
-    pub fn new(config: Config, keeper: PathBuf) -> Arc<Self> {
+    pub fn new(config: Config, keeper: PathBuf, tokens: Registry) -> Arc<Self> {
         let metrics = Metrics::new();
         let dispatch = Dispatch::new(&config, &metrics, keeper);
         Arc::new(AppState {
@@ -44,6 +47,7 @@ impl AppState {
             prober: Upstream::new(std::time::Duration::from_secs(2)),
             cutoff: Arc::new(Cutoff::default()),
             started: SystemTime::now(),
+            tokens,
         })
     }
 }

@@ -44,6 +44,16 @@ impl Kind {
         }
     }
 
+    /// The context cap the server enforces by itself, when it has one of its own (omlx's 32768
+    /// arrives with its kind). None of the kinds known today caps prompts: mlx_lm.server,
+    /// mlx-openai-server, vllm-mlx and Rapid-MLX take what the model takes, so the gateway
+    /// falls back to the model's `max_position_embeddings`.
+    pub fn context_cap(self) -> Option<usize> {
+        match self {
+            Kind::MlxLm | Kind::MlxOpenaiServer | Kind::VllmMlx | Kind::RapidMlx | Kind::Custom => None,
+        }
+    }
+
     /// The path that answers 2xx once the server is up.
     pub fn ready_path(self) -> &'static str {
         match self {

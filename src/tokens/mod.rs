@@ -5,6 +5,7 @@
 
 pub mod counter;
 pub mod overflow;
+pub mod registry;
 
 use serde_json::Value;
 
@@ -56,6 +57,7 @@ pub enum OnOverflow {
     #[default]
     Reject,
     /// OpenRouter's middle-out: drop middle messages, then cut the longest one's middle.
+    #[serde(alias = "middle-out")]
     MiddleOut,
     /// Map the over-long last user message in pieces, then reduce the partial answers.
     Chunk,
