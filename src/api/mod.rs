@@ -2,6 +2,8 @@
 //! `mlxgate serve` and the integration tests run.
 
 pub mod admin;
+mod chunk;
+mod fit;
 pub mod openai;
 
 use std::path::PathBuf;

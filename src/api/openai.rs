@@ -20,6 +20,8 @@ use serde_json::json;
 use serde_json::value::RawValue;
 
 use super::AppState;
+use super::chunk;
+use super::fit::{self, Endpoint, Fitted};
 use crate::backend::handle::{Answer, Outbound, SendFailure};
 use crate::backend::upstream::strip_hop_by_hop;
 use crate::dispatch::Route;
@@ -29,13 +31,13 @@ use crate::outcome::{Outcome, RequestRecord};
 use crate::stream::meter::{Cutoff, Mode, RequestInfo, StreamFigures, StreamMeter, figures_of_whole, record_whole};
 
 /// A request body: top-level fields in their original order, values left as raw JSON.
-type RawBody = IndexMap<String, Box<RawValue>>;
+pub(crate) type RawBody = IndexMap<String, Box<RawValue>>;
 
 /// Sends to a restarted managed backend at most this many times.
 const MAX_RETRIES: u32 = 2;
 
 /// Largest whole (non-streaming) answer the gateway reads to meter it.
-const MAX_WHOLE_ANSWER: usize = 64 << 20;
+pub(crate) const MAX_WHOLE_ANSWER: usize = 64 << 20;
 
 /// Largest backend error body read to put in OpenAI's shape.
 const MAX_ERROR_BODY: usize = 1 << 20;
@@ -59,7 +61,11 @@ pub async fn proxy(State(state): State<Arc<AppState>>, request: Request) -> Resp
         }
     };
     match forwarded {
-        Ok(answered) => answered.into_response(record, Arc::clone(&state.cutoff)).await,
+        Ok(Forwarded::Answered(answered)) => answered.into_response(record, Arc::clone(&state.cutoff)).await,
+        Ok(Forwarded::Made(response, figures)) => {
+            record_whole(record, &figures, Outcome::Ok);
+            response
+        }
         Err(e) => {
             record.finish(Outcome::from(&e));
             e.into_response()
@@ -69,16 +75,27 @@ pub async fn proxy(State(state): State<Arc<AppState>>, request: Request) -> Resp
 
 /// What the client asked for, ready to send: the body re-encoded once; the client's own
 /// bytes and the parsed fields are gone before the request waits in the queue.
-struct Parsed {
-    outbound: Outbound,
+pub(crate) struct Parsed {
+    pub(crate) outbound: Outbound,
     /// Generation endpoints (chat, completions): their answers are metered.
     generates: bool,
     client_wants_usage: bool,
     stats_comment: bool,
+    /// `x-mlxgate-transform` for the client's response (middle-out, chunk).
+    transform: Option<String>,
 }
 
-/// parse → acquire → send (retried on a restarted backend) → wrap.
-async fn forward(state: &AppState, request: Request, record: &mut RequestRecord) -> Result<Answered, GatewayError> {
+/// What the proxy answers: a backend's answer to wrap, or a response made here (the averaged
+/// vectors of a chunked embedding).
+enum Forwarded {
+    Answered(Answered),
+    /// A whole answer made here, with the figures to record.
+    Made(Response, StreamFigures),
+}
+
+/// parse → fit (the context cap; map-reduce of an over-long message) → acquire → send
+/// (retried on a restarted backend) → wrap.
+async fn forward(state: &AppState, request: Request, record: &mut RequestRecord) -> Result<Forwarded, GatewayError> {
     let (parts, body) = request.into_parts();
     let bytes = read_body(&parts, body, state.config.max_body_bytes, state.config.body_read_timeout).await?;
     let mut fields: RawBody = serde_json::from_slice(&bytes)
@@ -87,10 +104,48 @@ async fn forward(state: &AppState, request: Request, record: &mut RequestRecord)
     let model = requested_model(&fields)?;
     let route = state.dispatch.route(&model).ok_or_else(|| GatewayError::ModelNotFound(model.clone()))?;
     record.routed(&model, &route.backend.config.name);
-    let parsed = parse(&parts, &mut fields, route)?;
-    drop(fields);
-
     let client = client_id(&parts);
+    let endpoint = Endpoint::of(parts.uri.path());
+    let mut transform = None;
+    if let Some(endpoint) = endpoint {
+        match fit::fit(&state.metrics, route, state.tokens.get(&model), endpoint, &mut fields).await? {
+            Fitted::Send { transform: t } => transform = t,
+            Fitted::Chunk(plan) => {
+                let partials = chunk::map(state, route, &client, &parts, &fields, &plan).await?;
+                fields.insert("messages".into(), fit::raw(&plan.reduce_messages(&partials))?);
+                fields.insert("max_tokens".into(), fit::raw(&plan.max_tokens)?);
+                fields.shift_remove("max_completion_tokens");
+                transform = Some(format!("chunk; pieces={}", plan.pieces.len()));
+            }
+            Fitted::Embed(plan) => {
+                let (made, figures) = chunk::embed(state, route, &client, &parts, fields, plan).await?;
+                return Ok(Forwarded::Made(made, figures));
+            }
+        }
+    }
+    let mut parsed = parse(&parts, &mut fields, route)?;
+    parsed.transform = transform;
+    drop(fields);
+    let (permit, answer, queue_wait) = dispatch(state, route, &client, &parsed.outbound).await?;
+    Ok(Forwarded::Answered(Answered {
+        answer,
+        permit,
+        parsed,
+        queue_wait,
+        idle_timeout: route.backend.config.stream_idle_timeout,
+    }))
+}
+
+/// acquire → send, sent again (up to [`MAX_RETRIES`]) when the managed process that had it is
+/// gone before the first byte. Returns the slot, the answer and the time spent waiting for
+/// slots.
+pub(crate) async fn dispatch(
+    state: &AppState,
+    route: &Route,
+    client: &ClientId,
+    outbound: &Outbound,
+) -> Result<(Permit, Answer, Duration), GatewayError> {
+    let model = &route.model.name;
     let mut retries = 0;
     // A request's queue wait is the time it waited for slots: a retry's wait for the restarted
     // backend counts, its failed attempt at the backend does not. Recorded once, when the
@@ -114,7 +169,7 @@ async fn forward(state: &AppState, request: Request, record: &mut RequestRecord)
                 return Err(e);
             }
         };
-        match route.backend.send(&parsed.outbound).await {
+        match route.backend.send(outbound).await {
             Ok(answer) => break (permit, answer),
             Err(SendFailure::Retry(e)) if retries < MAX_RETRIES => {
                 retries += 1;
@@ -127,12 +182,16 @@ async fn forward(state: &AppState, request: Request, record: &mut RequestRecord)
         }
     };
     observe_wait(queue_wait);
-    Ok(Answered { answer, permit, parsed, queue_wait, idle_timeout: route.backend.config.stream_idle_timeout })
+    Ok((permit, answer, queue_wait))
 }
 
 /// Rewrites `model`, asks for usage and an explicit `max_tokens` on generation endpoints, and
 /// encodes the body once.
-fn parse(parts: &axum::http::request::Parts, fields: &mut RawBody, route: &Route) -> Result<Parsed, GatewayError> {
+pub(crate) fn parse(
+    parts: &axum::http::request::Parts,
+    fields: &mut RawBody,
+    route: &Route,
+) -> Result<Parsed, GatewayError> {
     let upstream_model = serde_json::value::to_raw_value(&route.model.upstream_model)
         .map_err(|e| GatewayError::invalid(format!("cannot encode the model name: {e}"), Some("model")))?;
     fields.insert("model".to_string(), upstream_model);
@@ -163,6 +222,7 @@ fn parse(parts: &axum::http::request::Parts, fields: &mut RawBody, route: &Route
         generates,
         client_wants_usage,
         stats_comment: parts.headers.get("x-mlxgate-stats").is_some_and(|v| v.as_bytes() == b"1"),
+        transform: None,
     })
 }
 
@@ -186,6 +246,9 @@ impl Answered {
         strip_hop_by_hop(&mut head.headers);
         // Whatever the backend spoke (mlx_lm.server: HTTP/1.0), the client gets HTTP/1.1.
         head.version = axum::http::Version::HTTP_11;
+        if let Some(v) = parsed.transform.as_deref().and_then(|t| HeaderValue::from_str(t).ok()) {
+            head.headers.insert("x-mlxgate-transform", v);
+        }
         let info = RequestInfo {
             record,
             queue_wait,
@@ -296,7 +359,7 @@ async fn error_answer(
 
 /// Reads the rest of a body after `first`, at most `limit` bytes, with at most `idle_timeout`
 /// between two reads.
-async fn read_whole(
+pub(crate) async fn read_whole(
     backend: &str,
     first: Option<Bytes>,
     mut body: Incoming,
@@ -348,14 +411,21 @@ fn ask_for_usage(fields: &mut RawBody) -> Result<bool, GatewayError> {
     Ok(asked)
 }
 
-/// GET `/v1/models`: the configured public names, in OpenAI's list shape.
+/// GET `/v1/models`: the configured public names, in OpenAI's list shape, each with its
+/// `context_length` when a cap is known.
 pub async fn list_models(State(state): State<Arc<AppState>>) -> Json<serde_json::Value> {
     let created = state.started.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
     let data: Vec<_> = state
         .config
         .models
         .keys()
-        .map(|name| json!({"id": name, "object": "model", "created": created, "owned_by": "mlxgate"}))
+        .map(|name| {
+            let mut model = json!({"id": name, "object": "model", "created": created, "owned_by": "mlxgate"});
+            if let Some(cap) = state.tokens.get(name).and_then(|t| t.cap) {
+                model["context_length"] = json!(cap);
+            }
+            model
+        })
         .collect();
     Json(json!({"object": "list", "data": data}))
 }

@@ -1,0 +1,187 @@
+//! chunk: carries out the `chunk` plans. A chat message too long for the backend's context is
+//! mapped piece by piece (each piece its own request through the same queue, as many at once as
+//! the backend has slots) and the partial answers are returned for the reduce request, which
+//! then takes the normal path (streamed if the client asked). An embedding input too long is
+//! embedded in pieces (one backend request) and each input's vectors are averaged.
+
+use axum::body::Body;
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::Response;
+use base64::Engine;
+use futures_util::{StreamExt, TryStreamExt};
+use serde_json::{Value, json};
+
+use super::AppState;
+use super::fit::{EmbedPlan, raw};
+use super::openai::{MAX_WHOLE_ANSWER, RawBody, dispatch, parse, read_whole};
+use crate::backend::handle::Answer;
+use crate::dispatch::Route;
+use crate::dispatch::queue::ClientId;
+use crate::error::{GatewayError, backend_error_body};
+use crate::outcome::{Outcome, RequestRecord};
+use crate::stream::meter::{StreamFigures, figures_of_whole, record_whole};
+use crate::tokens::overflow::{ChunkPlan, average_embeddings};
+
+/// Fields of the client's request that make no sense for a map request: it must answer with
+/// text, once, whole.
+const NOT_FOR_PARTS: [&str; 7] =
+    ["stream_options", "n", "max_completion_tokens", "tools", "tool_choice", "parallel_tool_calls", "logprobs"];
+
+/// Sends every piece of `plan` as its own request ("map") and returns their answers' texts in
+/// order. Each part is recorded as a request of the model (it took a slot and backend time).
+pub async fn map(
+    state: &AppState,
+    route: &Route,
+    client: &ClientId,
+    parts: &axum::http::request::Parts,
+    fields: &RawBody,
+    plan: &ChunkPlan,
+) -> Result<Vec<String>, GatewayError> {
+    let width = route.backend.config.max_concurrency.clamp(1, plan.pieces.len().max(1));
+    let jobs: Vec<_> =
+        plan.pieces.iter().map(|messages| map_part(state, route, client, parts, fields, messages, plan)).collect();
+    futures_util::stream::iter(jobs).buffered(width).try_collect().await
+}
+
+/// One map request: the client's request with one piece's messages, whole, text only.
+async fn map_part(
+    state: &AppState,
+    route: &Route,
+    client: &ClientId,
+    parts: &axum::http::request::Parts,
+    fields: &RawBody,
+    messages: &[Value],
+    plan: &ChunkPlan,
+) -> Result<String, GatewayError> {
+    let mut body = fields.clone();
+    for key in NOT_FOR_PARTS {
+        body.shift_remove(key);
+    }
+    body.insert("messages".into(), raw(messages)?);
+    body.insert("stream".into(), raw(&false)?);
+    body.insert("max_tokens".into(), raw(&plan.piece_max_tokens)?);
+    let whole = whole_answer(state, route, client, parts, &mut body).await?;
+    Ok(answer_text(&whole))
+}
+
+/// Embeds every piece of `plan` in one request and answers the client with each input's
+/// vector: its pieces' vectors averaged, weighted by their tokens.
+pub async fn embed(
+    state: &AppState,
+    route: &Route,
+    client: &ClientId,
+    parts: &axum::http::request::Parts,
+    mut fields: RawBody,
+    plan: EmbedPlan,
+) -> Result<(Response, StreamFigures), GatewayError> {
+    let base64 = fields.get("encoding_format").is_some_and(|f| f.get() == r#""base64""#);
+    fields.insert("input".into(), raw(&plan.pieces)?);
+    fields.insert("encoding_format".into(), raw("float")?);
+    let whole = whole_answer(state, route, client, parts, &mut fields).await?;
+    let backend = &route.backend.config.name;
+    let unusable = |what: &str| GatewayError::Backend {
+        backend: backend.clone(),
+        reason: format!("its embeddings answer {what}"),
+    };
+    let mut answer: Value = serde_json::from_slice(&whole).map_err(|_| unusable("is not JSON"))?;
+    let data = answer.get("data").and_then(Value::as_array).ok_or_else(|| unusable("has no data array"))?;
+    let mut vectors: Vec<Option<Vec<f32>>> = vec![None; plan.pieces.len()];
+    for (position, item) in data.iter().enumerate() {
+        let index = item.get("index").and_then(Value::as_u64).map_or(position, |i| i as usize);
+        let vector = item
+            .get("embedding")
+            .and_then(Value::as_array)
+            .and_then(|v| v.iter().map(|x| x.as_f64().map(|x| x as f32)).collect::<Option<Vec<f32>>>())
+            .ok_or_else(|| unusable("has an embedding that is not an array of numbers"))?;
+        if let Some(slot) = vectors.get_mut(index) {
+            *slot = Some(vector);
+        }
+    }
+    let mut out = Vec::with_capacity(plan.groups.len());
+    for (index, group) in plan.groups.iter().enumerate() {
+        let pieces: Vec<(Vec<f32>, usize)> = group
+            .iter()
+            .map(|&(piece, tokens)| vectors[piece].clone().map(|v| (v, tokens)))
+            .collect::<Option<_>>()
+            .ok_or_else(|| unusable("lacks the vector of a piece"))?;
+        let vector = average_embeddings(&pieces);
+        let embedding = if base64 {
+            let bytes: Vec<u8> = vector.iter().flat_map(|x| x.to_le_bytes()).collect();
+            Value::String(base64::engine::general_purpose::STANDARD.encode(bytes))
+        } else {
+            json!(vector)
+        };
+        out.push(json!({"object": "embedding", "index": index, "embedding": embedding}));
+    }
+    answer["data"] = Value::Array(out);
+    let figures = figures_of_whole(&whole).unwrap_or_default();
+    let mut response = Response::new(Body::from(answer.to_string()));
+    let headers = response.headers_mut();
+    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    if let Ok(v) = HeaderValue::from_str(&format!("chunk; pieces={}", plan.piece_count())) {
+        headers.insert("x-mlxgate-transform", v);
+    }
+    *response.status_mut() = StatusCode::OK;
+    Ok((response, figures))
+}
+
+/// One request of a plan, sent through the model's queue and read whole; recorded as a request
+/// of its own.
+async fn whole_answer(
+    state: &AppState,
+    route: &Route,
+    client: &ClientId,
+    parts: &axum::http::request::Parts,
+    body: &mut RawBody,
+) -> Result<Vec<u8>, GatewayError> {
+    let backend = route.backend.config.name.clone();
+    let mut record = RequestRecord::new(state.metrics.clone());
+    record.routed(&route.model.name, &backend);
+    let parsed = parse(parts, body, route)?;
+    let (permit, answer, _) = dispatch(state, route, client, &parsed.outbound).await?;
+    let Answer { head, body, first, .. } = answer;
+    let whole = read_whole(&backend, first, body, MAX_WHOLE_ANSWER, route.backend.config.stream_idle_timeout).await;
+    drop(permit);
+    let whole = match whole {
+        Ok(whole) => whole,
+        Err(e) => {
+            record.finish(Outcome::from(&e));
+            return Err(e);
+        }
+    };
+    if !head.status.is_success() {
+        let body = backend_error_body(&backend, head.status, &whole);
+        record.finish(Outcome::BackendRejected);
+        let message = body["error"]["message"].as_str().unwrap_or("no message").to_string();
+        return Err(GatewayError::Backend { backend, reason: format!("a piece was refused ({}): {message}", head.status) });
+    }
+    let figures = figures_of_whole(&whole).unwrap_or_default();
+    record_whole(record, &figures, Outcome::Ok);
+    Ok(whole)
+}
+
+/// The text of a whole chat answer's first choice (empty when it has none).
+fn answer_text(whole: &[u8]) -> String {
+    let Ok(value) = serde_json::from_slice::<Value>(whole) else { return String::new() };
+    let message = &value["choices"][0]["message"];
+    match &message["content"] {
+        Value::String(s) => s.clone(),
+        Value::Array(parts) => parts.iter().filter_map(|p| p["text"].as_str()).collect::<Vec<_>>().join(""),
+        _ => String::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn answer_text_reads_string_and_parts_content() {
+        assert_eq!(answer_text(br#"{"choices":[{"message":{"content":"abc"}}]}"#), "abc");
+        assert_eq!(
+            answer_text(br#"{"choices":[{"message":{"content":[{"type":"text","text":"a"},{"text":"b"}]}}]}"#),
+            "ab"
+        );
+        assert_eq!(answer_text(b"{}"), "");
+    }
+}

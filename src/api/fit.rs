@@ -1,0 +1,423 @@
+//! fit: a request's prompt against its backend's context cap, decided before the request takes
+//! a queue slot or starts a swap (a rejection costs no backend time). Counting (chat template +
+//! tokenizer) runs on a blocking thread: a 53k-token prompt takes milliseconds of CPU.
+//!
+//! The plan comes from `tokens::overflow` (pure); this module reads the request's fields,
+//! applies the plan to them (messages rewritten, `max_tokens` set) and says what is left to do:
+//! send, or map-reduce the pieces of an over-long message (`api::chunk`).
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use serde_json::Value;
+use serde_json::value::RawValue;
+
+use super::openai::RawBody;
+use crate::dispatch::Route;
+use crate::error::{GatewayError, PromptPart};
+use crate::metrics::Metrics;
+use crate::tokens::overflow::{self, Budget, ChatPlan, ChunkPlan, TextPlan};
+use crate::tokens::registry::ModelTokens;
+use crate::tokens::{ChatPrompt, Count, OnOverflow};
+
+/// What the handler does after fitting.
+pub enum Fitted {
+    /// Send the (possibly rewritten) request; `transform` is the `x-mlxgate-transform` header.
+    Send { transform: Option<String> },
+    /// Map the pieces of the over-long last message, then reduce (`api::chunk`).
+    Chunk(ChunkPlan),
+    /// Embed the inputs' pieces in one request and average each input's vectors.
+    Embed(EmbedPlan),
+}
+
+/// Embedding inputs split at token boundaries: `pieces` is sent as the request's `input`;
+/// `groups[i]` lists, for the client's input `i`, its pieces' indexes and token counts.
+pub struct EmbedPlan {
+    pub pieces: Vec<Value>,
+    pub groups: Vec<Vec<(usize, usize)>>,
+}
+
+impl EmbedPlan {
+    /// How many pieces the over-long inputs were cut into (the header's `pieces=`).
+    pub fn piece_count(&self) -> usize {
+        self.pieces.len()
+    }
+}
+
+/// Which endpoint a request is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Endpoint {
+    Chat,
+    Completions,
+    Embeddings,
+}
+
+impl Endpoint {
+    /// The endpoint of a request path, if it is one the proxy serves.
+    pub fn of(path: &str) -> Option<Endpoint> {
+        match path {
+            "/v1/chat/completions" => Some(Endpoint::Chat),
+            "/v1/completions" => Some(Endpoint::Completions),
+            "/v1/embeddings" => Some(Endpoint::Embeddings),
+            _ => None,
+        }
+    }
+}
+
+/// Fits the request in `fields` to its model's cap, rewriting `fields` as the plan says.
+/// Without a known cap nothing is counted.
+pub async fn fit(
+    metrics: &Metrics,
+    route: &Route,
+    tokens: Option<&ModelTokens>,
+    endpoint: Endpoint,
+    fields: &mut RawBody,
+) -> Result<Fitted, GatewayError> {
+    let Some(tokens) = tokens else { return Ok(Fitted::Send { transform: None }) };
+    let Some(cap) = tokens.cap else { return Ok(Fitted::Send { transform: None }) };
+    let model = route.model.name.clone();
+    let counter = Arc::clone(&tokens.counter);
+    let action = tokens.on_overflow;
+    let default_max_tokens = route.model.default_max_tokens as usize;
+    let max_tokens = requested_max_tokens(fields)?;
+    let budget = Budget { cap, max_tokens };
+    let count_timer = metrics.prompt_count_seconds.with_label_values(&[&model]);
+    let overflowed = |action: &str| metrics.context_overflow.with_label_values(&[&model, action]).inc();
+    let reject = |requested: usize, what: PromptPart| {
+        overflowed(OnOverflow::Reject.label());
+        tracing::info!(model = %model, cap, requested, "prompt over the context cap: rejected");
+        GatewayError::ContextLengthExceeded { cap, requested, what }
+    };
+    match endpoint {
+        Endpoint::Chat => {
+            let request = ChatRequest::read(fields)?;
+            let started = Instant::now();
+            let plan = blocking(move || {
+                let prompt = request.prompt();
+                overflow::plan_chat(&*counter, prompt, budget, action)
+            })
+            .await?
+            .map_err(|e| GatewayError::invalid(e.to_string(), Some("messages")))?;
+            count_timer.observe(started.elapsed().as_secs_f64());
+            match plan {
+                ChatPlan::Fits { max_tokens: room, .. } => {
+                    set_max_tokens(fields, max_tokens, room, default_max_tokens)?;
+                    Ok(Fitted::Send { transform: None })
+                }
+                ChatPlan::Reject { requested } => Err(reject(requested, PromptPart::Messages)),
+                ChatPlan::MiddleOut { messages, removed_tokens, max_tokens: room, .. } => {
+                    overflowed(OnOverflow::MiddleOut.label());
+                    tracing::info!(model = %model, cap, removed_tokens, "prompt over the context cap: middle-out");
+                    fields.insert("messages".into(), raw(&messages)?);
+                    set_max_tokens(fields, max_tokens, room, default_max_tokens)?;
+                    Ok(Fitted::Send { transform: Some(format!("middle-out; removed_tokens={removed_tokens}")) })
+                }
+                ChatPlan::Chunk(plan) => {
+                    overflowed(OnOverflow::Chunk.label());
+                    tracing::info!(model = %model, cap, pieces = plan.pieces.len(), "prompt over the context cap: chunked");
+                    Ok(Fitted::Chunk(plan))
+                }
+            }
+        }
+        Endpoint::Completions => {
+            let Some(prompt) = fields.get("prompt") else { return Ok(Fitted::Send { transform: None }) };
+            let prompts = Prompts::read(prompt.get(), "prompt")?;
+            let started = Instant::now();
+            let plans = blocking(move || prompts.plan(&*counter, budget, action)).await?;
+            count_timer.observe(started.elapsed().as_secs_f64());
+            let mut room = usize::MAX;
+            let mut removed = 0;
+            let mut rewritten = Vec::with_capacity(plans.len());
+            for plan in plans {
+                match plan {
+                    PromptPlan::Text(TextPlan::Reject { requested }) | PromptPlan::Ids(Err(requested)) => {
+                        return Err(reject(requested, PromptPart::Prompt));
+                    }
+                    PromptPlan::Text(TextPlan::Fits { max_tokens, .. }) | PromptPlan::Ids(Ok(max_tokens)) => {
+                        room = room.min(max_tokens);
+                        rewritten.push(None);
+                    }
+                    PromptPlan::Text(TextPlan::MiddleOut { text, removed_tokens, max_tokens, .. }) => {
+                        room = room.min(max_tokens);
+                        removed += removed_tokens;
+                        rewritten.push(Some(text));
+                    }
+                }
+            }
+            set_max_tokens(fields, max_tokens, room, default_max_tokens)?;
+            if removed == 0 {
+                return Ok(Fitted::Send { transform: None });
+            }
+            overflowed(OnOverflow::MiddleOut.label());
+            let prompt = Prompts::read(fields.get("prompt").map_or("null", |p| p.get()), "prompt")?;
+            fields.insert("prompt".into(), raw(&prompt.rewrite(rewritten))?);
+            Ok(Fitted::Send { transform: Some(format!("middle-out; removed_tokens={removed}")) })
+        }
+        Endpoint::Embeddings => {
+            let Some(input) = fields.get("input") else { return Ok(Fitted::Send { transform: None }) };
+            let inputs = Prompts::read(input.get(), "input")?;
+            let started = Instant::now();
+            let chunk = action == OnOverflow::Chunk;
+            let plan = blocking(move || inputs.split(&*counter, cap)).await?;
+            count_timer.observe(started.elapsed().as_secs_f64());
+            let longest = plan.longest;
+            if longest <= cap {
+                return Ok(Fitted::Send { transform: None });
+            }
+            if !chunk {
+                return Err(reject(longest, PromptPart::Input));
+            }
+            overflowed(OnOverflow::Chunk.label());
+            Ok(Fitted::Embed(plan.plan))
+        }
+    }
+}
+
+/// Runs CPU work (template rendering, tokenizing) off the async threads.
+async fn blocking<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'static) -> Result<T, GatewayError> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|e| GatewayError::invalid(format!("counting the prompt failed: {e}"), None))
+}
+
+/// The client's `max_completion_tokens` or `max_tokens` (`None`: not given).
+fn requested_max_tokens(fields: &RawBody) -> Result<Option<usize>, GatewayError> {
+    for key in ["max_completion_tokens", "max_tokens"] {
+        let Some(raw) = fields.get(key) else { continue };
+        if raw.get() == "null" {
+            continue;
+        }
+        let n: u64 = serde_json::from_str(raw.get()).map_err(|_| {
+            GatewayError::InvalidRequest { message: format!("`{key}` must be a non-negative integer"), param: None }
+        })?;
+        return Ok(Some(usize::try_from(n).unwrap_or(usize::MAX)));
+    }
+    Ok(None)
+}
+
+/// When the client gave no `max_tokens`, sends the model's default cut to the room the prompt
+/// leaves under the cap (a 30k-token prompt on a 32k cap gets the 2k that fit, not a 400).
+fn set_max_tokens(
+    fields: &mut RawBody,
+    given: Option<usize>,
+    room: usize,
+    default: usize,
+) -> Result<(), GatewayError> {
+    if given.is_some() {
+        return Ok(());
+    }
+    let max_tokens = default.min(room).max(1);
+    fields.insert("max_tokens".into(), raw(&max_tokens)?);
+    Ok(())
+}
+
+pub(crate) fn raw<T: serde::Serialize + ?Sized>(value: &T) -> Result<Box<RawValue>, GatewayError> {
+    serde_json::value::to_raw_value(value).map_err(|e| GatewayError::invalid(format!("cannot encode: {e}"), None))
+}
+
+/// A chat request's prompt fields, owned (they go to a blocking thread).
+struct ChatRequest {
+    messages: Vec<Value>,
+    tools: Option<Vec<Value>>,
+    kwargs: Option<serde_json::Map<String, Value>>,
+}
+
+impl ChatRequest {
+    fn read(fields: &RawBody) -> Result<ChatRequest, GatewayError> {
+        let messages = fields
+            .get("messages")
+            .ok_or_else(|| GatewayError::invalid("you must provide a messages parameter", Some("messages")))?;
+        let messages: Vec<Value> = serde_json::from_str(messages.get())
+            .map_err(|_| GatewayError::invalid("`messages` must be an array of message objects", Some("messages")))?;
+        if let Some(i) = messages.iter().position(|m| !m.is_object()) {
+            return Err(GatewayError::invalid(format!("`messages[{i}]` must be an object"), Some("messages")));
+        }
+        let tools = match fields.get("tools").map(|t| t.get()) {
+            None | Some("null") => None,
+            Some(text) => Some(
+                serde_json::from_str(text)
+                    .map_err(|_| GatewayError::invalid("`tools` must be an array", Some("tools")))?,
+            ),
+        };
+        let kwargs = match fields.get("chat_template_kwargs").map(|t| t.get()) {
+            None | Some("null") => None,
+            Some(text) => Some(serde_json::from_str(text).map_err(|_| {
+                GatewayError::invalid("`chat_template_kwargs` must be an object", Some("chat_template_kwargs"))
+            })?),
+        };
+        Ok(ChatRequest { messages, tools, kwargs })
+    }
+
+    fn prompt(&self) -> ChatPrompt<'_> {
+        ChatPrompt { messages: &self.messages, tools: self.tools.as_deref(), template_kwargs: self.kwargs.as_ref() }
+    }
+}
+
+/// A `/v1/completions` `prompt` or a `/v1/embeddings` `input`: a string, a list of strings, a
+/// token array, or a list of token arrays.
+#[derive(Debug)]
+enum Prompts {
+    One(PromptItem),
+    Many(Vec<PromptItem>),
+}
+
+#[derive(Debug, Clone)]
+enum PromptItem {
+    Text(String),
+    Ids(Vec<u64>),
+}
+
+/// One prompt's plan: a text's, or a token array's (`Ok(room)` / `Err(requested)`: token arrays
+/// are never rewritten).
+enum PromptPlan {
+    Text(TextPlan),
+    Ids(Result<usize, usize>),
+}
+
+/// The embedding inputs split where needed, and the longest input's tokens.
+struct EmbedSplit {
+    plan: EmbedPlan,
+    longest: usize,
+}
+
+impl Prompts {
+    fn read(text: &str, field: &'static str) -> Result<Prompts, GatewayError> {
+        let bad = || {
+            GatewayError::invalid(
+                format!("`{field}` must be a string, an array of strings, or an array of token arrays"),
+                Some(field),
+            )
+        };
+        let value: Value = serde_json::from_str(text).map_err(|_| bad())?;
+        let item = |v: &Value| -> Option<PromptItem> {
+            match v {
+                Value::String(s) => Some(PromptItem::Text(s.clone())),
+                Value::Array(a) => a.iter().map(Value::as_u64).collect::<Option<Vec<_>>>().map(PromptItem::Ids),
+                _ => None,
+            }
+        };
+        match &value {
+            Value::String(_) => Ok(Prompts::One(item(&value).ok_or_else(bad)?)),
+            Value::Array(a) if a.iter().all(Value::is_u64) => Ok(Prompts::One(item(&value).ok_or_else(bad)?)),
+            Value::Array(a) => Ok(Prompts::Many(a.iter().map(item).collect::<Option<Vec<_>>>().ok_or_else(bad)?)),
+            _ => Err(bad()),
+        }
+    }
+
+    fn items(&self) -> &[PromptItem] {
+        match self {
+            Prompts::One(item) => std::slice::from_ref(item),
+            Prompts::Many(items) => items,
+        }
+    }
+
+    fn plan(&self, counter: &dyn Count, budget: Budget, action: OnOverflow) -> Vec<PromptPlan> {
+        self.items()
+            .iter()
+            .map(|item| match item {
+                PromptItem::Text(text) => PromptPlan::Text(overflow::plan_text(counter, text, budget, action)),
+                PromptItem::Ids(ids) => PromptPlan::Ids(fit_ids(ids.len(), budget)),
+            })
+            .collect()
+    }
+
+    /// The prompt with the middle-outed texts put in place.
+    fn rewrite(self, texts: Vec<Option<String>>) -> Value {
+        let put = |item: PromptItem, text: Option<String>| match (item, text) {
+            (_, Some(text)) => Value::String(text),
+            (PromptItem::Text(t), None) => Value::String(t),
+            (PromptItem::Ids(ids), None) => Value::from(ids),
+        };
+        let mut texts = texts.into_iter();
+        match self {
+            Prompts::One(item) => put(item, texts.next().flatten()),
+            Prompts::Many(items) => Value::Array(items.into_iter().map(|i| put(i, texts.next().flatten())).collect()),
+        }
+    }
+
+    /// Splits every input over `cap` at token boundaries (texts with the planner, token arrays
+    /// in slices of `cap`).
+    fn split(&self, counter: &dyn Count, cap: usize) -> EmbedSplit {
+        // Room for what the tokenizer adds around every text (BOS/EOS, CLS/SEP).
+        let specials = counter.text_tokens("");
+        let room = cap.saturating_sub(specials).max(1);
+        let mut pieces = Vec::new();
+        let mut groups = Vec::new();
+        let mut longest = 0;
+        for item in self.items() {
+            let mut group = Vec::new();
+            match item {
+                PromptItem::Text(text) => {
+                    let tokens = counter.text_tokens(text);
+                    longest = longest.max(tokens);
+                    if tokens <= cap {
+                        group.push((pieces.len(), tokens));
+                        pieces.push(Value::String(text.clone()));
+                    } else {
+                        for (piece, n) in overflow::split_for_embedding(counter, text, room) {
+                            group.push((pieces.len(), n));
+                            pieces.push(Value::String(piece));
+                        }
+                    }
+                }
+                PromptItem::Ids(ids) => {
+                    longest = longest.max(ids.len());
+                    for slice in ids.chunks(cap.max(1)) {
+                        group.push((pieces.len(), slice.len()));
+                        pieces.push(Value::from(slice.to_vec()));
+                    }
+                    if ids.is_empty() {
+                        group.push((pieces.len(), 0));
+                        pieces.push(Value::Array(vec![]));
+                    }
+                }
+            }
+            groups.push(group);
+        }
+        EmbedSplit { plan: EmbedPlan { pieces, groups }, longest }
+    }
+}
+
+/// A token-array prompt: `Ok(room for max_tokens)` or `Err(requested)`.
+fn fit_ids(len: usize, budget: Budget) -> Result<usize, usize> {
+    match budget.max_tokens {
+        Some(m) if len.saturating_add(m) > budget.cap => Err(len.saturating_add(m)),
+        Some(m) => Ok(m),
+        None if len >= budget.cap => Err(len),
+        None => Ok(budget.cap - len),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prompts_read_every_openai_shape() {
+        assert!(matches!(Prompts::read(r#""hi""#, "prompt").unwrap(), Prompts::One(PromptItem::Text(_))));
+        assert!(matches!(Prompts::read("[1,2,3]", "prompt").unwrap(), Prompts::One(PromptItem::Ids(_))));
+        let many = Prompts::read(r#"["a", [1, 2], "b"]"#, "prompt").unwrap();
+        assert_eq!(many.items().len(), 3);
+        assert!(Prompts::read("{}", "prompt").is_err());
+        assert!(Prompts::read(r#"["a", {"x": 1}]"#, "input").is_err());
+        assert!(Prompts::read("[1, -2]", "prompt").is_err());
+    }
+
+    #[test]
+    fn token_arrays_fit_or_are_rejected_with_prompt_plus_max_tokens() {
+        assert_eq!(fit_ids(10, Budget { cap: 100, max_tokens: Some(90) }), Ok(90));
+        assert_eq!(fit_ids(10, Budget { cap: 100, max_tokens: Some(91) }), Err(101));
+        assert_eq!(fit_ids(10, Budget { cap: 100, max_tokens: None }), Ok(90));
+        assert_eq!(fit_ids(100, Budget { cap: 100, max_tokens: None }), Err(100));
+    }
+
+    #[test]
+    fn max_tokens_is_read_from_either_name() {
+        let fields: RawBody = serde_json::from_str(r#"{"max_completion_tokens": 7, "max_tokens": 9}"#).unwrap();
+        assert_eq!(requested_max_tokens(&fields).unwrap(), Some(7));
+        let fields: RawBody = serde_json::from_str(r#"{"max_tokens": null}"#).unwrap();
+        assert_eq!(requested_max_tokens(&fields).unwrap(), None);
+        let fields: RawBody = serde_json::from_str(r#"{"max_tokens": -1}"#).unwrap();
+        assert!(requested_max_tokens(&fields).is_err());
+    }
+}
