@@ -1,0 +1,252 @@
+//! Context caps against `mlxgate-sim`, counted with the tiny model's own tokenizer: reject with
+//! OpenAI's body before anything reaches the backend, middle-out, chunk (map-reduce, streamed
+//! reduce), embeddings chunked and averaged, completions prompts, `/v1/models`.
+
+mod common;
+
+use std::path::Path;
+
+use common::*;
+use mlxgate::tokens::counter::Counter;
+use mlxgate::tokens::{ChatPrompt, Count};
+use serde_json::{Value, json};
+
+const CAP: usize = 256;
+
+/// One sim backend with `context_cap: CAP` and model `qwen` counted with the tiny tokenizer.
+fn yaml(sim_url: &str, model_dir: &Path, on_overflow: &str, extra_model: &str) -> String {
+    format!(
+        "backends:\n  local: {{url: '{sim_url}', max_concurrency: 2, context_cap: {CAP}}}\n\
+         models:\n  qwen: {{backend: local, upstream_model: tiny-qwen3, on_overflow: {on_overflow}, \
+         tokenizer: '{}', default_max_tokens: 64{extra_model}}}\n",
+        model_dir.display()
+    )
+}
+
+fn counter(model_dir: &Path) -> Counter {
+    Counter::load(model_dir).expect("the tiny model's tokenizer loads")
+}
+
+/// Words the tiny tokenizer knows (it was trained on them): about one token each.
+fn words(n: usize, seed: usize) -> String {
+    const W: [&str; 12] =
+        ["model", "token", "stream", "server", "gateway", "queue", "request", "answer", "cache", "prompt", "swap", "metal"];
+    (0..n).map(|i| W[(i * 7 + seed) % W.len()]).collect::<Vec<_>>().join(" ")
+}
+
+fn chat_tokens(counter: &Counter, messages: &[Value]) -> usize {
+    counter.chat_tokens(ChatPrompt { messages, tools: None, template_kwargs: None }).expect("renders")
+}
+
+async fn received(sim: &mlxgate::sim::SimHandle) -> Vec<Value> {
+    client().get(format!("{}/sim/requests", sim.url())).send().await.expect("requests").json().await.expect("json")
+}
+
+#[tokio::test]
+async fn reject_gives_openai_body_and_nothing_reaches_the_backend() {
+    let Some(model) = prerequisites(&[]) else { return };
+    let sim = sim().await;
+    let gw = gateway(&yaml(&sim.url(), &model, "reject", "")).await;
+    let tok = counter(&model);
+    let messages = vec![json!({"role": "user", "content": words(400, 0)})];
+    let prompt = chat_tokens(&tok, &messages);
+    assert!(prompt > CAP, "the test prompt must be over the cap: {prompt}");
+    let response = post(&gw, "/v1/chat/completions", &json!({"model": "qwen", "messages": messages, "max_tokens": 10})).await;
+    assert_eq!(response.status(), 400);
+    let body: Value = response.json().await.expect("json");
+    assert_eq!(
+        body,
+        json!({"error": {
+            "message": format!("This model's maximum context length is {CAP} tokens. However, your messages resulted in {} tokens. Please reduce the length of the messages.", prompt + 10),
+            "type": "invalid_request_error", "param": "messages", "code": "context_length_exceeded"}})
+    );
+    assert!(!body.to_string().to_lowercase().contains("rate limit"));
+
+    // max_tokens alone over the cap: same wording, whatever the prompt.
+    let small = vec![json!({"role": "user", "content": "hello"})];
+    let small_tokens = chat_tokens(&tok, &small);
+    let response =
+        post(&gw, "/v1/chat/completions", &json!({"model": "qwen", "messages": small, "max_tokens": CAP})).await;
+    assert_eq!(response.status(), 400);
+    let body: Value = response.json().await.expect("json");
+    assert_eq!(body["error"]["code"], "context_length_exceeded");
+    assert!(
+        body["error"]["message"].as_str().unwrap().contains(&format!("resulted in {} tokens", small_tokens + CAP)),
+        "{body}"
+    );
+
+    assert_eq!(sim_stats(&sim).await["total"], 0, "the backend saw nothing");
+    assert_eq!(metric(&gw, "mlxgate_context_overflow_total{action=\"reject\",model=\"qwen\"}").await, Some(2.0));
+    assert_eq!(
+        metric(&gw, "mlxgate_queue_wait_seconds_count{model=\"qwen\"}").await.unwrap_or(0.0),
+        0.0,
+        "no rejected request took a queue slot"
+    );
+    let models: Value = client().get(gw.url("/v1/models")).send().await.expect("models").json().await.expect("json");
+    assert_eq!(models["data"][0]["context_length"], CAP);
+}
+
+#[tokio::test]
+async fn a_prompt_that_fits_without_max_tokens_gets_the_room_that_is_left() {
+    let Some(model) = prerequisites(&[]) else { return };
+    let sim = sim().await;
+    let gw = gateway(&yaml(&sim.url(), &model, "reject", "")).await;
+    let tok = counter(&model);
+    let messages = vec![json!({"role": "user", "content": words(220, 1)})];
+    let prompt = chat_tokens(&tok, &messages);
+    assert!(prompt < CAP && CAP - prompt < 64, "prompt {prompt} must leave less than the default 64");
+    let response = post(&gw, "/v1/chat/completions", &json!({"model": "qwen", "messages": messages})).await;
+    assert_eq!(response.status(), 200);
+    let seen = received(&sim).await;
+    assert_eq!(seen.len(), 1);
+    assert_eq!(seen[0]["max_tokens"], CAP - prompt, "max_tokens cut to the room under the cap");
+}
+
+#[tokio::test]
+async fn middle_out_keeps_system_first_and_last_and_fits() {
+    let Some(model) = prerequisites(&[]) else { return };
+    let sim = sim().await;
+    let gw = gateway(&yaml(&sim.url(), &model, "middle_out", "")).await;
+    let tok = counter(&model);
+    let mut messages = vec![
+        json!({"role": "system", "content": "you are a gateway"}),
+        json!({"role": "user", "content": format!("first {}", words(30, 2))}),
+    ];
+    for i in 0..12 {
+        messages.push(json!({"role": "assistant", "content": words(30, i)}));
+        messages.push(json!({"role": "user", "content": words(30, i + 3)}));
+    }
+    messages.push(json!({"role": "user", "content": "last question"}));
+    let before = chat_tokens(&tok, &messages);
+    assert!(before > CAP);
+    let response =
+        post(&gw, "/v1/chat/completions", &json!({"model": "qwen", "messages": messages, "max_tokens": 32})).await;
+    assert_eq!(response.status(), 200, "{:?}", response.text().await);
+    let transform = response.headers()["x-mlxgate-transform"].to_str().expect("ascii").to_string();
+    let seen = received(&sim).await;
+    assert_eq!(seen.len(), 1);
+    let sent: Vec<Value> = seen[0]["messages"].as_array().expect("messages").clone();
+    let after = chat_tokens(&tok, &sent);
+    assert!(after + 32 <= CAP, "sent {after} tokens + 32 over the cap {CAP}");
+    assert_eq!(transform, format!("middle-out; removed_tokens={}", before - after));
+    assert_eq!(sent[0], messages[0], "system kept");
+    assert_eq!(sent[1], messages[1], "first user message kept");
+    assert_eq!(sent.last(), messages.last(), "last message kept");
+    assert_eq!(metric(&gw, "mlxgate_context_overflow_total{action=\"middle_out\",model=\"qwen\"}").await, Some(1.0));
+}
+
+#[tokio::test]
+async fn chunk_maps_pieces_through_the_queue_and_streams_the_reduce() {
+    let Some(model) = prerequisites(&[]) else { return };
+    let sim = sim().await;
+    let gw = gateway(&yaml(&sim.url(), &model, "chunk", "")).await;
+    let tok = counter(&model);
+    let messages = vec![
+        json!({"role": "system", "content": "summarise"}),
+        json!({"role": "user", "content": format!("summarise this document: {}", words(900, 5))}),
+    ];
+    let body = json!({"model": "qwen", "messages": messages, "max_tokens": 40, "stream": true});
+    let response = post(&gw, "/v1/chat/completions", &body).await;
+    assert_eq!(response.status(), 200);
+    let transform = response.headers()["x-mlxgate-transform"].to_str().expect("ascii").to_string();
+    assert!(response.headers()["content-type"].to_str().unwrap().starts_with("text/event-stream"));
+    let text = text_of(response).await;
+    assert!(text.contains("[DONE]"), "the reduce answer is streamed: {text}");
+    let pieces: usize = transform.strip_prefix("chunk; pieces=").expect("chunk header").parse().expect("number");
+    assert!(pieces >= 4, "900 words over a {CAP}-token cap take several pieces: {pieces}");
+    let seen = received(&sim).await;
+    assert_eq!(seen.len(), pieces + 1, "P map requests and one reduce");
+    for (i, request) in seen.iter().enumerate() {
+        let sent: Vec<Value> = request["messages"].as_array().expect("messages").clone();
+        let max_tokens = request["max_tokens"].as_u64().expect("max_tokens") as usize;
+        let prompt = chat_tokens(&tok, &sent);
+        assert!(prompt + max_tokens <= CAP, "request {i}: {prompt} + {max_tokens} over the cap");
+        assert_eq!(sent[0], messages[0], "request {i} keeps the instructions");
+        let last = i == seen.len() - 1;
+        assert_eq!(request["stream"], json!(last), "only the reduce streams");
+    }
+    assert_eq!(metric(&gw, "mlxgate_context_overflow_total{action=\"chunk\",model=\"qwen\"}").await, Some(1.0));
+}
+
+#[tokio::test]
+async fn embeddings_over_the_cap_are_chunked_and_averaged() {
+    let Some(model) = prerequisites(&[]) else { return };
+    let sim = sim().await;
+    let gw = gateway(&yaml(&sim.url(), &model, "chunk", "")).await;
+    let long = words(700, 3);
+    let body = json!({"model": "qwen", "input": ["short one", long]});
+    let response = post(&gw, "/v1/embeddings", &body).await;
+    assert_eq!(response.status(), 200);
+    let transform = response.headers()["x-mlxgate-transform"].to_str().expect("ascii").to_string();
+    let answer: Value = response.json().await.expect("json");
+    let data = answer["data"].as_array().expect("data");
+    assert_eq!(data.len(), 2, "one vector per input");
+    assert_eq!(data[1]["index"], 1);
+    assert_eq!(data[1]["embedding"].as_array().expect("vector").len(), 8);
+    let seen = received(&sim).await;
+    assert_eq!(seen.len(), 1, "one backend request for every piece");
+    let inputs = seen[0]["input"].as_array().expect("input");
+    assert!(inputs.len() >= 4, "700 words in pieces of {CAP}: {}", inputs.len());
+    assert_eq!(transform, format!("chunk; pieces={}", inputs.len()));
+    let tok = counter(&model);
+    for piece in inputs {
+        assert!(tok.text_tokens(piece.as_str().expect("text")) <= CAP);
+    }
+
+    // With reject, the same input is refused with the input's wording.
+    let gw = gateway(&yaml(&sim.url(), &model, "reject", "")).await;
+    let response = post(&gw, "/v1/embeddings", &body).await;
+    assert_eq!(response.status(), 400);
+    let body: Value = response.json().await.expect("json");
+    assert_eq!(body["error"]["param"], "input");
+    assert_eq!(body["error"]["code"], "context_length_exceeded");
+}
+
+#[tokio::test]
+async fn completions_prompts_of_every_shape_are_capped() {
+    let Some(model) = prerequisites(&[]) else { return };
+    let sim = sim().await;
+    let gw = gateway(&yaml(&sim.url(), &model, "reject", "")).await;
+    for prompt in [json!(words(400, 0)), json!(["short", words(400, 1)]), json!(vec![5; 300]), json!([[1, 2], vec![7; 300]])] {
+        let response = post(&gw, "/v1/completions", &json!({"model": "qwen", "prompt": prompt, "max_tokens": 8})).await;
+        assert_eq!(response.status(), 400, "prompt {prompt}");
+        let body: Value = response.json().await.expect("json");
+        assert_eq!(body["error"]["code"], "context_length_exceeded");
+        assert_eq!(body["error"]["param"], "prompt");
+    }
+    let response = post(&gw, "/v1/completions", &json!({"model": "qwen", "prompt": vec![5; 100], "max_tokens": 8})).await;
+    assert_eq!(response.status(), 200);
+    assert_eq!(sim_stats(&sim).await["total"], 1, "only the prompt that fits reached the backend");
+
+    let gw = gateway(&yaml(&sim.url(), &model, "middle_out", "")).await;
+    let response =
+        post(&gw, "/v1/completions", &json!({"model": "qwen", "prompt": words(400, 2), "max_tokens": 8})).await;
+    assert_eq!(response.status(), 200);
+    assert!(response.headers()["x-mlxgate-transform"].to_str().unwrap().starts_with("middle-out; removed_tokens="));
+    let seen = received(&sim).await;
+    let sent = seen.last().expect("a request")["prompt"].as_str().expect("text").to_string();
+    assert!(counter(&model).text_tokens(&sent) + 8 <= CAP);
+}
+
+#[tokio::test]
+async fn a_rejected_prompt_never_starts_or_swaps_a_managed_backend() {
+    let Some(model) = prerequisites(&[]) else { return };
+    let sim_bin = env!("CARGO_BIN_EXE_mlxgate-sim");
+    let port = free_port();
+    let config = format!(
+        "backends:\n  managed:\n    kind: custom\n    command: ['{sim_bin}', '--port', '{{port}}']\n    port: {port}\n    \
+         context_cap: {CAP}\n    stop_timeout: 5s\n\
+         models:\n  qwen: {{backend: managed, tokenizer: '{}', max_wait: 60s}}\n",
+        model.display()
+    );
+    let gw = gateway(&config).await;
+    let response = post(
+        &gw,
+        "/v1/chat/completions",
+        &json!({"model": "qwen", "messages": [{"role": "user", "content": words(400, 0)}]}),
+    )
+    .await;
+    assert_eq!(response.status(), 400);
+    assert_eq!(backend_state(&gw, "managed").await["state"], "stopped", "the rejection started nothing");
+    assert!(processes_with(&[sim_bin, &port.to_string()]).is_empty(), "no server process was spawned");
+}
