@@ -71,7 +71,10 @@ async fn a_real_mlx_lm_server_killed_mid_stream_ends_the_stream_with_an_error_no
     // looks like a normal end unless the gateway checks for `[DONE]` or a finish_reason.
     let Some(model) = prerequisites(&[MLX_LM]) else { return };
     let port = free_port();
-    let gw = gateway(&config(&[backend("native", MLX_LM, &model, port, "")], &[("qwen", "native")], "")).await;
+    // A stream long enough to be killed in its middle: 20000 tokens, over the tiny model's own
+    // 2048 positions (the gateway's default cap for it), so the cap is raised.
+    let cap = "    context_cap: 30000\n";
+    let gw = gateway(&config(&[backend("native", MLX_LM, &model, port, cap)], &[("qwen", "native")], "")).await;
     let long = json!({"model": "qwen", "stream": true, "max_tokens": 20000, "temperature": 0,
         "messages": [{"role": "user", "content": "hello there"}]});
     let mut r = post(&gw, "/v1/chat/completions", &long).await;
