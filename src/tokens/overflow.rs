@@ -239,7 +239,8 @@ pub fn plan_text(counter: &dyn Count, text: &str, budget: Budget, action: OnOver
 /// Splits an embedding input into pieces at token boundaries, each fitting `cap` as the server
 /// counts it (special tokens included), without overlap. Returns each piece's text with its
 /// token count (tokens of the text, no special tokens: the weights for
-/// [`average_embeddings`]). A text that fits is returned whole.
+/// [`average_embeddings`]). A text that fits is returned whole; a cap no larger than the
+/// special tokens gives one-token pieces (nothing can fit).
 pub fn split_for_embedding(counter: &dyn Count, text: &str, cap: usize) -> Vec<(String, usize)> {
     let ids = counter.encode(text);
     let special = counter.text_tokens(text).saturating_sub(ids.len());
@@ -1121,6 +1122,7 @@ mod tests {
             msg("user", document.clone()),
         ];
         let plan = chunk_plan(&counter, &messages, budget(1000, Some(200)));
+        let planning_counts = counter.chat_counts.load(Ordering::Relaxed);
         check_chunk(&counter, &messages, None, budget(1000, Some(200)), &plan);
         assert_eq!(plan.reduce_max_tokens, 200);
         assert!(plan.len() >= 6, "{} pieces", plan.len());
@@ -1134,7 +1136,11 @@ mod tests {
         let reduce = plan.reduce_messages(&["one".into(), "two".into()]);
         let reduce = reduce[1]["content"].as_str().unwrap();
         assert!(reduce.contains("Summarise this log.") && reduce.contains("[Part 2 of"), "{reduce}");
-        println!("chunk: {} pieces, map max_tokens {}", plan.len(), plan.map_max_tokens);
+        println!(
+            "chunk: {} pieces, map max_tokens {}, {planning_counts} counts while planning",
+            plan.len(),
+            plan.map_max_tokens
+        );
     }
 
     #[test]
