@@ -1,43 +1,1501 @@
-//! TEMPORARY shim of the planner's API (the real one is written on its branch).
-use serde_json::Value;
+//! Plans for a prompt over a backend's context cap: fits as it is, reject, middle-out (drop
+//! middle messages, then cut the middle of the longest text) or chunk (map the over-long last
+//! user message in pieces, then reduce the partial answers). Pure: the HTTP handler counts
+//! nothing itself and carries the plan out (the map requests go through the same queue).
+//!
+//! Costs: a full `chat_tokens` count renders the template and tokenizes the whole prompt
+//! (~20 ms for 53k tokens), so the planners work from per-message estimates (each text encoded
+//! once) and verify with one full count at the end, looping only when the verification says
+//! the prompt still does not fit.
+
+use std::ops::{Range, RangeInclusive};
+
+use serde_json::{Value, json};
 
 use super::{ChatPrompt, Count, CountError, OnOverflow};
 
-#[derive(Debug, Clone, Copy)]
+/// The marker put where the middle of a text was cut.
+pub const CUT_MARKER: &str = "\n…\n";
+/// Tokens a truncated text keeps at least (head and tail together); a shorter one is not cut.
+const MIN_KEPT_TOKENS: usize = 32;
+/// Full counts a middle-out may spend verifying before it gives up (reject).
+const MAX_VERIFICATIONS: usize = 4;
+/// Room kept for the answer by a transform when the client gave no `max_tokens`: at most this,
+/// and at most a quarter of the cap.
+const DEFAULT_ROOM: usize = 1024;
+/// The overlap between consecutive chunk pieces: at most this many tokens, and at most
+/// [`OVERLAP_PERCENT`] of a piece.
+const MAX_OVERLAP: usize = 64;
+const OVERLAP_PERCENT: usize = 5;
+/// A chunk plan whose partial answers would get fewer tokens than this is rejected.
+pub const MIN_PARTIAL_TOKENS: usize = 32;
+/// A chunk piece shorter than this is not worth a request: reject.
+const MIN_PIECE_TOKENS: usize = 64;
+/// How much of the original message the reduce request quotes, tried in this order (and at
+/// most a quarter of the reduce prompt's room): its head usually states the request.
+const REDUCE_HEAD_TOKENS: [usize; 3] = [256, 64, 0];
+/// Tokens kept free in the reduce prompt, as a whole and per partial answer: a model's answer
+/// re-tokenized inside a prompt can merge differently from how it was generated.
+const REDUCE_SLACK: usize = 16;
+const PARTIAL_SLACK: usize = 4;
+/// The widest "Part i of P" label the map framing is measured with (digits tokenize one by
+/// one in the Qwen vocabulary, so this bounds any real label).
+const WIDEST_PART_LABEL: usize = 9999;
+/// How many tokens a cut may move to land on a character boundary.
+const MAX_BOUNDARY_SHIFT: usize = 4;
+
+/// The tokens a request may use: the backend's cap and what the client asked to generate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Budget {
+    /// The backend's context cap (prompt + generated tokens).
     pub cap: usize,
+    /// The client's `max_tokens` / `max_completion_tokens`; `None` when not given.
     pub max_tokens: Option<usize>,
 }
-pub enum ChatPlan {
-    Fits { prompt_tokens: usize, max_tokens: usize },
-    Reject { requested: usize },
-    MiddleOut { messages: Vec<Value>, prompt_tokens: usize, removed_tokens: usize, max_tokens: usize },
-    Chunk(ChunkPlan),
-}
-pub struct ChunkPlan {
-    pub pieces: Vec<Vec<Value>>,
-    pub piece_max_tokens: usize,
-    pub max_tokens: usize,
-}
-impl ChunkPlan {
-    pub fn reduce_messages(&self, _partials: &[String]) -> Vec<Value> {
-        vec![]
+
+impl Budget {
+    /// The room a transform keeps for the answer: the client's `max_tokens`, or when not given
+    /// `min(1024, cap / 4)` (at least 1). The plan's `max_tokens` is then the room actually
+    /// left, which the handler caps by the model's default.
+    pub fn reserve(&self) -> usize {
+        self.max_tokens.unwrap_or_else(|| DEFAULT_ROOM.min(self.cap / 4).max(1))
+    }
+
+    /// The largest prompt a transform may produce.
+    fn prompt_limit(&self) -> usize {
+        self.cap.saturating_sub(self.reserve())
+    }
+
+    /// The `max_tokens` to send with a prompt of `prompt_tokens` when it fits as it is.
+    fn fitting(&self, prompt_tokens: usize) -> Option<usize> {
+        match self.max_tokens {
+            Some(max) => (prompt_tokens + max <= self.cap).then_some(max),
+            None => (prompt_tokens < self.cap).then(|| self.cap - prompt_tokens),
+        }
+    }
+
+    /// What a rejection reports: prompt + `max_tokens` (the prompt alone when not given).
+    fn requested(&self, prompt_tokens: usize) -> usize {
+        prompt_tokens + self.max_tokens.unwrap_or(0)
+    }
+
+    /// Whether `max_tokens` alone leaves no room for any prompt (rejected whatever the action).
+    fn max_tokens_alone_over(&self) -> bool {
+        self.max_tokens.is_some_and(|max| max >= self.cap)
+    }
+
+    /// The `max_tokens` to send after a transform: the client's, or the room left.
+    fn after_transform(&self, prompt_tokens: usize) -> usize {
+        self.max_tokens.unwrap_or_else(|| self.cap.saturating_sub(prompt_tokens).max(1))
     }
 }
-pub enum TextPlan {
+
+/// What to do with a chat request.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ChatPlan {
+    /// Send it as it is, with this `max_tokens` (when the client gave none: the room left).
     Fits { prompt_tokens: usize, max_tokens: usize },
+    /// 400 `context_length_exceeded`; `requested` = prompt tokens + `max_tokens` (the prompt
+    /// alone when not given) is the "M tokens" of the message.
     Reject { requested: usize },
+    /// Send these messages instead (middle-out), with this `max_tokens`.
+    MiddleOut {
+        messages: Vec<Value>,
+        prompt_tokens: usize,
+        /// Original prompt tokens − `prompt_tokens` (the header's `removed_tokens`).
+        removed_tokens: usize,
+        max_tokens: usize,
+    },
+    /// Map each piece, then reduce the partial answers.
+    Chunk(ChunkPlan),
+}
+
+/// A map-reduce over the pieces of an over-long last user message.
+///
+/// Map requests carry the system/developer messages and one piece, without the client's
+/// `tools` (a partial answer must be text) and with its `chat_template_kwargs`; the earlier
+/// conversation is not sent. The reduce request carries the system/developer messages, the
+/// client's `tools` and kwargs, and one user message built by [`ChunkPlan::reduce_messages`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct ChunkPlan {
+    /// One map request per piece, in order.
+    pub pieces: Vec<Piece>,
+    /// `max_tokens` for each map request: the reduce prompt with every partial answer this long
+    /// still fits with `reduce_max_tokens`.
+    pub map_max_tokens: usize,
+    /// `max_tokens` for the reduce request: the client's, or when not given the room left.
+    pub reduce_max_tokens: usize,
+    /// Tokens of the original message that was split.
+    pub message_tokens: usize,
+    instructions: Vec<Value>,
+    head: String,
+    head_is_whole: bool,
+}
+
+/// One piece of the split message and its map request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Piece {
+    /// The map request's messages: the system/developer messages, then a user message with a
+    /// framing line and the piece.
+    pub messages: Vec<Value>,
+    /// The piece's text (the decoded tokens).
+    pub text: String,
+    /// Which tokens of the original message's text this piece holds; consecutive pieces
+    /// overlap by a few tokens.
+    pub tokens: Range<usize>,
+    /// The map request's prompt tokens as counted.
+    pub prompt_tokens: usize,
+}
+
+impl ChunkPlan {
+    /// The reduce request's messages for these partial answers (one per piece, in order).
+    pub fn reduce_messages(&self, partials: &[String]) -> Vec<Value> {
+        let mut messages = self.instructions.clone();
+        messages.push(user_message(reduce_text(&self.head, self.head_is_whole, self.pieces.len(), partials)));
+        messages
+    }
+
+    /// How many map requests the plan makes.
+    pub fn len(&self) -> usize {
+        self.pieces.len()
+    }
+
+    /// Whether the plan has no piece (never true for a plan from [`plan_chat`]).
+    pub fn is_empty(&self) -> bool {
+        self.pieces.is_empty()
+    }
+}
+
+/// What to do with a `/v1/completions` text prompt.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TextPlan {
+    /// Send it as it is, with this `max_tokens`.
+    Fits { prompt_tokens: usize, max_tokens: usize },
+    /// 400 `context_length_exceeded` (see [`ChatPlan::Reject`]).
+    Reject { requested: usize },
+    /// Send this text instead: the head and tail of the prompt around [`CUT_MARKER`].
     MiddleOut { text: String, prompt_tokens: usize, removed_tokens: usize, max_tokens: usize },
 }
-pub fn plan_chat(_c: &dyn Count, _p: ChatPrompt<'_>, _b: Budget, _a: OnOverflow) -> Result<ChatPlan, CountError> {
-    Ok(ChatPlan::Reject { requested: 0 })
+
+/// Decides what to do with a chat prompt under `budget`.
+///
+/// - `max_tokens` ≥ cap: reject whatever the action.
+/// - fits (prompt + `max_tokens` ≤ cap; without `max_tokens`: prompt < cap): [`ChatPlan::Fits`].
+/// - `reject`: [`ChatPlan::Reject`].
+/// - `middle_out`: keep system/developer messages, the first user message and the last
+///   message; remove the others oldest first in groups (an assistant message with the tool
+///   answers and user messages that follow it, so a tool answer never loses its call and
+///   user/assistant alternation holds as long as possible); then cut the middle of the longest
+///   text (never a system/developer message's, never an image part) until the prompt fits with
+///   [`Budget::reserve`] left. Reject when even that does not fit.
+/// - `chunk`: when the last message is a text-only user message that does not fit even with
+///   the system/developer messages alone, a [`ChunkPlan`]; otherwise as `middle_out` (the
+///   earlier conversation is what overflows, and the request itself survives middle-out).
+pub fn plan_chat(
+    counter: &dyn Count,
+    prompt: ChatPrompt<'_>,
+    budget: Budget,
+    action: OnOverflow,
+) -> Result<ChatPlan, CountError> {
+    let prompt_tokens = counter.chat_tokens(prompt)?;
+    let reject = ChatPlan::Reject { requested: budget.requested(prompt_tokens) };
+    if budget.max_tokens_alone_over() {
+        return Ok(reject);
+    }
+    if let Some(max_tokens) = budget.fitting(prompt_tokens) {
+        return Ok(ChatPlan::Fits { prompt_tokens, max_tokens });
+    }
+    match action {
+        OnOverflow::Reject => Ok(reject),
+        OnOverflow::MiddleOut => Ok(middle_out(counter, prompt, budget, prompt_tokens)?.unwrap_or(reject)),
+        OnOverflow::Chunk => match chunk(counter, prompt, budget)? {
+            Some(plan) => Ok(plan.map_or(reject, ChatPlan::Chunk)),
+            None => Ok(middle_out(counter, prompt, budget, prompt_tokens)?.unwrap_or(reject)),
+        },
+    }
 }
-pub fn plan_text(_c: &dyn Count, _t: &str, _b: Budget, _a: OnOverflow) -> TextPlan {
-    TextPlan::Reject { requested: 0 }
+
+/// Decides what to do with a `/v1/completions` text prompt under `budget`.
+///
+/// `chunk` has no meaning for a text to be continued (a continuation of each piece is not a
+/// continuation of the whole), so a `chunk` model middle-outs completion prompts: the head and
+/// the tail, which the continuation depends on most, are kept. `reject` rejects; `max_tokens`
+/// ≥ cap rejects whatever the action.
+pub fn plan_text(counter: &dyn Count, text: &str, budget: Budget, action: OnOverflow) -> TextPlan {
+    let prompt_tokens = counter.text_tokens(text);
+    let reject = TextPlan::Reject { requested: budget.requested(prompt_tokens) };
+    if budget.max_tokens_alone_over() {
+        return reject;
+    }
+    if let Some(max_tokens) = budget.fitting(prompt_tokens) {
+        return TextPlan::Fits { prompt_tokens, max_tokens };
+    }
+    if action == OnOverflow::Reject {
+        return reject;
+    }
+    middle_out_text(counter, text, budget, prompt_tokens).unwrap_or(reject)
 }
-pub fn split_for_embedding(_c: &dyn Count, _t: &str, _cap: usize) -> Vec<(String, usize)> {
-    vec![]
+
+/// Splits an embedding input into pieces at token boundaries, each fitting `cap` as the server
+/// counts it (special tokens included), without overlap. Returns each piece's text with its
+/// token count (tokens of the text, no special tokens: the weights for
+/// [`average_embeddings`]). A text that fits is returned whole; a cap no larger than the
+/// special tokens gives one-token pieces (nothing can fit).
+pub fn split_for_embedding(counter: &dyn Count, text: &str, cap: usize) -> Vec<(String, usize)> {
+    let ids = counter.encode(text);
+    let special = counter.text_tokens(text).saturating_sub(ids.len());
+    if ids.len() + special <= cap {
+        return vec![(text.to_string(), ids.len())];
+    }
+    let mut pieces = Vec::new();
+    let mut start = 0;
+    while start < ids.len() {
+        let mut len = cap.saturating_sub(special).max(1);
+        loop {
+            let end = piece_end(counter, &ids, start, len);
+            let piece = counter.decode(&ids[start..end]);
+            let over = counter.text_tokens(&piece).saturating_sub(cap);
+            if over == 0 || end - start == 1 {
+                pieces.push((piece, end - start));
+                start = end;
+                break;
+            }
+            len = (end - start).saturating_sub(over).max(1);
+        }
+    }
+    pieces
 }
-pub fn average_embeddings(_p: &[(Vec<f32>, usize)]) -> Vec<f32> {
-    vec![]
+
+/// The embedding of a split input: the mean of its pieces' vectors weighted by their tokens
+/// (equal weights when every weight is 0). When every piece is unit length (OpenAI-style
+/// embeddings are) the mean is re-normalised to unit length, so it stays comparable by dot
+/// product; otherwise it is the plain weighted mean. All vectors come from one model and have
+/// one length; an empty input gives an empty vector.
+pub fn average_embeddings(pieces: &[(Vec<f32>, usize)]) -> Vec<f32> {
+    let Some((first, _)) = pieces.first() else {
+        return Vec::new();
+    };
+    let total: usize = pieces.iter().map(|(_, tokens)| tokens).sum();
+    let weight = |tokens: usize| {
+        if total == 0 { 1.0 / pieces.len() as f64 } else { tokens as f64 / total as f64 }
+    };
+    let mut mean = vec![0f64; first.len()];
+    for (vector, tokens) in pieces {
+        for (sum, value) in mean.iter_mut().zip(vector) {
+            *sum += f64::from(*value) * weight(*tokens);
+        }
+    }
+    let all_unit = pieces.iter().all(|(vector, _)| (norm(vector.iter().map(|v| f64::from(*v))) - 1.0).abs() < 1e-3);
+    let length = norm(mean.iter().copied());
+    if all_unit && length > 0.0 {
+        mean.iter_mut().for_each(|v| *v /= length);
+    }
+    mean.into_iter().map(|v| v as f32).collect()
+}
+
+fn norm(values: impl Iterator<Item = f64>) -> f64 {
+    values.map(|v| v * v).sum::<f64>().sqrt()
+}
+
+// ---------------------------------------------------------------------------------------------
+// Middle-out over a chat prompt.
+
+/// Middle-out: `Some((messages, prompt tokens))` fitting `budget.prompt_limit()`, or `None`
+/// when it can not fit.
+fn middle_out(
+    counter: &dyn Count,
+    prompt: ChatPrompt<'_>,
+    budget: Budget,
+    prompt_tokens: usize,
+) -> Result<Option<ChatPlan>, CountError> {
+    let limit = budget.prompt_limit();
+    let mut conversation = Conversation::new(counter, prompt.messages);
+    let mut excess = prompt_tokens.saturating_sub(limit);
+    for _ in 0..MAX_VERIFICATIONS {
+        excess = conversation.remove_middle(excess);
+        excess = conversation.cut_longest(counter, excess);
+        if excess > 0 {
+            return Ok(None);
+        }
+        let messages = conversation.kept();
+        let counted = counter.chat_tokens(ChatPrompt { messages: &messages, ..prompt })?;
+        if counted <= limit {
+            return Ok(Some(ChatPlan::MiddleOut {
+                messages,
+                prompt_tokens: counted,
+                removed_tokens: prompt_tokens.saturating_sub(counted),
+                max_tokens: budget.after_transform(counted),
+            }));
+        }
+        excess = counted - limit;
+    }
+    Ok(None)
+}
+
+/// A conversation being middle-outed: which messages are kept, and per-message estimates.
+struct Conversation {
+    messages: Vec<Value>,
+    kept: Vec<bool>,
+    /// Removable groups of message indexes, oldest first; `next_group` is the next to go.
+    groups: Vec<Vec<usize>>,
+    next_group: usize,
+    /// Estimated tokens of each message's text and tool calls (template overhead not counted,
+    /// so removals save at least this much).
+    estimate: Vec<usize>,
+    texts: Vec<TextSegment>,
+}
+
+/// One text of a message (its string content or one text part) that may be cut.
+struct TextSegment {
+    message: usize,
+    part: Option<usize>,
+    ids: Vec<u32>,
+    /// Current tokens of the (possibly cut) text.
+    tokens: usize,
+    /// Tokens of `ids` currently kept (head + tail); `ids.len()` when uncut.
+    kept: usize,
+    /// System/developer texts are never cut; nor one that no longer shrinks.
+    cuttable: bool,
+}
+
+impl Conversation {
+    fn new(counter: &dyn Count, messages: &[Value]) -> Self {
+        let protected = protected_messages(messages);
+        let groups = removal_groups(messages, &protected);
+        let mut estimate = Vec::with_capacity(messages.len());
+        let mut texts = Vec::new();
+        for (index, message) in messages.iter().enumerate() {
+            let mut tokens = tool_call_text(message).map_or(0, |calls| counter.encode(&calls).len());
+            for (part, text) in text_segments(message) {
+                let ids = counter.encode(text);
+                tokens += ids.len();
+                texts.push(TextSegment {
+                    message: index,
+                    part,
+                    tokens: ids.len(),
+                    kept: ids.len(),
+                    ids,
+                    cuttable: !is_instruction(message),
+                });
+            }
+            estimate.push(tokens);
+        }
+        Conversation {
+            messages: messages.to_vec(),
+            kept: vec![true; messages.len()],
+            groups,
+            next_group: 0,
+            estimate,
+            texts,
+        }
+    }
+
+    /// Removes groups oldest first until the estimated excess is gone; returns what is left.
+    fn remove_middle(&mut self, mut excess: usize) -> usize {
+        while excess > 0 && self.next_group < self.groups.len() {
+            for &index in &self.groups[self.next_group] {
+                self.kept[index] = false;
+                excess = excess.saturating_sub(self.estimate[index]);
+            }
+            self.next_group += 1;
+        }
+        excess
+    }
+
+    /// Cuts the middle of the longest kept text, again and again, until the estimated excess is
+    /// gone or nothing can be cut; returns what is left.
+    fn cut_longest(&mut self, counter: &dyn Count, mut excess: usize) -> usize {
+        let marker_tokens = counter.encode(CUT_MARKER).len();
+        while excess > 0 {
+            let Some(longest) = self
+                .texts
+                .iter_mut()
+                .filter(|text| text.cuttable && self.kept[text.message])
+                .max_by_key(|text| text.tokens)
+            else {
+                return excess;
+            };
+            let keep = longest.kept.saturating_sub(excess + marker_tokens).max(MIN_KEPT_TOKENS);
+            if keep >= longest.kept {
+                longest.cuttable = false;
+                continue;
+            }
+            let (text, kept) = cut_middle(counter, &longest.ids, keep);
+            let tokens = counter.encode(&text).len();
+            if tokens >= longest.tokens {
+                longest.cuttable = false;
+                continue;
+            }
+            let saved = longest.tokens - tokens;
+            set_text(&mut self.messages[longest.message], longest.part, text);
+            self.estimate[longest.message] -= saved;
+            longest.tokens = tokens;
+            longest.kept = kept;
+            excess = excess.saturating_sub(saved);
+        }
+        excess
+    }
+
+    fn kept(&self) -> Vec<Value> {
+        self.messages.iter().zip(&self.kept).filter(|(_, kept)| **kept).map(|(message, _)| message.clone()).collect()
+    }
+}
+
+/// Messages middle-out never removes: system/developer messages, the first user message and
+/// the last message.
+fn protected_messages(messages: &[Value]) -> Vec<bool> {
+    let first_user = messages.iter().position(|m| role(m) == "user");
+    (0..messages.len())
+        .map(|i| is_instruction(&messages[i]) || Some(i) == first_user || i + 1 == messages.len())
+        .collect()
+}
+
+/// The groups middle-out removes, oldest first. A group starts at each assistant message and
+/// takes the tool answers and user messages that follow it up to the next assistant message,
+/// so a tool answer goes with its call and user/assistant alternation holds. A protected
+/// message other than a tool answer starts a group of its own and ends it; a group holding
+/// a protected message (a last message that is a tool answer) is not removable. System and
+/// developer messages belong to no group.
+fn removal_groups(messages: &[Value], protected: &[bool]) -> Vec<Vec<usize>> {
+    let mut groups = Vec::new();
+    let mut current: Vec<usize> = Vec::new();
+    let mut current_protected = false;
+    for (index, message) in messages.iter().enumerate() {
+        if is_instruction(message) {
+            continue;
+        }
+        let joins = match role(message) {
+            "tool" => !current.is_empty(),
+            "assistant" => false,
+            _ => !current.is_empty() && !current_protected && !protected[index],
+        };
+        if !joins {
+            if !current.is_empty() && !current_protected {
+                groups.push(std::mem::take(&mut current));
+            }
+            current.clear();
+            current_protected = false;
+        }
+        current.push(index);
+        current_protected |= protected[index];
+    }
+    if !current.is_empty() && !current_protected {
+        groups.push(current);
+    }
+    groups
+}
+
+// ---------------------------------------------------------------------------------------------
+// Middle-out over a text prompt.
+
+fn middle_out_text(counter: &dyn Count, text: &str, budget: Budget, prompt_tokens: usize) -> Option<TextPlan> {
+    let limit = budget.prompt_limit();
+    let ids = counter.encode(text);
+    let special = prompt_tokens.saturating_sub(ids.len());
+    let marker_tokens = counter.encode(CUT_MARKER).len();
+    let mut keep = limit.checked_sub(special + marker_tokens)?;
+    for _ in 0..MAX_VERIFICATIONS {
+        if keep < MIN_KEPT_TOKENS.min(ids.len()) {
+            return None;
+        }
+        let (cut, _) = cut_middle(counter, &ids, keep);
+        let counted = counter.text_tokens(&cut);
+        if counted <= limit {
+            return Some(TextPlan::MiddleOut {
+                text: cut,
+                prompt_tokens: counted,
+                removed_tokens: prompt_tokens.saturating_sub(counted),
+                max_tokens: budget.after_transform(counted),
+            });
+        }
+        keep = keep.checked_sub(counted - limit)?;
+    }
+    None
+}
+
+// ---------------------------------------------------------------------------------------------
+// Chunk.
+
+/// `None` when chunk does not apply (middle-out does); `Some(None)` when it applies but no
+/// plan fits (reject).
+fn chunk(counter: &dyn Count, prompt: ChatPrompt<'_>, budget: Budget) -> Result<Option<Option<ChunkPlan>>, CountError> {
+    let Some(last) = prompt.messages.last().filter(|m| role(m) == "user") else {
+        return Ok(None);
+    };
+    let Some(text) = text_only(last) else {
+        return Ok(None);
+    };
+    let instructions: Vec<Value> = prompt.messages.iter().filter(|m| is_instruction(m)).cloned().collect();
+    let ids = counter.encode(&text);
+    let mut alone = instructions.clone();
+    alone.push(user_message(String::new()));
+    let instructions_tokens = counter.chat_tokens(ChatPrompt { messages: &alone, ..prompt })?;
+    if instructions_tokens + ids.len() <= budget.prompt_limit() {
+        return Ok(None);
+    }
+    let split = Split { counter, prompt, budget, instructions, ids };
+    for head_tokens in REDUCE_HEAD_TOKENS {
+        if let Some(plan) = split.plan(head_tokens)? {
+            return Ok(Some(Some(plan)));
+        }
+    }
+    Ok(Some(None))
+}
+
+/// The pieces of one message being planned.
+struct Split<'a> {
+    counter: &'a dyn Count,
+    prompt: ChatPrompt<'a>,
+    budget: Budget,
+    instructions: Vec<Value>,
+    ids: Vec<u32>,
+}
+
+impl Split<'_> {
+    /// A plan quoting `head_tokens` of the message in the reduce request, or `None`.
+    fn plan(&self, head_tokens: usize) -> Result<Option<ChunkPlan>, CountError> {
+        let cap = self.budget.cap;
+        // The quote takes at most a quarter of the reduce prompt's room: the partial answers
+        // need the rest.
+        let quoted = head_tokens.min(cap.saturating_sub(self.budget.reserve()) / 4).min(self.ids.len());
+        let head_end = clean_boundary(self.counter, &self.ids, quoted, 0);
+        let head = self.counter.decode(&self.ids[..head_end]);
+        let head_is_whole = head_end == self.ids.len();
+        let framing_tokens = self.map_tokens(&map_text(WIDEST_PART_LABEL, WIDEST_PART_LABEL, ""))?;
+        let Some(mut room) = cap.checked_sub(framing_tokens) else {
+            return Ok(None);
+        };
+        let mut parts = 2;
+        // `parts` only grows and `room` only shrinks: the loop ends.
+        for _ in 0..256 {
+            let reduce_base = self.reduce_tokens(&head, head_is_whole, parts)?;
+            let Some(answers) = cap.checked_sub(self.budget.reserve() + reduce_base + REDUCE_SLACK) else {
+                return Ok(None);
+            };
+            let map_max = (answers / parts).saturating_sub(PARTIAL_SLACK).min(room / 4);
+            if map_max < MIN_PARTIAL_TOKENS || room - map_max < MIN_PIECE_TOKENS {
+                return Ok(None);
+            }
+            let piece_tokens = room - map_max;
+            let overlap = MAX_OVERLAP.min(piece_tokens * OVERLAP_PERCENT / 100);
+            let ranges = piece_ranges(self.counter, &self.ids, piece_tokens, overlap);
+            if ranges.len() > parts {
+                parts = ranges.len();
+                continue;
+            }
+            let pieces = self.pieces(&ranges)?;
+            let over =
+                pieces.iter().map(|piece| (piece.prompt_tokens + map_max).saturating_sub(cap)).max().unwrap_or(0);
+            if over > 0 {
+                room -= over.min(room);
+                continue;
+            }
+            let reduce_max_tokens = self.budget.max_tokens.unwrap_or_else(|| {
+                cap.saturating_sub(reduce_base + REDUCE_SLACK + parts * (map_max + PARTIAL_SLACK)).max(1)
+            });
+            return Ok(Some(ChunkPlan {
+                pieces,
+                map_max_tokens: map_max,
+                reduce_max_tokens,
+                message_tokens: self.ids.len(),
+                instructions: self.instructions.clone(),
+                head,
+                head_is_whole,
+            }));
+        }
+        Ok(None)
+    }
+
+    fn pieces(&self, ranges: &[Range<usize>]) -> Result<Vec<Piece>, CountError> {
+        let total = ranges.len();
+        ranges
+            .iter()
+            .enumerate()
+            .map(|(index, range)| {
+                let text = self.counter.decode(&self.ids[range.clone()]);
+                let mut messages = self.instructions.clone();
+                messages.push(user_message(map_text(index + 1, total, &text)));
+                let prompt_tokens = self.counter.chat_tokens(ChatPrompt {
+                    messages: &messages,
+                    tools: None,
+                    template_kwargs: self.prompt.template_kwargs,
+                })?;
+                Ok(Piece { messages, text, tokens: range.clone(), prompt_tokens })
+            })
+            .collect()
+    }
+
+    /// Tokens of a map prompt whose user message is `text` (no tools).
+    fn map_tokens(&self, text: &str) -> Result<usize, CountError> {
+        let mut messages = self.instructions.clone();
+        messages.push(user_message(text.to_string()));
+        self.counter.chat_tokens(ChatPrompt {
+            messages: &messages,
+            tools: None,
+            template_kwargs: self.prompt.template_kwargs,
+        })
+    }
+
+    /// Tokens of a reduce prompt with `parts` empty partial answers (with the client's tools).
+    fn reduce_tokens(&self, head: &str, head_is_whole: bool, parts: usize) -> Result<usize, CountError> {
+        let mut messages = self.instructions.clone();
+        messages.push(user_message(reduce_text(head, head_is_whole, parts, &vec![String::new(); parts])));
+        self.counter.chat_tokens(ChatPrompt { messages: &messages, ..self.prompt })
+    }
+}
+
+/// The user message of map request `index` (from 1) of `total`.
+fn map_text(index: usize, total: usize, piece: &str) -> String {
+    format!(
+        "Part {index} of {total} of a long message. Answer the request below about this part only; \
+         you will not see the other parts.\n\n{piece}"
+    )
+}
+
+/// The user message of the reduce request.
+fn reduce_text(head: &str, head_is_whole: bool, total: usize, partials: &[String]) -> String {
+    let mut text = format!("A long message was split into {total} parts, and each part was answered on its own.");
+    if !head.is_empty() {
+        text.push_str(" The message began:\n\n");
+        text.push_str(head);
+        if !head_is_whole {
+            text.push_str(CUT_MARKER);
+        }
+    }
+    text.push_str("\n\nThe answers for each part:");
+    for (index, partial) in partials.iter().enumerate() {
+        text.push_str(&format!("\n\n[Part {} of {total}]\n{partial}", index + 1));
+    }
+    text.push_str(
+        "\n\nUsing these partial answers, answer the original request of the long message as \
+         if you had read it whole.",
+    );
+    text
+}
+
+/// Token ranges of at most `piece_tokens` tokens covering `ids`, consecutive ones overlapping
+/// by about `overlap` tokens, cut on character boundaries where the tokenizer allows it.
+fn piece_ranges(counter: &dyn Count, ids: &[u32], piece_tokens: usize, overlap: usize) -> Vec<Range<usize>> {
+    let mut ranges = Vec::new();
+    let mut start = 0;
+    loop {
+        let end = piece_end(counter, ids, start, piece_tokens);
+        ranges.push(start..end);
+        if end >= ids.len() {
+            return ranges;
+        }
+        // The next piece starts `overlap` tokens back, a little more or less to start clean.
+        let at = end.saturating_sub(overlap).max(start + 1);
+        start = clean_within(counter, ids, at, start + 1..=end);
+    }
+}
+
+/// The end of a piece starting at `start` of at most `len` tokens (at least one).
+fn piece_end(counter: &dyn Count, ids: &[u32], start: usize, len: usize) -> usize {
+    let end = (start + len.max(1)).min(ids.len());
+    if end == ids.len() { end } else { clean_boundary(counter, ids, end, start + 1) }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Cutting text at token boundaries.
+
+/// The text of `ids` keeping about `keep` tokens, head and tail, around [`CUT_MARKER`], and
+/// how many tokens it kept.
+fn cut_middle(counter: &dyn Count, ids: &[u32], keep: usize) -> (String, usize) {
+    if keep >= ids.len() {
+        return (counter.decode(ids), ids.len());
+    }
+    let head = clean_boundary(counter, ids, keep / 2, 0);
+    let tail_start = clean_boundary_forward(counter, ids, ids.len() - (keep - keep / 2));
+    let text = format!("{}{CUT_MARKER}{}", counter.decode(&ids[..head]), counter.decode(&ids[tail_start..]));
+    (text, head + ids.len() - tail_start)
+}
+
+/// `at`, or up to [`MAX_BOUNDARY_SHIFT`] tokens before it (not below `floor`), where the text
+/// splits cleanly: decoding both sides apart gives the same text as decoding them together (a
+/// byte-level BPE token may hold half a character).
+fn clean_boundary(counter: &dyn Count, ids: &[u32], at: usize, floor: usize) -> usize {
+    clean_within(counter, ids, at, floor..=at)
+}
+
+/// The clean boundary nearest `at` within `allowed` (at most [`MAX_BOUNDARY_SHIFT`] away,
+/// earlier first on a tie); `at` when there is none.
+fn clean_within(counter: &dyn Count, ids: &[u32], at: usize, allowed: RangeInclusive<usize>) -> usize {
+    (0..=MAX_BOUNDARY_SHIFT)
+        .flat_map(|shift| [at.checked_sub(shift), at.checked_add(shift)])
+        .flatten()
+        .filter(|b| allowed.contains(b))
+        .find(|b| splits_cleanly(counter, ids, *b))
+        .unwrap_or(at)
+}
+
+/// Like [`clean_boundary`], moving forward.
+fn clean_boundary_forward(counter: &dyn Count, ids: &[u32], at: usize) -> usize {
+    (0..=MAX_BOUNDARY_SHIFT)
+        .map(|shift| at + shift)
+        .take_while(|b| *b <= ids.len())
+        .find(|b| splits_cleanly(counter, ids, *b))
+        .unwrap_or(at)
+}
+
+fn splits_cleanly(counter: &dyn Count, ids: &[u32], at: usize) -> bool {
+    if at == 0 || at >= ids.len() {
+        return true;
+    }
+    let window = at.saturating_sub(MAX_BOUNDARY_SHIFT)..(at + MAX_BOUNDARY_SHIFT).min(ids.len());
+    let apart = counter.decode(&ids[window.start..at]) + &counter.decode(&ids[at..window.end]);
+    apart == counter.decode(&ids[window])
+}
+
+// ---------------------------------------------------------------------------------------------
+// Messages.
+
+fn role(message: &Value) -> &str {
+    message.get("role").and_then(Value::as_str).unwrap_or("")
+}
+
+/// System and developer messages: the instructions, always kept and never cut.
+fn is_instruction(message: &Value) -> bool {
+    matches!(role(message), "system" | "developer")
+}
+
+fn user_message(content: String) -> Value {
+    json!({"role": "user", "content": content})
+}
+
+/// A message's texts: its string content, or each text part (with its index).
+fn text_segments(message: &Value) -> Vec<(Option<usize>, &str)> {
+    match message.get("content") {
+        Some(Value::String(text)) => vec![(None, text.as_str())],
+        Some(Value::Array(parts)) => parts
+            .iter()
+            .enumerate()
+            .filter(|(_, part)| part.get("type").and_then(Value::as_str) == Some("text"))
+            .filter_map(|(index, part)| part.get("text").and_then(Value::as_str).map(|text| (Some(index), text)))
+            .collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// The text of a message made of text only (string content, or text parts joined by a
+/// newline); `None` when it has another part (an image).
+fn text_only(message: &Value) -> Option<String> {
+    match message.get("content")? {
+        Value::String(text) => Some(text.clone()),
+        Value::Array(parts) => {
+            let texts = text_segments(message);
+            (texts.len() == parts.len()).then(|| texts.iter().map(|(_, t)| *t).collect::<Vec<_>>().join("\n"))
+        }
+        _ => None,
+    }
+}
+
+/// The names and arguments of a message's tool calls, for an estimate of their tokens.
+fn tool_call_text(message: &Value) -> Option<String> {
+    let calls = message.get("tool_calls")?.as_array()?;
+    Some(
+        calls
+            .iter()
+            .filter_map(|call| call.get("function"))
+            .flat_map(|function| {
+                ["name", "arguments"].into_iter().filter_map(|key| function.get(key).and_then(Value::as_str))
+            })
+            .collect::<Vec<_>>()
+            .join(" "),
+    )
+}
+
+fn set_text(message: &mut Value, part: Option<usize>, text: String) {
+    let slot = match part {
+        None => message.get_mut("content"),
+        Some(index) => {
+            message.get_mut("content").and_then(|content| content.get_mut(index)).and_then(|part| part.get_mut("text"))
+        }
+    };
+    if let Some(slot) = slot {
+        *slot = Value::String(text);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+    use std::sync::Mutex;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use proptest::prelude::*;
+    use proptest::strategy::ValueTree;
+
+    use super::*;
+
+    /// Template tokens per message, for the generation prompt, per tool, per image, and the
+    /// BOS a text prompt gets.
+    const PER_MESSAGE: usize = 4;
+    const GENERATION_PROMPT: usize = 3;
+    const PER_TOOL: usize = 20;
+    const PER_IMAGE: usize = 10;
+    const BOS: usize = 1;
+
+    /// A fake tokenizer: a token is a word with the whitespace before it (so decoding is
+    /// concatenation and `decode(encode(t)) == t`); a chat prompt is its texts plus fixed
+    /// overheads. Strict like a real template/server: a tool answer without its call, or a
+    /// call without all its answers, is an error.
+    #[derive(Default)]
+    struct Words {
+        vocabulary: Mutex<(HashMap<String, u32>, Vec<String>)>,
+        chat_counts: AtomicUsize,
+    }
+
+    fn words(text: &str) -> Vec<&str> {
+        let mut tokens = Vec::new();
+        let mut start = 0;
+        let mut previous_blank = true;
+        for (index, c) in text.char_indices() {
+            if !c.is_whitespace() && previous_blank && index > 0 && !text[start..index].trim().is_empty() {
+                tokens.push(&text[start..index]);
+                start = index;
+            }
+            previous_blank = c.is_whitespace();
+        }
+        if start < text.len() {
+            tokens.push(&text[start..]);
+        }
+        tokens
+    }
+
+    impl Count for Words {
+        fn chat_tokens(&self, prompt: ChatPrompt<'_>) -> Result<usize, CountError> {
+            self.chat_counts.fetch_add(1, Ordering::Relaxed);
+            let mut tokens = GENERATION_PROMPT + prompt.tools.map_or(0, |t| t.len() * PER_TOOL);
+            let mut open_calls: Vec<String> = Vec::new();
+            for message in prompt.messages {
+                let call_ids = |m: &Value| -> Vec<String> {
+                    m.get("tool_calls")
+                        .and_then(Value::as_array)
+                        .map(|calls| calls.iter().filter_map(|c| c["id"].as_str().map(String::from)).collect())
+                        .unwrap_or_default()
+                };
+                if role(message) == "tool" {
+                    let id = message["tool_call_id"].as_str().unwrap_or("");
+                    let Some(at) = open_calls.iter().position(|c| c == id) else {
+                        return Err(CountError::Template(format!("tool answer {id} without its call")));
+                    };
+                    open_calls.remove(at);
+                } else if !open_calls.is_empty() {
+                    return Err(CountError::Template(format!("calls {open_calls:?} not answered")));
+                }
+                open_calls.extend(call_ids(message));
+                tokens += PER_MESSAGE;
+                tokens += text_segments(message).iter().map(|(_, t)| words(t).len()).sum::<usize>();
+                tokens += tool_call_text(message).map_or(0, |t| words(&t).len());
+                if let Some(Value::Array(parts)) = message.get("content") {
+                    tokens += PER_IMAGE * parts.iter().filter(|p| p["type"] == "image_url").count();
+                }
+            }
+            Ok(tokens)
+        }
+        fn text_tokens(&self, text: &str) -> usize {
+            BOS + words(text).len()
+        }
+        fn encode(&self, text: &str) -> Vec<u32> {
+            let mut vocabulary = self.vocabulary.lock().unwrap();
+            let (ids, strings) = &mut *vocabulary;
+            words(text)
+                .into_iter()
+                .map(|word| {
+                    *ids.entry(word.to_string()).or_insert_with(|| {
+                        strings.push(word.to_string());
+                        strings.len() as u32 - 1
+                    })
+                })
+                .collect()
+        }
+        fn decode(&self, ids: &[u32]) -> String {
+            let vocabulary = self.vocabulary.lock().unwrap();
+            ids.iter().map(|id| vocabulary.1[*id as usize].as_str()).collect()
+        }
+        fn exact(&self) -> bool {
+            true
+        }
+    }
+
+    /// A byte-level fake: one token per byte, decoded lossily (like a byte-level BPE cut
+    /// inside a character).
+    struct Bytes;
+
+    impl Count for Bytes {
+        fn chat_tokens(&self, prompt: ChatPrompt<'_>) -> Result<usize, CountError> {
+            Ok(prompt.messages.iter().map(|m| PER_MESSAGE + m["content"].as_str().unwrap_or("").len()).sum())
+        }
+        fn text_tokens(&self, text: &str) -> usize {
+            text.len()
+        }
+        fn encode(&self, text: &str) -> Vec<u32> {
+            text.bytes().map(u32::from).collect()
+        }
+        fn decode(&self, ids: &[u32]) -> String {
+            String::from_utf8_lossy(&ids.iter().map(|b| *b as u8).collect::<Vec<_>>()).into_owned()
+        }
+        fn exact(&self) -> bool {
+            true
+        }
+    }
+
+    fn text(tag: &str, n: usize) -> String {
+        (0..n).map(|i| format!("{tag}{i}")).collect::<Vec<_>>().join(" ")
+    }
+
+    fn msg(role: &str, content: String) -> Value {
+        json!({"role": role, "content": content})
+    }
+
+    fn chat(messages: &[Value]) -> ChatPrompt<'_> {
+        ChatPrompt { messages, tools: None, template_kwargs: None }
+    }
+
+    fn budget(cap: usize, max_tokens: Option<usize>) -> Budget {
+        Budget { cap, max_tokens }
+    }
+
+    fn count(counter: &Words, messages: &[Value]) -> usize {
+        counter.chat_tokens(chat(messages)).unwrap()
+    }
+
+    #[test]
+    fn fits_up_to_the_cap_with_max_tokens_and_rejects_one_over() {
+        let counter = Words::default();
+        let messages = [msg("user", text("u", 10))];
+        let prompt = count(&counter, &messages);
+        assert_eq!(prompt, 10 + PER_MESSAGE + GENERATION_PROMPT);
+        let fits = plan_chat(&counter, chat(&messages), budget(prompt + 50, Some(50)), OnOverflow::Reject).unwrap();
+        assert_eq!(fits, ChatPlan::Fits { prompt_tokens: prompt, max_tokens: 50 });
+        let over = plan_chat(&counter, chat(&messages), budget(prompt + 49, Some(50)), OnOverflow::Reject).unwrap();
+        assert_eq!(over, ChatPlan::Reject { requested: prompt + 50 });
+    }
+
+    #[test]
+    fn without_max_tokens_the_plan_gives_the_room_left_and_a_full_prompt_is_rejected() {
+        let counter = Words::default();
+        let messages = [msg("user", text("u", 10))];
+        let prompt = count(&counter, &messages);
+        let fits = plan_chat(&counter, chat(&messages), budget(prompt + 1, None), OnOverflow::Reject).unwrap();
+        assert_eq!(fits, ChatPlan::Fits { prompt_tokens: prompt, max_tokens: 1 });
+        let full = plan_chat(&counter, chat(&messages), budget(prompt, None), OnOverflow::Reject).unwrap();
+        assert_eq!(full, ChatPlan::Reject { requested: prompt });
+    }
+
+    #[test]
+    fn max_tokens_alone_at_the_cap_is_rejected_whatever_the_action() {
+        let counter = Words::default();
+        let messages = [msg("user", "hi".into())];
+        for action in [OnOverflow::Reject, OnOverflow::MiddleOut, OnOverflow::Chunk] {
+            let plan = plan_chat(&counter, chat(&messages), budget(100, Some(100)), action).unwrap();
+            assert_eq!(plan, ChatPlan::Reject { requested: count(&counter, &messages) + 100 });
+            let text = plan_text(&counter, "hi", budget(100, Some(100)), action);
+            assert_eq!(text, TextPlan::Reject { requested: 1 + BOS + 100 });
+        }
+    }
+
+    #[test]
+    fn middle_out_removes_the_oldest_exchange_first_and_keeps_the_rest_whole() {
+        let counter = Words::default();
+        let messages = [
+            msg("system", text("s", 20)),
+            msg("user", text("first", 20)),
+            msg("assistant", text("a1", 100)),
+            msg("user", text("u2", 100)),
+            msg("assistant", text("a2", 100)),
+            msg("user", text("last", 20)),
+        ];
+        let original = count(&counter, &messages);
+        // Room for everything but about 150 tokens: the (a1, u2) exchange goes, nothing is cut.
+        let cap = original - 150 + 50;
+        let plan = plan_chat(&counter, chat(&messages), budget(cap, Some(50)), OnOverflow::MiddleOut).unwrap();
+        let expected = vec![messages[0].clone(), messages[1].clone(), messages[4].clone(), messages[5].clone()];
+        let final_tokens = count(&counter, &expected);
+        assert_eq!(
+            plan,
+            ChatPlan::MiddleOut {
+                messages: expected,
+                prompt_tokens: final_tokens,
+                removed_tokens: original - final_tokens,
+                max_tokens: 50,
+            }
+        );
+    }
+
+    #[test]
+    fn middle_out_removes_a_tool_call_with_its_answers() {
+        let counter = Words::default();
+        let call = |id: &str| json!({"id": id, "type": "function", "function": {"name": "read", "arguments": "{\"path\": \"a\"}"}});
+        let messages = [
+            msg("user", text("first", 10)),
+            json!({"role": "assistant", "content": null, "tool_calls": [call("c1"), call("c2")]}),
+            json!({"role": "tool", "tool_call_id": "c1", "content": text("r1", 200)}),
+            json!({"role": "tool", "tool_call_id": "c2", "content": text("r2", 200)}),
+            msg("assistant", text("a", 10)),
+            msg("user", text("last", 10)),
+        ];
+        let original = count(&counter, &messages);
+        let plan = plan_chat(&counter, chat(&messages), budget(original - 250, None), OnOverflow::MiddleOut).unwrap();
+        let ChatPlan::MiddleOut { messages: kept, .. } = plan else {
+            panic!("expected middle-out, got {plan:?}");
+        };
+        assert_eq!(kept, vec![messages[0].clone(), messages[4].clone(), messages[5].clone()]);
+    }
+
+    #[test]
+    fn middle_out_cuts_the_middle_of_the_longest_text_but_never_the_system_message() {
+        let counter = Words::default();
+        let messages = [
+            msg("system", text("s", 300)),
+            msg("user", text("doc", 1000)),
+            msg("assistant", text("a", 30)),
+            msg("user", text("last", 20)),
+        ];
+        let plan = plan_chat(&counter, chat(&messages), budget(600, Some(100)), OnOverflow::MiddleOut).unwrap();
+        let ChatPlan::MiddleOut { messages: kept, prompt_tokens, max_tokens, .. } = plan else {
+            panic!("expected middle-out, got {plan:?}");
+        };
+        assert!(prompt_tokens + max_tokens <= 600);
+        assert_eq!(kept.len(), 3, "the assistant message goes before any cut: {kept:?}");
+        assert_eq!(kept[0], messages[0]);
+        assert_eq!(kept[2], messages[3]);
+        let cut = kept[1]["content"].as_str().unwrap();
+        assert!(cut.starts_with("doc0 doc1 doc2") && cut.ends_with("doc998 doc999"), "{cut}");
+        assert!(cut.contains(CUT_MARKER));
+    }
+
+    #[test]
+    fn middle_out_rejects_when_the_system_message_alone_is_over() {
+        let counter = Words::default();
+        let messages = [msg("system", text("s", 500)), msg("user", text("u", 500))];
+        let plan = plan_chat(&counter, chat(&messages), budget(400, Some(10)), OnOverflow::MiddleOut).unwrap();
+        assert_eq!(plan, ChatPlan::Reject { requested: count(&counter, &messages) + 10 });
+    }
+
+    #[test]
+    fn middle_out_never_cuts_an_image_part() {
+        let counter = Words::default();
+        let image = json!({"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}});
+        let messages = [json!({"role": "user", "content": [
+            {"type": "text", "text": text("t", 800)}, image.clone(), {"type": "text", "text": "what is it?"}
+        ]})];
+        let plan = plan_chat(&counter, chat(&messages), budget(300, Some(50)), OnOverflow::MiddleOut).unwrap();
+        let ChatPlan::MiddleOut { messages: kept, .. } = plan else {
+            panic!("expected middle-out, got {plan:?}");
+        };
+        let parts = kept[0]["content"].as_array().unwrap();
+        assert_eq!(parts[1], image);
+        assert_eq!(parts[2]["text"], "what is it?");
+        assert!(parts[0]["text"].as_str().unwrap().contains(CUT_MARKER));
+    }
+
+    #[test]
+    fn middle_out_counts_the_whole_prompt_twice_at_most_when_the_estimate_holds() {
+        let counter = Words::default();
+        let mut messages = vec![msg("system", text("s", 100)), msg("user", text("first", 100))];
+        for turn in 0..200 {
+            messages.push(msg("assistant", text(&format!("a{turn}x"), 200)));
+            messages.push(msg("user", text(&format!("u{turn}x"), 100)));
+        }
+        let plan = plan_chat(&counter, chat(&messages), budget(8000, Some(500)), OnOverflow::MiddleOut).unwrap();
+        assert!(matches!(plan, ChatPlan::MiddleOut { .. }), "{plan:?}");
+        assert_eq!(counter.chat_counts.load(Ordering::Relaxed), 2, "the first count and one verification");
+    }
+
+    fn chunk_plan(counter: &Words, messages: &[Value], budget: Budget) -> ChunkPlan {
+        match plan_chat(counter, chat(messages), budget, OnOverflow::Chunk).unwrap() {
+            ChatPlan::Chunk(plan) => plan,
+            other => panic!("expected chunk, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn chunk_splits_the_last_message_into_map_requests_and_the_reduce_fits() {
+        let counter = Words::default();
+        let document = format!("Summarise this log. {}", text("line", 5000));
+        let messages = [
+            msg("system", text("s", 50)),
+            msg("user", text("old", 300)),
+            msg("assistant", "ok".into()),
+            msg("user", document.clone()),
+        ];
+        let plan = chunk_plan(&counter, &messages, budget(1000, Some(200)));
+        let planning_counts = counter.chat_counts.load(Ordering::Relaxed);
+        check_chunk(&counter, &messages, None, budget(1000, Some(200)), &plan);
+        assert_eq!(plan.reduce_max_tokens, 200);
+        assert!(plan.len() >= 6, "{} pieces", plan.len());
+        let first = plan.pieces[0].messages[1]["content"].as_str().unwrap();
+        assert!(first.starts_with(&format!("Part 1 of {} of a long message.", plan.len())), "{first}");
+        assert!(first.ends_with(&plan.pieces[0].text));
+        for piece in &plan.pieces {
+            assert_eq!(piece.messages[0], messages[0], "the instructions go with each piece");
+            assert_eq!(piece.messages.len(), 2, "the earlier conversation does not");
+        }
+        let reduce = plan.reduce_messages(&["one".into(), "two".into()]);
+        let reduce = reduce[1]["content"].as_str().unwrap();
+        assert!(reduce.contains("Summarise this log.") && reduce.contains("[Part 2 of"), "{reduce}");
+        println!(
+            "chunk: {} pieces, map max_tokens {}, {planning_counts} counts while planning",
+            plan.len(),
+            plan.map_max_tokens
+        );
+    }
+
+    #[test]
+    fn chunk_behaves_as_middle_out_when_the_last_message_fits_with_the_instructions() {
+        let counter = Words::default();
+        let messages = [
+            msg("system", text("s", 50)),
+            msg("user", text("old", 2000)),
+            msg("assistant", "ok".into()),
+            msg("user", text("q", 100)),
+        ];
+        let plan = plan_chat(&counter, chat(&messages), budget(1000, Some(200)), OnOverflow::Chunk).unwrap();
+        assert!(matches!(plan, ChatPlan::MiddleOut { .. }), "{plan:?}");
+    }
+
+    #[test]
+    fn chunk_rejects_when_partial_answers_would_get_too_few_tokens() {
+        let counter = Words::default();
+        let messages = [msg("user", text("doc", 20_000))];
+        // 600 tokens for the client's answer leave too little for dozens of partial answers.
+        let plan = plan_chat(&counter, chat(&messages), budget(1000, Some(600)), OnOverflow::Chunk).unwrap();
+        assert_eq!(plan, ChatPlan::Reject { requested: count(&counter, &messages) + 600 });
+    }
+
+    #[test]
+    fn text_prompts_fit_reject_or_middle_out_and_chunk_middle_outs() {
+        let counter = Words::default();
+        let prompt = text("w", 1000);
+        assert_eq!(
+            plan_text(&counter, &prompt, budget(2000, Some(10)), OnOverflow::Reject),
+            TextPlan::Fits { prompt_tokens: 1000 + BOS, max_tokens: 10 }
+        );
+        assert_eq!(
+            plan_text(&counter, &prompt, budget(500, Some(10)), OnOverflow::Reject),
+            TextPlan::Reject { requested: 1000 + BOS + 10 }
+        );
+        for action in [OnOverflow::MiddleOut, OnOverflow::Chunk] {
+            let TextPlan::MiddleOut { text, prompt_tokens, removed_tokens, max_tokens } =
+                plan_text(&counter, &prompt, budget(500, Some(10)), action)
+            else {
+                panic!("expected middle-out");
+            };
+            assert_eq!(counter.text_tokens(&text), prompt_tokens);
+            assert_eq!(prompt_tokens + removed_tokens, 1000 + BOS);
+            assert_eq!(prompt_tokens + max_tokens, 500, "nothing is cut beyond what the cap needs");
+            assert!(text.starts_with("w0 w1 ") && text.ends_with(" w998 w999"));
+        }
+    }
+
+    #[test]
+    fn embedding_inputs_split_into_pieces_that_fit_and_rebuild_the_text() {
+        let counter = Words::default();
+        let input = text("e", 1000);
+        let pieces = split_for_embedding(&counter, &input, 300);
+        assert_eq!(pieces.len(), 4);
+        assert!(pieces.iter().all(|(piece, _)| counter.text_tokens(piece) <= 300));
+        assert_eq!(pieces.iter().map(|(p, _)| p.as_str()).collect::<String>(), input);
+        assert_eq!(pieces.iter().map(|(_, n)| n).sum::<usize>(), 1000);
+        assert_eq!(split_for_embedding(&counter, "short one", 300), vec![("short one".to_string(), 2)]);
+    }
+
+    #[test]
+    fn embeddings_average_by_tokens_and_stay_unit_length_when_the_pieces_are() {
+        let unit = average_embeddings(&[(vec![1.0, 0.0], 3), (vec![0.0, 1.0], 1)]);
+        let length = (unit[0] * unit[0] + unit[1] * unit[1]).sqrt();
+        assert!((length - 1.0).abs() < 1e-6 && (unit[0] / unit[1] - 3.0).abs() < 1e-5, "{unit:?}");
+        let plain = average_embeddings(&[(vec![2.0, 0.0], 3), (vec![0.0, 4.0], 1)]);
+        assert_eq!(plain, vec![1.5, 1.0]);
+        assert!(average_embeddings(&[]).is_empty());
+    }
+
+    #[test]
+    fn a_cut_never_splits_a_character() {
+        let ids = Bytes.encode(&"é".repeat(100));
+        for keep in 2..40 {
+            let (cut, kept) = cut_middle(&Bytes, &ids, keep);
+            assert!(!cut.contains('\u{FFFD}'), "keep {keep}: {cut}");
+            assert!(kept <= keep && kept + 2 >= keep, "keep {keep} kept {kept}");
+        }
+        for len in 2..9 {
+            assert!(
+                piece_ranges(&Bytes, &ids, len, 1).iter().all(|r| !Bytes.decode(&ids[r.clone()]).contains('\u{FFFD}'))
+            );
+        }
+    }
+
+    /// The chunk plan's promises, per the counter.
+    fn check_chunk(counter: &Words, messages: &[Value], tools: Option<&[Value]>, budget: Budget, plan: &ChunkPlan) {
+        let last = messages.last().unwrap();
+        let ids = counter.encode(&text_only(last).unwrap());
+        assert!(plan.map_max_tokens >= MIN_PARTIAL_TOKENS);
+        let instructions: Vec<&Value> = messages.iter().filter(|m| is_instruction(m)).collect();
+        let mut rebuilt = Vec::new();
+        for piece in &plan.pieces {
+            let tokens = count(counter, &piece.messages);
+            assert_eq!(tokens, piece.prompt_tokens);
+            assert!(tokens + plan.map_max_tokens <= budget.cap, "map prompt {tokens} + {}", plan.map_max_tokens);
+            assert_eq!(counter.encode(&piece.text), ids[piece.tokens.clone()]);
+            assert_eq!(piece.messages.iter().take(instructions.len()).collect::<Vec<_>>(), instructions);
+            let start = piece.tokens.start;
+            assert!(start <= rebuilt.len(), "a gap before {start}");
+            let overlap = rebuilt.len() - start;
+            assert!(overlap <= MAX_OVERLAP + MAX_BOUNDARY_SHIFT);
+            rebuilt.extend_from_slice(&ids[piece.tokens.start + overlap..piece.tokens.end]);
+        }
+        assert_eq!(rebuilt, ids, "pieces minus overlaps re-create the message");
+        let partial = text("p", plan.map_max_tokens);
+        let reduce = plan.reduce_messages(&vec![partial; plan.len()]);
+        let reduce_tokens =
+            counter.chat_tokens(ChatPrompt { messages: &reduce, tools, template_kwargs: None }).unwrap();
+        assert!(
+            reduce_tokens + plan.reduce_max_tokens <= budget.cap,
+            "reduce {reduce_tokens} + {}",
+            plan.reduce_max_tokens
+        );
+        if let Some(max) = budget.max_tokens {
+            assert_eq!(plan.reduce_max_tokens, max);
+        }
+    }
+
+    // -----------------------------------------------------------------------------------------
+    // Properties over random conversations.
+
+    /// One step of a random conversation after the first user message.
+    #[derive(Debug, Clone)]
+    enum Step {
+        Assistant(usize),
+        User(usize),
+        ToolCalls(Vec<usize>),
+        Instruction(usize),
+        Image(usize),
+    }
+
+    fn step() -> impl Strategy<Value = Step> {
+        prop_oneof![
+            3 => (0..300usize).prop_map(Step::Assistant),
+            3 => (1..300usize).prop_map(Step::User),
+            2 => prop::collection::vec(0..300usize, 1..4).prop_map(Step::ToolCalls),
+            1 => (1..40usize).prop_map(Step::Instruction),
+            1 => (0..100usize).prop_map(Step::Image),
+        ]
+    }
+
+    /// Messages tagged with `_id` (their index in the original), so kept ones are found.
+    fn conversation(system: Option<usize>, first: usize, steps: &[Step], last: usize) -> Vec<Value> {
+        let mut messages = Vec::new();
+        let mut add = |mut message: Value| {
+            let id = messages.len();
+            message["_id"] = json!(id);
+            // Distinct words per message, so a piece's tokens identify it.
+            messages.push(message);
+        };
+        if let Some(words) = system {
+            add(msg("system", text("sys", words)));
+        }
+        add(msg("user", text("first", first)));
+        for (index, step) in steps.iter().enumerate() {
+            let tag = |kind: &str| format!("{kind}{index}_");
+            match step {
+                Step::Assistant(n) => add(msg("assistant", text(&tag("a"), *n))),
+                Step::User(n) => add(msg("user", text(&tag("u"), *n))),
+                Step::Instruction(n) => add(msg("developer", text(&tag("d"), *n))),
+                Step::Image(n) => add(json!({"role": "user", "content": [
+                    {"type": "image_url", "image_url": {"url": "data:,"}},
+                    {"type": "text", "text": text(&tag("i"), *n)}
+                ]})),
+                Step::ToolCalls(answers) => {
+                    let calls: Vec<Value> = (0..answers.len())
+                        .map(|c| {
+                            json!({"id": format!("call{index}_{c}"), "type": "function",
+                            "function": {"name": "look", "arguments": "{\"q\": 1}"}})
+                        })
+                        .collect();
+                    add(json!({"role": "assistant", "content": null, "tool_calls": calls}));
+                    for (c, n) in answers.iter().enumerate() {
+                        add(
+                            json!({"role": "tool", "tool_call_id": format!("call{index}_{c}"), "content": text(&tag("t"), *n)}),
+                        );
+                    }
+                }
+            }
+        }
+        if last > 0 {
+            add(msg("user", text("last", last)));
+        }
+        messages
+    }
+
+    fn id(message: &Value) -> usize {
+        message["_id"].as_u64().unwrap() as usize
+    }
+
+    fn check_middle_out(original: &[Value], kept: &[Value]) {
+        let ids: Vec<usize> = kept.iter().map(id).collect();
+        assert!(ids.windows(2).all(|w| w[0] < w[1]), "order kept: {ids:?}");
+        let first_user = original.iter().position(|m| role(m) == "user");
+        for (index, message) in original.iter().enumerate() {
+            let kept_copy = kept.iter().find(|k| id(k) == index);
+            if is_instruction(message) {
+                assert_eq!(kept_copy, Some(message), "instructions kept whole");
+            }
+            if Some(index) == first_user || index + 1 == original.len() {
+                assert!(kept_copy.is_some(), "message {index} kept");
+            }
+            if let Some(copy) = kept_copy {
+                let mut without_content = copy.clone();
+                without_content["content"] = message["content"].clone();
+                assert_eq!(&without_content, message, "only the text changes");
+            }
+        }
+        // Tool groups: a kept call keeps all its answers and a kept answer its call.
+        for (index, message) in original.iter().enumerate() {
+            if tool_call_text(message).is_some() {
+                let answers = original[index + 1..].iter().take_while(|m| role(m) == "tool");
+                let present = ids.contains(&index);
+                for answer in answers {
+                    assert_eq!(ids.contains(&id(answer)), present, "tool group {index} split: {ids:?}");
+                }
+            }
+        }
+    }
+
+    /// A random chat request over a random budget.
+    #[derive(Debug, Clone)]
+    struct Case {
+        system: Option<usize>,
+        first: usize,
+        steps: Vec<Step>,
+        last: usize,
+        budget: Budget,
+        with_tools: bool,
+        action: OnOverflow,
+    }
+
+    fn action() -> impl Strategy<Value = OnOverflow> {
+        prop_oneof![Just(OnOverflow::Reject), Just(OnOverflow::MiddleOut), Just(OnOverflow::Chunk)]
+    }
+
+    fn case() -> impl Strategy<Value = Case> {
+        (
+            prop::option::of(0..200usize),
+            1..400usize,
+            prop::collection::vec(step(), 0..12),
+            prop_oneof![Just(0usize), 1..300usize, 300..6000usize],
+            (60..4000usize, prop::option::of(0..1500usize)),
+            any::<bool>(),
+            action(),
+        )
+            .prop_map(|(system, first, steps, last, (cap, max_tokens), with_tools, action)| Case {
+                system,
+                first,
+                steps,
+                last,
+                budget: Budget { cap, max_tokens },
+                with_tools,
+                action,
+            })
+    }
+
+    /// Plans `case` and checks the plan's promises; returns the plan's kind.
+    fn check_case(case: &Case) -> Result<&'static str, TestCaseError> {
+        let counter = Words::default();
+        let messages = conversation(case.system, case.first, &case.steps, case.last);
+        let tools = vec![json!({"type": "function", "function": {"name": "look"}})];
+        let tools = case.with_tools.then_some(tools.as_slice());
+        let prompt = ChatPrompt { messages: &messages, tools, template_kwargs: None };
+        let Case { budget, action, .. } = *case;
+        let (cap, max_tokens) = (budget.cap, budget.max_tokens);
+        let original = counter.chat_tokens(prompt).unwrap();
+        let plan = plan_chat(&counter, prompt, budget, action).unwrap();
+        let fits = max_tokens.map_or(original < cap, |max| max < cap && original + max <= cap);
+        Ok(match plan {
+            ChatPlan::Fits { prompt_tokens, max_tokens: send } => {
+                prop_assert!(fits);
+                prop_assert_eq!(prompt_tokens, original);
+                prop_assert!(prompt_tokens + send <= cap && send >= max_tokens.map_or(1, |_| 0));
+                "fits"
+            }
+            ChatPlan::Reject { requested } => {
+                prop_assert!(!fits);
+                prop_assert_eq!(requested, original + max_tokens.unwrap_or(0));
+                "reject"
+            }
+            ChatPlan::MiddleOut { messages: kept, prompt_tokens, removed_tokens, max_tokens: send } => {
+                prop_assert!(!fits && action != OnOverflow::Reject);
+                let counted = counter.chat_tokens(ChatPrompt { messages: &kept, ..prompt }).unwrap();
+                prop_assert_eq!(counted, prompt_tokens);
+                prop_assert!(prompt_tokens + send <= cap);
+                prop_assert_eq!(removed_tokens, original - prompt_tokens);
+                if let Some(max) = max_tokens {
+                    prop_assert_eq!(send, max);
+                }
+                check_middle_out(&messages, &kept);
+                if kept.iter().any(|m| m["content"].to_string().contains('…')) {
+                    "middle_out_cut"
+                } else {
+                    "middle_out"
+                }
+            }
+            ChatPlan::Chunk(plan) => {
+                prop_assert!(!fits && action == OnOverflow::Chunk);
+                check_chunk(&counter, &messages, tools, budget, &plan);
+                "chunk"
+            }
+        })
+    }
+
+    #[test]
+    fn random_cases_reach_every_kind_of_plan() {
+        let mut runner = proptest::test_runner::TestRunner::deterministic();
+        let mut kinds: HashMap<&str, usize> = HashMap::new();
+        for _ in 0..400 {
+            let case = case().new_tree(&mut runner).unwrap().current();
+            *kinds.entry(check_case(&case).unwrap()).or_default() += 1;
+        }
+        println!("plans over 400 random cases: {kinds:?}");
+        for kind in ["fits", "reject", "middle_out", "middle_out_cut", "chunk"] {
+            assert!(kinds.get(kind).copied().unwrap_or(0) >= 10, "{kind} is rare: {kinds:?}");
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(400))]
+
+        #[test]
+        fn every_plan_keeps_its_promises(case in case()) {
+            check_case(&case)?;
+        }
+
+        #[test]
+        fn text_plans_fit_and_embedding_pieces_rebuild_the_input(
+            words in 0..3000usize,
+            cap in 40..2000usize,
+            max_tokens in prop::option::of(0..500usize),
+            action in prop_oneof![Just(OnOverflow::Reject), Just(OnOverflow::MiddleOut), Just(OnOverflow::Chunk)],
+        ) {
+            let counter = Words::default();
+            let input = text("w", words);
+            match plan_text(&counter, &input, Budget { cap, max_tokens }, action) {
+                TextPlan::Fits { prompt_tokens, max_tokens: send } | TextPlan::MiddleOut { prompt_tokens, max_tokens: send, .. } => {
+                    prop_assert!(prompt_tokens + send <= cap);
+                }
+                TextPlan::Reject { requested } => {
+                    prop_assert_eq!(requested, words + BOS + max_tokens.unwrap_or(0));
+                    let budget = Budget { cap, max_tokens };
+                    let room_to_keep = cap.saturating_sub(budget.reserve() + BOS + 1);
+                    prop_assert!(action == OnOverflow::Reject
+                        || max_tokens.is_some_and(|m| m >= cap)
+                        || room_to_keep < MIN_KEPT_TOKENS.min(words));
+                }
+            }
+            let pieces = split_for_embedding(&counter, &input, cap);
+            prop_assert!(pieces.iter().all(|(piece, _)| counter.text_tokens(piece) <= cap));
+            prop_assert_eq!(pieces.iter().map(|(p, _)| p.as_str()).collect::<String>(), input);
+            prop_assert_eq!(pieces.iter().map(|(_, n)| n).sum::<usize>(), words);
+        }
+    }
 }
