@@ -29,8 +29,10 @@ fn counter(model_dir: &Path) -> Counter {
 
 /// Words the tiny tokenizer knows (it was trained on them): about one token each.
 fn words(n: usize, seed: usize) -> String {
-    const W: [&str; 12] =
-        ["model", "token", "stream", "server", "gateway", "queue", "request", "answer", "cache", "prompt", "swap", "metal"];
+    const W: [&str; 12] = [
+        "model", "token", "stream", "server", "gateway", "queue", "request", "answer", "cache", "prompt", "swap",
+        "metal",
+    ];
     (0..n).map(|i| W[(i * 7 + seed) % W.len()]).collect::<Vec<_>>().join(" ")
 }
 
@@ -51,7 +53,8 @@ async fn reject_gives_openai_body_and_nothing_reaches_the_backend() {
     let messages = vec![json!({"role": "user", "content": words(400, 0)})];
     let prompt = chat_tokens(&tok, &messages);
     assert!(prompt > CAP, "the test prompt must be over the cap: {prompt}");
-    let response = post(&gw, "/v1/chat/completions", &json!({"model": "qwen", "messages": messages, "max_tokens": 10})).await;
+    let response =
+        post(&gw, "/v1/chat/completions", &json!({"model": "qwen", "messages": messages, "max_tokens": 10})).await;
     assert_eq!(response.status(), 400);
     let body: Value = response.json().await.expect("json");
     assert_eq!(
@@ -207,14 +210,17 @@ async fn completions_prompts_of_every_shape_are_capped() {
     let Some(model) = prerequisites(&[]) else { return };
     let sim = sim().await;
     let gw = gateway(&yaml(&sim.url(), &model, "reject", "")).await;
-    for prompt in [json!(words(400, 0)), json!(["short", words(400, 1)]), json!(vec![5; 300]), json!([[1, 2], vec![7; 300]])] {
+    for prompt in
+        [json!(words(400, 0)), json!(["short", words(400, 1)]), json!(vec![5; 300]), json!([[1, 2], vec![7; 300]])]
+    {
         let response = post(&gw, "/v1/completions", &json!({"model": "qwen", "prompt": prompt, "max_tokens": 8})).await;
         assert_eq!(response.status(), 400, "prompt {prompt}");
         let body: Value = response.json().await.expect("json");
         assert_eq!(body["error"]["code"], "context_length_exceeded");
         assert_eq!(body["error"]["param"], "prompt");
     }
-    let response = post(&gw, "/v1/completions", &json!({"model": "qwen", "prompt": vec![5; 100], "max_tokens": 8})).await;
+    let response =
+        post(&gw, "/v1/completions", &json!({"model": "qwen", "prompt": vec![5; 100], "max_tokens": 8})).await;
     assert_eq!(response.status(), 200);
     assert_eq!(sim_stats(&sim).await["total"], 1, "only the prompt that fits reached the backend");
 

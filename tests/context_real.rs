@@ -42,7 +42,8 @@ async fn mlx_lm_server(model: &Path) -> Server {
         .expect("mlx_lm.server starts");
     let url = format!("http://127.0.0.1:{port}");
     let server = Server { child, url };
-    let warm = json!({"model": model.display().to_string(), "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2});
+    let warm =
+        json!({"model": model.display().to_string(), "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2});
     eventually("mlx_lm.server answers a completion", || {
         let url = format!("{}/v1/chat/completions", server.url);
         let warm = warm.clone();
@@ -124,7 +125,8 @@ impl Recorder {
 }
 
 fn words(n: usize, seed: usize) -> String {
-    const W: [&str; 10] = ["model", "token", "stream", "server", "gateway", "queue", "request", "answer", "cache", "swap"];
+    const W: [&str; 10] =
+        ["model", "token", "stream", "server", "gateway", "queue", "request", "answer", "cache", "swap"];
     (0..n).map(|i| W[(i * 3 + seed) % W.len()]).collect::<Vec<_>>().join(" ")
 }
 
@@ -188,7 +190,8 @@ async fn mlx_lm_server_behind_a_small_cap() {
 
     // middle_out: the server gets a prompt under the cap, and its own count agrees with ours.
     let gw = gateway(&yaml(&s, "middle_out")).await;
-    let mut messages = vec![json!({"role": "system", "content": "be brief"}), json!({"role": "user", "content": words(20, 1)})];
+    let mut messages =
+        vec![json!({"role": "system", "content": "be brief"}), json!({"role": "user", "content": words(20, 1)})];
     for i in 0..10 {
         messages.push(json!({"role": "assistant", "content": words(25, i)}));
         messages.push(json!({"role": "user", "content": words(25, i + 1)}));
@@ -210,12 +213,9 @@ async fn mlx_lm_server_behind_a_small_cap() {
         json!({"role": "system", "content": "summarise"}),
         json!({"role": "user", "content": format!("summarise: {}", words(600, 2))}),
     ];
-    let response = post(
-        &gw,
-        "/v1/chat/completions",
-        &json!({"model": "qwen", "messages": doc, "max_tokens": 16, "stream": true}),
-    )
-    .await;
+    let response =
+        post(&gw, "/v1/chat/completions", &json!({"model": "qwen", "messages": doc, "max_tokens": 16, "stream": true}))
+            .await;
     assert_eq!(response.status(), 200);
     let pieces: usize = response.headers()["x-mlxgate-transform"]
         .to_str()

@@ -39,7 +39,7 @@ pub async fn map(
 ) -> Result<Vec<String>, GatewayError> {
     let width = route.backend.config.max_concurrency.clamp(1, plan.pieces.len().max(1));
     let jobs: Vec<_> =
-        plan.pieces.iter().map(|messages| map_part(state, route, client, parts, fields, messages, plan)).collect();
+        plan.pieces.iter().map(|piece| map_part(state, route, client, parts, fields, &piece.messages, plan)).collect();
     futures_util::stream::iter(jobs).buffered(width).try_collect().await
 }
 
@@ -59,7 +59,7 @@ async fn map_part(
     }
     body.insert("messages".into(), raw(messages)?);
     body.insert("stream".into(), raw(&false)?);
-    body.insert("max_tokens".into(), raw(&plan.piece_max_tokens)?);
+    body.insert("max_tokens".into(), raw(&plan.map_max_tokens)?);
     let whole = whole_answer(state, route, client, parts, &mut body).await?;
     Ok(answer_text(&whole))
 }
@@ -153,21 +153,31 @@ async fn whole_answer(
         let body = backend_error_body(&backend, head.status, &whole);
         record.finish(Outcome::BackendRejected);
         let message = body["error"]["message"].as_str().unwrap_or("no message").to_string();
-        return Err(GatewayError::Backend { backend, reason: format!("a piece was refused ({}): {message}", head.status) });
+        return Err(GatewayError::Backend {
+            backend,
+            reason: format!("a piece was refused ({}): {message}", head.status),
+        });
     }
     let figures = figures_of_whole(&whole).unwrap_or_default();
     record_whole(record, &figures, Outcome::Ok);
     Ok(whole)
 }
 
-/// The text of a whole chat answer's first choice (empty when it has none).
+/// The text of a whole chat answer's first choice (empty when it has none), without a thinking
+/// model's `<think>…</think>` block: the reduce request needs the answers, not the reasoning.
 fn answer_text(whole: &[u8]) -> String {
     let Ok(value) = serde_json::from_slice::<Value>(whole) else { return String::new() };
     let message = &value["choices"][0]["message"];
-    match &message["content"] {
+    let text = match &message["content"] {
         Value::String(s) => s.clone(),
         Value::Array(parts) => parts.iter().filter_map(|p| p["text"].as_str()).collect::<Vec<_>>().join(""),
         _ => String::new(),
+    };
+    match text.find("</think>") {
+        Some(end) if text.trim_start().starts_with("<think>") || !text.contains("<think>") => {
+            text[end + "</think>".len()..].trim_start().to_string()
+        }
+        _ => text,
     }
 }
 
@@ -183,5 +193,10 @@ mod tests {
             "ab"
         );
         assert_eq!(answer_text(b"{}"), "");
+        assert_eq!(
+            answer_text(br#"{"choices":[{"message":{"content":"<think>hmm</think>\n\nthe answer"}}]}"#),
+            "the answer"
+        );
+        assert_eq!(answer_text(br#"{"choices":[{"message":{"content":"reasoning</think>answer"}}]}"#), "answer");
     }
 }

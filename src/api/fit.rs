@@ -187,8 +187,9 @@ fn requested_max_tokens(fields: &RawBody) -> Result<Option<usize>, GatewayError>
         if raw.get() == "null" {
             continue;
         }
-        let n: u64 = serde_json::from_str(raw.get()).map_err(|_| {
-            GatewayError::InvalidRequest { message: format!("`{key}` must be a non-negative integer"), param: None }
+        let n: u64 = serde_json::from_str(raw.get()).map_err(|_| GatewayError::InvalidRequest {
+            message: format!("`{key}` must be a non-negative integer"),
+            param: None,
         })?;
         return Ok(Some(usize::try_from(n).unwrap_or(usize::MAX)));
     }
@@ -197,12 +198,7 @@ fn requested_max_tokens(fields: &RawBody) -> Result<Option<usize>, GatewayError>
 
 /// When the client gave no `max_tokens`, sends the model's default cut to the room the prompt
 /// leaves under the cap (a 30k-token prompt on a 32k cap gets the 2k that fit, not a 400).
-fn set_max_tokens(
-    fields: &mut RawBody,
-    given: Option<usize>,
-    room: usize,
-    default: usize,
-) -> Result<(), GatewayError> {
+fn set_max_tokens(fields: &mut RawBody, given: Option<usize>, room: usize, default: usize) -> Result<(), GatewayError> {
     if given.is_some() {
         return Ok(());
     }

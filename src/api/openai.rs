@@ -113,7 +113,14 @@ async fn forward(state: &AppState, request: Request, record: &mut RequestRecord)
             Fitted::Chunk(plan) => {
                 let partials = chunk::map(state, route, &client, &parts, &fields, &plan).await?;
                 fields.insert("messages".into(), fit::raw(&plan.reduce_messages(&partials))?);
-                fields.insert("max_tokens".into(), fit::raw(&plan.max_tokens)?);
+                // The client's max_tokens, or (none given) the room left, cut to the default.
+                let given = fields.contains_key("max_tokens") || fields.contains_key("max_completion_tokens");
+                let max_tokens = if given {
+                    plan.reduce_max_tokens
+                } else {
+                    plan.reduce_max_tokens.min(route.model.default_max_tokens as usize)
+                };
+                fields.insert("max_tokens".into(), fit::raw(&max_tokens)?);
                 fields.shift_remove("max_completion_tokens");
                 transform = Some(format!("chunk; pieces={}", plan.pieces.len()));
             }

@@ -99,7 +99,8 @@ fn resolve(
         },
         None => None,
     };
-    let cap = backend.context_cap.or_else(|| backend.kind.context_cap()).or_else(|| dir.as_deref().and_then(model_limit));
+    let cap =
+        backend.context_cap.or_else(|| backend.kind.context_cap()).or_else(|| dir.as_deref().and_then(model_limit));
     let source = counter.as_ref().and(dir);
     let counter = counter.unwrap_or_else(|| {
         if cap.is_some() {
