@@ -316,8 +316,9 @@ fn locate_in(model: &str, hub: &Path) -> Option<PathBuf> {
 
 /// A conservative (over-)estimate of prompt tokens, used when no tokenizer is found.
 ///
-/// The rule: text is cut into pieces, each one "token": runs of ASCII in pieces of at most 3
-/// bytes, each other character of the Basic Multilingual Plane (a CJK character, an accented
+/// The rule: text is cut into pieces, each one "token": runs of ASCII letters, digits and `_`
+/// (with at most one space before them) and runs of whitespace, in pieces of at most 3 bytes;
+/// each other ASCII character (punctuation) one piece; each other character of the Basic Multilingual Plane (a CJK character, an accented
 /// letter) one piece, each character beyond it (emoji) two. A chat prompt adds
 /// [`Estimate::PER_MESSAGE`] tokens per message (role markers and the template's framing) and
 /// [`Estimate::PER_PROMPT`] once (the generation prompt), counts every field of each message
@@ -335,6 +336,24 @@ pub struct Estimate;
 
 /// An id holding up to 3 ASCII bytes (7 bits each) and their count (bits 21-22).
 const ASCII_PIECE: u32 = 1 << 31;
+/// What an ASCII character is, for cutting estimate pieces.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Class {
+    Word,
+    Space,
+    Punct,
+}
+
+impl Class {
+    fn of(c: char) -> Class {
+        match c {
+            c if c.is_ascii_alphanumeric() || c == '_' => Class::Word,
+            c if c.is_ascii_whitespace() => Class::Space,
+            _ => Class::Punct,
+        }
+    }
+}
+
 /// The second id of a character beyond the Basic Multilingual Plane (decodes to nothing).
 const SECOND_HALF: u32 = 1 << 30;
 
@@ -355,28 +374,37 @@ impl Estimate {
 
     fn pieces(text: &str, mut piece: impl FnMut(u32)) {
         let mut ascii = 0u32;
-        let mut ascii_len = 0u32;
+        let mut len = 0u32;
+        let mut class = Class::Punct;
         for c in text.chars() {
-            if c.is_ascii() {
-                ascii |= (c as u32) << (7 * ascii_len);
-                ascii_len += 1;
-                if ascii_len == 3 {
-                    piece(ASCII_PIECE | (ascii_len << 21) | ascii);
-                    (ascii, ascii_len) = (0, 0);
+            if !c.is_ascii() {
+                if len > 0 {
+                    piece(ASCII_PIECE | (len << 21) | ascii);
+                    (ascii, len) = (0, 0);
+                }
+                piece(c as u32);
+                if c as u32 > 0xFFFF {
+                    piece(SECOND_HALF);
                 }
                 continue;
             }
-            if ascii_len > 0 {
-                piece(ASCII_PIECE | (ascii_len << 21) | ascii);
-                (ascii, ascii_len) = (0, 0);
+            let next = Class::of(c);
+            // A piece goes on with the same class (a lone space joins the word after it, as
+            // BPE's " word" tokens do); punctuation is one piece per character.
+            let joins = len > 0
+                && len < 3
+                && (next == class && class != Class::Punct
+                    || (class == Class::Space && len == 1 && ascii == u32::from(b' ') && next == Class::Word));
+            if len > 0 && !joins {
+                piece(ASCII_PIECE | (len << 21) | ascii);
+                (ascii, len) = (0, 0);
             }
-            piece(c as u32);
-            if c as u32 > 0xFFFF {
-                piece(SECOND_HALF);
-            }
+            ascii |= (c as u32) << (7 * len);
+            len += 1;
+            class = next;
         }
-        if ascii_len > 0 {
-            piece(ASCII_PIECE | (ascii_len << 21) | ascii);
+        if len > 0 {
+            piece(ASCII_PIECE | (len << 21) | ascii);
         }
     }
 
@@ -599,8 +627,8 @@ mod tests {
         assert_eq!(ids.len(), Estimate::text(text));
         assert_eq!(Estimate.decode(&ids), text);
         assert!(!Estimate.exact());
-        // "abcdef" = 2 pieces; "漢" = 1; "😀" = 2.
-        assert_eq!(Estimate::text("abcdef漢😀"), 5);
+        // "abcdef" = 2 pieces; "漢" = 1; "😀" = 2; " ab" 1, " " 1, "(" 1, "x" 1, ")" 1.
+        assert_eq!(Estimate::text("abcdef漢😀 ab (x)"), 10);
         let messages = [json!({"role": "user", "content": "abc"})];
         assert_eq!(
             Estimate.chat_tokens(chat(&messages)).unwrap(),
