@@ -127,6 +127,17 @@ fn qwen_vocabulary_renders_and_counts_as_transformers() {
     eprintln!("loaded the Qwen vocabulary in {:?}", started.elapsed());
     let rendered = assert_matches(&counter, &reference(&dir, None));
     assert!(rendered >= 15, "only {rendered} chats rendered");
+
+    // A long prompt for the record (no time limit here: the benchmark owns that figure).
+    let corpus = corpus();
+    let long = corpus["chats"].as_array().unwrap().iter().find(|c| c["name"] == "long content").unwrap();
+    let content = long["messages"][1]["content"].as_str().unwrap().repeat(38);
+    let messages = [serde_json::json!({"role": "user", "content": content})];
+    let prompt = ChatPrompt { messages: &messages, tools: None, template_kwargs: None };
+    let started = std::time::Instant::now();
+    let tokens = counter.chat_tokens(prompt).unwrap();
+    eprintln!("counted a {tokens}-token prompt in {:?} (this build's profile)", started.elapsed());
+    assert!(tokens > 50_000, "{tokens}");
 }
 
 #[test]

@@ -302,7 +302,7 @@ fn write_json(out: &mut String, value: &Value, style: &JsonStyle, depth: usize) 
         ValueKind::Map => {
             let mut keys: Vec<Value> = value.try_iter()?.collect();
             if style.sort_keys {
-                keys.sort_by(|a, b| a.to_string().cmp(&b.to_string()));
+                keys.sort_by_key(ToString::to_string);
             }
             write_json_container(out, '{', '}', &keys, style, depth, |out, key, depth| {
                 match key.as_str() {
