@@ -6,6 +6,7 @@
 pub mod counter;
 pub mod overflow;
 pub mod registry;
+pub mod template;
 
 use serde_json::Value;
 
