@@ -148,9 +148,9 @@ async fn setup() -> Option<Setup> {
     Some(Setup { _server: server, recorder, model })
 }
 
-fn yaml(s: &Setup, on_overflow: &str) -> String {
+fn yaml(s: &Setup, on_overflow: &str, cap: usize) -> String {
     format!(
-        "backends:\n  native: {{url: '{}', context_cap: {CAP}, max_concurrency: 2}}\n\
+        "backends:\n  native: {{url: '{}', context_cap: {cap}, max_concurrency: 2}}\n\
          models:\n  qwen: {{backend: native, upstream_model: '{}', tokenizer: '{}', on_overflow: {on_overflow}, \
          default_max_tokens: 16}}\n",
         s.recorder.url,
@@ -165,7 +165,7 @@ async fn mlx_lm_server_behind_a_small_cap() {
     let counter = Counter::load(&s.model).expect("tokenizer");
 
     // reject: the exact body, and the openai SDK's own exception.
-    let gw = gateway(&yaml(&s, "reject")).await;
+    let gw = gateway(&yaml(&s, "reject", CAP)).await;
     let long = vec![json!({"role": "user", "content": words(300, 0)})];
     let prompt = counter.chat_tokens(ChatPrompt { messages: &long, tools: None, template_kwargs: None }).unwrap();
     let response =
@@ -189,7 +189,7 @@ async fn mlx_lm_server_behind_a_small_cap() {
     assert!(s.recorder.bodies().is_empty(), "nothing reached mlx_lm.server: {:?}", s.recorder.bodies());
 
     // middle_out: the server gets a prompt under the cap, and its own count agrees with ours.
-    let gw = gateway(&yaml(&s, "middle_out")).await;
+    let gw = gateway(&yaml(&s, "middle_out", CAP)).await;
     let mut messages =
         vec![json!({"role": "system", "content": "be brief"}), json!({"role": "user", "content": words(20, 1)})];
     for i in 0..10 {
@@ -208,10 +208,12 @@ async fn mlx_lm_server_behind_a_small_cap() {
     assert_eq!(answer["usage"]["prompt_tokens"], sent, "mlx_lm.server counted the prompt as the gateway did");
 
     // chunk: every request the server got fits; the streamed reduce ends with [DONE].
-    let gw = gateway(&yaml(&s, "chunk")).await;
+    // Map-reduce needs room for the partial answers in the reduce prompt: a larger cap.
+    const CHUNK_CAP: usize = 1024;
+    let gw = gateway(&yaml(&s, "chunk", CHUNK_CAP)).await;
     let doc = vec![
         json!({"role": "system", "content": "summarise"}),
-        json!({"role": "user", "content": format!("summarise: {}", words(600, 2))}),
+        json!({"role": "user", "content": format!("summarise: {}", words(3000, 2))}),
     ];
     let response =
         post(&gw, "/v1/chat/completions", &json!({"model": "qwen", "messages": doc, "max_tokens": 16, "stream": true}))
@@ -224,6 +226,7 @@ async fn mlx_lm_server_behind_a_small_cap() {
         .expect("chunk header")
         .parse()
         .unwrap();
+    assert!(pieces >= 2, "3000 words over a {CHUNK_CAP}-token cap: {pieces} pieces");
     let text = text_of(response).await;
     assert!(text.contains("[DONE]"), "{text}");
     let bodies = s.recorder.bodies();
@@ -231,7 +234,7 @@ async fn mlx_lm_server_behind_a_small_cap() {
     for body in &bodies[1..] {
         let sent = tokens_of(&counter, body);
         let max_tokens = body["max_tokens"].as_u64().unwrap() as usize;
-        assert!(sent + max_tokens <= CAP, "a request over the cap reached the server: {sent} + {max_tokens}");
+        assert!(sent + max_tokens <= CHUNK_CAP, "a request over the cap reached the server: {sent} + {max_tokens}");
     }
 }
 
