@@ -13,6 +13,7 @@ use serde_json::Value;
 use serde_json::value::RawValue;
 
 use super::openai::RawBody;
+use crate::backend::profile::Kind;
 use crate::dispatch::Route;
 use crate::error::{GatewayError, PromptPart};
 use crate::metrics::Metrics;
@@ -90,7 +91,10 @@ pub async fn fit(
     };
     match endpoint {
         Endpoint::Chat => {
-            let request = ChatRequest::read(fields)?;
+            let mut request = ChatRequest::read(fields)?;
+            if route.backend.config.kind == Kind::MlxLm {
+                as_mlx_lm_renders(&mut request.messages);
+            }
             let started = Instant::now();
             let plan = blocking(move || {
                 let prompt = request.prompt();
@@ -169,6 +173,35 @@ pub async fn fit(
             }
             overflowed(OnOverflow::Chunk.label());
             Ok(Fitted::Embed(plan.plan))
+        }
+    }
+}
+
+/// The messages as mlx_lm.server hands them to its chat template (its
+/// `process_message_content`): text parts joined into one string, a null content made `""`,
+/// tool-call arguments given as a JSON string parsed into an object. Counting the same messages
+/// the template sees gives the server's own count.
+fn as_mlx_lm_renders(messages: &mut [Value]) {
+    for message in messages.iter_mut() {
+        let Some(message) = message.as_object_mut() else { continue };
+        match message.get("content") {
+            Some(Value::Array(parts)) if parts.iter().all(|p| p["type"] == "text") => {
+                let text: String = parts.iter().filter_map(|p| p["text"].as_str()).collect();
+                message.insert("content".into(), Value::String(text));
+            }
+            Some(Value::Null) => {
+                message.insert("content".into(), Value::String(String::new()));
+            }
+            _ => {}
+        }
+        let Some(Value::Array(calls)) = message.get_mut("tool_calls") else { continue };
+        for call in calls {
+            let Some(arguments) = call.get_mut("function").and_then(|f| f.get_mut("arguments")) else { continue };
+            if let Some(parsed) =
+                arguments.as_str().filter(|a| !a.is_empty()).and_then(|a| serde_json::from_str(a).ok())
+            {
+                *arguments = parsed;
+            }
         }
     }
 }
@@ -387,6 +420,22 @@ fn fit_ids(len: usize, budget: Budget) -> Result<usize, usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn messages_are_counted_as_mlx_lm_server_renders_them() {
+        let mut messages = vec![
+            json!({"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}),
+            json!({"role": "assistant", "content": null, "tool_calls": [
+                {"id": "1", "type": "function", "function": {"name": "f", "arguments": "{\"x\": 1}"}}]}),
+            json!({"role": "user", "content": [{"type": "image_url", "image_url": {"url": "u"}}]}),
+        ];
+        as_mlx_lm_renders(&mut messages);
+        assert_eq!(messages[0]["content"], "ab");
+        assert_eq!(messages[1]["content"], "");
+        assert_eq!(messages[1]["tool_calls"][0]["function"]["arguments"], json!({"x": 1}));
+        assert!(messages[2]["content"].is_array(), "image parts are left to the server");
+    }
 
     #[test]
     fn prompts_read_every_openai_shape() {
