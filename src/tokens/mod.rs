@@ -5,6 +5,7 @@
 
 pub mod counter;
 pub mod overflow;
+pub mod template;
 
 use serde_json::Value;
 
