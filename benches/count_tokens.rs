@@ -3,9 +3,10 @@
 //! `.cache/qwen3.6-tokenizer`), for chat requests of about 1k, 10k and 53k tokens.
 //!
 //! `cargo bench --bench count_tokens` prints one table row per (size, way of counting): the
-//! median and p95 of N timed runs after a warm-up. The ways of counting are the tokenizers
-//! crate's raw `encode_fast` and `encode` of the rendered prompt text, and the same text cut at
-//! exact pre-tokenizer boundaries into two halves encoded on two threads. The goal of issue 8:
+//! median and p95 of N timed runs after a warm-up. The ways of counting are the gateway's
+//! `Counter::chat_tokens` (template render + encode), the render alone, the tokenizers crate's
+//! raw `encode_fast` and `encode` of the rendered prompt text, and the same text cut at exact
+//! pre-tokenizer boundaries into two halves encoded on two threads. The goal of issue 8:
 //! the 53k-token count well under a backend round trip, ≤ 30 ms on the project's 2-core machine.
 //!
 //! `COUNT_TOKENS_DIR` overrides the tokenizer directory; `COUNT_TOKENS_RUNS` the number of runs.
@@ -14,11 +15,16 @@ use std::hint::black_box;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+use mlxgate::tokens::counter::Counter;
+use mlxgate::tokens::{ChatPrompt, Count};
 use serde_json::{Value, json};
 use tokenizers::Tokenizer;
 
 /// The sizes measured, in tokens of the rendered prompt.
 const SIZES: [usize; 3] = [1_000, 10_000, 53_000];
+
+/// About how many tokens each piece has when the text is counted in pieces.
+const PIECE_TOKENS: usize = 2_000;
 
 /// A long system prompt in the style of coding agents.
 const SYSTEM: &str = "You are an expert software engineer working in a user's repository. \
@@ -65,10 +71,7 @@ fn main() {
         .unwrap_or_else(|| PathBuf::from(".cache/qwen3.6-tokenizer"));
     let file = dir.join("tokenizer.json");
     if !file.is_file() {
-        eprintln!(
-            "count_tokens: skipped: no {} (build it with `scripts/setup-backends tokens`)",
-            file.display()
-        );
+        eprintln!("count_tokens: skipped: no {} (build it with `scripts/setup-backends tokens`)", file.display());
         return;
     }
     let started = Instant::now();
@@ -80,40 +83,51 @@ fn main() {
         started.elapsed().as_secs_f64() * 1e3,
         machine()
     );
-    let template = std::fs::read_to_string(dir.join("tokenizer_config.json"))
-        .ok()
-        .and_then(|config| serde_json::from_str::<Value>(&config).ok())
-        .and_then(|config| config["chat_template"].as_str().map(str::to_owned))
-        .expect("tokenizer_config.json has a chat_template");
+    // The text measured is already NFC (as most is): the same tokenizer without its NFC
+    // normalizer gives the same ids, which tells what normalizing costs.
+    let mut without_normalizer = tokenizer.clone();
+    without_normalizer.with_normalizer(None::<tokenizers::NormalizerWrapper>).expect("a tokenizer without normalizer");
+    let counter = Counter::load(&dir).expect("Counter loads the tokenizer directory");
 
     let mut rows = Vec::new();
     for target in SIZES {
-        let messages = chat_request(&tokenizer, &template, target);
-        let text = render(&template, &messages);
+        let messages = chat_request(&counter, target);
+        let text = render(&counter, &messages);
         let tokens = count(&tokenizer, &text);
+        assert_eq!(
+            counter.chat_tokens(prompt(&messages)).expect("counts"),
+            tokens,
+            "Counter::chat_tokens and the raw encode disagree"
+        );
         let runs = runs_for(tokens);
         let label = format!("{}k", (tokens + 500) / 1000);
-        rows.push(Row::time(&label, tokens, "raw encode_fast", runs, || {
-            count(&tokenizer, &text)
+        rows.push(Row::time(&label, tokens, "Counter::chat_tokens", runs, || {
+            counter.chat_tokens(prompt(&messages)).expect("counts")
         }));
+        rows.push(Row::time(&label, tokens, "raw encode_fast", runs, || count(&tokenizer, &text)));
         rows.push(Row::time(&label, tokens, "raw encode (offsets)", runs, || {
-            tokenizer
-                .encode(text.as_str(), false)
-                .expect("encodes")
-                .len()
+            tokenizer.encode(text.as_str(), false).expect("encodes").len()
+        }));
+        let nfc_skipped = count(&without_normalizer, &text);
+        assert_eq!(nfc_skipped, tokens, "the bench text is NFC: NFC must change nothing");
+        rows.push(Row::time(&label, tokens, "encode_fast, NFC skipped", runs, || count(&without_normalizer, &text)));
+        rows.push(Row::time(&label, tokens, "encode_fast, 1 spawned thread", runs, || {
+            count_parallel(&tokenizer, &[text.as_str()])
         }));
         let halves = split_exact(&text, 2);
         let split_count = count_parallel(&tokenizer, &halves);
+        assert_eq!(split_count, tokens, "cutting at pre-tokenizer boundaries changed the count");
+        rows.push(Row::time(&label, tokens, "encode_fast 2 threads", runs, || count_parallel(&tokenizer, &halves)));
+        let pieces = split_exact(&text, tokens.div_ceil(PIECE_TOKENS));
         assert_eq!(
-            split_count, tokens,
+            pieces.iter().map(|piece| count(&tokenizer, piece)).sum::<usize>(),
+            tokens,
             "cutting at pre-tokenizer boundaries changed the count"
         );
-        rows.push(Row::time(&label, tokens, "encode_fast 2 threads", runs, || {
-            count_parallel(&tokenizer, &halves)
+        rows.push(Row::time(&label, tokens, "encode_fast ~2k-token pieces", runs, || {
+            pieces.iter().map(|piece| count(&tokenizer, piece)).sum()
         }));
-        rows.push(Row::time(&label, tokens, "template render", runs, || {
-            render(&template, &messages).len()
-        }));
+        rows.push(Row::time(&label, tokens, "Counter::render (template)", runs, || render(&counter, &messages).len()));
     }
     print_table(&rows);
 }
@@ -126,14 +140,8 @@ fn count(tokenizer: &Tokenizer, text: &str) -> usize {
 /// Counts pieces of one text on one thread each and adds the counts.
 fn count_parallel(tokenizer: &Tokenizer, pieces: &[&str]) -> usize {
     std::thread::scope(|scope| {
-        let handles: Vec<_> = pieces
-            .iter()
-            .map(|piece| scope.spawn(move || count(tokenizer, piece)))
-            .collect();
-        handles
-            .into_iter()
-            .map(|handle| handle.join().expect("counting thread"))
-            .sum()
+        let handles: Vec<_> = pieces.iter().map(|piece| scope.spawn(move || count(tokenizer, piece))).collect();
+        handles.into_iter().map(|handle| handle.join().expect("counting thread")).sum()
     })
 }
 
@@ -168,7 +176,7 @@ fn cut_here(text: &str, at: usize) -> bool {
 
 /// A chat request of about `target` rendered tokens: a system prompt, then turns of prose,
 /// code and unicode text, grown until the rendered prompt reaches the target.
-fn chat_request(tokenizer: &Tokenizer, template: &str, target: usize) -> Value {
+fn chat_request(counter: &Counter, target: usize) -> Vec<Value> {
     let mut messages = vec![json!({"role": "system", "content": SYSTEM})];
     let mut seed = 0x2545_F491_4F6C_DD1D_u64;
     let mut turn = 0;
@@ -176,13 +184,13 @@ fn chat_request(tokenizer: &Tokenizer, template: &str, target: usize) -> Value {
         let content = turn_text(turn, &mut seed);
         let role = if turn % 2 == 0 { "user" } else { "assistant" };
         messages.push(json!({"role": role, "content": content}));
-        let rendered = count(tokenizer, &render(template, &Value::Array(messages.clone())));
+        let rendered = counter.chat_tokens(prompt(&messages)).expect("counts");
         if rendered >= target {
-            trim_last_to(tokenizer, template, &mut messages, target);
+            trim_last_to(counter, &mut messages, target);
             if role == "assistant" {
                 messages.push(json!({"role": "user", "content": "Summarise the above."}));
             }
-            return Value::Array(messages);
+            return messages;
         }
         turn += 1;
     }
@@ -190,7 +198,7 @@ fn chat_request(tokenizer: &Tokenizer, template: &str, target: usize) -> Value {
 
 /// Cuts the last message's text (bisecting on its length) so that the rendered prompt has
 /// about `target` tokens.
-fn trim_last_to(tokenizer: &Tokenizer, template: &str, messages: &mut [Value], target: usize) {
+fn trim_last_to(counter: &Counter, messages: &mut [Value], target: usize) {
     let Some(last) = messages.len().checked_sub(1) else {
         return;
     };
@@ -199,7 +207,7 @@ fn trim_last_to(tokenizer: &Tokenizer, template: &str, messages: &mut [Value], t
     while high - low > 16 {
         let mid = floor_char_boundary(&text, (low + high) / 2);
         messages[last]["content"] = Value::String(text[..mid].to_owned());
-        let rendered = count(tokenizer, &render(template, &Value::Array(messages.to_vec())));
+        let rendered = counter.chat_tokens(prompt(messages)).expect("counts");
         if rendered > target {
             high = mid;
         } else {
@@ -239,45 +247,22 @@ fn next(seed: &mut u64) -> usize {
     (*seed >> 33) as usize
 }
 
-/// The chat template rendered as the servers do (`add_generation_prompt: true`).
-fn render(template: &str, messages: &Value) -> String {
-    let mut env = minijinja::Environment::new();
-    minijinja_contrib::add_to_environment(&mut env);
-    env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
-    env.add_template("chat", template).expect("template parses");
-    env.get_template("chat")
-        .expect("template")
-        .render(minijinja::context! {
-            messages => jinja_value(messages),
-            add_generation_prompt => true,
-        })
-        .expect("template renders")
+/// A chat request's prompt without tools or template arguments.
+fn prompt(messages: &[Value]) -> ChatPrompt<'_> {
+    ChatPrompt { messages, tools: None, template_kwargs: None }
 }
 
-/// A JSON value as the template engine's value (minijinja's serde support is not enabled).
-fn jinja_value(value: &Value) -> minijinja::Value {
-    match value {
-        Value::Null => minijinja::Value::from(()),
-        Value::Bool(b) => minijinja::Value::from(*b),
-        Value::Number(n) => n.as_i64().map_or_else(
-            || minijinja::Value::from(n.as_f64().unwrap_or_default()),
-            minijinja::Value::from,
-        ),
-        Value::String(s) => minijinja::Value::from(s.as_str()),
-        Value::Array(items) => items.iter().map(jinja_value).collect(),
-        Value::Object(map) => minijinja::Value::from_object(
-            map.iter()
-                .map(|(k, v)| (minijinja::Value::from(k.as_str()), jinja_value(v)))
-                .collect::<indexmap::IndexMap<minijinja::Value, minijinja::Value>>(),
-        ),
-    }
+/// The chat prompt's text as the model's template renders it.
+fn render(counter: &Counter, messages: &[Value]) -> String {
+    counter.render(prompt(messages)).expect("the template renders")
 }
 
 fn runs_for(tokens: usize) -> usize {
-    std::env::var("COUNT_TOKENS_RUNS")
-        .ok()
-        .and_then(|runs| runs.parse().ok())
-        .unwrap_or(if tokens > 20_000 { 40 } else { 100 })
+    std::env::var("COUNT_TOKENS_RUNS").ok().and_then(|runs| runs.parse().ok()).unwrap_or(if tokens > 20_000 {
+        40
+    } else {
+        100
+    })
 }
 
 /// One measured way of counting one prompt.
@@ -292,13 +277,7 @@ struct Row {
 
 impl Row {
     /// Warms up, then times `runs` calls of `work`.
-    fn time(
-        size: &str,
-        tokens: usize,
-        what: &'static str,
-        runs: usize,
-        mut work: impl FnMut() -> usize,
-    ) -> Row {
+    fn time(size: &str, tokens: usize, what: &'static str, runs: usize, mut work: impl FnMut() -> usize) -> Row {
         for _ in 0..3 {
             black_box(work());
         }
@@ -311,21 +290,12 @@ impl Row {
             .collect();
         times.sort();
         let p95 = times[((runs * 95).div_ceil(100)).saturating_sub(1).min(runs - 1)];
-        Row {
-            size: size.to_owned(),
-            tokens,
-            what,
-            runs,
-            median: times[runs / 2],
-            p95,
-        }
+        Row { size: size.to_owned(), tokens, what, runs, median: times[runs / 2], p95 }
     }
 }
 
 fn print_table(rows: &[Row]) {
-    println!(
-        "\n| prompt | tokens | counting | runs | median ms | p95 ms |\n|---|---:|---|---:|---:|---:|"
-    );
+    println!("\n| prompt | tokens | counting | runs | median ms | p95 ms |\n|---|---:|---|---:|---:|---:|");
     for row in rows {
         println!(
             "| {} | {} | {} | {} | {:.2} | {:.2} |",
