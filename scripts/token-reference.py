@@ -4,7 +4,7 @@
 usage: token-reference.py TOKENIZER_DIR CORPUS_JSON [--template FILE]
 
 CORPUS_JSON holds {"chats": [{"name", "messages", "tools"?, "chat_template_kwargs"?}],
-"texts": [{"name", "text"}]}. Prints JSON: per chat, the rendered text
+"texts": [{"name", "text", "repeat"?}]} (a text is its text repeated). Prints JSON: per chat, the rendered text
 (apply_chat_template(..., tokenize=False, add_generation_prompt=True, tools=...)) and the token
 count (tokenize=True), or the error the template raised; per text, len(tokenizer(text).input_ids).
 --template FILE renders with that chat template instead of the model's.
@@ -56,7 +56,7 @@ def main() -> None:
             chats.append({"name": entry["name"], "error": f"{type(e).__name__}: {e}"})
 
     texts = [
-        {"name": entry["name"], "tokens": len(tokenizer(entry["text"]).input_ids)}
+        {"name": entry["name"], "tokens": len(tokenizer(entry["text"] * entry.get("repeat", 1)).input_ids)}
         for entry in corpus["texts"]
     ]
     json.dump({"chats": chats, "texts": texts}, sys.stdout, ensure_ascii=False, indent=1)
