@@ -1,8 +1,9 @@
 //! Which tokenizer and which context cap each public model uses, resolved once at start-up:
 //! the cap from the backend's `context_cap`, else its kind's own limit, else the model's
-//! `config.json`; the tokenizer from the model's `tokenizer:` directory, else the backend's
-//! model (a local directory, or a Hugging Face id in the local cache), else a conservative
-//! estimate (said once in the log).
+//! `config.json`; the tokenizer from the model's `tokenizer:` directory, else the managed
+//! backend's model, else the model's `upstream_model` (each a local directory, or a Hugging
+//! Face id in the local cache: a `url:` backend on this Mac serving a Hub model is counted with
+//! it), else a conservative estimate (said once in the log).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -78,7 +79,7 @@ fn resolve(
     loaded: &mut BTreeMap<PathBuf, Arc<dyn Count>>,
 ) -> Result<ModelTokens, RegistryError> {
     let explicit = model.tokenizer.clone();
-    let dir = explicit.clone().or_else(|| backend_model_dir(backend));
+    let dir = explicit.clone().or_else(|| backend_model_dir(backend)).or_else(|| locate(&model.upstream_model));
     let counter = match &dir {
         Some(dir) => match loaded.get(dir) {
             Some(counter) => Some(Arc::clone(counter)),
