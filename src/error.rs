@@ -28,6 +28,9 @@ pub enum GatewayError {
          Please reduce the length of the {what}."
     )]
     ContextLengthExceeded { cap: usize, requested: usize, what: PromptPart },
+    /// A bug or a broken invariant inside the gateway (logged).
+    #[error("The gateway failed on this request: {0}")]
+    Internal(String),
     /// `model` names no configured model.
     #[error("The model `{0}` does not exist or you do not have access to it.")]
     ModelNotFound(String),
@@ -88,6 +91,7 @@ impl GatewayError {
                 (StatusCode::BAD_REQUEST, "invalid_request_error", Some("context_length_exceeded"))
             }
             GatewayError::ModelNotFound(_) => (StatusCode::NOT_FOUND, "invalid_request_error", Some("model_not_found")),
+            GatewayError::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "server_error", Some("internal_error")),
             GatewayError::UnknownBackend(_) => {
                 (StatusCode::NOT_FOUND, "invalid_request_error", Some("backend_not_found"))
             }

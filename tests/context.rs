@@ -262,3 +262,33 @@ async fn a_rejected_prompt_never_starts_or_swaps_a_managed_backend() {
     assert_eq!(backend_state(&gw, "managed").await["state"], "stopped", "the rejection started nothing");
     assert!(processes_with(&[sim_bin, &port.to_string()]).is_empty(), "no server process was spawned");
 }
+
+#[tokio::test]
+async fn shapes_the_real_qwen_template_cannot_render_still_reach_the_backend() {
+    // Qwen3's template calls string methods on every content: text parts, a null content
+    // beside tool calls and image parts must neither fail counting nor be refused.
+    let Some(_) = prerequisites(&[]) else { return };
+    let qwen = Path::new(ROOT).join(".cache/qwen3.6-tokenizer");
+    assert!(qwen.join("tokenizer.json").is_file(), "needs .cache/qwen3.6-tokenizer: run scripts/setup-backends tokens");
+    let sim = sim().await;
+    let gw = gateway(&yaml(&sim.url(), &qwen, "reject", "")).await;
+    let bodies = [
+        json!({"model": "qwen", "max_tokens": 8, "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "hello"}, {"type": "text", "text": "there"}]}]}),
+        json!({"model": "qwen", "max_tokens": 8, "messages": [
+            {"role": "user", "content": "weather?"},
+            {"role": "assistant", "content": null, "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": "sunny"}]}),
+        json!({"model": "qwen", "max_tokens": 8, "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "what is this?"},
+                {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}]}),
+    ];
+    for body in &bodies {
+        let response = post(&gw, "/v1/chat/completions", body).await;
+        assert_eq!(response.status(), 200, "{body}: {:?}", response.text().await);
+    }
+    assert_eq!(sim_stats(&sim).await["total"], 3);
+    let seen = received(&sim).await;
+    assert!(seen[0]["messages"][0]["content"].is_array(), "a prompt that fits is forwarded as the client sent it");
+}

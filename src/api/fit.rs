@@ -19,6 +19,7 @@ use crate::error::{GatewayError, PromptPart};
 use crate::metrics::Metrics;
 use crate::tokens::overflow::{self, Budget, ChatPlan, ChunkPlan, TextPlan};
 use crate::tokens::registry::ModelTokens;
+use crate::tokens::counter::Estimate;
 use crate::tokens::{ChatPrompt, Count, OnOverflow};
 
 /// What the handler does after fitting.
@@ -92,13 +93,18 @@ pub async fn fit(
     match endpoint {
         Endpoint::Chat => {
             let mut request = ChatRequest::read(fields)?;
-            if route.backend.config.kind == Kind::MlxLm {
-                as_mlx_lm_renders(&mut request.messages);
-            }
+            as_servers_render(route.backend.config.kind, &mut request.messages);
             let started = Instant::now();
+            let needed = max_tokens.unwrap_or(default_max_tokens);
             let plan = blocking(move || {
+                let counter = Lenient { counter };
                 let prompt = request.prompt();
-                overflow::plan_chat(&*counter, prompt, budget, action)
+                // Most prompts fit by far: their bytes bound their tokens, no tokenizing.
+                let bound = counter.chat_tokens_at_most(prompt)?;
+                if bound.saturating_add(needed) <= cap {
+                    return Ok(ChatPlan::Fits { prompt_tokens: bound, max_tokens: cap - bound });
+                }
+                overflow::plan_chat(&counter, prompt, budget, action)
             })
             .await?
             .map_err(|e| GatewayError::invalid(e.to_string(), Some("messages")))?;
@@ -177,16 +183,19 @@ pub async fn fit(
     }
 }
 
-/// The messages as mlx_lm.server hands them to its chat template (its
-/// `process_message_content`): text parts joined into one string, a null content made `""`,
-/// tool-call arguments given as a JSON string parsed into an object. Counting the same messages
-/// the template sees gives the server's own count.
-fn as_mlx_lm_renders(messages: &mut [Value]) {
+/// The messages as the servers hand them to their chat templates (mlx_lm.server's
+/// `process_message_content`; vLLM-style servers the same with text parts joined by newlines):
+/// text parts joined into one string, a null content made `""`, tool-call arguments given as a
+/// JSON string parsed into an object. Counting the messages the template sees gives the
+/// server's own count, and templates written for string contents (Qwen's) render them.
+fn as_servers_render(kind: Kind, messages: &mut [Value]) {
+    let joiner = if kind == Kind::MlxLm { "" } else { "\n" };
     for message in messages.iter_mut() {
         let Some(message) = message.as_object_mut() else { continue };
         match message.get("content") {
             Some(Value::Array(parts)) if parts.iter().all(|p| p["type"] == "text") => {
-                let text: String = parts.iter().filter_map(|p| p["text"].as_str()).collect();
+                let text: Vec<&str> = parts.iter().filter_map(|p| p["text"].as_str()).collect();
+                let text = text.join(joiner);
                 message.insert("content".into(), Value::String(text));
             }
             Some(Value::Null) => {
@@ -206,11 +215,65 @@ fn as_mlx_lm_renders(messages: &mut [Value]) {
     }
 }
 
-/// Runs CPU work (template rendering, tokenizing) off the async threads.
+/// The model's counter, falling back to the estimate for a request its chat template fails on
+/// (a template that expects string contents given image parts, roles it refuses): counting
+/// never refuses a request the backend itself may take.
+struct Lenient {
+    counter: Arc<dyn Count>,
+}
+
+impl Lenient {
+    fn or_estimate(
+        &self,
+        prompt: ChatPrompt<'_>,
+        count: impl Fn(&dyn Count, ChatPrompt<'_>) -> Result<usize, crate::tokens::CountError>,
+    ) -> Result<usize, crate::tokens::CountError> {
+        count(&*self.counter, prompt).or_else(|e| {
+            tracing::info!(error = %e, "the chat template failed on this request: its prompt is counted with the estimate");
+            count(&Estimate, prompt)
+        })
+    }
+}
+
+impl Count for Lenient {
+    fn chat_tokens(&self, prompt: ChatPrompt<'_>) -> Result<usize, crate::tokens::CountError> {
+        self.or_estimate(prompt, |c, p| c.chat_tokens(p))
+    }
+    fn chat_tokens_at_most(&self, prompt: ChatPrompt<'_>) -> Result<usize, crate::tokens::CountError> {
+        self.or_estimate(prompt, |c, p| c.chat_tokens_at_most(p))
+    }
+    fn text_tokens(&self, text: &str) -> usize {
+        self.counter.text_tokens(text)
+    }
+    fn encode(&self, text: &str) -> Vec<u32> {
+        self.counter.encode(text)
+    }
+    fn decode(&self, ids: &[u32]) -> String {
+        self.counter.decode(ids)
+    }
+    fn exact(&self) -> bool {
+        self.counter.exact()
+    }
+}
+
+/// Prompts counted at once: one per core (a count is pure CPU; more at once only makes each
+/// slower and lets a few huge bodies take the machine).
+fn counting() -> &'static tokio::sync::Semaphore {
+    static COUNTING: std::sync::OnceLock<tokio::sync::Semaphore> = std::sync::OnceLock::new();
+    COUNTING.get_or_init(|| {
+        tokio::sync::Semaphore::new(std::thread::available_parallelism().map_or(2, std::num::NonZero::get))
+    })
+}
+
+/// Runs CPU work (template rendering, tokenizing) off the async threads, one per core at once.
 async fn blocking<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'static) -> Result<T, GatewayError> {
+    let _permit = counting().acquire().await.map_err(|e| GatewayError::Internal(format!("counting: {e}")))?;
     tokio::task::spawn_blocking(work)
         .await
-        .map_err(|e| GatewayError::invalid(format!("counting the prompt failed: {e}"), None))
+        .map_err(|e| {
+            tracing::error!(error = %e, "counting a prompt failed");
+            GatewayError::Internal(format!("counting the prompt failed: {e}"))
+        })
 }
 
 /// The client's `max_completion_tokens` or `max_tokens` (`None`: not given).
@@ -430,7 +493,7 @@ mod tests {
                 {"id": "1", "type": "function", "function": {"name": "f", "arguments": "{\"x\": 1}"}}]}),
             json!({"role": "user", "content": [{"type": "image_url", "image_url": {"url": "u"}}]}),
         ];
-        as_mlx_lm_renders(&mut messages);
+        as_servers_render(Kind::MlxLm, &mut messages);
         assert_eq!(messages[0]["content"], "ab");
         assert_eq!(messages[1]["content"], "");
         assert_eq!(messages[1]["tool_calls"][0]["function"]["arguments"], json!({"x": 1}));

@@ -211,6 +211,15 @@ impl Count for Counter {
         Ok(self.count(&text, self.templates.is_none()))
     }
 
+    fn chat_tokens_at_most(&self, prompt: ChatPrompt<'_>) -> Result<usize, CountError> {
+        // Every token covers at least one byte of the normalized text (byte-level BPE, byte
+        // fallback); NFC makes at most twice the bytes of a non-ASCII character (U+0F73 →
+        // U+0F71 U+0F72); the post-processor adds `added_around`, a SentencePiece prefix one.
+        let text = self.render(prompt)?;
+        let non_ascii = text.bytes().filter(|b| !b.is_ascii()).count();
+        Ok(text.len() + non_ascii + self.added_around + 1)
+    }
+
     fn text_tokens(&self, text: &str) -> usize {
         self.count(text, true)
     }

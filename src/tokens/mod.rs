@@ -41,6 +41,12 @@ pub trait Count: Send + Sync {
     /// Tokens of a `/v1/completions` text prompt as the server tokenizes it (special tokens
     /// added by the tokenizer's post-processor included).
     fn text_tokens(&self, text: &str) -> usize;
+    /// A cheap upper bound of [`Count::chat_tokens`] (the default: the count itself). A
+    /// byte-level tokenizer never makes more tokens than the rendered prompt has bytes, so a
+    /// prompt whose bound fits needs no tokenizing.
+    fn chat_tokens_at_most(&self, prompt: ChatPrompt<'_>) -> Result<usize, CountError> {
+        self.chat_tokens(prompt)
+    }
     /// The token ids of plain text, no special tokens added (to split text at token
     /// boundaries).
     fn encode(&self, text: &str) -> Vec<u32>;
