@@ -163,5 +163,20 @@ fn estimate_over_counts_the_qwen_vocabulary() {
             under.push(format!("text {}: estimate {estimate} < {exact}", entry["name"]));
         }
     }
+    // Numbers and base64 (an image or a file pasted in a prompt): many tokens per byte.
+    let digits: String = (0..40_000).map(|i| char::from(b'0' + (i % 10) as u8)).collect();
+    let base64: String = (0..20_000u32)
+        .map(|i| {
+            const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+            char::from(ALPHABET[(i.wrapping_mul(2_654_435_761) >> 7) as usize % 64])
+        })
+        .collect();
+    for (name, text) in [("40k digits", digits), ("base64", base64)] {
+        let (exact, estimate) = (counter.text_tokens(&text), Estimate.text_tokens(&text));
+        eprintln!("{name}: {exact} tokens, estimate {estimate}");
+        if estimate < exact {
+            under.push(format!("{name}: estimate {estimate} < {exact}"));
+        }
+    }
     assert!(under.is_empty(), "the estimate under-counts:\n{}", under.join("\n"));
 }

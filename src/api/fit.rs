@@ -17,9 +17,9 @@ use crate::backend::profile::Kind;
 use crate::dispatch::Route;
 use crate::error::{GatewayError, PromptPart};
 use crate::metrics::Metrics;
+use crate::tokens::counter::Estimate;
 use crate::tokens::overflow::{self, Budget, ChatPlan, ChunkPlan, TextPlan};
 use crate::tokens::registry::ModelTokens;
-use crate::tokens::counter::Estimate;
 use crate::tokens::{ChatPrompt, Count, OnOverflow};
 
 /// What the handler does after fitting.
@@ -268,12 +268,10 @@ fn counting() -> &'static tokio::sync::Semaphore {
 /// Runs CPU work (template rendering, tokenizing) off the async threads, one per core at once.
 async fn blocking<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'static) -> Result<T, GatewayError> {
     let _permit = counting().acquire().await.map_err(|e| GatewayError::Internal(format!("counting: {e}")))?;
-    tokio::task::spawn_blocking(work)
-        .await
-        .map_err(|e| {
-            tracing::error!(error = %e, "counting a prompt failed");
-            GatewayError::Internal(format!("counting the prompt failed: {e}"))
-        })
+    tokio::task::spawn_blocking(work).await.map_err(|e| {
+        tracing::error!(error = %e, "counting a prompt failed");
+        GatewayError::Internal(format!("counting the prompt failed: {e}"))
+    })
 }
 
 /// The client's `max_completion_tokens` or `max_tokens` (`None`: not given).

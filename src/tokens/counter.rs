@@ -197,7 +197,8 @@ fn splittable(tokenizer: &Tokenizer) -> bool {
     let json = |v: Option<String>| v.unwrap_or_default();
     let pre = json(tokenizer.get_pre_tokenizer().and_then(|p| serde_json::to_string(p).ok()));
     let normalizer = json(tokenizer.get_normalizer().and_then(|n| serde_json::to_string(n).ok()));
-    let byte_level = pre.contains("\"ByteLevel\"") && !pre.contains("Metaspace") && !pre.contains("\"add_prefix_space\":true");
+    let byte_level =
+        pre.contains("\"ByteLevel\"") && !pre.contains("Metaspace") && !pre.contains("\"add_prefix_space\":true");
     let normalizer_ok = normalizer.is_empty() || normalizer == r#"{"type":"NFC"}"#;
     let specials_ok = tokenizer.get_added_tokens_decoder().values().all(|t| !t.content.contains('\n'));
     byte_level && normalizer_ok && specials_ok
@@ -404,9 +405,10 @@ fn locate_in(model: &str, hub: &Path) -> Option<PathBuf> {
 
 /// A conservative (over-)estimate of prompt tokens, used when no tokenizer is found.
 ///
-/// The rule: text is cut into pieces, each one "token": runs of ASCII letters, digits and `_`
-/// (with at most one space before them) and runs of whitespace, in pieces of at most 3 bytes;
-/// each other ASCII character (punctuation) one piece; each other character of the Basic Multilingual Plane (a CJK character, an accented
+/// The rule: text is cut into pieces, each one "token": runs of ASCII letters and `_` (with at
+/// most one space before them, an upper-case letter starting a new run) and runs of
+/// whitespace, in pieces of at most 3 bytes; each digit one piece (Qwen splits numbers into
+/// digits); each other ASCII character (punctuation) one piece; each other character of the Basic Multilingual Plane (a CJK character, an accented
 /// letter) one piece, each character beyond it (emoji) two. A chat prompt adds
 /// [`Estimate::PER_MESSAGE`] tokens per message (role markers and the template's framing) and
 /// [`Estimate::PER_PROMPT`] once (the generation prompt), counts every field of each message
@@ -428,6 +430,9 @@ const ASCII_PIECE: u32 = 1 << 31;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Class {
     Word,
+    /// Digits: real vocabularies split numbers into single digits (Qwen) or groups of three
+    /// (Llama 3): one piece each.
+    Digit,
     Space,
     Punct,
 }
@@ -435,7 +440,8 @@ enum Class {
 impl Class {
     fn of(c: char) -> Class {
         match c {
-            c if c.is_ascii_alphanumeric() || c == '_' => Class::Word,
+            c if c.is_ascii_digit() => Class::Digit,
+            c if c.is_ascii_alphabetic() || c == '_' => Class::Word,
             c if c.is_ascii_whitespace() => Class::Space,
             _ => Class::Punct,
         }
@@ -478,10 +484,13 @@ impl Estimate {
             }
             let next = Class::of(c);
             // A piece goes on with the same class (a lone space joins the word after it, as
-            // BPE's " word" tokens do); punctuation is one piece per character.
+            // BPE's " word" tokens do); punctuation and digits are one piece per character; an
+            // upper-case letter starts a piece (camelCase, acronyms, base64).
+            let case_change = c.is_ascii_uppercase();
             let joins = len > 0
                 && len < 3
-                && (next == class && class != Class::Punct
+                && !case_change
+                && (next == class && class != Class::Punct && class != Class::Digit
                     || (class == Class::Space && len == 1 && ascii == u32::from(b' ') && next == Class::Word));
             if len > 0 && !joins {
                 piece(ASCII_PIECE | (len << 21) | ascii);
@@ -569,7 +578,14 @@ mod tests {
         let counter = Counter::load(Path::new(TINY)).unwrap();
         assert!(counter.splits, "the tiny byte-level BPE may be cut");
         let mut text = String::new();
-        let lines = ["model token stream,", "  indented code();", "\u{4e16}\u{754c} cache", "e\u{301}t\u{e9} swap", "", "gateway"];
+        let lines = [
+            "model token stream,",
+            "  indented code();",
+            "\u{4e16}\u{754c} cache",
+            "e\u{301}t\u{e9} swap",
+            "",
+            "gateway",
+        ];
         for i in 0..4000 {
             text.push_str(lines[i % lines.len()]);
             text.push_str(if i % 7 == 0 { "\n\n" } else { "\n" });

@@ -108,7 +108,8 @@ fn resolve(
             tracing::warn!(
                 model = %model.name,
                 "no tokenizer found for this model (give models.{}.tokenizer: a directory with tokenizer.json); \
-                 prompts are counted with a conservative estimate (UTF-8 bytes / 3), which over-counts",
+                 prompts are counted with a conservative estimate (about twice the real count on English \
+                 prose), so prompts that would fit may be refused or cut",
                 model.name
             );
         }
