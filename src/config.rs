@@ -66,7 +66,7 @@ pub struct BackendConfig {
     /// Set when mlxgate runs the server itself.
     pub managed: Option<ManagedConfig>,
     /// Largest prompt + `max_tokens` the server takes, in tokens, as written in the file. When
-    /// not written, the gateway takes it from the kind (omlx: 32768) or from the model's own
+    /// not written, the gateway takes it from the kind (none of today's kinds has one) or from the model's own
     /// `config.json` (`max_position_embeddings`) at start-up.
     pub context_cap: Option<usize>,
 }

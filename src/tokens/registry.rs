@@ -100,8 +100,13 @@ fn resolve(
         },
         None => None,
     };
-    let cap =
-        backend.context_cap.or_else(|| backend.kind.context_cap()).or_else(|| dir.as_deref().and_then(model_limit));
+    let (cap, cap_from) = match (backend.context_cap, backend.kind.context_cap(), dir.as_deref().and_then(model_limit))
+    {
+        (Some(cap), _, _) => (Some(cap), "the backend's context_cap"),
+        (None, Some(cap), _) => (Some(cap), "the server kind's own limit"),
+        (None, None, Some(cap)) => (Some(cap), "the model's config.json"),
+        (None, None, None) => (None, "none known: prompts are not counted"),
+    };
     let source = counter.as_ref().and(dir);
     let counter = counter.unwrap_or_else(|| {
         if cap.is_some() {
@@ -115,9 +120,7 @@ fn resolve(
         }
         Arc::new(Estimate)
     });
-    if let Some(cap) = cap {
-        tracing::info!(model = %model.name, cap, on_overflow = model.on_overflow.label(), tokenizer = ?source, "context cap");
-    }
+    tracing::info!(model = %model.name, cap, from = cap_from, on_overflow = model.on_overflow.label(), tokenizer = ?source, "context cap");
     Ok(ModelTokens { cap, on_overflow: model.on_overflow, counter, source })
 }
 
@@ -133,13 +136,28 @@ fn backend_model_dir(backend: &BackendConfig) -> Option<PathBuf> {
     locate(&managed.model)
 }
 
-/// The model's own context length from its `config.json` (`max_position_embeddings`, also
-/// under `text_config` for vision-language models).
+/// The model's own context length from its `config.json`, as vLLM derives its default
+/// `max_model_len`: `max_position_embeddings` (under `text_config` for vision-language models),
+/// stretched by a `rope_scaling` of type yarn, linear or dynamic to
+/// `original_max_position_embeddings` (or the same) × `factor` when that is longer (Qwen's
+/// YaRN: 32768 × 4); Llama 3's `llama3` scaling is already in `max_position_embeddings`.
 fn model_limit(dir: &Path) -> Option<usize> {
     let text = std::fs::read_to_string(dir.join("config.json")).ok()?;
     let config: serde_json::Value = serde_json::from_str(&text).ok()?;
-    let limit = |v: &serde_json::Value| v.get("max_position_embeddings").and_then(serde_json::Value::as_u64);
-    let n = limit(&config).or_else(|| config.get("text_config").and_then(limit))?;
+    let text_config = config.get("text_config").filter(|t| t.get("max_position_embeddings").is_some());
+    let config = text_config.unwrap_or(&config);
+    let positions = config.get("max_position_embeddings").and_then(serde_json::Value::as_u64)?;
+    let scaled = config.get("rope_scaling").filter(|r| r.is_object()).and_then(|rope| {
+        let kind = rope.get("rope_type").or_else(|| rope.get("type")).and_then(serde_json::Value::as_str)?;
+        if !matches!(kind, "yarn" | "linear" | "dynamic") {
+            return None;
+        }
+        let factor = rope.get("factor").and_then(serde_json::Value::as_f64).filter(|f| *f >= 1.0)?;
+        let original =
+            rope.get("original_max_position_embeddings").and_then(serde_json::Value::as_u64).unwrap_or(positions);
+        Some((original as f64 * factor) as u64)
+    });
+    let n = positions.max(scaled.unwrap_or(0));
     usize::try_from(n).ok().filter(|n| *n > 0)
 }
 
@@ -157,5 +175,18 @@ mod tests {
         assert_eq!(model_limit(dir.path()), Some(8192));
         std::fs::write(dir.path().join("config.json"), r#"{"hidden_size": 64}"#).unwrap();
         assert_eq!(model_limit(dir.path()), None);
+        let write = |text: &str| std::fs::write(dir.path().join("config.json"), text).unwrap();
+        // Qwen3 with YaRN as its model card says to enable it.
+        write(
+            r#"{"max_position_embeddings": 40960, "rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}}"#,
+        );
+        assert_eq!(model_limit(dir.path()), Some(131072));
+        // Llama 3.1: its scaling is already in max_position_embeddings.
+        write(
+            r#"{"max_position_embeddings": 131072, "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": 8192}}"#,
+        );
+        assert_eq!(model_limit(dir.path()), Some(131072));
+        write(r#"{"max_position_embeddings": 4096, "rope_scaling": {"type": "linear", "factor": 2.0}}"#);
+        assert_eq!(model_limit(dir.path()), Some(8192));
     }
 }
