@@ -4,6 +4,8 @@
 //! then takes the normal path (streamed if the client asked). An embedding input too long is
 //! embedded in pieces (one backend request) and each input's vectors are averaged.
 
+use std::time::{Duration, Instant};
+
 use axum::body::Body;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::Response;
@@ -22,10 +24,22 @@ use crate::outcome::{Outcome, RequestRecord};
 use crate::stream::meter::{StreamFigures, figures_of_whole, record_whole};
 use crate::tokens::overflow::{ChunkPlan, average_embeddings};
 
+/// How long a map part that found the queue full waits before it asks again.
+const QUEUE_FULL_PAUSE: Duration = Duration::from_millis(200);
+
 /// Fields of the client's request that make no sense for a map request: it must answer with
 /// text, once, whole.
-const NOT_FOR_PARTS: [&str; 7] =
-    ["stream_options", "n", "max_completion_tokens", "tools", "tool_choice", "parallel_tool_calls", "logprobs"];
+const NOT_FOR_PARTS: [&str; 9] = [
+    "stream_options",
+    "n",
+    "max_completion_tokens",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+    "logprobs",
+    "top_logprobs",
+    "response_format",
+];
 
 /// Sends every piece of `plan` as its own request ("map") and returns their answers' texts in
 /// order. Each part is recorded as a request of the model (it took a slot and backend time).
@@ -138,7 +152,21 @@ async fn whole_answer(
     let mut record = RequestRecord::new(state.metrics.clone());
     record.routed(&route.model.name, &backend);
     let parsed = parse(parts, body, route)?;
-    let (permit, answer, _) = dispatch(state, route, client, &parsed.outbound).await?;
+    // A part that finds the queue full waits for room within the model's max_wait rather than
+    // failing the whole request after the parts before it did their work.
+    let deadline = Instant::now() + route.model.max_wait;
+    let (permit, answer, _) = loop {
+        match dispatch(state, route, client, &parsed.outbound).await {
+            Ok(sent) => break sent,
+            Err(GatewayError::QueueFull { .. }) if Instant::now() < deadline => {
+                tokio::time::sleep(QUEUE_FULL_PAUSE).await;
+            }
+            Err(e) => {
+                record.finish(Outcome::from(&e));
+                return Err(e);
+            }
+        }
+    };
     let Answer { head, body, first, .. } = answer;
     let whole = read_whole(&backend, first, body, MAX_WHOLE_ANSWER, route.backend.config.stream_idle_timeout).await;
     drop(permit);
@@ -177,6 +205,8 @@ fn answer_text(whole: &[u8]) -> String {
         Some(end) if text.trim_start().starts_with("<think>") || !text.contains("<think>") => {
             text[end + "</think>".len()..].trim_start().to_string()
         }
+        // Cut by max_tokens while still thinking: no answer in it.
+        None if text.trim_start().starts_with("<think>") => String::new(),
         _ => text,
     }
 }
@@ -198,5 +228,6 @@ mod tests {
             "the answer"
         );
         assert_eq!(answer_text(br#"{"choices":[{"message":{"content":"reasoning</think>answer"}}]}"#), "answer");
+        assert_eq!(answer_text(br#"{"choices":[{"message":{"content":"<think>still thinking"}}]}"#), "");
     }
 }

@@ -451,8 +451,8 @@ impl Prompts {
                     }
                 }
                 PromptItem::Ids(ids) => {
-                    longest = longest.max(ids.len());
-                    for slice in ids.chunks(cap.max(1)) {
+                    longest = longest.max(ids.len() + specials);
+                    for slice in ids.chunks(room) {
                         group.push((pieces.len(), slice.len()));
                         pieces.push(Value::from(slice.to_vec()));
                     }
