@@ -80,6 +80,19 @@ impl RequestRecord {
         &self.metrics
     }
 
+    /// Moves the record out (to a task that finishes it), leaving a spent one in its place.
+    pub fn take(&mut self) -> RequestRecord {
+        let taken = RequestRecord {
+            metrics: self.metrics.clone(),
+            model: self.model.clone(),
+            backend: self.backend.clone(),
+            arrived: self.arrived,
+            finished: self.finished,
+        };
+        self.finished = true;
+        taken
+    }
+
     /// Records `outcome`; the record is spent.
     pub fn finish(mut self, outcome: Outcome) {
         self.count(outcome);

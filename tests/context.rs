@@ -292,3 +292,39 @@ async fn shapes_the_real_qwen_template_cannot_render_still_reach_the_backend() {
     let seen = received(&sim).await;
     assert!(seen[0]["messages"][0]["content"].is_array(), "a prompt that fits is forwarded as the client sent it");
 }
+
+#[tokio::test]
+async fn a_streamed_chunk_sends_headers_and_keepalives_while_mapping_and_a_gone_client_stops_it() {
+    let Some(model) = prerequisites(&[]) else { return };
+    let sim = sim().await;
+    const CHUNK_CAP: usize = 1024;
+    let gw = gateway(&yaml_with_cap(&sim.url(), &model, "chunk", "", CHUNK_CAP)).await;
+    let messages = vec![
+        json!({"role": "system", "content": "summarise"}),
+        json!({"role": "user", "content": format!("summarise this document: {}", words(3000, 5))}),
+    ];
+    // Every map request takes 2 s before its answer: the client hears from the gateway first.
+    let body = json!({"model": "qwen", "messages": messages, "max_tokens": 40, "stream": true,
+        "sim": {"ttft_ms": 2000}});
+    let mut response = post(&gw, "/v1/chat/completions", &body).await;
+    assert_eq!(response.status(), 200);
+    assert!(response.headers()["x-mlxgate-transform"].to_str().unwrap().starts_with("chunk; pieces="));
+    let first = read_until(&mut response, ": mlxgate chunk: mapping").await;
+    assert!(!first.contains("data:"), "nothing but the comment yet: {first}");
+    let pieces: u64 = response.headers()["x-mlxgate-transform"].to_str().unwrap()[14..].parse().unwrap();
+    assert!(sim_stats(&sim).await["total"].as_u64().unwrap() <= pieces, "the reduce waits for every piece");
+    // The client leaves during the map phase: the gateway stops mapping and frees the slots.
+    drop(response);
+    eventually("the map requests stop", || async {
+        sim_stats(&sim).await["active"] == 0
+            && metric(&gw, "mlxgate_inflight_requests{backend=\"local\"}").await == Some(0.0)
+    })
+    .await;
+    eventually("the chunked request counted as client_closed", || async {
+        metric(&gw, "mlxgate_requests_total{backend=\"local\",model=\"qwen\",outcome=\"client_closed\"}").await
+            >= Some(1.0)
+    })
+    .await;
+    let total = sim_stats(&sim).await["total"].as_u64().unwrap();
+    assert!(total <= pieces, "no reduce was sent for a client that left: {total} requests");
+}

@@ -13,9 +13,14 @@ use base64::Engine;
 use futures_util::{StreamExt, TryStreamExt};
 use serde_json::{Value, json};
 
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http_body_util::BodyExt;
+
 use super::AppState;
 use super::fit::{EmbedPlan, raw};
-use super::openai::{MAX_WHOLE_ANSWER, RawBody, dispatch, parse, read_whole};
+use super::openai::{MAX_WHOLE_ANSWER, RawBody, dispatch, parse, read_whole, send};
 use crate::backend::handle::Answer;
 use crate::dispatch::Route;
 use crate::dispatch::queue::ClientId;
@@ -76,6 +81,131 @@ async fn map_part(
     body.insert("max_tokens".into(), raw(&plan.map_max_tokens)?);
     let whole = whole_answer(state, route, client, parts, &mut body).await?;
     Ok(answer_text(&whole))
+}
+
+/// The reduce request: the plan's prompt over the partial answers, with the client's
+/// `max_tokens` or (none given) the room left, cut to the model's default.
+pub fn reduce_request(
+    fields: &mut RawBody,
+    plan: &ChunkPlan,
+    partials: &[String],
+    default_max_tokens: u32,
+) -> Result<(), GatewayError> {
+    fields.insert("messages".into(), raw(&plan.reduce_messages(partials))?);
+    let given = fields.contains_key("max_tokens") || fields.contains_key("max_completion_tokens");
+    let max_tokens =
+        if given { plan.reduce_max_tokens } else { plan.reduce_max_tokens.min(default_max_tokens as usize) };
+    fields.insert("max_tokens".into(), raw(&max_tokens)?);
+    fields.shift_remove("max_completion_tokens");
+    Ok(())
+}
+
+/// The `x-mlxgate-transform` header of a chunked request.
+pub fn transform(plan: &ChunkPlan) -> String {
+    format!("chunk; pieces={}", plan.pieces.len())
+}
+
+/// A chunked request whose client asked for a stream, carried out after its headers are sent.
+pub struct StreamedJob {
+    pub model: String,
+    pub client: ClientId,
+    pub parts: axum::http::request::Parts,
+    pub fields: RawBody,
+    pub plan: ChunkPlan,
+}
+
+/// How often a streamed chunked request says it is still mapping.
+const MAP_KEEPALIVE: Duration = Duration::from_secs(5);
+
+/// A chunked request for a streaming client: the SSE headers at once, `: mlxgate chunk …`
+/// comments while the pieces are mapped (a client or proxy with a read timeout would otherwise
+/// give up during minutes of prefill), then the reduce's stream, metered as any stream. A
+/// failure before the reduce streams ends the stream with an error event. The task stops when
+/// the client goes (its record: `client_closed`) or at the end of the shutdown grace.
+pub fn streamed(state: Arc<AppState>, job: StreamedJob, record: RequestRecord) -> Response {
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(16);
+    let header = transform(&job.plan);
+    tokio::spawn(run_streamed(state, job, record, tx));
+    let frames = futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|item| (item, rx)) });
+    let body = Body::from_stream(frames);
+    let mut response = Response::new(body);
+    let headers = response.headers_mut();
+    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    headers.insert("x-accel-buffering", HeaderValue::from_static("no"));
+    if let Ok(v) = HeaderValue::from_str(&header) {
+        headers.insert("x-mlxgate-transform", v);
+    }
+    response
+}
+
+type Sender = tokio::sync::mpsc::Sender<Result<Bytes, std::io::Error>>;
+
+async fn run_streamed(state: Arc<AppState>, job: StreamedJob, record: RequestRecord, tx: Sender) {
+    let StreamedJob { model, client, parts, mut fields, plan } = job;
+    let Some(route) = state.dispatch.route(&model) else { return };
+    let cut = state.cutoff.notified();
+    tokio::pin!(cut);
+    let said = format!(": mlxgate chunk: mapping {} pieces\n\n", plan.pieces.len());
+    if tx.send(Ok(Bytes::from(said))).await.is_err() {
+        return;
+    }
+    let answered = async {
+        let partials = {
+            let map = map(&state, route, &client, &parts, &fields, &plan);
+            tokio::pin!(map);
+            let mut keepalive = tokio::time::interval(MAP_KEEPALIVE);
+            keepalive.tick().await;
+            loop {
+                tokio::select! {
+                    partials = &mut map => break partials?,
+                    _ = keepalive.tick() => {
+                        if tx.send(Ok(Bytes::from_static(b": mlxgate chunk: mapping\n\n"))).await.is_err() {
+                            return Ok(None);
+                        }
+                    }
+                }
+            }
+        };
+        reduce_request(&mut fields, &plan, &partials, route.model.default_max_tokens)?;
+        send(&state, route, &client, &parts, fields, None).await.map(Some)
+    };
+    let answered = tokio::select! {
+        answered = answered => answered,
+        () = tx.closed() => return,
+        () = &mut cut => Err(GatewayError::ShuttingDown),
+    };
+    let answered = match answered {
+        Ok(Some(answered)) => answered,
+        Ok(None) => return,
+        Err(e) => {
+            let _ = tx.send(Ok(e.sse_event())).await;
+            record.finish(Outcome::from(&e));
+            return;
+        }
+    };
+    let response = answered.into_response(record, Arc::clone(&state.cutoff)).await;
+    let ok = response.status().is_success();
+    let mut body = response.into_body();
+    let mut error = Vec::new();
+    while let Some(frame) = body.frame().await {
+        let Ok(frame) = frame else { break };
+        let Ok(data) = frame.into_data() else { continue };
+        if !ok {
+            error.extend_from_slice(&data);
+            continue;
+        }
+        if tx.send(Ok(data)).await.is_err() {
+            return;
+        }
+    }
+    if !ok {
+        // The reduce was refused after the client's 200: its error as the stream's last event.
+        let mut event = b"data: ".to_vec();
+        event.extend_from_slice(&error);
+        event.extend_from_slice(b"\n\n");
+        let _ = tx.send(Ok(Bytes::from(event))).await;
+    }
 }
 
 /// Embeds every piece of `plan` in one request and answers the client with each input's

@@ -63,7 +63,9 @@ pub async fn proxy(State(state): State<Arc<AppState>>, request: Request) -> Resp
     match forwarded {
         Ok(Forwarded::Answered(answered)) => answered.into_response(record, Arc::clone(&state.cutoff)).await,
         Ok(Forwarded::Made(response, figures)) => {
-            record_whole(record, &figures, Outcome::Ok);
+            if let Some(figures) = figures {
+                record_whole(record, &figures, Outcome::Ok);
+            }
             response
         }
         Err(e) => {
@@ -89,13 +91,17 @@ pub(crate) struct Parsed {
 /// vectors of a chunked embedding).
 enum Forwarded {
     Answered(Answered),
-    /// A whole answer made here, with the figures to record.
-    Made(Response, StreamFigures),
+    /// A response made here, with the figures to record (`None`: its body records them).
+    Made(Response, Option<StreamFigures>),
 }
 
 /// parse → fit (the context cap; map-reduce of an over-long message) → acquire → send
 /// (retried on a restarted backend) → wrap.
-async fn forward(state: &AppState, request: Request, record: &mut RequestRecord) -> Result<Forwarded, GatewayError> {
+async fn forward(
+    state: &Arc<AppState>,
+    request: Request,
+    record: &mut RequestRecord,
+) -> Result<Forwarded, GatewayError> {
     let (parts, body) = request.into_parts();
     let bytes = read_body(&parts, body, state.config.max_body_bytes, state.config.body_read_timeout).await?;
     let mut fields: RawBody = serde_json::from_slice(&bytes)
@@ -110,37 +116,40 @@ async fn forward(state: &AppState, request: Request, record: &mut RequestRecord)
     if let Some(endpoint) = endpoint {
         match fit::fit(&state.metrics, route, state.tokens.get(&model), endpoint, &mut fields).await? {
             Fitted::Send { transform: t } => transform = t,
+            Fitted::Chunk(plan) if fields.get("stream").is_some_and(|v| v.get() == "true") => {
+                // The client gets its headers now and keep-alive comments while the pieces are
+                // mapped (minutes on a long document), then the reduce's stream.
+                let job = chunk::StreamedJob { model: model.clone(), client, parts, fields, plan };
+                return Ok(Forwarded::Made(chunk::streamed(Arc::clone(state), job, record.take()), None));
+            }
             Fitted::Chunk(plan) => {
                 let partials = chunk::map(state, route, &client, &parts, &fields, &plan).await?;
-                fields.insert("messages".into(), fit::raw(&plan.reduce_messages(&partials))?);
-                // The client's max_tokens, or (none given) the room left, cut to the default.
-                let given = fields.contains_key("max_tokens") || fields.contains_key("max_completion_tokens");
-                let max_tokens = if given {
-                    plan.reduce_max_tokens
-                } else {
-                    plan.reduce_max_tokens.min(route.model.default_max_tokens as usize)
-                };
-                fields.insert("max_tokens".into(), fit::raw(&max_tokens)?);
-                fields.shift_remove("max_completion_tokens");
-                transform = Some(format!("chunk; pieces={}", plan.pieces.len()));
+                chunk::reduce_request(&mut fields, &plan, &partials, route.model.default_max_tokens)?;
+                transform = Some(chunk::transform(&plan));
             }
             Fitted::Embed(plan) => {
                 let (made, figures) = chunk::embed(state, route, &client, &parts, fields, plan).await?;
-                return Ok(Forwarded::Made(made, figures));
+                return Ok(Forwarded::Made(made, Some(figures)));
             }
         }
     }
-    let mut parsed = parse(&parts, &mut fields, route)?;
+    send(state, route, &client, &parts, fields, transform).await.map(Forwarded::Answered)
+}
+
+/// The request as it goes to the backend: encoded once, then acquire → send.
+pub(crate) async fn send(
+    state: &AppState,
+    route: &Route,
+    client: &ClientId,
+    parts: &axum::http::request::Parts,
+    mut fields: RawBody,
+    transform: Option<String>,
+) -> Result<Answered, GatewayError> {
+    let mut parsed = parse(parts, &mut fields, route)?;
     parsed.transform = transform;
     drop(fields);
-    let (permit, answer, queue_wait) = dispatch(state, route, &client, &parsed.outbound).await?;
-    Ok(Forwarded::Answered(Answered {
-        answer,
-        permit,
-        parsed,
-        queue_wait,
-        idle_timeout: route.backend.config.stream_idle_timeout,
-    }))
+    let (permit, answer, queue_wait) = dispatch(state, route, client, &parsed.outbound).await?;
+    Ok(Answered { answer, permit, parsed, queue_wait, idle_timeout: route.backend.config.stream_idle_timeout })
 }
 
 /// acquire → send, sent again (up to [`MAX_RETRIES`]) when the managed process that had it is
@@ -234,7 +243,7 @@ pub(crate) fn parse(
 }
 
 /// A backend's answer with the slot it holds, before it is wrapped for the client.
-struct Answered {
+pub(crate) struct Answered {
     answer: Answer,
     permit: Permit,
     parsed: Parsed,
@@ -247,7 +256,7 @@ impl Answered {
     /// wrap: the client's response. Streams and raw bodies are wrapped in the [`StreamMeter`]
     /// (which records the outcome at their end); whole answers and the backend's own errors
     /// are read here first.
-    async fn into_response(self, record: RequestRecord, cutoff: Arc<Cutoff>) -> Response {
+    pub(crate) async fn into_response(self, record: RequestRecord, cutoff: Arc<Cutoff>) -> Response {
         let Answered { answer, permit, parsed, queue_wait, idle_timeout } = self;
         let Answer { mut head, body, first, sent_at } = answer;
         strip_hop_by_hop(&mut head.headers);
