@@ -197,7 +197,8 @@ fn splittable(tokenizer: &Tokenizer) -> bool {
     let json = |v: Option<String>| v.unwrap_or_default();
     let pre = json(tokenizer.get_pre_tokenizer().and_then(|p| serde_json::to_string(p).ok()));
     let normalizer = json(tokenizer.get_normalizer().and_then(|n| serde_json::to_string(n).ok()));
-    let byte_level = pre.contains("\"ByteLevel\"") && !pre.contains("Metaspace") && !pre.contains("\"add_prefix_space\":true");
+    let byte_level =
+        pre.contains("\"ByteLevel\"") && !pre.contains("Metaspace") && !pre.contains("\"add_prefix_space\":true");
     let normalizer_ok = normalizer.is_empty() || normalizer == r#"{"type":"NFC"}"#;
     let specials_ok = tokenizer.get_added_tokens_decoder().values().all(|t| !t.content.contains('\n'));
     byte_level && normalizer_ok && specials_ok
@@ -560,7 +561,14 @@ mod tests {
         let counter = Counter::load(Path::new(TINY)).unwrap();
         assert!(counter.splits, "the tiny byte-level BPE may be cut");
         let mut text = String::new();
-        let lines = ["model token stream,", "  indented code();", "\u{4e16}\u{754c} cache", "e\u{301}t\u{e9} swap", "", "gateway"];
+        let lines = [
+            "model token stream,",
+            "  indented code();",
+            "\u{4e16}\u{754c} cache",
+            "e\u{301}t\u{e9} swap",
+            "",
+            "gateway",
+        ];
         for i in 0..4000 {
             text.push_str(lines[i % lines.len()]);
             text.push_str(if i % 7 == 0 { "\n\n" } else { "\n" });
