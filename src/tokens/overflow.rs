@@ -7,6 +7,9 @@
 //! (~20 ms for 53k tokens), so the planners work from per-message estimates (each text encoded
 //! once) and verify with one full count at the end, looping only when the verification says
 //! the prompt still does not fit.
+//!
+//! Numbers from the client (`max_tokens`, up to `u64::MAX`) are only ever added with checked or
+//! saturating arithmetic: a sum that overflows is over any cap.
 
 use std::ops::{Range, RangeInclusive};
 
@@ -124,10 +127,20 @@ pub enum ChatPlan {
 
 /// A map-reduce over the pieces of an over-long last user message.
 ///
-/// Map requests carry the system/developer messages and one piece, without the client's
+/// The message's "request" is quoted whole in every request: its first and its last tokens
+/// (up to 128 each, fewer when the cap is small, never the whole message), where a request such
+/// as a trailing `QUESTION: …` is stated.
+///
+/// Map requests carry the system/developer messages and one user message, "The request: <head>
+/// … <tail>" then "Part i of P of the text it refers to: <piece>", without the client's
 /// `tools` (a partial answer must be text) and with its `chat_template_kwargs`; the earlier
-/// conversation is not sent. The reduce request carries the system/developer messages, the
-/// client's `tools` and kwargs, and one user message built by [`ChunkPlan::reduce_messages`].
+/// conversation is not sent. The reduce request carries the system/developer messages (always),
+/// the most recent earlier turns that fit in a quarter of its room (newest first, whole turns
+/// from a user message to the next, so tool calls keep their answers; dropped when the plan
+/// would not fit with them), the client's `tools` and kwargs, and one user message with the
+/// request and the partial answers labelled by part, built by [`ChunkPlan::reduce_messages`].
+/// Every map prompt fits with `map_max_tokens`, and the reduce prompt with partial answers of
+/// `map_max_tokens` each fits with `reduce_max_tokens` (≥ [`Budget::reserve`]).
 #[derive(Debug, Clone, PartialEq)]
 pub struct ChunkPlan {
     /// One map request per piece, in order.
@@ -149,8 +162,8 @@ pub struct ChunkPlan {
 /// One piece of the split message and its map request.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Piece {
-    /// The map request's messages: the system/developer messages, then a user message with a
-    /// framing line and the piece.
+    /// The map request's messages: the system/developer messages, then a user message with the
+    /// request and the piece.
     pub messages: Vec<Value>,
     /// The piece's text (the decoded tokens).
     pub text: String,
@@ -194,14 +207,21 @@ pub enum TextPlan {
 /// Decides what to do with a chat prompt under `budget`.
 ///
 /// - `max_tokens` ≥ cap: reject whatever the action.
-/// - fits (prompt + `max_tokens` ≤ cap; without `max_tokens`: prompt < cap): [`ChatPlan::Fits`].
+/// - fits: [`ChatPlan::Fits`]. With `max_tokens`: prompt + `max_tokens` ≤ cap. Without: for
+///   `reject`, prompt < cap (the room left, at least 1, is the plan's `max_tokens`); for
+///   `middle_out` and `chunk`, the room left must be at least [`Budget::reserve`], otherwise the
+///   prompt is transformed so that the reserve fits (and sent as it is, with the room left,
+///   only when no transform can make that room).
 /// - `reject`: [`ChatPlan::Reject`].
-/// - `middle_out`: keep system/developer messages, the first user message and the last
-///   message; remove the others oldest first in groups (an assistant message with the tool
-///   answers and user messages that follow it, so a tool answer never loses its call and
-///   user/assistant alternation holds as long as possible); then cut the middle of the longest
-///   text (never a system/developer message's, never an image part) until the prompt fits with
-///   [`Budget::reserve`] left. Reject when even that does not fit.
+/// - `middle_out`: keep system/developer messages, the first user message, the last user
+///   message (the latest instruction) and the last message; remove the others oldest first in
+///   groups (an assistant message with the tool answers and user messages that follow it, so a
+///   tool answer never loses its call and user/assistant alternation holds as long as
+///   possible); then cut the middle of the longest text (never a system/developer message's,
+///   never an image part) until the prompt fits with [`Budget::reserve`] left. A small excess
+///   is cut before anything is removed: when it is at most a quarter of the longest cuttable
+///   text, that text's middle is cut first. The last user message's texts are cut only as a
+///   last resort, when no other text can be cut any more. Reject when even that does not fit.
 /// - `chunk`: when the last message is a text-only user message that does not fit even with
 ///   the system/developer messages alone, a [`ChunkPlan`]; otherwise as `middle_out` (the
 ///   earlier conversation is what overflows, and the request itself survives middle-out).
@@ -595,10 +615,9 @@ fn chunk(counter: &dyn Count, prompt: ChatPrompt<'_>, budget: Budget) -> Result<
         if let Some(plan) = split.plan(&request, &context)? {
             return Ok(Some(Some(plan)));
         }
-        if context.len() > split.instructions.len() {
-            if let Some(plan) = split.plan(&request, &split.instructions)? {
-                return Ok(Some(Some(plan)));
-            }
+        let had_turns = context.len() > split.instructions.len();
+        if had_turns && let Some(plan) = split.plan(&request, &split.instructions)? {
+            return Ok(Some(Some(plan)));
         }
     }
     Ok(Some(None))
@@ -1787,7 +1806,7 @@ mod tests {
             *kinds.entry(check_case(&case).unwrap()).or_default() += 1;
         }
         println!("plans over 400 random cases: {kinds:?}");
-        for kind in ["fits", "reject", "middle_out", "middle_out_cut", "chunk"] {
+        for kind in ["fits", "reject", "middle_out", "middle_out_cut", "chunk", "chunk_with_earlier_turns"] {
             assert!(kinds.get(kind).copied().unwrap_or(0) >= 10, "{kind} is rare: {kinds:?}");
         }
     }
