@@ -7,6 +7,9 @@
 //! (~20 ms for 53k tokens), so the planners work from per-message estimates (each text encoded
 //! once) and verify with one full count at the end, looping only when the verification says
 //! the prompt still does not fit.
+//!
+//! Numbers from the client (`max_tokens`, up to `u64::MAX`) are only ever added with checked or
+//! saturating arithmetic: a sum that overflows is over any cap.
 
 use std::ops::{Range, RangeInclusive};
 
@@ -31,9 +34,10 @@ const OVERLAP_PERCENT: usize = 5;
 pub const MIN_PARTIAL_TOKENS: usize = 32;
 /// A chunk piece shorter than this is not worth a request: reject.
 const MIN_PIECE_TOKENS: usize = 64;
-/// How much of the original message the reduce request quotes, tried in this order (and at
-/// most a quarter of the reduce prompt's room): its head usually states the request.
-const REDUCE_HEAD_TOKENS: [usize; 3] = [256, 64, 0];
+/// The message's "request" quoted in every map request and in the reduce request: this many
+/// tokens from each end of the message (its head and its tail, where a request is usually
+/// stated), tried in this order (see [`Split::request`] for the limits).
+const REQUEST_SIDE_TOKENS: [usize; 3] = [128, 32, 0];
 /// Tokens kept free in the reduce prompt, as a whole and per partial answer: a model's answer
 /// re-tokenized inside a prompt can merge differently from how it was generated.
 const REDUCE_SLACK: usize = 16;
@@ -66,17 +70,28 @@ impl Budget {
         self.cap.saturating_sub(self.reserve())
     }
 
-    /// The `max_tokens` to send with a prompt of `prompt_tokens` when it fits as it is.
-    fn fitting(&self, prompt_tokens: usize) -> Option<usize> {
-        match self.max_tokens {
-            Some(max) => (prompt_tokens + max <= self.cap).then_some(max),
-            None => (prompt_tokens < self.cap).then(|| self.cap - prompt_tokens),
+    /// The `max_tokens` to send with a prompt of `prompt_tokens` when it fits as it is under
+    /// `action`. With `max_tokens`: prompt + `max_tokens` ≤ cap (computed without overflow: a
+    /// client may send `u64::MAX`). Without: for `reject`, any room left (≥ 1) is sent; for a
+    /// transform (`middle_out`, `chunk`), the room left must be at least [`Budget::reserve`],
+    /// otherwise the prompt is treated as over the cap (a silent one-token answer helps no one).
+    fn fitting(&self, prompt_tokens: usize, action: OnOverflow) -> Option<usize> {
+        match (self.max_tokens, action) {
+            (Some(max), _) => prompt_tokens.checked_add(max).is_some_and(|total| total <= self.cap).then_some(max),
+            (None, OnOverflow::Reject) => self.room_left(prompt_tokens),
+            (None, _) => self.room_left(prompt_tokens).filter(|room| *room >= self.reserve()),
         }
     }
 
-    /// What a rejection reports: prompt + `max_tokens` (the prompt alone when not given).
+    /// The room left after a prompt of `prompt_tokens`, when there is any.
+    fn room_left(&self, prompt_tokens: usize) -> Option<usize> {
+        (prompt_tokens < self.cap).then(|| self.cap - prompt_tokens)
+    }
+
+    /// What a rejection reports: prompt + `max_tokens` (the prompt alone when not given),
+    /// saturating at `usize::MAX`.
     fn requested(&self, prompt_tokens: usize) -> usize {
-        prompt_tokens + self.max_tokens.unwrap_or(0)
+        prompt_tokens.saturating_add(self.max_tokens.unwrap_or(0))
     }
 
     /// Whether `max_tokens` alone leaves no room for any prompt (rejected whatever the action).
@@ -112,10 +127,20 @@ pub enum ChatPlan {
 
 /// A map-reduce over the pieces of an over-long last user message.
 ///
-/// Map requests carry the system/developer messages and one piece, without the client's
+/// The message's "request" is quoted whole in every request: its first and its last tokens
+/// (up to 128 each, fewer when the cap is small, never the whole message), where a request such
+/// as a trailing `QUESTION: …` is stated.
+///
+/// Map requests carry the system/developer messages and one user message, "The request: <head>
+/// … <tail>" then "Part i of P of the text it refers to: <piece>", without the client's
 /// `tools` (a partial answer must be text) and with its `chat_template_kwargs`; the earlier
-/// conversation is not sent. The reduce request carries the system/developer messages, the
-/// client's `tools` and kwargs, and one user message built by [`ChunkPlan::reduce_messages`].
+/// conversation is not sent. The reduce request carries the system/developer messages (always),
+/// the most recent earlier turns that fit in a quarter of its room (newest first, whole turns
+/// from a user message to the next, so tool calls keep their answers; dropped when the plan
+/// would not fit with them), the client's `tools` and kwargs, and one user message with the
+/// request and the partial answers labelled by part, built by [`ChunkPlan::reduce_messages`].
+/// Every map prompt fits with `map_max_tokens`, and the reduce prompt with partial answers of
+/// `map_max_tokens` each fits with `reduce_max_tokens` (≥ [`Budget::reserve`]).
 #[derive(Debug, Clone, PartialEq)]
 pub struct ChunkPlan {
     /// One map request per piece, in order.
@@ -127,16 +152,18 @@ pub struct ChunkPlan {
     pub reduce_max_tokens: usize,
     /// Tokens of the original message that was split.
     pub message_tokens: usize,
-    instructions: Vec<Value>,
-    head: String,
-    head_is_whole: bool,
+    /// The reduce request's messages before its user message: the system/developer messages and
+    /// the earlier turns kept.
+    reduce_context: Vec<Value>,
+    /// The quoted request (head and tail of the message around [`CUT_MARKER`]), or empty.
+    request: String,
 }
 
 /// One piece of the split message and its map request.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Piece {
-    /// The map request's messages: the system/developer messages, then a user message with a
-    /// framing line and the piece.
+    /// The map request's messages: the system/developer messages, then a user message with the
+    /// request and the piece.
     pub messages: Vec<Value>,
     /// The piece's text (the decoded tokens).
     pub text: String,
@@ -150,8 +177,8 @@ pub struct Piece {
 impl ChunkPlan {
     /// The reduce request's messages for these partial answers (one per piece, in order).
     pub fn reduce_messages(&self, partials: &[String]) -> Vec<Value> {
-        let mut messages = self.instructions.clone();
-        messages.push(user_message(reduce_text(&self.head, self.head_is_whole, self.pieces.len(), partials)));
+        let mut messages = self.reduce_context.clone();
+        messages.push(user_message(reduce_text(&self.request, self.pieces.len(), partials)));
         messages
     }
 
@@ -180,14 +207,21 @@ pub enum TextPlan {
 /// Decides what to do with a chat prompt under `budget`.
 ///
 /// - `max_tokens` ≥ cap: reject whatever the action.
-/// - fits (prompt + `max_tokens` ≤ cap; without `max_tokens`: prompt < cap): [`ChatPlan::Fits`].
+/// - fits: [`ChatPlan::Fits`]. With `max_tokens`: prompt + `max_tokens` ≤ cap. Without: for
+///   `reject`, prompt < cap (the room left, at least 1, is the plan's `max_tokens`); for
+///   `middle_out` and `chunk`, the room left must be at least [`Budget::reserve`], otherwise the
+///   prompt is transformed so that the reserve fits (and sent as it is, with the room left,
+///   only when no transform can make that room).
 /// - `reject`: [`ChatPlan::Reject`].
-/// - `middle_out`: keep system/developer messages, the first user message and the last
-///   message; remove the others oldest first in groups (an assistant message with the tool
-///   answers and user messages that follow it, so a tool answer never loses its call and
-///   user/assistant alternation holds as long as possible); then cut the middle of the longest
-///   text (never a system/developer message's, never an image part) until the prompt fits with
-///   [`Budget::reserve`] left. Reject when even that does not fit.
+/// - `middle_out`: keep system/developer messages, the first user message, the last user
+///   message (the latest instruction) and the last message; remove the others oldest first in
+///   groups (an assistant message with the tool answers and user messages that follow it, so a
+///   tool answer never loses its call and user/assistant alternation holds as long as
+///   possible); then cut the middle of the longest text (never a system/developer message's,
+///   never an image part) until the prompt fits with [`Budget::reserve`] left. A small excess
+///   is cut before anything is removed: when it is at most a quarter of the longest cuttable
+///   text, that text's middle is cut first. The last user message's texts are cut only as a
+///   last resort, when no other text can be cut any more. Reject when even that does not fit.
 /// - `chunk`: when the last message is a text-only user message that does not fit even with
 ///   the system/developer messages alone, a [`ChunkPlan`]; otherwise as `middle_out` (the
 ///   earlier conversation is what overflows, and the request itself survives middle-out).
@@ -202,17 +236,22 @@ pub fn plan_chat(
     if budget.max_tokens_alone_over() {
         return Ok(reject);
     }
-    if let Some(max_tokens) = budget.fitting(prompt_tokens) {
+    if let Some(max_tokens) = budget.fitting(prompt_tokens, action) {
         return Ok(ChatPlan::Fits { prompt_tokens, max_tokens });
     }
-    match action {
-        OnOverflow::Reject => Ok(reject),
-        OnOverflow::MiddleOut => Ok(middle_out(counter, prompt, budget, prompt_tokens)?.unwrap_or(reject)),
+    let transformed = match action {
+        OnOverflow::Reject => None,
+        OnOverflow::MiddleOut => middle_out(counter, prompt, budget, prompt_tokens)?,
         OnOverflow::Chunk => match chunk(counter, prompt, budget)? {
-            Some(plan) => Ok(plan.map_or(reject, ChatPlan::Chunk)),
-            None => Ok(middle_out(counter, prompt, budget, prompt_tokens)?.unwrap_or(reject)),
+            Some(plan) => plan.map(ChatPlan::Chunk),
+            None => middle_out(counter, prompt, budget, prompt_tokens)?,
         },
-    }
+    };
+    // A transform that can not make room for the reserve leaves a prompt under the cap as it is.
+    let as_it_is = || {
+        budget.fitting(prompt_tokens, OnOverflow::Reject).map(|max_tokens| ChatPlan::Fits { prompt_tokens, max_tokens })
+    };
+    Ok(transformed.or_else(as_it_is).unwrap_or(reject))
 }
 
 /// Decides what to do with a `/v1/completions` text prompt under `budget`.
@@ -227,13 +266,17 @@ pub fn plan_text(counter: &dyn Count, text: &str, budget: Budget, action: OnOver
     if budget.max_tokens_alone_over() {
         return reject;
     }
-    if let Some(max_tokens) = budget.fitting(prompt_tokens) {
+    if let Some(max_tokens) = budget.fitting(prompt_tokens, action) {
         return TextPlan::Fits { prompt_tokens, max_tokens };
     }
-    if action == OnOverflow::Reject {
-        return reject;
-    }
-    middle_out_text(counter, text, budget, prompt_tokens).unwrap_or(reject)
+    let transformed = match action {
+        OnOverflow::Reject => None,
+        OnOverflow::MiddleOut | OnOverflow::Chunk => middle_out_text(counter, text, budget, prompt_tokens),
+    };
+    let as_it_is = || {
+        budget.fitting(prompt_tokens, OnOverflow::Reject).map(|max_tokens| TextPlan::Fits { prompt_tokens, max_tokens })
+    };
+    transformed.or_else(as_it_is).unwrap_or(reject)
 }
 
 /// Splits an embedding input into pieces at token boundaries, each fitting `cap` as the server
@@ -312,8 +355,11 @@ fn middle_out(
     let mut conversation = Conversation::new(counter, prompt.messages);
     let mut excess = prompt_tokens.saturating_sub(limit);
     for _ in 0..MAX_VERIFICATIONS {
+        if conversation.cut_first(excess) {
+            excess = conversation.cut_longest(counter, excess, false);
+        }
         excess = conversation.remove_middle(excess);
-        excess = conversation.cut_longest(counter, excess);
+        excess = conversation.cut_longest(counter, excess, true);
         if excess > 0 {
             return Ok(None);
         }
@@ -356,11 +402,14 @@ struct TextSegment {
     kept: usize,
     /// System/developer texts are never cut; nor one that no longer shrinks.
     cuttable: bool,
+    /// A text of the last user message: cut only when no other text can be.
+    last_resort: bool,
 }
 
 impl Conversation {
     fn new(counter: &dyn Count, messages: &[Value]) -> Self {
         let protected = protected_messages(messages);
+        let last_user = last_user(messages);
         let groups = removal_groups(messages, &protected);
         let mut estimate = Vec::with_capacity(messages.len());
         let mut texts = Vec::new();
@@ -376,6 +425,7 @@ impl Conversation {
                     kept: ids.len(),
                     ids,
                     cuttable: !is_instruction(message),
+                    last_resort: Some(index) == last_user,
                 });
             }
             estimate.push(tokens);
@@ -402,20 +452,33 @@ impl Conversation {
         excess
     }
 
+    /// Whether an estimated `excess` is small enough to cut from the longest text (other than
+    /// the last user message's) rather than remove whole groups: at most a quarter of it.
+    fn cut_first(&self, excess: usize) -> bool {
+        let longest = self
+            .texts
+            .iter()
+            .filter(|text| text.cuttable && !text.last_resort && self.kept[text.message])
+            .map(|text| text.tokens)
+            .max();
+        longest.is_some_and(|tokens| excess > 0 && excess.saturating_mul(4) <= tokens)
+    }
+
     /// Cuts the middle of the longest kept text, again and again, until the estimated excess is
-    /// gone or nothing can be cut; returns what is left.
-    fn cut_longest(&mut self, counter: &dyn Count, mut excess: usize) -> usize {
+    /// gone or nothing can be cut; returns what is left. The last user message's texts come
+    /// after every other text, and only when `last_resort` allows them.
+    fn cut_longest(&mut self, counter: &dyn Count, mut excess: usize, last_resort: bool) -> usize {
         let marker_tokens = counter.encode(CUT_MARKER).len();
         while excess > 0 {
             let Some(longest) = self
                 .texts
                 .iter_mut()
-                .filter(|text| text.cuttable && self.kept[text.message])
-                .max_by_key(|text| text.tokens)
+                .filter(|text| text.cuttable && self.kept[text.message] && (last_resort || !text.last_resort))
+                .max_by_key(|text| (!text.last_resort, text.tokens))
             else {
                 return excess;
             };
-            let keep = longest.kept.saturating_sub(excess + marker_tokens).max(MIN_KEPT_TOKENS);
+            let keep = longest.kept.saturating_sub(excess.saturating_add(marker_tokens)).max(MIN_KEPT_TOKENS);
             if keep >= longest.kept {
                 longest.cuttable = false;
                 continue;
@@ -441,13 +504,21 @@ impl Conversation {
     }
 }
 
-/// Messages middle-out never removes: system/developer messages, the first user message and
-/// the last message.
+/// Messages middle-out never removes: system/developer messages, the first user message, the
+/// last user message (the latest instruction) and the last message.
 fn protected_messages(messages: &[Value]) -> Vec<bool> {
     let first_user = messages.iter().position(|m| role(m) == "user");
+    let last_user = last_user(messages);
     (0..messages.len())
-        .map(|i| is_instruction(&messages[i]) || Some(i) == first_user || i + 1 == messages.len())
+        .map(|i| {
+            is_instruction(&messages[i]) || Some(i) == first_user || Some(i) == last_user || i + 1 == messages.len()
+        })
         .collect()
+}
+
+/// The index of the last user message.
+fn last_user(messages: &[Value]) -> Option<usize> {
+    messages.iter().rposition(|m| role(m) == "user")
 }
 
 /// The groups middle-out removes, oldest first. A group starts at each assistant message and
@@ -518,6 +589,10 @@ fn middle_out_text(counter: &dyn Count, text: &str, budget: Budget, prompt_token
 
 /// `None` when chunk does not apply (middle-out does); `Some(None)` when it applies but no
 /// plan fits (reject).
+///
+/// Plans are tried in this order until one fits: the request quoted with
+/// [`REQUEST_SIDE_TOKENS`] tokens from each end of the message, first with the earlier turns in
+/// the reduce request and then without them, each size in turn.
 fn chunk(counter: &dyn Count, prompt: ChatPrompt<'_>, budget: Budget) -> Result<Option<Option<ChunkPlan>>, CountError> {
     let Some(last) = prompt.messages.last().filter(|m| role(m) == "user") else {
         return Ok(None);
@@ -530,12 +605,18 @@ fn chunk(counter: &dyn Count, prompt: ChatPrompt<'_>, budget: Budget) -> Result<
     let mut alone = instructions.clone();
     alone.push(user_message(String::new()));
     let instructions_tokens = counter.chat_tokens(ChatPrompt { messages: &alone, ..prompt })?;
-    if instructions_tokens + ids.len() <= budget.prompt_limit() {
+    if instructions_tokens.saturating_add(ids.len()) <= budget.prompt_limit() {
         return Ok(None);
     }
     let split = Split { counter, prompt, budget, instructions, ids };
-    for head_tokens in REDUCE_HEAD_TOKENS {
-        if let Some(plan) = split.plan(head_tokens)? {
+    for side in REQUEST_SIDE_TOKENS {
+        let request = split.request(side);
+        let context = split.reduce_context(&request)?;
+        if let Some(plan) = split.plan(&request, &context)? {
+            return Ok(Some(Some(plan)));
+        }
+        let had_turns = context.len() > split.instructions.len();
+        if had_turns && let Some(plan) = split.plan(&request, &split.instructions)? {
             return Ok(Some(Some(plan)));
         }
     }
@@ -547,29 +628,77 @@ struct Split<'a> {
     counter: &'a dyn Count,
     prompt: ChatPrompt<'a>,
     budget: Budget,
+    /// The system/developer messages, in order.
     instructions: Vec<Value>,
+    /// The over-long last user message's tokens.
     ids: Vec<u32>,
 }
 
 impl Split<'_> {
-    /// A plan quoting `head_tokens` of the message in the reduce request, or `None`.
-    fn plan(&self, head_tokens: usize) -> Result<Option<ChunkPlan>, CountError> {
+    /// The message's request: its first and its last `side` tokens around [`CUT_MARKER`]; less
+    /// when the budget is small (each end at most an eighth of the room left by the reserve, so
+    /// the whole quote at most a quarter), never more than a quarter of the message per end (so
+    /// never the whole message). Empty when that leaves nothing.
+    fn request(&self, side: usize) -> String {
+        let side = side.min(self.budget.prompt_limit() / 8).min(self.ids.len() / 4);
+        if side == 0 {
+            return String::new();
+        }
+        let head_end = clean_boundary(self.counter, &self.ids, side, 0);
+        let tail_start = clean_boundary_forward(self.counter, &self.ids, self.ids.len() - side).max(head_end);
+        format!(
+            "{}{CUT_MARKER}{}",
+            self.counter.decode(&self.ids[..head_end]),
+            self.counter.decode(&self.ids[tail_start..])
+        )
+    }
+
+    /// The messages the reduce request puts before its user message: the system/developer
+    /// messages, and the most recent earlier turns that fit in a quarter of the reduce prompt's
+    /// room (whole turns, each from a user message up to the next one, so tool calls keep their
+    /// answers), in their original order.
+    fn reduce_context(&self, request: &str) -> Result<Vec<Value>, CountError> {
+        let earlier = &self.prompt.messages[..self.prompt.messages.len() - 1];
+        let starts = turn_starts(earlier);
+        if starts.is_empty() {
+            return Ok(self.instructions.clone());
+        }
+        let base = self.reduce_tokens(&self.instructions, request, 2)?;
+        let room =
+            self.budget.cap.saturating_sub(self.budget.reserve().saturating_add(base).saturating_add(REDUCE_SLACK));
+        let history_limit = room / 4;
+        // Binary search for the oldest start that fits: an older start only adds messages.
+        let (mut fits, mut over) = (starts.len(), 0);
+        while over < fits {
+            let middle = over + (fits - over) / 2;
+            let tokens = self.reduce_tokens(&context_from(earlier, starts[middle]), request, 2)?;
+            if tokens.saturating_sub(base) <= history_limit {
+                fits = middle;
+            } else {
+                over = middle + 1;
+            }
+        }
+        Ok(match starts.get(fits) {
+            Some(&start) => context_from(earlier, start),
+            None => self.instructions.clone(),
+        })
+    }
+
+    /// A plan quoting `request` in every map request and in the reduce request, whose reduce
+    /// request starts with `context`, or `None` when it does not fit.
+    fn plan(&self, request: &str, context: &[Value]) -> Result<Option<ChunkPlan>, CountError> {
         let cap = self.budget.cap;
-        // The quote takes at most a quarter of the reduce prompt's room: the partial answers
-        // need the rest.
-        let quoted = head_tokens.min(cap.saturating_sub(self.budget.reserve()) / 4).min(self.ids.len());
-        let head_end = clean_boundary(self.counter, &self.ids, quoted, 0);
-        let head = self.counter.decode(&self.ids[..head_end]);
-        let head_is_whole = head_end == self.ids.len();
-        let framing_tokens = self.map_tokens(&map_text(WIDEST_PART_LABEL, WIDEST_PART_LABEL, ""))?;
+        let reserve = self.budget.reserve();
+        let framing_tokens = self.map_tokens(&map_text(request, WIDEST_PART_LABEL, WIDEST_PART_LABEL, ""))?;
         let Some(mut room) = cap.checked_sub(framing_tokens) else {
             return Ok(None);
         };
         let mut parts = 2;
         // `parts` only grows and `room` only shrinks: the loop ends.
         for _ in 0..256 {
-            let reduce_base = self.reduce_tokens(&head, head_is_whole, parts)?;
-            let Some(answers) = cap.checked_sub(self.budget.reserve() + reduce_base + REDUCE_SLACK) else {
+            let reduce_base = self.reduce_tokens(context, request, parts)?;
+            let Some(answers) = cap.checked_sub(reserve.saturating_add(reduce_base).saturating_add(REDUCE_SLACK))
+            else {
                 return Ok(None);
             };
             let map_max = (answers / parts).saturating_sub(PARTIAL_SLACK).min(room / 4);
@@ -583,13 +712,17 @@ impl Split<'_> {
                 parts = ranges.len();
                 continue;
             }
-            let pieces = self.pieces(&ranges)?;
-            let over =
-                pieces.iter().map(|piece| (piece.prompt_tokens + map_max).saturating_sub(cap)).max().unwrap_or(0);
+            let pieces = self.pieces(request, &ranges)?;
+            let over = pieces
+                .iter()
+                .map(|piece| piece.prompt_tokens.saturating_add(map_max).saturating_sub(cap))
+                .max()
+                .unwrap_or(0);
             if over > 0 {
                 room -= over.min(room);
                 continue;
             }
+            // `parts * (map_max + PARTIAL_SLACK) <= answers`: the reduce keeps the reserve.
             let reduce_max_tokens = self.budget.max_tokens.unwrap_or_else(|| {
                 cap.saturating_sub(reduce_base + REDUCE_SLACK + parts * (map_max + PARTIAL_SLACK)).max(1)
             });
@@ -598,15 +731,14 @@ impl Split<'_> {
                 map_max_tokens: map_max,
                 reduce_max_tokens,
                 message_tokens: self.ids.len(),
-                instructions: self.instructions.clone(),
-                head,
-                head_is_whole,
+                reduce_context: context.to_vec(),
+                request: request.to_string(),
             }));
         }
         Ok(None)
     }
 
-    fn pieces(&self, ranges: &[Range<usize>]) -> Result<Vec<Piece>, CountError> {
+    fn pieces(&self, request: &str, ranges: &[Range<usize>]) -> Result<Vec<Piece>, CountError> {
         let total = ranges.len();
         ranges
             .iter()
@@ -614,7 +746,7 @@ impl Split<'_> {
             .map(|(index, range)| {
                 let text = self.counter.decode(&self.ids[range.clone()]);
                 let mut messages = self.instructions.clone();
-                messages.push(user_message(map_text(index + 1, total, &text)));
+                messages.push(user_message(map_text(request, index + 1, total, &text)));
                 let prompt_tokens = self.counter.chat_tokens(ChatPrompt {
                     messages: &messages,
                     tools: None,
@@ -636,39 +768,66 @@ impl Split<'_> {
         })
     }
 
-    /// Tokens of a reduce prompt with `parts` empty partial answers (with the client's tools).
-    fn reduce_tokens(&self, head: &str, head_is_whole: bool, parts: usize) -> Result<usize, CountError> {
-        let mut messages = self.instructions.clone();
-        messages.push(user_message(reduce_text(head, head_is_whole, parts, &vec![String::new(); parts])));
+    /// Tokens of a reduce prompt after `context` with `parts` empty partial answers (with the
+    /// client's tools).
+    fn reduce_tokens(&self, context: &[Value], request: &str, parts: usize) -> Result<usize, CountError> {
+        let mut messages = context.to_vec();
+        messages.push(user_message(reduce_text(request, parts, &vec![String::new(); parts])));
         self.counter.chat_tokens(ChatPrompt { messages: &messages, ..self.prompt })
     }
 }
 
-/// The user message of map request `index` (from 1) of `total`.
-fn map_text(index: usize, total: usize, piece: &str) -> String {
+/// Where the turns of an earlier conversation may start, oldest first: each user message whose
+/// following messages do not answer a tool call made before it.
+fn turn_starts(earlier: &[Value]) -> Vec<usize> {
+    (0..earlier.len())
+        .filter(|&start| role(&earlier[start]) == "user")
+        .filter(|&start| {
+            let after = earlier[start + 1..].iter().map(role).filter(|r| !matches!(*r, "system" | "developer"));
+            after.take_while(|r| *r != "assistant").all(|r| r != "tool")
+        })
+        .collect()
+}
+
+/// The system/developer messages of `earlier` and its messages from `start` on, in order.
+fn context_from(earlier: &[Value], start: usize) -> Vec<Value> {
+    earlier
+        .iter()
+        .enumerate()
+        .filter(|(index, m)| *index >= start || is_instruction(m))
+        .map(|(_, m)| m.clone())
+        .collect()
+}
+
+/// The user message of map request `index` (from 1) of `total`: the request, then the piece.
+fn map_text(request: &str, index: usize, total: usize, piece: &str) -> String {
+    if request.is_empty() {
+        return format!(
+            "Part {index} of {total} of a long message. Answer the message's request about this part \
+             only; you will not see the other parts.\n\n{piece}"
+        );
+    }
     format!(
-        "Part {index} of {total} of a long message. Answer the request below about this part only; \
-         you will not see the other parts.\n\n{piece}"
+        "A long message was split into {total} parts. Answer its request about part {index} only; \
+         you will not see the other parts.\n\nThe request (the message's beginning and end): \
+         {request}\n\nPart {index} of {total} of the text it refers to:\n{piece}"
     )
 }
 
-/// The user message of the reduce request.
-fn reduce_text(head: &str, head_is_whole: bool, total: usize, partials: &[String]) -> String {
+/// The user message of the reduce request: the request, then the partial answers by part.
+fn reduce_text(request: &str, total: usize, partials: &[String]) -> String {
     let mut text = format!("A long message was split into {total} parts, and each part was answered on its own.");
-    if !head.is_empty() {
-        text.push_str(" The message began:\n\n");
-        text.push_str(head);
-        if !head_is_whole {
-            text.push_str(CUT_MARKER);
-        }
+    if !request.is_empty() {
+        text.push_str("\n\nThe request (the message's beginning and end): ");
+        text.push_str(request);
     }
     text.push_str("\n\nThe answers for each part:");
     for (index, partial) in partials.iter().enumerate() {
         text.push_str(&format!("\n\n[Part {} of {total}]\n{partial}", index + 1));
     }
     text.push_str(
-        "\n\nUsing these partial answers, answer the original request of the long message as \
-         if you had read it whole.",
+        "\n\nUsing these partial answers, answer the request of the long message as if you had \
+         read it whole.",
     );
     text
 }
@@ -1127,7 +1286,8 @@ mod tests {
         assert_eq!(plan.reduce_max_tokens, 200);
         assert!(plan.len() >= 6, "{} pieces", plan.len());
         let first = plan.pieces[0].messages[1]["content"].as_str().unwrap();
-        assert!(first.starts_with(&format!("Part 1 of {} of a long message.", plan.len())), "{first}");
+        assert!(first.starts_with(&format!("A long message was split into {} parts.", plan.len())), "{first}");
+        assert!(first.contains(&format!("Part 1 of {} of the text it refers to:\n", plan.len())), "{first}");
         assert!(first.ends_with(&plan.pieces[0].text));
         for piece in &plan.pieces {
             assert_eq!(piece.messages[0], messages[0], "the instructions go with each piece");
@@ -1163,6 +1323,164 @@ mod tests {
         // 600 tokens for the client's answer leave too little for dozens of partial answers.
         let plan = plan_chat(&counter, chat(&messages), budget(1000, Some(600)), OnOverflow::Chunk).unwrap();
         assert_eq!(plan, ChatPlan::Reject { requested: count(&counter, &messages) + 600 });
+    }
+
+    /// Review issue 1: a `<doc>…</doc> QUESTION: …` message split in pieces; every map request
+    /// and the reduce request must carry the question at its end, and the reduce request the
+    /// turns before the long message that fit.
+    #[test]
+    fn chunk_carries_the_request_into_every_map_request_and_the_reduce_with_the_recent_turns() {
+        let counter = Words::default();
+        let question = "QUESTION: which region grew fastest?";
+        let document = format!("<doc> {} </doc>\n{question}", text("report", 6000));
+        let messages = [
+            msg("system", "You are helpful.".into()),
+            msg("user", text("old", 400)),
+            msg("assistant", text("oldanswer", 400)),
+            msg("user", "Now the quarterly report.".into()),
+            msg("assistant", "Send it.".into()),
+            msg("user", document.clone()),
+        ];
+        let budget = budget(2000, Some(300));
+        let plan = chunk_plan(&counter, &messages, budget);
+        check_chunk(&counter, &messages, None, budget, &plan);
+        assert!(plan.len() >= 3, "{} pieces", plan.len());
+        for piece in &plan.pieces {
+            let map = piece.messages[1]["content"].as_str().unwrap();
+            assert!(map.contains(question) && map.contains("<doc> report0 report1"), "{map}");
+        }
+        let reduce = plan.reduce_messages(&vec!["x".into(); plan.len()]);
+        let reduce_text = reduce.last().unwrap()["content"].as_str().unwrap();
+        assert!(reduce_text.contains(question) && reduce_text.contains("[Part 3 of"), "{reduce_text}");
+        // The last exchange fits in a quarter of the reduce room; the 800-token one before does not.
+        assert_eq!(reduce[..reduce.len() - 1], [messages[0].clone(), messages[3].clone(), messages[4].clone()]);
+    }
+
+    /// Review issue 2: five tokens over, the latest user instruction ("STOP") must stay and
+    /// the 2.7k-token tool answer be cut instead.
+    #[test]
+    fn middle_out_cuts_a_long_tool_answer_rather_than_remove_the_latest_user_instruction() {
+        let counter = Words::default();
+        let call = json!({"id": "c1", "type": "function", "function": {"name": "read", "arguments": "{}"}});
+        let messages = [
+            msg("system", "sys".into()),
+            msg("user", "task: refactor the module".into()),
+            msg("assistant", "done with step one".into()),
+            msg("user", "STOP. Do not touch the tests; revert instead.".into()),
+            json!({"role": "assistant", "content": "", "tool_calls": [call]}),
+            json!({"role": "tool", "tool_call_id": "c1", "content": text("lorem", 2700)}),
+        ];
+        let total = count(&counter, &messages);
+        let plan =
+            plan_chat(&counter, chat(&messages), budget(total - 5 + 100, Some(100)), OnOverflow::MiddleOut).unwrap();
+        let ChatPlan::MiddleOut { messages: kept, prompt_tokens, removed_tokens, .. } = plan else {
+            panic!("expected middle-out, got {plan:?}");
+        };
+        assert_eq!(kept[..5], messages[..5], "nothing removed: the excess is cut from the tool answer");
+        assert!(kept[5]["content"].as_str().unwrap().contains(CUT_MARKER));
+        assert!(prompt_tokens + 100 <= total - 5 + 100 && removed_tokens < 20, "removed {removed_tokens}");
+        // A large excess removes groups, but never the last user message.
+        let plan = plan_chat(&counter, chat(&messages), budget(1200, Some(100)), OnOverflow::MiddleOut).unwrap();
+        let ChatPlan::MiddleOut { messages: kept, .. } = plan else {
+            panic!("expected middle-out, got {plan:?}");
+        };
+        assert!(!kept.contains(&messages[2]) && kept.contains(&messages[3]), "{kept:?}");
+    }
+
+    #[test]
+    fn middle_out_cuts_the_last_user_message_only_after_every_other_text() {
+        let counter = Words::default();
+        let messages = [msg("user", text("doc", 600)), msg("assistant", text("a", 30)), msg("user", text("ask", 1000))];
+        let plan = plan_chat(&counter, chat(&messages), budget(800, Some(50)), OnOverflow::MiddleOut).unwrap();
+        let ChatPlan::MiddleOut { messages: kept, prompt_tokens, .. } = plan else {
+            panic!("expected middle-out, got {plan:?}");
+        };
+        assert!(prompt_tokens + 50 <= 800);
+        assert_eq!(kept.len(), 2, "the assistant message goes first: {kept:?}");
+        let doc = kept[0]["content"].as_str().unwrap();
+        let ask = kept[1]["content"].as_str().unwrap();
+        assert!(words(doc).len() <= MIN_KEPT_TOKENS + 2, "the first message is cut to its minimum first: {doc}");
+        assert!(ask.starts_with("ask0 ") && ask.ends_with(" ask999") && ask.contains(CUT_MARKER));
+        assert!(words(ask).len() > 600, "the last user message keeps all the room left: {}", words(ask).len());
+    }
+
+    /// Review issue 3: without `max_tokens`, a prompt just under the cap must not go out with
+    /// `max_tokens: 1` on a transforming model.
+    #[test]
+    fn without_max_tokens_a_transform_makes_room_for_the_reserve() {
+        let counter = Words::default();
+        let messages = [msg("user", text("lorem", 500))];
+        let total = count(&counter, &messages);
+        let budget = budget(total + 1, None);
+        let reserve = budget.reserve();
+        assert!(reserve > 100);
+        match plan_chat(&counter, chat(&messages), budget, OnOverflow::MiddleOut).unwrap() {
+            ChatPlan::MiddleOut { prompt_tokens, max_tokens, .. } => {
+                assert!(max_tokens >= reserve && prompt_tokens + max_tokens <= total + 1, "{max_tokens}");
+            }
+            other => panic!("expected middle-out, got {other:?}"),
+        }
+        match plan_chat(&counter, chat(&messages), budget, OnOverflow::Chunk).unwrap() {
+            ChatPlan::Chunk(plan) => {
+                check_chunk(&counter, &messages, None, budget, &plan);
+                assert!(plan.reduce_max_tokens >= reserve);
+            }
+            other => panic!("expected chunk, got {other:?}"),
+        }
+        match plan_text(
+            &counter,
+            &text("lorem", 500),
+            Budget { cap: 500 + BOS + 1, max_tokens: None },
+            OnOverflow::Chunk,
+        ) {
+            TextPlan::MiddleOut { max_tokens, .. } => assert!(max_tokens >= 125, "{max_tokens}"),
+            other => panic!("expected middle-out, got {other:?}"),
+        }
+        // Reject models keep the room left, and so does a transform that can not make room.
+        let fits = ChatPlan::Fits { prompt_tokens: total, max_tokens: 1 };
+        assert_eq!(plan_chat(&counter, chat(&messages), budget, OnOverflow::Reject).unwrap(), fits);
+        let instructions = [msg("system", text("s", 500)), msg("user", "hi".into())];
+        let total = count(&counter, &instructions);
+        let plan = plan_chat(
+            &counter,
+            chat(&instructions),
+            Budget { cap: total + 10, max_tokens: None },
+            OnOverflow::MiddleOut,
+        );
+        assert_eq!(plan.unwrap(), ChatPlan::Fits { prompt_tokens: total, max_tokens: 10 });
+    }
+
+    /// Review issues 4 and 5: a client's `max_tokens: u64::MAX` (or a huge cap) must not
+    /// overflow.
+    #[test]
+    fn huge_numbers_never_overflow_whatever_the_action() {
+        let counter = Words::default();
+        let messages = [msg("system", text("s", 10)), msg("user", text("u", 300))];
+        let total = count(&counter, &messages);
+        let prompt = text("w", 300);
+        for action in [OnOverflow::Reject, OnOverflow::MiddleOut, OnOverflow::Chunk] {
+            let huge = budget(32768, Some(usize::MAX));
+            assert_eq!(
+                plan_chat(&counter, chat(&messages), huge, action).unwrap(),
+                ChatPlan::Reject { requested: usize::MAX }
+            );
+            assert_eq!(plan_text(&counter, &prompt, huge, action), TextPlan::Reject { requested: usize::MAX });
+            // prompt + max_tokens overflows usize: over the cap, never a wrapped "fits".
+            let almost = budget(usize::MAX, Some(usize::MAX - 1));
+            assert_eq!(
+                plan_chat(&counter, chat(&messages), almost, action).unwrap(),
+                ChatPlan::Reject { requested: usize::MAX }
+            );
+            assert_eq!(plan_text(&counter, &prompt, almost, action), TextPlan::Reject { requested: usize::MAX });
+            let open = budget(usize::MAX, None);
+            let plan = plan_chat(&counter, chat(&messages), open, action).unwrap();
+            assert_eq!(plan, ChatPlan::Fits { prompt_tokens: total, max_tokens: usize::MAX - total });
+            let plan = plan_text(&counter, &prompt, open, action);
+            assert_eq!(plan, TextPlan::Fits { prompt_tokens: 300 + BOS, max_tokens: usize::MAX - 300 - BOS });
+            let plan = plan_chat(&counter, chat(&messages), budget(usize::MAX, Some(usize::MAX / 2)), action).unwrap();
+            assert_eq!(plan, ChatPlan::Fits { prompt_tokens: total, max_tokens: usize::MAX / 2 });
+        }
+        assert_eq!(split_for_embedding(&counter, &prompt, usize::MAX), vec![(prompt.clone(), 300)]);
     }
 
     #[test]
@@ -1247,8 +1565,30 @@ mod tests {
             rebuilt.extend_from_slice(&ids[piece.tokens.start + overlap..piece.tokens.end]);
         }
         assert_eq!(rebuilt, ids, "pieces minus overlaps re-create the message");
+        // The request: the message's head and tail, never the whole message, in every request.
+        if let Some((head, tail)) = plan.request.split_once(CUT_MARKER) {
+            let message = text_only(last).unwrap();
+            assert!(message.starts_with(head) && message.ends_with(tail) && !head.is_empty() && !tail.is_empty());
+            assert!(counter.encode(head).len() + counter.encode(tail).len() < ids.len());
+            for piece in &plan.pieces {
+                assert!(piece.messages.last().unwrap()["content"].as_str().unwrap().contains(&plan.request));
+            }
+        } else {
+            assert!(plan.request.is_empty());
+        }
         let partial = text("p", plan.map_max_tokens);
         let reduce = plan.reduce_messages(&vec![partial; plan.len()]);
+        let (reduce_user, context) = reduce.split_last().unwrap();
+        assert!(reduce_user["content"].as_str().unwrap().contains(&plan.request));
+        // The reduce context: every instruction, then a suffix of the earlier conversation.
+        let earlier = &messages[..messages.len() - 1];
+        let kept: Vec<usize> =
+            context.iter().map(|m| earlier.iter().position(|e| e == m).expect("an earlier message")).collect();
+        assert!(kept.windows(2).all(|w| w[0] < w[1]), "order kept: {kept:?}");
+        let oldest_turn = kept.iter().copied().find(|i| !is_instruction(&earlier[*i])).unwrap_or(earlier.len());
+        let expected: Vec<usize> =
+            (0..earlier.len()).filter(|i| *i >= oldest_turn || is_instruction(&earlier[*i])).collect();
+        assert_eq!(kept, expected, "whole turns from the newest back, instructions always");
         let reduce_tokens =
             counter.chat_tokens(ChatPrompt { messages: &reduce, tools, template_kwargs: None }).unwrap();
         assert!(
@@ -1342,7 +1682,7 @@ mod tests {
             if is_instruction(message) {
                 assert_eq!(kept_copy, Some(message), "instructions kept whole");
             }
-            if Some(index) == first_user || index + 1 == original.len() {
+            if Some(index) == first_user || Some(index) == last_user(original) || index + 1 == original.len() {
                 assert!(kept_copy.is_some(), "message {index} kept");
             }
             if let Some(copy) = kept_copy {
@@ -1411,16 +1751,20 @@ mod tests {
         let (cap, max_tokens) = (budget.cap, budget.max_tokens);
         let original = counter.chat_tokens(prompt).unwrap();
         let plan = plan_chat(&counter, prompt, budget, action).unwrap();
-        let fits = max_tokens.map_or(original < cap, |max| max < cap && original + max <= cap);
+        let fits_as_is = max_tokens.map_or(original < cap, |max| max < cap && original + max <= cap);
+        // Without max_tokens, a transform keeps the reserve free.
+        let fits =
+            fits_as_is && (max_tokens.is_some() || action == OnOverflow::Reject || original + budget.reserve() <= cap);
         Ok(match plan {
             ChatPlan::Fits { prompt_tokens, max_tokens: send } => {
-                prop_assert!(fits);
+                // Under the cap with less room than the reserve: sent as it is when no transform fits.
+                prop_assert!(fits_as_is);
                 prop_assert_eq!(prompt_tokens, original);
                 prop_assert!(prompt_tokens + send <= cap && send >= max_tokens.map_or(1, |_| 0));
                 "fits"
             }
             ChatPlan::Reject { requested } => {
-                prop_assert!(!fits);
+                prop_assert!(!fits_as_is);
                 prop_assert_eq!(requested, original + max_tokens.unwrap_or(0));
                 "reject"
             }
@@ -1428,7 +1772,7 @@ mod tests {
                 prop_assert!(!fits && action != OnOverflow::Reject);
                 let counted = counter.chat_tokens(ChatPrompt { messages: &kept, ..prompt }).unwrap();
                 prop_assert_eq!(counted, prompt_tokens);
-                prop_assert!(prompt_tokens + send <= cap);
+                prop_assert!(prompt_tokens + send <= cap && send >= budget.reserve());
                 prop_assert_eq!(removed_tokens, original - prompt_tokens);
                 if let Some(max) = max_tokens {
                     prop_assert_eq!(send, max);
@@ -1443,7 +1787,12 @@ mod tests {
             ChatPlan::Chunk(plan) => {
                 prop_assert!(!fits && action == OnOverflow::Chunk);
                 check_chunk(&counter, &messages, tools, budget, &plan);
-                "chunk"
+                prop_assert!(plan.reduce_max_tokens >= budget.reserve());
+                if plan.reduce_context.iter().any(|m| !is_instruction(m)) {
+                    "chunk_with_earlier_turns"
+                } else {
+                    "chunk"
+                }
             }
         })
     }
@@ -1457,7 +1806,7 @@ mod tests {
             *kinds.entry(check_case(&case).unwrap()).or_default() += 1;
         }
         println!("plans over 400 random cases: {kinds:?}");
-        for kind in ["fits", "reject", "middle_out", "middle_out_cut", "chunk"] {
+        for kind in ["fits", "reject", "middle_out", "middle_out_cut", "chunk", "chunk_with_earlier_turns"] {
             assert!(kinds.get(kind).copied().unwrap_or(0) >= 10, "{kind} is rare: {kinds:?}");
         }
     }
