@@ -19,7 +19,7 @@ use bytes::Bytes;
 use http_body_util::BodyExt;
 
 use super::AppState;
-use super::fit::{EmbedPlan, raw};
+use super::fit::{Chunked, EmbedPlan, raw};
 use super::openai::{MAX_WHOLE_ANSWER, RawBody, dispatch, parse, read_whole, send};
 use crate::backend::handle::Answer;
 use crate::dispatch::Route;
@@ -54,11 +54,15 @@ pub async fn map(
     client: &ClientId,
     parts: &axum::http::request::Parts,
     fields: &RawBody,
-    plan: &ChunkPlan,
+    chunked: &Chunked,
 ) -> Result<Vec<String>, GatewayError> {
+    let plan = &chunked.plan;
     let width = route.backend.config.max_concurrency.clamp(1, plan.pieces.len().max(1));
-    let jobs: Vec<_> =
-        plan.pieces.iter().map(|piece| map_part(state, route, client, parts, fields, &piece.messages, plan)).collect();
+    let jobs: Vec<_> = plan
+        .pieces
+        .iter()
+        .map(|piece| map_part(state, route, client, parts, fields, chunked.restore.apply(piece.messages.clone()), plan))
+        .collect();
     futures_util::stream::iter(jobs).buffered(width).try_collect().await
 }
 
@@ -69,14 +73,14 @@ async fn map_part(
     client: &ClientId,
     parts: &axum::http::request::Parts,
     fields: &RawBody,
-    messages: &[Value],
+    messages: Vec<Value>,
     plan: &ChunkPlan,
 ) -> Result<String, GatewayError> {
     let mut body = fields.clone();
     for key in NOT_FOR_PARTS {
         body.shift_remove(key);
     }
-    body.insert("messages".into(), raw(messages)?);
+    body.insert("messages".into(), raw(&messages)?);
     body.insert("stream".into(), raw(&false)?);
     body.insert("max_tokens".into(), raw(&plan.map_max_tokens)?);
     let whole = whole_answer(state, route, client, parts, &mut body).await?;
@@ -87,11 +91,12 @@ async fn map_part(
 /// `max_tokens` or (none given) the room left, cut to the model's default.
 pub fn reduce_request(
     fields: &mut RawBody,
-    plan: &ChunkPlan,
+    chunked: &Chunked,
     partials: &[String],
     default_max_tokens: u32,
 ) -> Result<(), GatewayError> {
-    fields.insert("messages".into(), raw(&plan.reduce_messages(partials))?);
+    let plan = &chunked.plan;
+    fields.insert("messages".into(), raw(&chunked.restore.apply(plan.reduce_messages(partials)))?);
     let given = fields.contains_key("max_tokens") || fields.contains_key("max_completion_tokens");
     let max_tokens =
         if given { plan.reduce_max_tokens } else { plan.reduce_max_tokens.min(default_max_tokens as usize) };
@@ -111,7 +116,7 @@ pub struct StreamedJob {
     pub client: ClientId,
     pub parts: axum::http::request::Parts,
     pub fields: RawBody,
-    pub plan: ChunkPlan,
+    pub chunked: Chunked,
 }
 
 /// How often a streamed chunked request says it is still mapping.
@@ -124,7 +129,7 @@ const MAP_KEEPALIVE: Duration = Duration::from_secs(5);
 /// the client goes (its record: `client_closed`) or at the end of the shutdown grace.
 pub fn streamed(state: Arc<AppState>, job: StreamedJob, record: RequestRecord) -> Response {
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(16);
-    let header = transform(&job.plan);
+    let header = transform(&job.chunked.plan);
     tokio::spawn(run_streamed(state, job, record, tx));
     let frames = futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|item| (item, rx)) });
     let body = Body::from_stream(frames);
@@ -142,17 +147,17 @@ pub fn streamed(state: Arc<AppState>, job: StreamedJob, record: RequestRecord) -
 type Sender = tokio::sync::mpsc::Sender<Result<Bytes, std::io::Error>>;
 
 async fn run_streamed(state: Arc<AppState>, job: StreamedJob, record: RequestRecord, tx: Sender) {
-    let StreamedJob { model, client, parts, mut fields, plan } = job;
+    let StreamedJob { model, client, parts, mut fields, chunked } = job;
     let Some(route) = state.dispatch.route(&model) else { return };
     let cut = state.cutoff.notified();
     tokio::pin!(cut);
-    let said = format!(": mlxgate chunk: mapping {} pieces\n\n", plan.pieces.len());
+    let said = format!(": mlxgate chunk: mapping {} pieces\n\n", chunked.plan.pieces.len());
     if tx.send(Ok(Bytes::from(said))).await.is_err() {
         return;
     }
     let answered = async {
         let partials = {
-            let map = map(&state, route, &client, &parts, &fields, &plan);
+            let map = map(&state, route, &client, &parts, &fields, &chunked);
             tokio::pin!(map);
             let mut keepalive = tokio::time::interval(MAP_KEEPALIVE);
             keepalive.tick().await;
@@ -167,7 +172,7 @@ async fn run_streamed(state: Arc<AppState>, job: StreamedJob, record: RequestRec
                 }
             }
         };
-        reduce_request(&mut fields, &plan, &partials, route.model.default_max_tokens)?;
+        reduce_request(&mut fields, &chunked, &partials, route.model.default_max_tokens)?;
         send(&state, route, &client, &parts, fields, None).await.map(Some)
     };
     let answered = tokio::select! {

@@ -27,9 +27,61 @@ pub enum Fitted {
     /// Send the (possibly rewritten) request; `transform` is the `x-mlxgate-transform` header.
     Send { transform: Option<String> },
     /// Map the pieces of the over-long last message, then reduce (`api::chunk`).
-    Chunk(ChunkPlan),
+    Chunk(Chunked),
     /// Embed the inputs' pieces in one request and average each input's vectors.
     Embed(EmbedPlan),
+}
+
+/// A chunk plan and the client's own messages, to forward in place of the ones rewritten for
+/// counting.
+pub struct Chunked {
+    pub plan: ChunkPlan,
+    pub restore: Restore,
+}
+
+/// Puts the client's own messages back into a plan's messages. The planner works on messages
+/// rewritten as the servers render them (text parts joined, `null` contents, tool arguments
+/// parsed); what is forwarded is what the client sent: a kept message as it was, a cut one as it
+/// was with its cut content, a message the planner wrote (a map or reduce prompt) as written.
+pub struct Restore {
+    rewritten: Vec<Value>,
+    originals: Vec<Value>,
+}
+
+impl Restore {
+    /// The client's messages in place of the rewritten ones in `planned` (same order: the
+    /// planner only removes messages, cuts contents and adds its own).
+    pub fn apply(&self, planned: Vec<Value>) -> Vec<Value> {
+        if self.rewritten == self.originals {
+            return planned;
+        }
+        let mut next = 0;
+        planned
+            .into_iter()
+            .map(|message| {
+                for k in next..self.rewritten.len() {
+                    let rewritten = &self.rewritten[k];
+                    if *rewritten == message {
+                        next = k + 1;
+                        return self.originals[k].clone();
+                    }
+                    if same_but_content(rewritten, &message) {
+                        next = k + 1;
+                        let mut original = self.originals[k].clone();
+                        original["content"] = message["content"].clone();
+                        return original;
+                    }
+                }
+                message
+            })
+            .collect()
+    }
+}
+
+/// Whether two messages differ in their `content` only.
+fn same_but_content(a: &Value, b: &Value) -> bool {
+    let (Some(a), Some(b)) = (a.as_object(), b.as_object()) else { return false };
+    a.len() == b.len() && a.iter().all(|(key, value)| key == "content" || b.get(key) == Some(value))
 }
 
 /// Embedding inputs split at token boundaries: `pieces` is sent as the request's `input`;
@@ -93,21 +145,25 @@ pub async fn fit(
     match endpoint {
         Endpoint::Chat => {
             let mut request = ChatRequest::read(fields)?;
+            let originals = request.messages.clone();
             as_servers_render(route.backend.config.kind, &mut request.messages);
             let started = Instant::now();
             let needed = max_tokens.unwrap_or(default_max_tokens);
-            let plan = blocking(move || {
+            let (plan, request) = blocking(move || {
                 let counter = Lenient { counter };
                 let prompt = request.prompt();
                 // Most prompts fit by far: their bytes bound their tokens, no tokenizing.
-                let bound = counter.chat_tokens_at_most(prompt)?;
-                if bound.saturating_add(needed) <= cap {
-                    return Ok(ChatPlan::Fits { prompt_tokens: bound, max_tokens: cap - bound });
-                }
-                overflow::plan_chat(&counter, prompt, budget, action)
+                let plan = match counter.chat_tokens_at_most(prompt) {
+                    Ok(bound) if bound.saturating_add(needed) <= cap => {
+                        Ok(ChatPlan::Fits { prompt_tokens: bound, max_tokens: cap - bound })
+                    }
+                    _ => overflow::plan_chat(&counter, prompt, budget, action),
+                };
+                (plan, request)
             })
-            .await?
-            .map_err(|e| GatewayError::invalid(e.to_string(), Some("messages")))?;
+            .await?;
+            let plan = plan.map_err(|e| GatewayError::invalid(e.to_string(), Some("messages")))?;
+            let restore = Restore { rewritten: request.messages, originals };
             count_timer.observe(started.elapsed().as_secs_f64());
             match plan {
                 ChatPlan::Fits { max_tokens: room, .. } => {
@@ -118,14 +174,14 @@ pub async fn fit(
                 ChatPlan::MiddleOut { messages, removed_tokens, max_tokens: room, .. } => {
                     overflowed(OnOverflow::MiddleOut.label());
                     tracing::info!(model = %model, cap, removed_tokens, "prompt over the context cap: middle-out");
-                    fields.insert("messages".into(), raw(&messages)?);
+                    fields.insert("messages".into(), raw(&restore.apply(messages))?);
                     set_max_tokens(fields, max_tokens, room, default_max_tokens)?;
                     Ok(Fitted::Send { transform: Some(format!("middle-out; removed_tokens={removed_tokens}")) })
                 }
                 ChatPlan::Chunk(plan) => {
                     overflowed(OnOverflow::Chunk.label());
                     tracing::info!(model = %model, cap, pieces = plan.pieces.len(), "prompt over the context cap: chunked");
-                    Ok(Fitted::Chunk(plan))
+                    Ok(Fitted::Chunk(Chunked { plan, restore }))
                 }
             }
         }

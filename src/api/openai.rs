@@ -116,16 +116,16 @@ async fn forward(
     if let Some(endpoint) = endpoint {
         match fit::fit(&state.metrics, route, state.tokens.get(&model), endpoint, &mut fields).await? {
             Fitted::Send { transform: t } => transform = t,
-            Fitted::Chunk(plan) if fields.get("stream").is_some_and(|v| v.get() == "true") => {
+            Fitted::Chunk(chunked) if fields.get("stream").is_some_and(|v| v.get() == "true") => {
                 // The client gets its headers now and keep-alive comments while the pieces are
                 // mapped (minutes on a long document), then the reduce's stream.
-                let job = chunk::StreamedJob { model: model.clone(), client, parts, fields, plan };
+                let job = chunk::StreamedJob { model: model.clone(), client, parts, fields, chunked };
                 return Ok(Forwarded::Made(chunk::streamed(Arc::clone(state), job, record.take()), None));
             }
-            Fitted::Chunk(plan) => {
-                let partials = chunk::map(state, route, &client, &parts, &fields, &plan).await?;
-                chunk::reduce_request(&mut fields, &plan, &partials, route.model.default_max_tokens)?;
-                transform = Some(chunk::transform(&plan));
+            Fitted::Chunk(chunked) => {
+                let partials = chunk::map(state, route, &client, &parts, &fields, &chunked).await?;
+                chunk::reduce_request(&mut fields, &chunked, &partials, route.model.default_max_tokens)?;
+                transform = Some(chunk::transform(&chunked.plan));
             }
             Fitted::Embed(plan) => {
                 let (made, figures) = chunk::embed(state, route, &client, &parts, fields, plan).await?;

@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value as Json;
 use tokenizers::Tokenizer;
+use unicode_normalization::{IsNormalized, is_nfc_quick};
 
 use super::template::{ChatTemplate, Variables};
 use super::{ChatPrompt, Count, CountError};
@@ -75,6 +76,8 @@ pub struct Counter {
     splits: bool,
     /// Tokens the post-processor adds around a text (BOS/EOS), counted once for a cut text.
     added_around: usize,
+    /// The tokenizer has a normalizer (which may change a text's length).
+    normalizes: bool,
 }
 
 /// Texts at least this long (bytes, about 4k tokens) are encoded in two halves at once: a
@@ -87,8 +90,14 @@ impl Counter {
     /// directory, compiling the template once.
     pub fn load(dir: &Path) -> Result<Counter, LoadError> {
         let tokenizer_path = dir.join("tokenizer.json");
-        let tokenizer = Tokenizer::from_file(&tokenizer_path)
+        let mut tokenizer = Tokenizer::from_file(&tokenizer_path)
+            .map_err(|e| LoadError::Tokenizer { path: tokenizer_path.clone(), reason: e.to_string() })?;
+        // transformers counts without the truncation or padding a tokenizer.json may carry (an
+        // embedding model's `max_length: 512` would hide every input over its cap).
+        tokenizer
+            .with_truncation(None)
             .map_err(|e| LoadError::Tokenizer { path: tokenizer_path, reason: e.to_string() })?;
+        tokenizer.with_padding(None);
         let config_path = dir.join("tokenizer_config.json");
         let config = read_json_if_present(&config_path)?;
         let special_tokens = special_tokens(&config_path, config.as_ref())?;
@@ -103,7 +112,15 @@ impl Counter {
         let splits = splittable(&tokenizer);
         let with = tokenizer.encode_fast("", true).map_or(0, |e| e.len());
         let without = tokenizer.encode_fast("", false).map_or(0, |e| e.len());
-        Ok(Counter { tokenizer, templates, special_tokens, splits, added_around: with.saturating_sub(without) })
+        let normalizes = tokenizer.get_normalizer().is_some();
+        Ok(Counter {
+            tokenizer,
+            templates,
+            special_tokens,
+            splits,
+            added_around: with.saturating_sub(without),
+            normalizes,
+        })
     }
 
     /// Whether the model has a chat template (false: chat prompts use the documented fallback).
@@ -213,12 +230,15 @@ impl Count for Counter {
     }
 
     fn chat_tokens_at_most(&self, prompt: ChatPrompt<'_>) -> Result<usize, CountError> {
-        // Every token covers at least one byte of the normalized text (byte-level BPE, byte
-        // fallback); NFC makes at most twice the bytes of a non-ASCII character (U+0F73 →
-        // U+0F71 U+0F72); the post-processor adds `added_around`, a SentencePiece prefix one.
+        // Every token covers at least one byte of the text the tokenizer sees (byte-level BPE,
+        // byte fallback); the post-processor adds `added_around`, a SentencePiece prefix one. A
+        // normalizer may lengthen a text that is not already NFC (U+1D160: 4 bytes → 12), so
+        // such a text is counted exactly.
         let text = self.render(prompt)?;
-        let non_ascii = text.bytes().filter(|b| !b.is_ascii()).count();
-        Ok(text.len() + non_ascii + self.added_around + 1)
+        if self.normalizes && is_nfc_quick(text.chars()) != IsNormalized::Yes {
+            return Ok(self.count(&text, self.templates.is_none()));
+        }
+        Ok(text.len() + self.added_around + 1)
     }
 
     fn text_tokens(&self, text: &str) -> usize {
