@@ -156,11 +156,11 @@ async fn run_streamed(state: Arc<AppState>, job: StreamedJob, record: RequestRec
         return;
     }
     let answered = async {
+        let mut keepalive = tokio::time::interval(MAP_KEEPALIVE);
+        keepalive.tick().await;
         let partials = {
             let map = map(&state, route, &client, &parts, &fields, &chunked);
             tokio::pin!(map);
-            let mut keepalive = tokio::time::interval(MAP_KEEPALIVE);
-            keepalive.tick().await;
             loop {
                 tokio::select! {
                     partials = &mut map => break partials?,
@@ -173,7 +173,19 @@ async fn run_streamed(state: Arc<AppState>, job: StreamedJob, record: RequestRec
             }
         };
         reduce_request(&mut fields, &chunked, &partials, route.model.default_max_tokens)?;
-        send(&state, route, &client, &parts, fields, None).await.map(Some)
+        // The reduce's prefill can take minutes too: the comments go on until its first byte.
+        let reduce = send(&state, route, &client, &parts, fields, None);
+        tokio::pin!(reduce);
+        loop {
+            tokio::select! {
+                answered = &mut reduce => break answered.map(Some),
+                _ = keepalive.tick() => {
+                    if tx.send(Ok(Bytes::from_static(b": mlxgate chunk: reducing\n\n"))).await.is_err() {
+                        return Ok(None);
+                    }
+                }
+            }
+        }
     };
     let answered = tokio::select! {
         answered = answered => answered,
@@ -191,6 +203,18 @@ async fn run_streamed(state: Arc<AppState>, job: StreamedJob, record: RequestRec
     };
     let response = answered.into_response(record, Arc::clone(&state.cutoff)).await;
     let ok = response.status().is_success();
+    let sse = response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("text/event-stream"));
+    if ok && !sse {
+        // The backend answered the reduce whole although a stream was asked: one chunk event
+        // with the whole answer, then [DONE], so the client's stream parser gets a stream.
+        let whole = response.into_body().collect().await.map(|b| b.to_bytes()).unwrap_or_default();
+        let _ = tx.send(Ok(Bytes::from(whole_as_events(&whole)))).await;
+        return;
+    }
     let mut body = response.into_body();
     let mut error = Vec::new();
     while let Some(frame) = body.frame().await {
@@ -211,6 +235,30 @@ async fn run_streamed(state: Arc<AppState>, job: StreamedJob, record: RequestRec
         event.extend_from_slice(b"\n\n");
         let _ = tx.send(Ok(Bytes::from(event))).await;
     }
+}
+
+/// A whole chat answer as the SSE events of a stream: one `chat.completion.chunk` carrying the
+/// message as its delta (with the answer's finish reason and usage), then `[DONE]`.
+fn whole_as_events(whole: &[u8]) -> String {
+    let Ok(answer) = serde_json::from_slice::<Value>(whole) else {
+        let e = GatewayError::Internal("the backend's whole answer to the reduce is not JSON".into());
+        return String::from_utf8_lossy(&e.sse_event()).into_owned();
+    };
+    let choices: Vec<Value> = answer["choices"]
+        .as_array()
+        .map(|choices| {
+            choices
+                .iter()
+                .map(|c| json!({"index": c["index"], "delta": c["message"], "finish_reason": c["finish_reason"]}))
+                .collect()
+        })
+        .unwrap_or_default();
+    let mut chunk = json!({"id": answer["id"], "object": "chat.completion.chunk", "created": answer["created"],
+        "model": answer["model"], "choices": choices});
+    if !answer["usage"].is_null() {
+        chunk["usage"] = answer["usage"].clone();
+    }
+    format!("data: {chunk}\n\ndata: [DONE]\n\n")
 }
 
 /// Embeds every piece of `plan` in one request and answers the client with each input's
@@ -358,6 +406,15 @@ mod tests {
             "ab"
         );
         assert_eq!(answer_text(b"{}"), "");
+        let events = whole_as_events(
+            br#"{"id":"x","created":1,"model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"hi"},"finish_reason":"stop"}],"usage":{"prompt_tokens":3,"completion_tokens":1}}"#,
+        );
+        let first: Value =
+            serde_json::from_str(events.lines().next().unwrap().strip_prefix("data: ").unwrap()).unwrap();
+        assert_eq!(first["object"], "chat.completion.chunk");
+        assert_eq!(first["choices"][0]["delta"]["content"], "hi");
+        assert_eq!(first["usage"]["completion_tokens"], 1);
+        assert!(events.ends_with("data: [DONE]\n\n"));
         assert_eq!(
             answer_text(br#"{"choices":[{"message":{"content":"<think>hmm</think>\n\nthe answer"}}]}"#),
             "the answer"

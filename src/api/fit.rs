@@ -59,20 +59,18 @@ impl Restore {
         planned
             .into_iter()
             .map(|message| {
-                for k in next..self.rewritten.len() {
+                let found = (next..self.rewritten.len()).find_map(|k| {
                     let rewritten = &self.rewritten[k];
-                    if *rewritten == message {
-                        next = k + 1;
-                        return self.originals[k].clone();
-                    }
-                    if same_but_content(rewritten, &message) {
-                        next = k + 1;
-                        let mut original = self.originals[k].clone();
-                        original["content"] = message["content"].clone();
-                        return original;
-                    }
+                    let kept = *rewritten == message;
+                    (kept || same_but_content(rewritten, &message)).then_some((k, kept))
+                });
+                let Some((k, kept)) = found else { return message };
+                next = k + 1;
+                let mut original = self.originals[k].clone();
+                if !kept {
+                    original["content"] = message["content"].clone();
                 }
-                message
+                original
             })
             .collect()
     }

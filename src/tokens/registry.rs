@@ -79,7 +79,7 @@ fn resolve(
     loaded: &mut BTreeMap<PathBuf, Arc<dyn Count>>,
 ) -> Result<ModelTokens, RegistryError> {
     let explicit = model.tokenizer.clone();
-    let dir = explicit.clone().or_else(|| backend_model_dir(backend)).or_else(|| locate(&model.upstream_model));
+    let dir = explicit.clone().or_else(|| backend_model_dir(backend)).or_else(|| hub_model_dir(backend, model));
     let counter = match &dir {
         Some(dir) => match loaded.get(dir) {
             Some(counter) => Some(Arc::clone(counter)),
@@ -120,7 +120,11 @@ fn resolve(
         }
         Arc::new(Estimate)
     });
-    tracing::info!(model = %model.name, cap, from = cap_from, on_overflow = model.on_overflow.label(), tokenizer = ?source, "context cap");
+    if backend.managed.is_none() && cap_from == "the model's config.json" {
+        tracing::warn!(model = %model.name, cap, tokenizer = ?source, "context cap of a url backend taken from the local copy of its model's config.json; set context_cap if the server runs it with another length");
+    } else {
+        tracing::info!(model = %model.name, cap, from = cap_from, on_overflow = model.on_overflow.label(), tokenizer = ?source, "context cap");
+    }
     Ok(ModelTokens { cap, on_overflow: model.on_overflow, counter, source })
 }
 
@@ -136,6 +140,18 @@ fn backend_model_dir(backend: &BackendConfig) -> Option<PathBuf> {
     locate(&managed.model)
 }
 
+/// A `url:` backend's model found in the local Hugging Face cache by its `upstream_model`, when
+/// that is a Hub id (`org/name`) and not a path: a directory that happens to sit where the
+/// gateway was started never decides a remote server's tokenizer or cap.
+fn hub_model_dir(backend: &BackendConfig, model: &ModelConfig) -> Option<PathBuf> {
+    let id = model.upstream_model.as_str();
+    let hub_id = backend.managed.is_none()
+        && id.matches('/').count() == 1
+        && !id.starts_with(['.', '/', '~'])
+        && !Path::new(id).exists();
+    if hub_id { locate(id) } else { None }
+}
+
 /// The model's own context length from its `config.json`, as vLLM derives its default
 /// `max_model_len`: `max_position_embeddings` (under `text_config` for vision-language models),
 /// stretched by a `rope_scaling` of type yarn, linear or dynamic to
@@ -147,7 +163,9 @@ fn model_limit(dir: &Path) -> Option<usize> {
     let text_config = config.get("text_config").filter(|t| t.get("max_position_embeddings").is_some());
     let config = text_config.unwrap_or(&config);
     let positions = config.get("max_position_embeddings").and_then(serde_json::Value::as_u64)?;
-    let scaled = config.get("rope_scaling").filter(|r| r.is_object()).and_then(|rope| {
+    // transformers 5 names it rope_parameters.
+    let rope = config.get("rope_scaling").filter(|r| r.is_object()).or_else(|| config.get("rope_parameters"));
+    let scaled = rope.filter(|r| r.is_object()).and_then(|rope| {
         let kind = rope.get("rope_type").or_else(|| rope.get("type")).and_then(serde_json::Value::as_str)?;
         if !matches!(kind, "yarn" | "linear" | "dynamic") {
             return None;
@@ -187,6 +205,8 @@ mod tests {
         );
         assert_eq!(model_limit(dir.path()), Some(131072));
         write(r#"{"max_position_embeddings": 4096, "rope_scaling": {"type": "linear", "factor": 2.0}}"#);
+        assert_eq!(model_limit(dir.path()), Some(8192));
+        write(r#"{"max_position_embeddings": 4096, "rope_parameters": {"rope_type": "yarn", "factor": 2.0}}"#);
         assert_eq!(model_limit(dir.path()), Some(8192));
     }
 }
