@@ -10,6 +10,7 @@ pub mod backend;
 pub mod config;
 pub mod dispatch;
 pub mod error;
+pub mod limits;
 pub mod metrics;
 pub mod outcome;
 pub mod sim;

@@ -1,0 +1,301 @@
+//! Per-client rate limits: requests per minute, tokens per minute and requests in flight.
+//!
+//! The handler asks [`Limiter::admit`] before anything costly, with the prompt's token count
+//! (or an estimate). An [`Admission`] charges the request and its prompt tokens up front, holds
+//! the client's concurrency permit until it is dropped (with the response body, when the stream
+//! ends), and is [`settle`](Admission::settle)d at the end with the backend's usage: a refund
+//! when fewer tokens were used, a further charge when more. A request refused later, before the
+//! backend saw it, is [`cancel`](Admission::cancel)led and costs nothing. A [`Denied`] says which
+//! limit refused, when to retry, and carries the 429's headers.
+//!
+//! The arithmetic is in `gcra` (continuous refill, burst = one minute's allowance, as OpenAI),
+//! the headers in `headers`, the shared state in `store` (in process) or `redis_store` (shared between
+//! gateways, with an in-process fallback). Concurrency is always counted in this process: a
+//! permit must be released when a stream ends, and a permit held in Redis by a gateway that died
+//! would never be; a client with `concurrency: 2` behind two gateways may run two on each.
+
+pub mod gcra;
+pub mod headers;
+pub mod redis_store;
+pub mod store;
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use http::HeaderMap;
+use serde::Deserialize;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+pub use gcra::{Bucket, Decision, Rate};
+pub use store::{Clock, ManualClock, MemoryStore, Mode, MonotonicClock, Op, RateStore, StoreHealth};
+
+/// Prefix of every bucket's key in a shared store.
+const KEY_PREFIX: &str = "mlxgate:limits:";
+
+/// A client's limits; `None` is unlimited. `Some(0)` refuses everything of that kind.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Limits {
+    /// Requests per minute.
+    pub rpm: Option<u64>,
+    /// Tokens (prompt + generated) per minute.
+    pub tpm: Option<u64>,
+    /// Requests in flight at once (in this gateway).
+    pub concurrency: Option<u32>,
+}
+
+/// Which limit refused a request (the `limit` label of `mlxgate_rate_limited_total`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Limit {
+    /// Requests per minute.
+    Rpm,
+    /// Tokens per minute.
+    Tpm,
+    /// Requests in flight.
+    Concurrency,
+}
+
+impl Limit {
+    /// The metric label and the name in messages.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Limit::Rpm => "rpm",
+            Limit::Tpm => "tpm",
+            Limit::Concurrency => "concurrency",
+        }
+    }
+
+    fn described(self) -> &'static str {
+        match self {
+            Limit::Rpm => "requests per min (RPM)",
+            Limit::Tpm => "tokens per min (TPM)",
+            Limit::Concurrency => "requests in flight",
+        }
+    }
+}
+
+/// A request refused by a limit: answer 429 `rate_limit_exceeded` with `headers`.
+#[derive(Debug)]
+pub struct Denied {
+    /// The limit that refused.
+    pub limit: Limit,
+    /// How long until the same request would fit; `None` when it never will (more tokens than
+    /// the client's whole bucket, or a limit of zero).
+    pub retry_after: Option<Duration>,
+    /// `x-ratelimit-*` plus `Retry-After`/`retry-after-ms` (or `x-should-retry: false`).
+    pub headers: HeaderMap,
+    /// The error message, in OpenAI's wording.
+    pub message: String,
+}
+
+impl fmt::Display for Denied {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for Denied {}
+
+/// An admitted request: its charges and its concurrency permit (released when dropped).
+pub struct Admission {
+    store: Arc<dyn RateStore>,
+    /// The request bucket's charge (cost 1), to give back if cancelled.
+    requests: Option<Op>,
+    /// The token bucket's charge so far.
+    tokens: Option<Op>,
+    headers: HeaderMap,
+    _permit: Option<OwnedSemaphorePermit>,
+}
+
+impl fmt::Debug for Admission {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Admission").field("tokens_charged", &self.tokens_charged()).finish_non_exhaustive()
+    }
+}
+
+impl Admission {
+    /// The `x-ratelimit-*` headers as of the admission, for the response.
+    pub fn headers(&self) -> &HeaderMap {
+        &self.headers
+    }
+
+    /// Tokens charged to the client's token bucket so far (0 without a token limit).
+    pub fn tokens_charged(&self) -> u64 {
+        self.tokens.as_ref().map_or(0, |op| op.cost)
+    }
+
+    /// Corrects the token charge to what the request really used, once its response has ended
+    /// (or was cut: charge what was generated): refunds the difference when fewer tokens were
+    /// used than charged, charges it when more (the bucket may go into debt). May be called
+    /// again; each call corrects against the previous one.
+    pub async fn settle(&mut self, prompt_tokens: u64, generated_tokens: u64) {
+        let Some(charged) = self.tokens.as_mut() else { return };
+        let used = prompt_tokens.saturating_add(generated_tokens);
+        let (mode, delta) = match used.cmp(&charged.cost) {
+            std::cmp::Ordering::Equal => return,
+            std::cmp::Ordering::Greater => (Mode::Charge, used - charged.cost),
+            std::cmp::Ordering::Less => (Mode::Refund, charged.cost - used),
+        };
+        let correction = [Op { cost: delta, ..charged.clone() }];
+        charged.cost = used;
+        self.store.apply(mode, &correction).await;
+    }
+
+    /// Gives back everything charged: the request was refused before any backend saw it
+    /// (context too long, queue full), and such a request costs the client nothing.
+    pub async fn cancel(self) {
+        let refunds: Vec<Op> =
+            self.requests.iter().chain(self.tokens.iter()).filter(|op| op.cost > 0).cloned().collect();
+        if !refunds.is_empty() {
+            self.store.apply(Mode::Refund, &refunds).await;
+        }
+    }
+}
+
+/// Every client's limits and the store of their buckets.
+pub struct Limiter {
+    store: Arc<dyn RateStore>,
+    table: RwLock<LimitTable>,
+    in_flight: Mutex<HashMap<String, (u32, Arc<Semaphore>)>>,
+}
+
+#[derive(Debug, Default)]
+struct LimitTable {
+    clients: HashMap<String, Limits>,
+    default: Limits,
+}
+
+impl Limiter {
+    /// A limiter over `store` with no limits until [`configure`](Limiter::configure)d.
+    pub fn new(store: Arc<dyn RateStore>) -> Self {
+        Self { store, table: RwLock::new(LimitTable::default()), in_flight: Mutex::new(HashMap::new()) }
+    }
+
+    /// Sets every client's limits (at start-up and on reload); clients not named get
+    /// `default`. Buckets keep their state across a reload; a changed concurrency limit starts
+    /// a fresh count (requests already running under the old one are not counted against it).
+    pub fn configure(&self, clients: impl IntoIterator<Item = (String, Limits)>, default: Limits) {
+        let table = LimitTable { clients: clients.into_iter().collect(), default };
+        *self.table.write().unwrap_or_else(|poisoned| poisoned.into_inner()) = table;
+    }
+
+    /// The limits that apply to `client`.
+    pub fn limits_of(&self, client: &str) -> Limits {
+        let table = self.table.read().unwrap_or_else(|poisoned| poisoned.into_inner());
+        table.clients.get(client).copied().unwrap_or(table.default)
+    }
+
+    /// Whether the limits are shared between gateways right now.
+    pub fn store_health(&self) -> StoreHealth {
+        self.store.health()
+    }
+
+    /// Admits one request of `client` with a prompt of `prompt_tokens` (charged now against
+    /// the token limit; correct it later with [`Admission::settle`]), or says which limit refuses.
+    pub async fn admit(&self, client: &str, prompt_tokens: u64) -> Result<Admission, Denied> {
+        let limits = self.limits_of(client);
+        let requests = limits.rpm.map(|rpm| bucket_op(client, Limit::Rpm, rpm, 1));
+        let tokens = limits.tpm.map(|tpm| bucket_op(client, Limit::Tpm, tpm, prompt_tokens));
+        let permit = match limits.concurrency {
+            Some(most) => match self.semaphore(client, most).try_acquire_owned() {
+                Ok(permit) => Some(permit),
+                Err(_) => return Err(self.deny_concurrency(client, most, &requests, &tokens).await),
+            },
+            None => None,
+        };
+        let ops: Vec<Op> = requests.iter().chain(tokens.iter()).cloned().collect();
+        let decisions = if ops.is_empty() { Vec::new() } else { self.store.apply(Mode::Admit, &ops).await };
+        let (request_decision, token_decision) = split(&decisions, requests.is_some(), tokens.is_some());
+        let headers = headers::rate_limit_headers(request_decision, token_decision);
+        if let Some((limit, decision)) = refusal(request_decision, token_decision) {
+            return Err(denied(client, limit, decision, &ops, headers));
+        }
+        Ok(Admission { store: Arc::clone(&self.store), requests, tokens, headers, _permit: permit })
+    }
+
+    /// The client's in-flight semaphore, made (or remade, after a reload changed it) on demand.
+    fn semaphore(&self, client: &str, most: u32) -> Arc<Semaphore> {
+        let mut in_flight = self.in_flight.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let slot =
+            in_flight.entry(client.to_owned()).or_insert_with(|| (most, Arc::new(Semaphore::new(most as usize))));
+        if slot.0 != most {
+            *slot = (most, Arc::new(Semaphore::new(most as usize)));
+        }
+        Arc::clone(&slot.1)
+    }
+
+    async fn deny_concurrency(&self, client: &str, most: u32, requests: &Option<Op>, tokens: &Option<Op>) -> Denied {
+        // The rate headers still go out: read the buckets without charging them.
+        let reads: Vec<Op> = requests.iter().chain(tokens.iter()).map(|op| Op { cost: 0, ..op.clone() }).collect();
+        let decisions = if reads.is_empty() { Vec::new() } else { self.store.apply(Mode::Admit, &reads).await };
+        let (r, t) = split(&decisions, requests.is_some(), tokens.is_some());
+        let mut headers = headers::rate_limit_headers(r, t);
+        // A slot frees when a running request ends; there is no schedule to promise, so ask
+        // for a short pause rather than none.
+        let retry_after = Some(Duration::from_secs(1));
+        headers::add_retry_headers(&mut headers, retry_after);
+        let message = format!(
+            "Rate limit reached for {} for client {client}: limit {most}. Please try again when a request has finished.",
+            Limit::Concurrency.described()
+        );
+        Denied { limit: Limit::Concurrency, retry_after, headers, message }
+    }
+}
+
+/// The store operation for one of a client's rate limits.
+fn bucket_op(client: &str, limit: Limit, per_minute: u64, cost: u64) -> Op {
+    Op { key: format!("{KEY_PREFIX}{client}:{}", limit.as_str()), rate: Rate::per_minute(per_minute), cost }
+}
+
+/// The request and token decisions out of a batch that holds those present, in that order.
+fn split(decisions: &[Decision], requests: bool, tokens: bool) -> (Option<&Decision>, Option<&Decision>) {
+    let mut it = decisions.iter();
+    let r = if requests { it.next() } else { None };
+    let t = if tokens { it.next() } else { None };
+    (r, t)
+}
+
+/// The limit that refused, if any: one that can never fit first, else the longest wait.
+fn refusal<'a>(requests: Option<&'a Decision>, tokens: Option<&'a Decision>) -> Option<(Limit, &'a Decision)> {
+    [(Limit::Rpm, requests), (Limit::Tpm, tokens)]
+        .into_iter()
+        .filter_map(|(limit, d)| d.filter(|d| !d.allowed).map(|d| (limit, d)))
+        .max_by_key(|(_, d)| d.retry_after.unwrap_or(Duration::MAX))
+}
+
+fn denied(client: &str, limit: Limit, decision: &Decision, ops: &[Op], mut headers: HeaderMap) -> Denied {
+    let requested = match limit {
+        Limit::Tpm => ops.last().map_or(0, |op| op.cost),
+        _ => 1,
+    };
+    let message = match decision.retry_after {
+        Some(wait) => format!(
+            "Rate limit reached for {} for client {client}: limit {}, remaining {}, requested {requested}. Please try again in {}.",
+            limit.described(),
+            decision.limit,
+            decision.remaining,
+            headers::openai_duration(wait),
+        ),
+        None => format!(
+            "Request too large for {} for client {client}: limit {}, requested {requested}. Send fewer tokens.",
+            limit.described(),
+            decision.limit,
+        ),
+    };
+    headers::add_retry_headers(&mut headers, decision.retry_after);
+    Denied { limit, retry_after: decision.retry_after, headers, message }
+}
+
+/// The store named by `rate_limit_store`: `memory` (the default), or `redis://host:port` shared
+/// between gateways (with a local fallback while Redis is unreachable).
+pub fn open_store(spec: &str) -> Result<Arc<dyn RateStore>, redis_store::StoreError> {
+    if spec == "memory" {
+        return Ok(Arc::new(MemoryStore::default()));
+    }
+    Ok(Arc::new(redis_store::RedisStore::open(spec, redis_store::RedisOptions::default())?))
+}
+
+#[cfg(test)]
+mod tests;

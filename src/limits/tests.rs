@@ -1,0 +1,187 @@
+//! The limiter as a handler sees it, on the memory store with a clock that moves only when told.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::*;
+
+fn limiter(clients: &[(&str, Limits)]) -> (Limiter, Arc<ManualClock>) {
+    let clock = Arc::new(ManualClock::default());
+    let limiter = Limiter::new(Arc::new(MemoryStore::new(clock.clone())));
+    limiter.configure(clients.iter().map(|(name, l)| ((*name).to_owned(), *l)), Limits::default());
+    (limiter, clock)
+}
+
+fn header<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
+    headers.get(name).and_then(|v| v.to_str().ok())
+}
+
+fn rpm(n: u64) -> Limits {
+    Limits { rpm: Some(n), ..Limits::default() }
+}
+
+fn tpm(n: u64) -> Limits {
+    Limits { tpm: Some(n), ..Limits::default() }
+}
+
+#[tokio::test]
+async fn the_sixth_request_in_a_minute_is_refused_with_openai_headers() {
+    let (limiter, clock) = limiter(&[("aider", rpm(5))]);
+    for left in (0..5).rev() {
+        let admitted = limiter.admit("aider", 100).await.expect("within the limit");
+        assert_eq!(header(admitted.headers(), "x-ratelimit-limit-requests"), Some("5"));
+        assert_eq!(header(admitted.headers(), "x-ratelimit-remaining-requests"), Some(&*left.to_string()));
+        assert_eq!(admitted.tokens_charged(), 0, "no token limit: nothing to charge");
+    }
+    clock.advance(Duration::from_millis(500));
+    let denied = limiter.admit("aider", 100).await.expect_err("sixth");
+    assert_eq!(denied.limit, Limit::Rpm);
+    assert_eq!(denied.retry_after, Some(Duration::from_millis(11_500)));
+    assert_eq!(header(&denied.headers, "retry-after"), Some("12"), "11.5 s rounded up");
+    assert_eq!(header(&denied.headers, "retry-after-ms"), Some("11500"));
+    assert_eq!(header(&denied.headers, "x-ratelimit-remaining-requests"), Some("0"));
+    assert_eq!(header(&denied.headers, "x-ratelimit-reset-requests"), Some("59.5s"));
+    assert_eq!(header(&denied.headers, "x-ratelimit-limit-tokens"), None);
+    assert!(denied.message.contains("Please try again in 11.5s"), "{}", denied.message);
+    assert!(!denied.message.contains("context length"), "never confused with a context error");
+
+    clock.advance(Duration::from_millis(11_500));
+    assert!(limiter.admit("aider", 100).await.is_ok(), "one more after 60/5 s");
+}
+
+#[tokio::test]
+async fn clients_have_buckets_of_their_own() {
+    let (limiter, _clock) = limiter(&[("runaway", rpm(2)), ("polite", rpm(2))]);
+    assert!(limiter.admit("runaway", 0).await.is_ok());
+    assert!(limiter.admit("runaway", 0).await.is_ok());
+    assert!(limiter.admit("runaway", 0).await.is_err());
+    assert!(limiter.admit("polite", 0).await.is_ok(), "another client is still served");
+}
+
+#[tokio::test]
+async fn unnamed_clients_get_the_default_limits_and_none_means_unlimited() {
+    let (limiter, _clock) = limiter(&[]);
+    for _ in 0..1000 {
+        let admitted = limiter.admit("anonymous", 10_000).await.expect("unlimited");
+        assert!(admitted.headers().is_empty(), "no limits, no rate headers");
+    }
+    limiter.configure([], rpm(1));
+    assert!(limiter.admit("anonymous", 0).await.is_ok());
+    assert_eq!(limiter.admit("anonymous", 0).await.map(drop).map_err(|d| d.limit), Err(Limit::Rpm));
+}
+
+#[tokio::test]
+async fn prompt_tokens_are_charged_up_front_and_settled_to_the_real_usage() {
+    let (limiter, clock) = limiter(&[("agent", tpm(1000))]);
+    let mut first = limiter.admit("agent", 600).await.expect("600 of 1000");
+    assert_eq!(header(first.headers(), "x-ratelimit-remaining-tokens"), Some("400"));
+    assert_eq!(header(first.headers(), "x-ratelimit-reset-tokens"), Some("36s"));
+    // The estimate was high: the backend counted 450 prompt tokens and generated 50.
+    first.settle(450, 50).await;
+    assert_eq!(first.tokens_charged(), 500);
+    let second = limiter.admit("agent", 500).await.expect("the refund made room");
+    assert_eq!(header(second.headers(), "x-ratelimit-remaining-tokens"), Some("0"));
+    // It generated more than the bucket held: charged anyway, the client waits it off.
+    let mut second = second;
+    second.settle(500, 300).await;
+    let denied = limiter.admit("agent", 100).await.expect_err("in debt");
+    assert_eq!(denied.limit, Limit::Tpm);
+    assert_eq!(denied.retry_after, Some(Duration::from_secs(24)), "300 of debt + 100 at 1000/min");
+    clock.advance(Duration::from_secs(24));
+    assert!(limiter.admit("agent", 100).await.is_ok());
+}
+
+#[tokio::test]
+async fn settling_twice_corrects_against_the_last_settlement() {
+    let (limiter, _clock) = limiter(&[("agent", tpm(1000))]);
+    let mut admitted = limiter.admit("agent", 100).await.expect("fits");
+    admitted.settle(100, 400).await;
+    admitted.settle(100, 200).await;
+    assert_eq!(admitted.tokens_charged(), 300);
+    assert!(limiter.admit("agent", 700).await.is_ok(), "exactly 300 charged");
+    assert!(limiter.admit("agent", 1).await.is_err());
+}
+
+#[tokio::test]
+async fn a_request_refused_before_the_backend_costs_nothing() {
+    let (limiter, _clock) = limiter(&[("agent", Limits { rpm: Some(2), tpm: Some(1000), concurrency: None })]);
+    let admitted = limiter.admit("agent", 900).await.expect("fits");
+    admitted.cancel().await;
+    let again = limiter.admit("agent", 1000).await.expect("everything was given back");
+    assert_eq!(header(again.headers(), "x-ratelimit-remaining-requests"), Some("1"));
+    assert_eq!(header(again.headers(), "x-ratelimit-remaining-tokens"), Some("0"));
+}
+
+#[tokio::test]
+async fn a_prompt_larger_than_the_token_limit_is_told_not_to_retry() {
+    let (limiter, _clock) = limiter(&[("agent", Limits { rpm: Some(5), tpm: Some(1000), concurrency: None })]);
+    let denied = limiter.admit("agent", 1001).await.expect_err("never fits");
+    assert_eq!(denied.limit, Limit::Tpm);
+    assert_eq!(denied.retry_after, None);
+    assert_eq!(header(&denied.headers, "x-should-retry"), Some("false"));
+    assert_eq!(header(&denied.headers, "retry-after"), None);
+    assert!(denied.message.starts_with("Request too large"), "{}", denied.message);
+    let after = limiter.admit("agent", 0).await.expect("the refusal took no request slot");
+    assert_eq!(header(after.headers(), "x-ratelimit-remaining-requests"), Some("4"));
+}
+
+#[tokio::test]
+async fn a_token_refusal_takes_no_request_slot_and_names_the_longer_wait() {
+    let (limiter, clock) = limiter(&[("agent", Limits { rpm: Some(2), tpm: Some(100), concurrency: None })]);
+    assert!(limiter.admit("agent", 100).await.is_ok());
+    let denied = limiter.admit("agent", 50).await.expect_err("tokens spent");
+    assert_eq!(denied.limit, Limit::Tpm);
+    assert_eq!(header(&denied.headers, "x-ratelimit-remaining-requests"), Some("1"), "nothing charged");
+    clock.advance(Duration::from_secs(30));
+    assert!(limiter.admit("agent", 50).await.is_ok(), "the request slot was still there");
+    // Now both are short; the token bucket needs 30 s, the request bucket 0: tokens refuse.
+    let denied = limiter.admit("agent", 50).await.expect_err("both short");
+    assert_eq!(denied.limit, Limit::Tpm);
+    assert_eq!(denied.retry_after, Some(Duration::from_secs(30)));
+}
+
+#[tokio::test]
+async fn concurrency_permits_are_held_until_the_admission_is_dropped() {
+    let (limiter, _clock) = limiter(&[("agent", Limits { concurrency: Some(1), rpm: Some(100), tpm: None })]);
+    let running = limiter.admit("agent", 0).await.expect("first");
+    let denied = limiter.admit("agent", 0).await.expect_err("second at once");
+    assert_eq!(denied.limit, Limit::Concurrency);
+    assert_eq!(header(&denied.headers, "retry-after"), Some("1"));
+    assert_eq!(header(&denied.headers, "x-ratelimit-remaining-requests"), Some("99"), "read, not charged");
+    drop(running);
+    assert!(limiter.admit("agent", 0).await.is_ok(), "the permit went with the admission");
+}
+
+#[tokio::test]
+async fn a_reload_keeps_the_buckets_and_applies_new_limits() {
+    let (limiter, _clock) = limiter(&[("agent", rpm(3))]);
+    assert!(limiter.admit("agent", 0).await.is_ok());
+    assert!(limiter.admit("agent", 0).await.is_ok());
+    limiter.configure([("agent".to_owned(), rpm(2))], Limits::default());
+    assert!(limiter.admit("agent", 0).await.is_err(), "two already spent of the new two");
+    limiter.configure([("agent".to_owned(), rpm(10))], Limits::default());
+    let admitted = limiter.admit("agent", 0).await.expect("raised");
+    assert_eq!(header(admitted.headers(), "x-ratelimit-remaining-requests"), Some("7"));
+}
+
+#[tokio::test]
+async fn a_zero_limit_switches_a_client_off() {
+    let (limiter, _clock) = limiter(&[("banned", rpm(0))]);
+    let denied = limiter.admit("banned", 0).await.expect_err("zero rpm");
+    assert_eq!(denied.retry_after, None);
+    assert_eq!(header(&denied.headers, "x-should-retry"), Some("false"));
+}
+
+#[test]
+fn limits_read_from_yaml_refuse_unknown_keys() {
+    let limits: Limits = serde_yaml::from_str("{rpm: 60, tpm: 200000, concurrency: 2}").expect("parses");
+    assert_eq!(limits, Limits { rpm: Some(60), tpm: Some(200_000), concurrency: Some(2) });
+    assert!(serde_yaml::from_str::<Limits>("{rpn: 60}").is_err());
+}
+
+#[test]
+fn the_store_is_memory_or_redis() {
+    assert!(open_store("memory").is_ok_and(|s| s.health() == StoreHealth::Local));
+    assert!(open_store("redis://127.0.0.1:6379").is_ok_and(|s| s.health() == StoreHealth::Shared));
+    assert!(open_store("memcached://x").is_err());
+}
