@@ -332,4 +332,33 @@ mod tests {
         assert!(!b.is_full(rate, secs(29)));
         assert!(b.is_full(rate, secs(30)));
     }
+    proptest::proptest! {
+        /// Whatever the rate and the traffic: never more admitted than the burst plus what the
+        /// elapsed time refilled, and a refusal's `retry_after` is exact to the nanosecond.
+        #[test]
+        fn admits_no_more_than_burst_plus_refill_and_retry_after_is_exact(
+            per_minute in 1u64..10_000,
+            steps in proptest::collection::vec((0u64..5_000, 0u64..50), 1..200),
+        ) {
+            let rate = Rate::per_minute(per_minute);
+            let mut b = Bucket::default();
+            let mut now = Duration::ZERO;
+            let mut admitted: u128 = 0;
+            for (advance_ms, cost) in steps {
+                now += Duration::from_millis(advance_ms);
+                let d = b.check(rate, cost, now);
+                if d.allowed {
+                    admitted += u128::from(cost);
+                } else if let Some(wait) = d.retry_after {
+                    let just_before = b.peek(rate, cost, now + wait - Duration::from_nanos(1));
+                    proptest::prop_assert!(!just_before.allowed);
+                    proptest::prop_assert!(b.peek(rate, cost, now + wait).allowed);
+                } else {
+                    proptest::prop_assert!(cost > rate.burst);
+                }
+                let refilled = (now.as_nanos() * u128::from(per_minute)).div_ceil(CELL);
+                proptest::prop_assert!(admitted <= u128::from(rate.burst) + refilled);
+            }
+        }
+    }
 }

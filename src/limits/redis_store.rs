@@ -12,6 +12,7 @@
 //! `probe_every`) waits for Redis to come back, which is logged once too. During an outage each
 //! gateway enforces each client's whole limit on its own.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -129,9 +130,18 @@ struct Inner {
     client: Client,
     options: RedisOptions,
     script: Script,
-    connection: tokio::sync::Mutex<Option<MultiplexedConnection>>,
+    connection: tokio::sync::Mutex<Option<Linked>>,
+    /// Numbers connections, so that a failure on one already replaced is not taken for news.
+    opened: AtomicU64,
     link: Mutex<Link>,
     local: MemoryStore,
+}
+
+/// The open connection and its number.
+#[derive(Clone)]
+struct Linked {
+    id: u64,
+    connection: MultiplexedConnection,
 }
 
 /// What is known of the connection to Redis.
@@ -159,6 +169,7 @@ impl RedisStore {
             options,
             script: Script::new(GCRA_SCRIPT),
             connection: tokio::sync::Mutex::new(None),
+            opened: AtomicU64::new(0),
             link: Mutex::new(Link::Untried),
             local: MemoryStore::default(),
         };
@@ -197,7 +208,7 @@ impl Inner {
             }
             return None;
         }
-        let mut connection = self.connection().await?;
+        let Linked { id, mut connection } = self.connection().await?;
         let mut invocation = self.script.prepare_invoke();
         invocation.arg(mode_name(mode));
         for op in ops {
@@ -208,38 +219,43 @@ impl Inner {
             Ok(Ok(flat)) => match decisions(ops, &flat) {
                 Some(decisions) => Some(decisions),
                 None => {
-                    self.lost(&format!("unexpected answer {flat:?}")).await;
+                    self.lost(Some(id), &format!("unexpected answer {flat:?}")).await;
                     None
                 }
             },
             Ok(Err(e)) => {
-                self.lost(&e.to_string()).await;
+                self.lost(Some(id), &e.to_string()).await;
                 None
             }
             Err(_) => {
-                self.lost("no answer in time").await;
+                self.lost(Some(id), "no answer in time").await;
                 None
             }
         }
     }
 
     /// The open connection, or a new one (first use after start).
-    async fn connection(&self) -> Option<MultiplexedConnection> {
+    async fn connection(&self) -> Option<Linked> {
         let mut slot = self.connection.lock().await;
-        if let Some(connection) = slot.as_ref() {
-            return Some(connection.clone());
+        if let Some(linked) = slot.as_ref() {
+            return Some(linked.clone());
         }
         match self.connect().await {
             Ok(connection) => {
-                *slot = Some(connection.clone());
-                Some(connection)
+                let linked = self.number(connection);
+                *slot = Some(linked.clone());
+                Some(linked)
             }
             Err(reason) => {
                 drop(slot);
-                self.lost(&reason).await;
+                self.lost(None, &reason).await;
                 None
             }
         }
+    }
+
+    fn number(&self, connection: MultiplexedConnection) -> Linked {
+        Linked { id: self.opened.fetch_add(1, Ordering::Relaxed), connection }
     }
 
     async fn connect(&self) -> Result<MultiplexedConnection, String> {
@@ -253,8 +269,15 @@ impl Inner {
         }
     }
 
-    /// Marks Redis unreachable (warning once per outage) and drops the broken connection.
-    async fn lost(&self, reason: &str) {
+    /// Marks Redis unreachable (warning once per outage) and drops the broken connection
+    /// `failed` (`None`: no connection could be made). A failure on a connection that a probe
+    /// has already replaced is old news and changes nothing.
+    async fn lost(&self, failed: Option<u64>, reason: &str) {
+        let mut slot = self.connection.lock().await;
+        if failed.is_some() && slot.as_ref().map(|linked| linked.id) != failed {
+            return;
+        }
+        *slot = None;
         let was = std::mem::replace(
             &mut *self.link.lock().unwrap_or_else(|poisoned| poisoned.into_inner()),
             Link::Down { probed: Instant::now() },
@@ -266,7 +289,6 @@ impl Inner {
                 "rate-limit store unreachable: limits are local to this gateway until it answers"
             );
         }
-        *self.connection.lock().await = None;
     }
 
     /// Tries Redis again in the background (one probe at a time: the probe's start time is
@@ -286,7 +308,7 @@ impl Inner {
             let ping = redis::cmd("PING");
             let answered = tokio::time::timeout(self.options.timeout, ping.query_async::<String>(&mut connection));
             if matches!(answered.await, Ok(Ok(_))) {
-                *self.connection.lock().await = Some(connection);
+                *self.connection.lock().await = Some(self.number(connection));
                 *self.link.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Link::Up;
                 tracing::info!(
                     redis = %self.client.get_connection_info().addr(),
