@@ -6,6 +6,7 @@
 
 pub mod accept;
 pub mod api;
+pub mod auth;
 pub mod backend;
 pub mod config;
 pub mod dispatch;
