@@ -7,6 +7,7 @@
 //! digest did shows in the time taken. Nothing here formats a key: no log line or error message
 //! can carry one.
 
+use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
@@ -63,21 +64,20 @@ pub fn identify(config: &Config, headers: &HeaderMap) -> Result<Client, GatewayE
         return Ok(Client::Anonymous);
     }
     let key = presented_key(headers).ok_or(GatewayError::InvalidApiKey(KeyProblem::Missing))?;
-    find_client(config.clients.values(), &KeyHash::of_key(key))
+    find_client(&config.clients, &KeyHash::of_key(key))
         .map(|c| Client::Named(Arc::clone(&c.name)))
         .ok_or(GatewayError::InvalidApiKey(KeyProblem::Incorrect))
 }
 
 /// The client whose key has `digest`: every client's digest is compared (in constant time),
 /// whatever the earlier comparisons found.
-fn find_client<'a>(clients: impl Iterator<Item = &'a ClientConfig>, digest: &KeyHash) -> Option<&'a ClientConfig> {
-    let clients: Vec<&ClientConfig> = clients.collect();
+fn find_client<'a>(clients: &'a BTreeMap<String, ClientConfig>, digest: &KeyHash) -> Option<&'a ClientConfig> {
     let mut found = u32::MAX;
-    for (i, client) in clients.iter().enumerate() {
+    for (i, client) in clients.values().enumerate() {
         let index = u32::try_from(i).unwrap_or(u32::MAX);
         found.conditional_assign(&index, client.key.ct_eq(digest));
     }
-    clients.get(usize::try_from(found).ok()?).copied()
+    clients.values().nth(usize::try_from(found).ok()?)
 }
 
 /// The key a request carries: the token of `Authorization: Bearer <key>` (the scheme in any
