@@ -3,6 +3,9 @@
 //!
 //! Every problem in a file is reported at once, each with its YAML path
 //! (`models.qwen.backend: no backend named "qwen-local"`), so a user fixes the file in one pass.
+//! Clients, keys and limits are checked in [`clients`].
+
+mod clients;
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -16,6 +19,8 @@ use serde_yaml::Value;
 
 use crate::backend::profile::{Kind, fill_template};
 use crate::tokens::OnOverflow;
+
+pub use clients::{ANONYMOUS, AuthMode, ClientConfig, KeyHash, Limits, RateLimitStore, RedisUrl};
 
 /// The validated configuration. Built once before binding; never mutated.
 #[derive(Debug, Clone)]
@@ -40,6 +45,19 @@ pub struct Config {
     pub swap_after: Duration,
     pub backends: BTreeMap<String, BackendConfig>,
     pub models: BTreeMap<String, ModelConfig>,
+    /// Whether requests must carry a configured client's key (default: `Required` when
+    /// clients are configured, else `Off`).
+    pub auth: AuthMode,
+    /// The configured clients, by name.
+    pub clients: BTreeMap<String, ClientConfig>,
+    /// The limits of a client that does not set them (each limit on its own), and of every
+    /// request when auth is off.
+    pub default_limits: Limits,
+    /// The digest of the key `/admin/*` requires; without one, `/admin/*` answers loopback
+    /// peers only.
+    pub admin_key: Option<KeyHash>,
+    /// Where rate-limit state lives (default: memory).
+    pub rate_limit_store: RateLimitStore,
 }
 
 /// An OpenAI-compatible server the gateway forwards to.
@@ -208,6 +226,12 @@ struct RawConfig {
     backends: BTreeMap<String, Value>,
     #[serde(default)]
     models: BTreeMap<String, Value>,
+    auth: Option<Value>,
+    #[serde(default)]
+    clients: BTreeMap<String, Value>,
+    default_limits: Option<Value>,
+    admin_key_sha256: Option<Value>,
+    rate_limit_store: Option<Value>,
 }
 
 #[derive(Deserialize)]
@@ -514,6 +538,17 @@ fn validate(raw: RawConfig, problems: &mut Vec<Problem>) -> Option<Config> {
             reason: "must be larger than 0 (every request has a body)".into(),
         });
     }
+    let access = clients::validate(
+        clients::RawAccess {
+            auth: raw.auth,
+            clients: raw.clients,
+            default_limits: raw.default_limits,
+            admin_key_sha256: raw.admin_key_sha256,
+            rate_limit_store: raw.rate_limit_store,
+        },
+        &models,
+        problems,
+    );
     Some(Config {
         listen: listen?,
         metrics_listen,
@@ -525,6 +560,11 @@ fn validate(raw: RawConfig, problems: &mut Vec<Problem>) -> Option<Config> {
         max_connections_per_client,
         backends,
         models,
+        auth: access.auth,
+        clients: access.clients,
+        default_limits: access.default_limits,
+        admin_key: access.admin_key,
+        rate_limit_store: access.rate_limit_store,
     })
 }
 
@@ -764,7 +804,10 @@ fn substitute_env(
     match value {
         Value::String(s) if s.contains('$') => match expand(s, env) {
             Ok(expanded) => {
-                let whole = s.starts_with("${") && s.ends_with('}') && s.matches("${").count() == 1;
+                let whole = s.starts_with("${")
+                    && s.ends_with('}')
+                    && s.matches("${").count() == 1
+                    && !clients::is_clear_key(path);
                 *value = if whole {
                     serde_yaml::from_str::<Value>(&expanded)
                         .ok()

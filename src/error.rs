@@ -31,6 +31,16 @@ pub enum GatewayError {
     /// A bug or a broken invariant inside the gateway (logged).
     #[error("The gateway failed on this request: {0}")]
     Internal(String),
+    /// The request carries no configured client's key (auth required), or not the admin key.
+    /// The message never quotes the key sent.
+    #[error("{}", .0.message())]
+    InvalidApiKey(KeyProblem),
+    /// `/admin/*` from another machine while no `admin_key_sha256` is set.
+    #[error(
+        "The admin API answers only clients on the gateway's own machine; set admin_key_sha256 in gateway.yaml \
+         to use it from elsewhere."
+    )]
+    AdminForbidden,
     /// `model` names no configured model.
     #[error("The model `{0}` does not exist or you do not have access to it.")]
     ModelNotFound(String),
@@ -90,6 +100,10 @@ impl GatewayError {
             GatewayError::ContextLengthExceeded { .. } => {
                 (StatusCode::BAD_REQUEST, "invalid_request_error", Some("context_length_exceeded"))
             }
+            GatewayError::InvalidApiKey(_) => {
+                (StatusCode::UNAUTHORIZED, "invalid_request_error", Some("invalid_api_key"))
+            }
+            GatewayError::AdminForbidden => (StatusCode::FORBIDDEN, "invalid_request_error", Some("admin_forbidden")),
             GatewayError::ModelNotFound(_) => (StatusCode::NOT_FOUND, "invalid_request_error", Some("model_not_found")),
             GatewayError::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "server_error", Some("internal_error")),
             GatewayError::UnknownBackend(_) => {
@@ -147,6 +161,31 @@ impl GatewayError {
     /// The final SSE event sent when a stream fails after it began.
     pub fn sse_event(&self) -> Bytes {
         Bytes::from(format!("data: {}\n\n", self.body()))
+    }
+}
+
+/// What is wrong with the key of a refused request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyProblem {
+    /// No `Authorization: Bearer …` nor `x-api-key` header.
+    Missing,
+    /// A key that is no configured client's (or not the admin key).
+    Incorrect,
+}
+
+impl KeyProblem {
+    /// OpenAI's words, without the key (OpenAI quotes part of it; a gateway's log and a proxy's
+    /// error page should not).
+    fn message(self) -> &'static str {
+        match self {
+            KeyProblem::Missing => {
+                "You didn't provide an API key. You need to provide your API key in an Authorization header using \
+                 Bearer auth (i.e. Authorization: Bearer YOUR_KEY), or in an x-api-key header."
+            }
+            KeyProblem::Incorrect => {
+                "Incorrect API key provided. Ask the operator of this gateway for a key (clients: in gateway.yaml)."
+            }
+        }
     }
 }
 
@@ -266,6 +305,10 @@ impl IntoResponse for GatewayError {
             // The body was not read: the connection cannot carry another request.
             response.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
         }
+        if matches!(self, GatewayError::InvalidApiKey(_)) {
+            // RFC 9110: a 401 names the scheme that would be accepted.
+            response.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
         if let Some(after) = self.retry_after() {
             let secs = after.as_secs().max(1);
             response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(secs));
@@ -303,6 +346,9 @@ mod tests {
             GatewayError::BackendTimeout { backend: "b".into(), after: Duration::from_secs(5) },
             GatewayError::BackendStalled { backend: "b".into(), after: Duration::from_secs(5) },
             GatewayError::ShuttingDown,
+            GatewayError::InvalidApiKey(KeyProblem::Missing),
+            GatewayError::InvalidApiKey(KeyProblem::Incorrect),
+            GatewayError::AdminForbidden,
         ];
         for e in cases {
             let body = e.body();
@@ -363,5 +409,18 @@ mod tests {
         assert_eq!(e.status(), StatusCode::NOT_FOUND);
         assert_eq!(e.body()["error"]["code"], "model_not_found");
         assert_eq!(e.body()["error"]["message"], "The model `gpt-9` does not exist or you do not have access to it.");
+    }
+
+    #[test]
+    fn a_refused_key_is_401_invalid_api_key_with_www_authenticate() {
+        for problem in [KeyProblem::Missing, KeyProblem::Incorrect] {
+            let e = GatewayError::InvalidApiKey(problem);
+            assert_eq!(e.status(), StatusCode::UNAUTHORIZED);
+            assert_eq!(e.body()["error"]["code"], "invalid_api_key");
+            assert_eq!(e.body()["error"]["type"], "invalid_request_error");
+            let response = e.into_response();
+            assert_eq!(response.headers()[header::WWW_AUTHENTICATE], "Bearer");
+        }
+        assert_eq!(GatewayError::AdminForbidden.status(), StatusCode::FORBIDDEN);
     }
 }

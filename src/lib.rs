@@ -6,6 +6,7 @@
 
 pub mod accept;
 pub mod api;
+pub mod auth;
 pub mod backend;
 pub mod config;
 pub mod dispatch;
@@ -53,8 +54,13 @@ pub async fn serve(
     tracing::info!(
         listen = %listener.local_addr()?,
         models = ?config.models.keys().collect::<Vec<_>>(),
+        auth = ?config.auth,
+        clients = config.clients.len(),
         "mlxgate serving"
     );
+    if config.auth == config::AuthMode::Off && !listener.local_addr()?.ip().is_loopback() {
+        tracing::warn!("auth is off on a non-loopback address: anyone who can reach it is served (configure clients)");
+    }
     // Tokenizers load on a thread of their own that ends at once: the allocator returns what
     // parsing a 33 MB tokenizer.json left behind (470 MB resident for Qwen's vocabulary) when its
     // thread exits, not ten seconds later as with a pooled blocking thread.

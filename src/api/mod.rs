@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::time::SystemTime;
 
 use axum::Router;
+use axum::middleware;
 use axum::routing::{get, post};
 use tower_http::trace::{DefaultMakeSpan, DefaultOnResponse, TraceLayer};
 use tracing::Level;
@@ -63,12 +64,20 @@ pub fn metrics_app(state: Arc<AppState>) -> Router {
 ///
 /// Layers, outermost first:
 /// - `TraceLayer`: one span per request, so every log line a request causes carries its method
-///   and path. It logs at the response headers; the body's end is logged by `StreamMeter`.
+///   and path. It logs at the response headers; the body's end is logged by `StreamMeter`. It
+///   records no header: `Authorization` and `x-api-key` carry clients' keys.
+/// - `/admin/*` alone: `admin::require_admin` (a route layer: an unknown `/admin/…` path gets
+///   the same 404 as any other).
 ///
 /// There is deliberately no body-limit or timeout layer: the body limit is applied by the proxy
 /// handler so that a too-large body gets an OpenAI-shaped 413, and a timeout layer would cut
 /// streams that legitimately last many minutes (timeouts live in `backend::upstream`).
 pub fn app(state: Arc<AppState>) -> Router {
+    let admin = Router::new()
+        .route("/admin/backends", get(admin::backends))
+        .route("/admin/backends/{name}/logs", get(admin::logs))
+        .route("/admin/backends/{name}/restart", post(admin::restart))
+        .route_layer(middleware::from_fn_with_state(Arc::clone(&state), admin::require_admin));
     Router::new()
         .route("/v1/chat/completions", post(openai::proxy))
         .route("/v1/completions", post(openai::proxy))
@@ -77,15 +86,13 @@ pub fn app(state: Arc<AppState>) -> Router {
         .route("/health", get(admin::health))
         .route("/ready", get(admin::ready))
         .route("/metrics", get(admin::metrics))
-        .route("/admin/backends", get(admin::backends))
-        .route("/admin/backends/{name}/logs", get(admin::logs))
-        .route("/admin/backends/{name}/restart", post(admin::restart))
+        .merge(admin)
         .fallback(openai::not_found)
         // GET /v1/chat/completions and the like: OpenAI's "Invalid URL" body, not an empty 405.
         .method_not_allowed_fallback(openai::not_found)
         .layer(
             TraceLayer::new_for_http()
-                .make_span_with(DefaultMakeSpan::new().level(Level::INFO))
+                .make_span_with(DefaultMakeSpan::new().level(Level::INFO).include_headers(false))
                 .on_response(DefaultOnResponse::new().level(Level::DEBUG)),
         )
         .with_state(state)

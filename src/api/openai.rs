@@ -1,7 +1,7 @@
 //! `/v1/*`: the OpenAI endpoints. The proxy handler parses only what it needs from the body
 //! (`model`; other top-level fields stay raw JSON text), rewrites `model` to the backend's name,
 //! waits for a slot in the model's queue and streams the backend's answer back untouched.
-//! The handler reads as its phases: parse → acquire → send → wrap.
+//! The handler reads as its phases: identify → parse → acquire → send → wrap.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -10,7 +10,7 @@ use std::time::{Duration, Instant, UNIX_EPOCH};
 use axum::Json;
 use axum::body::Body;
 use axum::extract::{ConnectInfo, Request, State};
-use axum::http::{HeaderValue, header};
+use axum::http::{HeaderMap, HeaderValue, header};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Limited};
@@ -22,6 +22,7 @@ use serde_json::value::RawValue;
 use super::AppState;
 use super::chunk;
 use super::fit::{self, Endpoint, Fitted};
+use crate::auth::{self, Client};
 use crate::backend::handle::{Answer, Outbound, SendFailure};
 use crate::backend::upstream::strip_hop_by_hop;
 use crate::dispatch::Route;
@@ -95,22 +96,29 @@ enum Forwarded {
     Made(Response, Option<StreamFigures>),
 }
 
-/// parse → fit (the context cap; map-reduce of an over-long message) → acquire → send
-/// (retried on a restarted backend) → wrap.
+/// identify (the client, from the headers alone: a refused one's body is never read) → parse
+/// → fit (the context cap; map-reduce of an over-long message) → acquire → send (retried on a
+/// restarted backend) → wrap.
 async fn forward(
     state: &Arc<AppState>,
     request: Request,
     record: &mut RequestRecord,
 ) -> Result<Forwarded, GatewayError> {
     let (parts, body) = request.into_parts();
+    let caller = auth::identify(&state.config, &parts.headers)?;
     let bytes = read_body(&parts, body, state.config.max_body_bytes, state.config.body_read_timeout).await?;
     let mut fields: RawBody = serde_json::from_slice(&bytes)
         .map_err(|e| GatewayError::invalid(format!("The request body is not a JSON object: {e}."), None))?;
     drop(bytes);
     let model = requested_model(&fields)?;
-    let route = state.dispatch.route(&model).ok_or_else(|| GatewayError::ModelNotFound(model.clone()))?;
+    // A model the client may not use is, to it, one that does not exist: the same 404.
+    let route = state
+        .dispatch
+        .route(&model)
+        .filter(|_| caller.may_use(&state.config, &model))
+        .ok_or_else(|| GatewayError::ModelNotFound(model.clone()))?;
     record.routed(&model, &route.backend.config.name);
-    let client = client_id(&parts);
+    let client = client_id(&parts, &caller);
     let endpoint = Endpoint::of(parts.uri.path());
     let mut transform = None;
     if let Some(endpoint) = endpoint {
@@ -427,14 +435,19 @@ fn ask_for_usage(fields: &mut RawBody) -> Result<bool, GatewayError> {
     Ok(asked)
 }
 
-/// GET `/v1/models`: the configured public names, in OpenAI's list shape, each with its
-/// `context_length` when a cap is known.
-pub async fn list_models(State(state): State<Arc<AppState>>) -> Json<serde_json::Value> {
+/// GET `/v1/models`: the configured public names the client may use, in OpenAI's list shape,
+/// each with its `context_length` when a cap is known. With auth required, 401 without a key.
+pub async fn list_models(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+) -> Result<Json<serde_json::Value>, GatewayError> {
+    let caller = auth::identify(&state.config, &headers)?;
     let created = state.started.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
     let data: Vec<_> = state
         .config
         .models
         .keys()
+        .filter(|name| caller.may_use(&state.config, name))
         .map(|name| {
             let mut model = json!({"id": name, "object": "model", "created": created, "owned_by": "mlxgate"});
             if let Some(cap) = state.tokens.get(name).and_then(|t| t.cap) {
@@ -443,7 +456,7 @@ pub async fn list_models(State(state): State<Arc<AppState>>) -> Json<serde_json:
             model
         })
         .collect();
-    Json(json!({"object": "list", "data": data}))
+    Ok(Json(json!({"object": "list", "data": data})))
 }
 
 /// Any other path: OpenAI's 404 shape rather than an empty body (counted, unrouted).
@@ -483,8 +496,13 @@ fn requested_model(fields: &RawBody) -> Result<String, GatewayError> {
         .map_err(|_| GatewayError::invalid("`model` must be a string", Some("model")))
 }
 
-/// The identity used for fair queueing: the bearer key if sent, else the peer's IP address.
-fn client_id(parts: &axum::http::request::Parts) -> ClientId {
+/// The identity used for fair queueing: with auth on, the client's configured name (a client
+/// rotating made-up keys gets 401, not a fresh share of the queue); with auth off, the bearer
+/// key if sent, else the peer's IP address.
+fn client_id(parts: &axum::http::request::Parts, caller: &Client) -> ClientId {
+    if let Client::Named(name) = caller {
+        return ClientId(format!("client:{name}"));
+    }
     let bearer = parts
         .headers
         .get(header::AUTHORIZATION)
