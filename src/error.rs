@@ -9,6 +9,8 @@ use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use serde_json::json;
 
+use crate::limits::{Denied, Limit};
+
 /// A request's failure, as the client sees it.
 #[derive(Debug, thiserror::Error)]
 pub enum GatewayError {
@@ -41,6 +43,10 @@ pub enum GatewayError {
          to use it from elsewhere."
     )]
     AdminForbidden,
+    /// The client is over one of its rate limits (429 `rate_limit_exceeded`, with OpenAI's
+    /// `x-ratelimit-*` headers and `Retry-After`/`retry-after-ms` or `x-should-retry: false`).
+    #[error("{}", .0.message)]
+    RateLimited(Box<Denied>),
     /// `model` names no configured model.
     #[error("The model `{0}` does not exist or you do not have access to it.")]
     ModelNotFound(String),
@@ -105,6 +111,11 @@ impl GatewayError {
             }
             GatewayError::AdminForbidden => (StatusCode::FORBIDDEN, "invalid_request_error", Some("admin_forbidden")),
             GatewayError::ModelNotFound(_) => (StatusCode::NOT_FOUND, "invalid_request_error", Some("model_not_found")),
+            // OpenAI's types: `requests` for a request limit, `tokens` for a token limit.
+            GatewayError::RateLimited(denied) => {
+                let kind = if denied.limit == Limit::Tpm { "tokens" } else { "requests" };
+                (StatusCode::TOO_MANY_REQUESTS, kind, Some("rate_limit_exceeded"))
+            }
             GatewayError::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "server_error", Some("internal_error")),
             GatewayError::UnknownBackend(_) => {
                 (StatusCode::NOT_FOUND, "invalid_request_error", Some("backend_not_found"))
@@ -308,6 +319,10 @@ impl IntoResponse for GatewayError {
         if matches!(self, GatewayError::InvalidApiKey(_)) {
             // RFC 9110: a 401 names the scheme that would be accepted.
             response.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
+        if let GatewayError::RateLimited(denied) = &self {
+            // x-ratelimit-*, Retry-After and retry-after-ms (or x-should-retry: false).
+            response.headers_mut().extend(denied.headers.clone());
         }
         if let Some(after) = self.retry_after() {
             let secs = after.as_secs().max(1);

@@ -72,7 +72,18 @@ pub async fn serve(
             .map_err(std::io::Error::other)?
             .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e.to_string()))?
     };
-    let state = AppState::new(config, keeper, tokens);
+    // The store's error quotes the URL, password and all: say which store, redacted.
+    let limiter = limits::Limiter::for_config(&config).map_err(|_| {
+        let store = match &config.rate_limit_store {
+            config::RateLimitStore::Memory => "memory".to_owned(),
+            config::RateLimitStore::Redis(url) => url.redacted(),
+        };
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!("rate_limit_store: the Redis client refuses {store}"),
+        )
+    })?;
+    let state = AppState::new(config, keeper, tokens, limiter);
     let metrics_server = match metrics_listen {
         Some(addr) => {
             let listener = TcpListener::bind(addr)

@@ -1,7 +1,7 @@
 //! Every Prometheus metric the gateway exports, declared once on one `Registry` that travels in
 //! the application state. Names follow DESIGN.md ("Streams and metrics"): prefix `mlxgate_`,
-//! seconds as the unit, labels from bounded sets only (configured model and backend names,
-//! error types).
+//! seconds as the unit, labels from bounded sets only (configured model, backend and client
+//! names, `anonymous`, error types).
 
 use prometheus::{
     Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder,
@@ -48,6 +48,9 @@ pub struct Metrics {
     pub context_overflow: IntCounterVec,
     /// Time to count a prompt's tokens (chat template + tokenizer), by model.
     pub prompt_count_seconds: HistogramVec,
+    /// Requests refused with 429, by client (a configured name or `anonymous`) and limit
+    /// (`rpm`, `tpm`, `concurrency`).
+    pub rate_limited: IntCounterVec,
 }
 
 /// TTFT buckets: 10 ms to 30 min (a 52k-token prefill took 31 minutes on one server).
@@ -161,6 +164,11 @@ impl Metrics {
             &[0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0],
             &["model"],
         );
+        let rate_limited = counter(
+            "mlxgate_rate_limited_total",
+            "Requests refused with 429 by a client's rate limit, by client and limit (rpm, tpm, concurrency).",
+            &["client", "limit"],
+        );
         for collector in [
             Box::new(requests.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(queue_depth.clone()),
@@ -181,6 +189,7 @@ impl Metrics {
             Box::new(usage_mismatch.clone()),
             Box::new(context_overflow.clone()),
             Box::new(prompt_count_seconds.clone()),
+            Box::new(rate_limited.clone()),
         ] {
             registry.register(collector).expect("metric names are unique");
         }
@@ -205,6 +214,7 @@ impl Metrics {
             usage_mismatch,
             context_overflow,
             prompt_count_seconds,
+            rate_limited,
         }
     }
 

@@ -8,6 +8,7 @@
 
 mod common;
 
+use std::num::NonZeroU32;
 use std::process::Stdio;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -67,9 +68,9 @@ fn redis_installed() -> bool {
 fn gateway_limiter(url: &str) -> Limiter {
     let options = RedisOptions { probe_every: Duration::from_millis(100), timeout: Duration::from_secs(10) };
     let limiter = Limiter::new(Arc::new(RedisStore::open(url, options).expect("redis url")));
-    let rpm5 = Limits { rpm: Some(5), ..Limits::default() };
+    let rpm5 = Limits { rpm: NonZeroU32::new(5), ..Limits::default() };
     let clients = ["before", "during", "after"].map(|c| (c.to_owned(), rpm5));
-    let probe = ("probe".to_owned(), Limits { rpm: Some(1_000_000), ..Limits::default() });
+    let probe = ("probe".to_owned(), Limits { rpm: NonZeroU32::new(1_000_000), ..Limits::default() });
     limiter.configure(clients.into_iter().chain([probe]), Limits::default());
     limiter
 }
@@ -145,12 +146,16 @@ async fn the_script_keeps_the_same_books_as_the_memory_store() {
     let redis = Redis::start(free_port()).await;
     let store = RedisStore::open(&redis.url(), RedisOptions::default()).expect("redis url");
     let limiter = Limiter::new(Arc::new(store));
-    let limits = |rpm, tpm, concurrency| Limits { rpm, tpm, concurrency };
+    let limits = |rpm, tpm, concurrency| Limits {
+        rpm: NonZeroU32::new(rpm),
+        tpm: NonZeroU32::new(tpm),
+        concurrency: NonZeroU32::new(concurrency),
+    };
     limiter.configure(
         [
-            ("odd".to_owned(), limits(Some(7), None, None)),
-            ("tokens".to_owned(), limits(None, Some(1000), None)),
-            ("one-at-a-time".to_owned(), limits(None, None, Some(1))),
+            ("odd".to_owned(), limits(7, 0, 0)),
+            ("tokens".to_owned(), limits(0, 1000, 0)),
+            ("one-at-a-time".to_owned(), limits(0, 0, 1)),
         ],
         Limits::default(),
     );

@@ -19,6 +19,7 @@ use tracing::Level;
 use crate::backend::upstream::Upstream;
 use crate::config::Config;
 use crate::dispatch::Dispatch;
+use crate::limits::Limiter;
 use crate::metrics::Metrics;
 use crate::stream::meter::Cutoff;
 use crate::tokens::registry::Registry;
@@ -35,12 +36,15 @@ pub struct AppState {
     pub started: SystemTime,
     /// Each model's tokenizer, context cap and overflow action.
     pub tokens: Registry,
+    /// Every client's rate limits (`anonymous` shares `default_limits`).
+    pub limiter: Limiter,
 }
 
 impl AppState {
     /// Builds routes, queues, clients and backend supervisors from a validated configuration.
-    /// `keeper` is the mlxgate executable (it runs `mlxgate keep` for each managed server).
-    pub fn new(config: Config, keeper: PathBuf, tokens: Registry) -> Arc<Self> {
+    /// `keeper` is the mlxgate executable (it runs `mlxgate keep` for each managed server);
+    /// `limiter` holds the clients' limits (see [`Limiter::for_config`]).
+    pub fn new(config: Config, keeper: PathBuf, tokens: Registry, limiter: Limiter) -> Arc<Self> {
         let metrics = Metrics::new();
         let dispatch = Dispatch::new(&config, &metrics, keeper);
         Arc::new(AppState {
@@ -51,6 +55,7 @@ impl AppState {
             cutoff: Arc::new(Cutoff::default()),
             started: SystemTime::now(),
             tokens,
+            limiter,
         })
     }
 }

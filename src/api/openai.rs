@@ -30,6 +30,8 @@ use crate::dispatch::queue::{ClientId, Permit};
 use crate::error::{GatewayError, backend_error_body};
 use crate::outcome::{Outcome, RequestRecord};
 use crate::stream::meter::{Cutoff, Mode, RequestInfo, StreamFigures, StreamMeter, figures_of_whole, record_whole};
+use crate::tokens::Count;
+use crate::tokens::counter::Estimate;
 
 /// A request body: top-level fields in their original order, values left as raw JSON.
 pub(crate) type RawBody = IndexMap<String, Box<RawValue>>;
@@ -61,11 +63,16 @@ pub async fn proxy(State(state): State<Arc<AppState>>, request: Request) -> Resp
             () = cut => Err(GatewayError::ShuttingDown),
         }
     };
-    match forwarded {
+    // Every response to an admitted request carries the client's x-ratelimit-* headers (a 429
+    // carries its own).
+    let rate_limit_headers = record.rate_limit_headers().clone();
+    let mut response = match forwarded {
         Ok(Forwarded::Answered(answered)) => answered.into_response(record, Arc::clone(&state.cutoff)).await,
         Ok(Forwarded::Made(response, figures)) => {
-            if let Some(figures) = figures {
-                record_whole(record, &figures, Outcome::Ok);
+            match figures {
+                Some(figures) => record_whole(record, &figures, Outcome::Ok),
+                // Its body finishes the record (a streamed map-reduce): it was taken.
+                None => drop(record),
             }
             response
         }
@@ -73,7 +80,9 @@ pub async fn proxy(State(state): State<Arc<AppState>>, request: Request) -> Resp
             record.finish(Outcome::from(&e));
             e.into_response()
         }
-    }
+    };
+    response.headers_mut().extend(rate_limit_headers);
+    response
 }
 
 /// What the client asked for, ready to send: the body re-encoded once; the client's own
@@ -97,8 +106,10 @@ enum Forwarded {
 }
 
 /// identify (the client, from the headers alone: a refused one's body is never read) → parse
-/// → fit (the context cap; map-reduce of an over-long message) → acquire → send (retried on a
-/// restarted backend) → wrap.
+/// → fit (the context cap; map-reduce of an over-long message) → limits (the client's rate
+/// limits, charged with the prompt's count; a refusal before here costs nothing) → acquire →
+/// send (retried on a restarted backend) → wrap. The pieces of a map-reduce are part of the
+/// client's one admission.
 async fn forward(
     state: &Arc<AppState>,
     request: Request,
@@ -119,11 +130,19 @@ async fn forward(
         .ok_or_else(|| GatewayError::ModelNotFound(model.clone()))?;
     record.routed(&model, &route.backend.config.name);
     let client = client_id(&parts, &caller);
-    let endpoint = Endpoint::of(parts.uri.path());
+    let fitted = match Endpoint::of(parts.uri.path()) {
+        Some(endpoint) => Some(fit::fit(&state.metrics, route, state.tokens.get(&model), endpoint, &mut fields).await?),
+        None => None,
+    };
+    let prompt_tokens = match &fitted {
+        Some(Fitted::Send { prompt_tokens: Some(counted), .. }) => *counted as u64,
+        _ => estimated_prompt_tokens(&fields),
+    };
+    admit(state, &caller, prompt_tokens, record).await?;
     let mut transform = None;
-    if let Some(endpoint) = endpoint {
-        match fit::fit(&state.metrics, route, state.tokens.get(&model), endpoint, &mut fields).await? {
-            Fitted::Send { transform: t } => transform = t,
+    if let Some(fitted) = fitted {
+        match fitted {
+            Fitted::Send { transform: t, .. } => transform = t,
             Fitted::Chunk(chunked) if fields.get("stream").is_some_and(|v| v.get() == "true") => {
                 // The client gets its headers now and keep-alive comments while the pieces are
                 // mapped (minutes on a long document), then the reduce's stream.
@@ -142,6 +161,40 @@ async fn forward(
         }
     }
     send(state, route, &client, &parts, fields, transform).await.map(Forwarded::Answered)
+}
+
+/// limits: admits the request under its client's rate limits, charging `prompt_tokens` up front.
+/// The admission goes into the record, which settles it to the backend's usage at the end (or
+/// cancels it when no backend answered); a refusal is 429 and counted by client and limit.
+async fn admit(
+    state: &AppState,
+    caller: &Client,
+    prompt_tokens: u64,
+    record: &mut RequestRecord,
+) -> Result<(), GatewayError> {
+    match state.limiter.admit(caller.name(), prompt_tokens).await {
+        Ok(admission) => {
+            record.admitted(admission);
+            Ok(())
+        }
+        Err(denied) => {
+            let limit = denied.limit.as_str();
+            state.metrics.rate_limited.with_label_values(&[caller.name(), limit]).inc();
+            tracing::info!(client = caller.name(), limit, retry_after = ?denied.retry_after, "rate limited");
+            Err(GatewayError::RateLimited(Box::new(denied)))
+        }
+    }
+}
+
+/// A cheap estimate of a prompt's tokens when no count was made (no context cap, a map-reduce,
+/// embeddings): the estimate's count of the prompt fields' JSON text. Settled to the backend's
+/// usage at the end.
+fn estimated_prompt_tokens(fields: &RawBody) -> u64 {
+    ["messages", "prompt", "input", "tools"]
+        .iter()
+        .filter_map(|key| fields.get(*key))
+        .map(|raw| Estimate.text_tokens(raw.get()) as u64)
+        .sum()
 }
 
 /// The request as it goes to the backend: encoded once, then acquire → send.

@@ -21,30 +21,20 @@ pub mod store;
 
 use std::collections::HashMap;
 use std::fmt;
+use std::num::NonZeroU32;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use http::HeaderMap;
-use serde::Deserialize;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
+pub use crate::config::Limits;
+use crate::config::{Config, RateLimitStore};
 pub use gcra::{Bucket, Decision, Rate};
 pub use store::{Clock, ManualClock, MemoryStore, Mode, MonotonicClock, Op, RateStore, StoreHealth};
 
 /// Prefix of every bucket's key in a shared store.
 const KEY_PREFIX: &str = "mlxgate:limits:";
-
-/// A client's limits; `None` is unlimited. `Some(0)` refuses everything of that kind.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Limits {
-    /// Requests per minute.
-    pub rpm: Option<u64>,
-    /// Tokens (prompt + generated) per minute.
-    pub tpm: Option<u64>,
-    /// Requests in flight at once (in this gateway).
-    pub concurrency: Option<u32>,
-}
 
 /// Which limit refused a request (the `limit` label of `mlxgate_rate_limited_total`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -82,7 +72,7 @@ pub struct Denied {
     /// The limit that refused.
     pub limit: Limit,
     /// How long until the same request would fit; `None` when it never will (more tokens than
-    /// the client's whole bucket, or a limit of zero).
+    /// the client's whole bucket).
     pub retry_after: Option<Duration>,
     /// `x-ratelimit-*` plus `Retry-After`/`retry-after-ms` (or `x-should-retry: false`).
     pub headers: HeaderMap,
@@ -181,6 +171,25 @@ impl Limiter {
         *self.table.write().unwrap_or_else(|poisoned| poisoned.into_inner()) = table;
     }
 
+    /// A limiter over the configured `rate_limit_store`, with every client's limits and
+    /// `default_limits` (which the `anonymous` client of auth off shares).
+    pub fn for_config(config: &Config) -> Result<Limiter, redis_store::StoreError> {
+        let spec = match &config.rate_limit_store {
+            RateLimitStore::Memory => "memory",
+            RateLimitStore::Redis(url) => url.as_str(),
+        };
+        let limiter = Limiter::new(open_store(spec)?);
+        limiter.configure_clients(config);
+        Ok(limiter)
+    }
+
+    /// Sets the limits of `config`'s clients and its `default_limits` (see
+    /// [`configure`](Limiter::configure)).
+    pub fn configure_clients(&self, config: &Config) {
+        let clients = config.clients.values().map(|c| (c.name.to_string(), c.limits));
+        self.configure(clients, config.default_limits);
+    }
+
     /// The limits that apply to `client`.
     pub fn limits_of(&self, client: &str) -> Limits {
         let table = self.table.read().unwrap_or_else(|poisoned| poisoned.into_inner());
@@ -196,9 +205,9 @@ impl Limiter {
     /// the token limit; correct it later with [`Admission::settle`]), or says which limit refuses.
     pub async fn admit(&self, client: &str, prompt_tokens: u64) -> Result<Admission, Denied> {
         let limits = self.limits_of(client);
-        let requests = limits.rpm.map(|rpm| bucket_op(client, Limit::Rpm, rpm, 1));
-        let tokens = limits.tpm.map(|tpm| bucket_op(client, Limit::Tpm, tpm, prompt_tokens));
-        let permit = match limits.concurrency {
+        let requests = limits.rpm.map(|rpm| bucket_op(client, Limit::Rpm, rpm.get().into(), 1));
+        let tokens = limits.tpm.map(|tpm| bucket_op(client, Limit::Tpm, tpm.get().into(), prompt_tokens));
+        let permit = match limits.concurrency.map(NonZeroU32::get) {
             Some(most) => match self.semaphore(client, most).try_acquire_owned() {
                 Ok(permit) => Some(permit),
                 Err(_) => return Err(self.deny_concurrency(client, most, &requests, &tokens).await),
