@@ -418,6 +418,30 @@ mod tests {
         assert_eq!(v, serde_json::from_slice::<serde_json::Value>(rapid).expect("json"));
     }
 
+    #[tokio::test]
+    async fn a_rate_limited_request_is_429_with_the_limiters_headers() {
+        use std::num::NonZeroU32;
+
+        use crate::limits::{Limiter, Limits, MemoryStore};
+        let limiter = Limiter::new(std::sync::Arc::new(MemoryStore::default()));
+        let limits = Limits { tpm: NonZeroU32::new(100), ..Limits::default() };
+        limiter.configure([("agent".to_owned(), limits)], Limits::default());
+        let _first = limiter.admit("agent", 100).await.expect("fits");
+        let denied = limiter.admit("agent", 10).await.expect_err("spent");
+        let e = GatewayError::RateLimited(Box::new(denied));
+        assert_eq!(e.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(e.body()["error"]["type"], "tokens");
+        assert_eq!(e.body()["error"]["code"], "rate_limit_exceeded");
+        assert!(e.body()["error"]["message"].as_str().is_some_and(|m| m.contains("tokens per min (TPM)")));
+        assert_eq!(crate::outcome::Outcome::from(&e).label(), "rate_limited");
+        let response = e.into_response();
+        let value = |name: &str| response.headers()[name].to_str().ok().and_then(|v| v.parse::<u64>().ok());
+        assert!(value("retry-after").is_some_and(|s| (1..=6).contains(&s)), "10 tokens at 100/min: 6 s at most");
+        assert!(value("retry-after-ms").is_some_and(|ms| (1..=6000).contains(&ms)));
+        assert_eq!(response.headers()["x-ratelimit-limit-tokens"], "100");
+        assert_eq!(response.headers().get_all(header::RETRY_AFTER).iter().count(), 1);
+    }
+
     #[test]
     fn model_not_found_uses_openai_wording() {
         let e = GatewayError::ModelNotFound("gpt-9".into());

@@ -1,0 +1,236 @@
+//! Per-client rate limits on the request path, against the simulator: 429 with OpenAI's headers
+//! while another client is still served, tokens charged from the backend's usage, requests in
+//! flight, refusals before the limits that cost nothing, and the x-ratelimit-* headers on a
+//! stream.
+
+mod common;
+
+use common::*;
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
+
+const AIDER_KEY: &str = "sk-aider-0c7e5b9a13f24d86";
+const CURSOR_KEY: &str = "sk-cursor-a4d29f61e07b3c58";
+
+fn sha256_hex(key: &str) -> String {
+    Sha256::digest(key.as_bytes()).iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Model `qwen` on the simulator, model `capped` on the same simulator behind a 64-token
+/// context cap (counted with the estimate); `aider` has `aider_limits`, `cursor` none.
+fn yaml(sim_url: &str, aider_limits: &str) -> String {
+    format!(
+        "backends:\n  local: {{url: '{sim_url}', max_concurrency: 4}}\n  \
+         capped: {{url: '{sim_url}', max_concurrency: 4, context_cap: 64}}\n\
+         models:\n  qwen: {{backend: local}}\n  capped: {{backend: capped}}\n\
+         auth: required\n\
+         clients:\n  aider: {{key_sha256: {}, limits: {aider_limits}}}\n  cursor: {{key_sha256: {}}}\n",
+        sha256_hex(AIDER_KEY),
+        sha256_hex(CURSOR_KEY),
+    )
+}
+
+fn chat_for(model: &str, stream: bool, sim: Value) -> Value {
+    json!({"model": model, "stream": stream, "messages": [{"role": "user", "content": "hello there"}],
+           "max_tokens": 8, "sim": sim})
+}
+
+async fn send(gw: &Gateway, key: &str, body: &Value) -> reqwest::Response {
+    client().post(gw.url("/v1/chat/completions")).bearer_auth(key).json(body).send().await.expect("send")
+}
+
+fn header(response: &reqwest::Response, name: &str) -> Option<String> {
+    response.headers().get(name).and_then(|v| v.to_str().ok()).map(str::to_owned)
+}
+
+async fn rate_limited(gw: &Gateway, client: &str, limit: &str) -> f64 {
+    metric(gw, &format!("mlxgate_rate_limited_total{{client=\"{client}\",limit=\"{limit}\"}}")).await.unwrap_or(0.0)
+}
+
+#[tokio::test]
+async fn the_sixth_request_in_a_minute_is_429_with_headers_while_another_client_is_served() {
+    let sim = sim().await;
+    let gw = gateway(&yaml(&sim.url(), "{rpm: 5}")).await;
+    for left in (0..5).rev() {
+        let response = send(&gw, AIDER_KEY, &chat_for("qwen", false, json!({}))).await;
+        assert_eq!(response.status(), 200);
+        assert_eq!(header(&response, "x-ratelimit-limit-requests").as_deref(), Some("5"));
+        assert_eq!(header(&response, "x-ratelimit-remaining-requests"), Some(left.to_string()));
+        assert!(header(&response, "x-ratelimit-reset-requests").is_some());
+        assert_eq!(header(&response, "x-ratelimit-limit-tokens"), None, "no token limit, no token headers");
+        response.text().await.expect("body");
+    }
+    let refused = send(&gw, AIDER_KEY, &chat_for("qwen", false, json!({}))).await;
+    assert_eq!(refused.status(), 429);
+    let retry_after: u64 = header(&refused, "retry-after").and_then(|v| v.parse().ok()).expect("Retry-After");
+    assert!((1..=12).contains(&retry_after), "one request back every 12 s: {retry_after}");
+    let retry_ms: u64 = header(&refused, "retry-after-ms").and_then(|v| v.parse().ok()).expect("retry-after-ms");
+    assert!(retry_ms > 0 && retry_ms <= 12_000, "{retry_ms}");
+    assert_eq!(header(&refused, "x-ratelimit-limit-requests").as_deref(), Some("5"));
+    assert_eq!(header(&refused, "x-ratelimit-remaining-requests").as_deref(), Some("0"));
+    assert!(header(&refused, "x-ratelimit-reset-requests").is_some());
+    let body: Value = refused.json().await.expect("json");
+    assert_eq!(body["error"]["code"], "rate_limit_exceeded");
+    assert_eq!(body["error"]["type"], "requests");
+    let message = body["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("requests per min (RPM)") && message.contains("aider"), "{message}");
+
+    let other = send(&gw, CURSOR_KEY, &chat_for("qwen", false, json!({}))).await;
+    assert_eq!(other.status(), 200, "another client is still served");
+    assert_eq!(header(&other, "x-ratelimit-limit-requests"), None, "cursor has no limits");
+    assert_eq!(rate_limited(&gw, "aider", "rpm").await, 1.0);
+    assert_eq!(sim_stats(&sim).await["total"], 6, "the refused request reached no backend");
+    assert_eq!(
+        metric(&gw, "mlxgate_requests_total{backend=\"local\",model=\"qwen\",outcome=\"rate_limited\"}").await,
+        Some(1.0)
+    );
+}
+
+#[tokio::test]
+async fn tokens_are_charged_from_the_backends_usage() {
+    let sim = sim().await;
+    let gw = gateway(&yaml(&sim.url(), "{tpm: 1000}")).await;
+    // The prompt is a few tokens (its up-front charge); the answer's usage says 5000 generated.
+    let big = json!({"model": "qwen", "messages": [{"role": "user", "content": "hello there"}],
+                     "max_tokens": 5000, "sim": {"tokens": 5000, "tokens_per_second": 1_000_000.0}});
+    let first = send(&gw, AIDER_KEY, &big).await;
+    assert_eq!(first.status(), 200);
+    let up_front: u64 =
+        header(&first, "x-ratelimit-remaining-tokens").and_then(|v| v.parse().ok()).expect("token headers");
+    assert!(up_front > 900, "only the prompt was charged up front: {up_front} left of 1000");
+    let answer: Value = first.json().await.expect("json");
+    assert_eq!(answer["usage"]["completion_tokens"], 5000);
+    // The settlement runs when the answer has ended: a small request is refused once it did.
+    let refusal = std::sync::Mutex::new(None);
+    eventually("a request refused for tokens after the usage was charged", || {
+        let (gw, refusal) = (&gw, &refusal);
+        async move {
+            let response = send(gw, AIDER_KEY, &chat_for("qwen", false, json!({}))).await;
+            if response.status() != 429 {
+                return false;
+            }
+            let seen = (header(&response, "retry-after"), response.json::<Value>().await.expect("json"));
+            *refusal.lock().expect("lock") = Some(seen);
+            true
+        }
+    })
+    .await;
+    let (retry_after, body) = refusal.into_inner().expect("lock").expect("refused");
+    assert_eq!(body["error"]["type"], "tokens");
+    assert_eq!(body["error"]["code"], "rate_limit_exceeded");
+    let retry_after: u64 = retry_after.and_then(|v| v.parse().ok()).expect("Retry-After: the debt is paid off in time");
+    assert!(retry_after > 60, "about 4000 tokens of debt at 1000/min: {retry_after}");
+    assert!(rate_limited(&gw, "aider", "tpm").await >= 1.0);
+    assert_eq!(send(&gw, CURSOR_KEY, &chat_for("qwen", false, json!({}))).await.status(), 200);
+}
+
+#[tokio::test]
+async fn a_second_request_in_flight_is_429_until_the_first_ends() {
+    let sim = sim().await;
+    let gw = gateway(&yaml(&sim.url(), "{concurrency: 1}")).await;
+    let mut held = send(&gw, AIDER_KEY, &chat_for("qwen", true, json!({"hold_after": 1, "hold_key": "one"}))).await;
+    assert_eq!(held.status(), 200);
+    read_until(&mut held, "t0 ").await;
+
+    let second = send(&gw, AIDER_KEY, &chat_for("qwen", false, json!({}))).await;
+    assert_eq!(second.status(), 429);
+    assert_eq!(header(&second, "retry-after").as_deref(), Some("1"));
+    let body: Value = second.json().await.expect("json");
+    assert_eq!(body["error"]["code"], "rate_limit_exceeded");
+    assert_eq!(body["error"]["type"], "requests");
+    assert_eq!(rate_limited(&gw, "aider", "concurrency").await, 1.0);
+    assert_eq!(send(&gw, CURSOR_KEY, &chat_for("qwen", false, json!({}))).await.status(), 200, "others served");
+
+    client().post(format!("{}/sim/release/one", sim.url())).send().await.expect("release");
+    assert!(text_of(held).await.contains("[DONE]"));
+    eventually("a new request admitted once the first ended", || async {
+        send(&gw, AIDER_KEY, &chat_for("qwen", false, json!({}))).await.status() == 200
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn refusals_before_the_limits_charge_nothing() {
+    let sim = sim().await;
+    let gw = gateway(&yaml(&sim.url(), "{rpm: 1}")).await;
+    for _ in 0..3 {
+        let wrong = send(&gw, "sk-not-a-client-key-0000", &chat_for("qwen", false, json!({}))).await;
+        assert_eq!(wrong.status(), 401);
+        assert_eq!(header(&wrong, "x-ratelimit-limit-requests"), None, "nobody's limits");
+    }
+    // Over the 64-token cap: rejected before the limits are asked.
+    let long = json!({"model": "capped", "max_tokens": 8,
+                      "messages": [{"role": "user", "content": "many words ".repeat(200)}]});
+    for _ in 0..3 {
+        let rejected = send(&gw, AIDER_KEY, &long).await;
+        assert_eq!(rejected.status(), 400);
+        let body: Value = rejected.json().await.expect("json");
+        assert_eq!(body["error"]["code"], "context_length_exceeded");
+    }
+    let unknown = send(&gw, AIDER_KEY, &chat_for("gpt-9", false, json!({}))).await;
+    assert_eq!(unknown.status(), 404);
+
+    let served = send(&gw, AIDER_KEY, &chat_for("capped", false, json!({}))).await;
+    assert_eq!(served.status(), 200, "the one request of the minute was still there");
+    assert_eq!(header(&served, "x-ratelimit-remaining-requests").as_deref(), Some("0"));
+    assert_eq!(send(&gw, AIDER_KEY, &chat_for("qwen", false, json!({}))).await.status(), 429, "rpm 1 holds");
+}
+
+#[tokio::test]
+async fn a_stream_carries_the_rate_limit_headers_and_anonymous_shares_the_defaults() {
+    let sim = sim().await;
+    let gw = gateway(&yaml(&sim.url(), "{rpm: 100, tpm: 100000}")).await;
+    let stream = send(&gw, AIDER_KEY, &chat_for("qwen", true, json!({}))).await;
+    assert_eq!(stream.status(), 200);
+    assert!(header(&stream, "content-type").is_some_and(|v| v.starts_with("text/event-stream")));
+    assert_eq!(header(&stream, "x-ratelimit-limit-requests").as_deref(), Some("100"));
+    assert_eq!(header(&stream, "x-ratelimit-remaining-requests").as_deref(), Some("99"));
+    assert_eq!(header(&stream, "x-ratelimit-limit-tokens").as_deref(), Some("100000"));
+    let left: u64 = header(&stream, "x-ratelimit-remaining-tokens").and_then(|v| v.parse().ok()).expect("tokens");
+    assert!(left < 100_000, "the prompt was charged up front: {left}");
+    assert!(header(&stream, "x-ratelimit-reset-tokens").is_some());
+    assert!(text_of(stream).await.contains("[DONE]"));
+
+    // Auth off: every request is `anonymous`, under default_limits.
+    let open = format!(
+        "backends:\n  local: {{url: '{}', max_concurrency: 4}}\nmodels:\n  qwen: {{backend: local}}\n\
+         default_limits: {{rpm: 2}}\n",
+        sim.url()
+    );
+    let gw = gateway(&open).await;
+    for _ in 0..2 {
+        assert_eq!(post(&gw, "/v1/chat/completions", &chat_for("qwen", false, json!({}))).await.status(), 200);
+    }
+    let refused = post(&gw, "/v1/chat/completions", &chat_for("qwen", true, json!({}))).await;
+    assert_eq!(refused.status(), 429);
+    assert_eq!(rate_limited(&gw, "anonymous", "rpm").await, 1.0);
+}
+
+#[tokio::test]
+async fn a_request_refused_by_a_full_queue_gives_its_charge_back() {
+    let sim = sim().await;
+    let yaml = format!(
+        "backends:\n  local: {{url: '{}', max_concurrency: 1}}\nmodels:\n  qwen: {{backend: local, max_queue: 0}}\n\
+         auth: required\nclients:\n  aider: {{key_sha256: {}, limits: {{rpm: 1, tpm: 1000}}}}\n  \
+         cursor: {{key_sha256: {}}}\n",
+        sim.url(),
+        sha256_hex(AIDER_KEY),
+        sha256_hex(CURSOR_KEY),
+    );
+    let gw = gateway(&yaml).await;
+    let mut held = send(&gw, CURSOR_KEY, &chat_for("qwen", true, json!({"hold_after": 1, "hold_key": "busy"}))).await;
+    read_until(&mut held, "t0 ").await;
+    for _ in 0..3 {
+        let full = send(&gw, AIDER_KEY, &chat_for("qwen", false, json!({}))).await;
+        assert_eq!(full.status(), 503, "the backend's one slot is taken and the queue holds none");
+        assert_eq!(header(&full, "x-ratelimit-limit-requests").as_deref(), Some("1"), "admitted, then refused");
+    }
+    client().post(format!("{}/sim/release/busy", sim.url())).send().await.expect("release");
+    assert!(text_of(held).await.contains("[DONE]"));
+    // The refunds are spawned when each 503 is recorded: the one request of the minute comes back.
+    eventually("the request slot given back", || async {
+        send(&gw, AIDER_KEY, &chat_for("qwen", false, json!({}))).await.status() == 200
+    })
+    .await;
+    assert_eq!(send(&gw, AIDER_KEY, &chat_for("qwen", false, json!({}))).await.status(), 429, "rpm 1 holds");
+}
