@@ -119,13 +119,16 @@ impl Endpoint {
 }
 
 /// Fits the request in `fields` to its model's cap, rewriting `fields` as the plan says.
-/// Without a known cap nothing is counted.
+/// Without a known cap nothing is counted. `exact`: a chat prompt that fits by its bytes is
+/// tokenized all the same, for an exact [`Fitted::Send::prompt_tokens`] (a client with a token
+/// limit is charged it up front: a bytes bound several times the count could refuse it).
 pub async fn fit(
     metrics: &Metrics,
     route: &Route,
     tokens: Option<&ModelTokens>,
     endpoint: Endpoint,
     fields: &mut RawBody,
+    exact: bool,
 ) -> Result<Fitted, GatewayError> {
     let Some(tokens) = tokens else { return Ok(Fitted::Send { transform: None, prompt_tokens: None }) };
     let Some(cap) = tokens.cap else { return Ok(Fitted::Send { transform: None, prompt_tokens: None }) };
@@ -155,7 +158,8 @@ pub async fn fit(
                 // Most prompts fit by far: their bytes bound their tokens, no tokenizing.
                 let plan = match counter.chat_tokens_at_most(prompt) {
                     Ok(bound) if bound.saturating_add(needed) <= cap => {
-                        Ok(ChatPlan::Fits { prompt_tokens: bound, max_tokens: cap - bound })
+                        let counted = if exact { counter.chat_tokens(prompt).unwrap_or(bound) } else { bound };
+                        Ok(ChatPlan::Fits { prompt_tokens: counted, max_tokens: cap - bound })
                     }
                     _ => overflow::plan_chat(&counter, prompt, budget, action),
                 };

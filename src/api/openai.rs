@@ -130,8 +130,12 @@ async fn forward(
         .ok_or_else(|| GatewayError::ModelNotFound(model.clone()))?;
     record.routed(&model, &route.backend.config.name);
     let client = client_id(&parts, &caller);
+    // A client with a token limit is charged its prompt's exact count when it is counted.
+    let exact = state.limiter.limits_of(caller.name()).tpm.is_some();
     let fitted = match Endpoint::of(parts.uri.path()) {
-        Some(endpoint) => Some(fit::fit(&state.metrics, route, state.tokens.get(&model), endpoint, &mut fields).await?),
+        Some(endpoint) => {
+            Some(fit::fit(&state.metrics, route, state.tokens.get(&model), endpoint, &mut fields, exact).await?)
+        }
         None => None,
     };
     let prompt_tokens = match &fitted {
