@@ -6,6 +6,9 @@
 //! constant time, all of them each time, so neither which client matched nor how much of a
 //! digest did shows in the time taken. Nothing here formats a key: no log line or error message
 //! can carry one.
+//!
+//! The keys, clients and limits in force are an [`Access`] snapshot, which a reload (SIGHUP)
+//! replaces as a whole: a request identifies its client against one snapshot.
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
@@ -19,6 +22,33 @@ use crate::error::{GatewayError, KeyProblem};
 
 /// The header Anthropic's clients send their key in.
 const X_API_KEY: &str = "x-api-key";
+
+/// The part of the configuration a reload replaces: who may call and with which limits. A
+/// request reads one snapshot (see `AppState::access`); the rest of [`Config`] is fixed at
+/// start-up.
+#[derive(Debug, Clone)]
+pub struct Access {
+    /// Whether requests must carry a configured client's key.
+    pub auth: AuthMode,
+    /// The configured clients, by name.
+    pub clients: BTreeMap<String, ClientConfig>,
+    /// The limits of a client that does not set them, and of every request when auth is off.
+    pub default_limits: Limits,
+    /// The digest of the key `/admin/*` requires (loopback peers only without one).
+    pub admin_key: Option<KeyHash>,
+}
+
+impl Access {
+    /// The access part of a validated configuration.
+    pub fn of(config: &Config) -> Access {
+        Access {
+            auth: config.auth,
+            clients: config.clients.clone(),
+            default_limits: config.default_limits,
+            admin_key: config.admin_key,
+        }
+    }
+}
 
 /// Who sent a request, once its key is checked.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -39,18 +69,18 @@ impl Client {
     }
 
     /// Its limits: the client's own (filled from `default_limits`), or `default_limits`.
-    pub fn limits(&self, config: &Config) -> Limits {
+    pub fn limits(&self, access: &Access) -> Limits {
         match self {
-            Client::Named(name) => config.clients.get(&**name).map_or(config.default_limits, |c| c.limits),
-            Client::Anonymous => config.default_limits,
+            Client::Named(name) => access.clients.get(&**name).map_or(access.default_limits, |c| c.limits),
+            Client::Anonymous => access.default_limits,
         }
     }
 
     /// Whether it may send requests for `model`. A model it may not use must be answered as
     /// one that does not exist (404 `model_not_found`), so that its name is not confirmed.
-    pub fn may_use(&self, config: &Config, model: &str) -> bool {
+    pub fn may_use(&self, access: &Access, model: &str) -> bool {
         match self {
-            Client::Named(name) => config.clients.get(&**name).is_some_and(|c| c.may_use(model)),
+            Client::Named(name) => access.clients.get(&**name).is_some_and(|c| c.may_use(model)),
             Client::Anonymous => true,
         }
     }
@@ -59,12 +89,12 @@ impl Client {
 /// Identifies the client of a request from its headers alone (before its body is read: a
 /// refused client costs nothing). With auth off every request is [`Client::Anonymous`];
 /// with auth required, a missing or unknown key is 401 `invalid_api_key`.
-pub fn identify(config: &Config, headers: &HeaderMap) -> Result<Client, GatewayError> {
-    if config.auth == AuthMode::Off {
+pub fn identify(access: &Access, headers: &HeaderMap) -> Result<Client, GatewayError> {
+    if access.auth == AuthMode::Off {
         return Ok(Client::Anonymous);
     }
     let key = presented_key(headers).ok_or(GatewayError::InvalidApiKey(KeyProblem::Missing))?;
-    find_client(&config.clients, &KeyHash::of_key(key))
+    find_client(&access.clients, &KeyHash::of_key(key))
         .map(|c| Client::Named(Arc::clone(&c.name)))
         .ok_or(GatewayError::InvalidApiKey(KeyProblem::Incorrect))
 }
@@ -97,8 +127,8 @@ pub fn presented_key(headers: &HeaderMap) -> Option<&[u8]> {
 /// Whether a request may use `/admin/*`: with `admin_key_sha256` set, it must carry that key
 /// (401 otherwise, wherever it comes from); without one, it must come from this machine
 /// (`peer` on loopback; 403 otherwise, and when the peer is unknown).
-pub fn admit_admin(config: &Config, headers: &HeaderMap, peer: Option<SocketAddr>) -> Result<(), GatewayError> {
-    match &config.admin_key {
+pub fn admit_admin(access: &Access, headers: &HeaderMap, peer: Option<SocketAddr>) -> Result<(), GatewayError> {
+    match &access.admin_key {
         Some(admin) => {
             let key = presented_key(headers).ok_or(GatewayError::InvalidApiKey(KeyProblem::Missing))?;
             if bool::from(admin.ct_eq(&KeyHash::of_key(key))) {
@@ -131,12 +161,12 @@ mod tests {
         map
     }
 
-    fn config(extra: &str) -> Config {
+    fn config(extra: &str) -> Access {
         let text = format!(
             "backends: {{local: {{url: 'http://127.0.0.1:9'}}}}\n\
              models: {{qwen: {{backend: local}}, other: {{backend: local}}}}\n{extra}"
         );
-        Config::parse(&text, &|name| Some(format!("key-of-{name}"))).expect("valid")
+        Access::of(&Config::parse(&text, &|name| Some(format!("key-of-{name}"))).expect("valid"))
     }
 
     const TWO_CLIENTS: &str = "clients:\n  aider: {key: '${AIDER}', models: [qwen], limits: {rpm: 5}}\n  \
@@ -209,7 +239,7 @@ mod tests {
         assert!(matches!(admit_admin(&open, &HeaderMap::new(), remote), Err(GatewayError::AdminForbidden)));
         assert!(matches!(admit_admin(&open, &HeaderMap::new(), None), Err(GatewayError::AdminForbidden)));
 
-        let keyed = Config { admin_key: Some(KeyHash::of_key(b"admin-key")), ..open };
+        let keyed = Access { admin_key: Some(KeyHash::of_key(b"admin-key")), ..open };
         let with = headers(&[("authorization", b"Bearer admin-key")]);
         assert!(admit_admin(&keyed, &with, remote).is_ok(), "the key opens it from anywhere");
         let client_key = headers(&[("authorization", b"Bearer key-of-AIDER")]);

@@ -14,6 +14,7 @@ pub mod error;
 pub mod limits;
 pub mod metrics;
 pub mod outcome;
+pub mod reload;
 pub mod sim;
 pub mod stream;
 pub mod tokens;
@@ -37,6 +38,31 @@ pub async fn serve(
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
     keeper: PathBuf,
+) -> std::io::Result<()> {
+    serve_with(config, listener, shutdown, keeper, None).await
+}
+
+/// As [`serve`], for `mlxgate serve`: `config` was loaded from `path`, which is re-read on
+/// SIGHUP to put new keys, clients and limits in force (see [`reload`]); the gateway's pid file
+/// (for `mlxgate reload`) exists while it serves.
+pub async fn serve_file(
+    config: Config,
+    path: PathBuf,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+    keeper: PathBuf,
+) -> std::io::Result<()> {
+    // Before anything can find the gateway: SIGHUP's default action ends the process.
+    let reloader = reload::Reloader::install(path)?;
+    serve_with(config, listener, shutdown, keeper, Some(reloader)).await
+}
+
+async fn serve_with(
+    config: Config,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+    keeper: PathBuf,
+    reloader: Option<reload::Reloader>,
 ) -> std::io::Result<()> {
     let grace = config.shutdown_grace;
     let metrics_listen = config.metrics_listen;
@@ -84,6 +110,13 @@ pub async fn serve(
         )
     })?;
     let state = AppState::new(config, keeper, tokens, limiter);
+    let reloading = reloader.map(|r| {
+        let port = listener.local_addr().map_or(0, |a| a.port());
+        let pid_file = reload::PidFile::create(port)
+            .map_err(|e| tracing::warn!(port, "cannot write the pid file (mlxgate reload needs --pid): {e}"))
+            .ok();
+        (tokio::spawn(r.run(Arc::clone(&state))), pid_file)
+    });
     let metrics_server = match metrics_listen {
         Some(addr) => {
             let listener = TcpListener::bind(addr)
@@ -105,6 +138,10 @@ pub async fn serve(
     accept::serve(app(state.clone()), listener, limits, shutdown, grace, move || cutoff.cut()).await;
     if let Some(server) = metrics_server {
         server.abort();
+    }
+    if let Some((task, pid_file)) = reloading {
+        task.abort();
+        drop(pid_file);
     }
     state.dispatch.shutdown().await;
     Ok(())

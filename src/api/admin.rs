@@ -84,7 +84,7 @@ pub async fn metrics(State(state): State<Arc<AppState>>) -> impl IntoResponse {
 /// route's handler, so a refused call restarts nothing and reads no log.
 pub async fn require_admin(State(state): State<Arc<AppState>>, request: Request, next: Next) -> Response {
     let peer = request.extensions().get::<ConnectInfo<SocketAddr>>().map(|c| c.0);
-    match crate::auth::admit_admin(&state.config, request.headers(), peer) {
+    match crate::auth::admit_admin(&state.access(), request.headers(), peer) {
         Ok(()) => next.run(request).await,
         Err(e) => {
             tracing::warn!(peer = ?peer, path = %request.uri().path(), error = %e, "admin call refused");

@@ -7,7 +7,7 @@ mod fit;
 pub mod openai;
 
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 use std::time::SystemTime;
 
 use axum::Router;
@@ -16,6 +16,7 @@ use axum::routing::{get, post};
 use tower_http::trace::{DefaultMakeSpan, DefaultOnResponse, TraceLayer};
 use tracing::Level;
 
+use crate::auth::Access;
 use crate::backend::upstream::Upstream;
 use crate::config::Config;
 use crate::dispatch::Dispatch;
@@ -24,9 +25,16 @@ use crate::metrics::Metrics;
 use crate::stream::meter::Cutoff;
 use crate::tokens::registry::Registry;
 
-/// State shared by all handlers. Immutable after start-up apart from queues and metrics.
+/// State shared by all handlers. Immutable after start-up apart from queues, metrics and the
+/// [`Access`] snapshot (keys, clients, limits) that a reload replaces.
 pub struct AppState {
+    /// The configuration as loaded at start-up. Its `auth`, `clients`, `default_limits` and
+    /// `admin_key` are those of start-up: read [`AppState::access`] for the ones in force.
     pub config: Config,
+    /// Keys, clients and limits in force. A `std` lock rather than `arc-swap`: a read is one
+    /// uncontended lock and an `Arc` clone per request, writes happen only on reload, and the
+    /// lock is never held across an await.
+    access: RwLock<Arc<Access>>,
     pub dispatch: Dispatch,
     pub metrics: Metrics,
     /// For `/ready` probes, separate from the request pools.
@@ -48,6 +56,7 @@ impl AppState {
         let metrics = Metrics::new();
         let dispatch = Dispatch::new(&config, &metrics, keeper);
         Arc::new(AppState {
+            access: RwLock::new(Arc::new(Access::of(&config))),
             config,
             dispatch,
             metrics,
@@ -57,6 +66,23 @@ impl AppState {
             tokens,
             limiter,
         })
+    }
+}
+
+impl AppState {
+    /// The keys, clients and limits in force now. A request takes one snapshot and keeps it:
+    /// a reload while it runs changes nothing for it.
+    pub fn access(&self) -> Arc<Access> {
+        Arc::clone(&self.access.read().unwrap_or_else(|poisoned| poisoned.into_inner()))
+    }
+
+    /// Puts `config`'s keys, clients, admin key and limits in force (a reload). The limiter's
+    /// limits change while the snapshot is locked, so no request identifies its client under
+    /// the new keys and then finds the old limits; buckets keep their state.
+    pub fn reload_access(&self, config: &Config) {
+        let mut access = self.access.write().unwrap_or_else(|poisoned| poisoned.into_inner());
+        self.limiter.configure_clients(config);
+        *access = Arc::new(Access::of(config));
     }
 }
 

@@ -116,7 +116,9 @@ async fn forward(
     record: &mut RequestRecord,
 ) -> Result<Forwarded, GatewayError> {
     let (parts, body) = request.into_parts();
-    let caller = auth::identify(&state.config, &parts.headers)?;
+    // One snapshot of keys and clients for the whole request, whatever a reload does meanwhile.
+    let access = state.access();
+    let caller = auth::identify(&access, &parts.headers)?;
     let bytes = read_body(&parts, body, state.config.max_body_bytes, state.config.body_read_timeout).await?;
     let mut fields: RawBody = serde_json::from_slice(&bytes)
         .map_err(|e| GatewayError::invalid(format!("The request body is not a JSON object: {e}."), None))?;
@@ -126,7 +128,7 @@ async fn forward(
     let route = state
         .dispatch
         .route(&model)
-        .filter(|_| caller.may_use(&state.config, &model))
+        .filter(|_| caller.may_use(&access, &model))
         .ok_or_else(|| GatewayError::ModelNotFound(model.clone()))?;
     record.routed(&model, &route.backend.config.name);
     let client = client_id(&parts, &caller);
@@ -498,13 +500,14 @@ pub async fn list_models(
     State(state): State<Arc<AppState>>,
     headers: HeaderMap,
 ) -> Result<Json<serde_json::Value>, GatewayError> {
-    let caller = auth::identify(&state.config, &headers)?;
+    let access = state.access();
+    let caller = auth::identify(&access, &headers)?;
     let created = state.started.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
     let data: Vec<_> = state
         .config
         .models
         .keys()
-        .filter(|name| caller.may_use(&state.config, name))
+        .filter(|name| caller.may_use(&access, name))
         .map(|name| {
             let mut model = json!({"id": name, "object": "model", "created": created, "owned_by": "mlxgate"});
             if let Some(cap) = state.tokens.get(name).and_then(|t| t.cap) {
