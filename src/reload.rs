@@ -177,7 +177,8 @@ pub fn signal_gateway(target: Target) -> Result<Signalled, String> {
         }
     };
     let command = keeper::command_of(pid).ok_or_else(|| format!("no process {pid} is running"))?;
-    if !command.contains("mlxgate") {
+    let program = command.split_whitespace().next().map(Path::new).and_then(Path::file_name);
+    if !program.is_some_and(|name| name.to_string_lossy().starts_with("mlxgate")) {
         return Err(format!("process {pid} is not an mlxgate gateway ({command}): not signalled"));
     }
     let raw = i32::try_from(pid).map_err(|_| format!("{pid} is not a pid"))?;

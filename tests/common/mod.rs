@@ -445,3 +445,35 @@ pub fn gateway_binary_logged(config: &str, env: &[(&str, &str)], rust_log: &str)
     let url = url.recv_timeout(PATIENCE).unwrap_or_else(|_| panic!("gateway never served: {:?}", lines.lock()));
     (GatewayBinary { child, url, startup_log: vec![], _dir: dir }, lines)
 }
+
+/// `mlxgate serve --config {path}` (a file the test writes, and may rewrite to reload it) with
+/// `RUST_LOG=info` and the extra environment `env`; every log line is kept.
+pub fn gateway_binary_at(path: &Path, env: &[(&str, &str)]) -> (GatewayBinary, LogLines) {
+    use std::io::{BufRead, BufReader};
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_mlxgate"))
+        .arg("serve")
+        .arg("--config")
+        .arg(path)
+        .envs(env.iter().copied())
+        .env("RUST_LOG", "info")
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("gateway starts");
+    let reader = BufReader::new(child.stderr.take().expect("stderr"));
+    let lines: LogLines = Default::default();
+    let (found, url) = std::sync::mpsc::channel();
+    std::thread::spawn({
+        let lines = std::sync::Arc::clone(&lines);
+        move || {
+            for line in reader.lines().map_while(Result::ok) {
+                if let Some(addr) = line.split("listen=").nth(1).and_then(|r| r.split_whitespace().next()) {
+                    let _ = found.send(format!("http://{addr}"));
+                }
+                lines.lock().expect("log lines").push(line);
+            }
+        }
+    });
+    let url = url.recv_timeout(PATIENCE).unwrap_or_else(|_| panic!("gateway never served: {:?}", lines.lock()));
+    let dir = tempfile::tempdir().expect("tempdir");
+    (GatewayBinary { child, url, startup_log: vec![], _dir: dir }, lines)
+}
