@@ -182,7 +182,8 @@ pub fn signal_gateway(target: Target) -> Result<Signalled, String> {
         return Err(format!("process {pid} is not an mlxgate gateway ({command}): not signalled"));
     }
     let raw = i32::try_from(pid).map_err(|_| format!("{pid} is not a pid"))?;
-    kill(nix::unistd::Pid::from_raw(raw), NixSignal::SIGHUP).map_err(|e| format!("cannot signal process {pid}: {e}"))?;
+    kill(nix::unistd::Pid::from_raw(raw), NixSignal::SIGHUP)
+        .map_err(|e| format!("cannot signal process {pid}: {e}"))?;
     Ok(Signalled { pid })
 }
 
