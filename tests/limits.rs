@@ -81,7 +81,11 @@ async fn the_sixth_request_in_a_minute_is_429_with_headers_while_another_client_
     assert_eq!(rate_limited(&gw, "aider", "rpm").await, 1.0);
     assert_eq!(sim_stats(&sim).await["total"], 6, "the refused request reached no backend");
     assert_eq!(
-        metric(&gw, "mlxgate_requests_total{backend=\"local\",model=\"qwen\",outcome=\"rate_limited\"}").await,
+        metric(
+            &gw,
+            "mlxgate_requests_total{backend=\"local\",client=\"aider\",model=\"qwen\",outcome=\"rate_limited\"}"
+        )
+        .await,
         Some(1.0)
     );
 }
@@ -100,6 +104,8 @@ async fn tokens_are_charged_from_the_backends_usage() {
     assert!(up_front > 900, "only the prompt was charged up front: {up_front} left of 1000");
     let answer: Value = first.json().await.expect("json");
     assert_eq!(answer["usage"]["completion_tokens"], 5000);
+    let aider_tokens = "mlxgate_generation_tokens_total{backend=\"local\",client=\"aider\",model=\"qwen\"}";
+    assert_eq!(metric(&gw, aider_tokens).await, Some(5000.0), "the tokens are counted under the client's name");
     // The settlement runs when the answer has ended: a small request is refused once it did.
     let refusal = std::sync::Mutex::new(None);
     eventually("a request refused for tokens after the usage was charged", || {
@@ -122,6 +128,8 @@ async fn tokens_are_charged_from_the_backends_usage() {
     assert!(retry_after > 60, "about 4000 tokens of debt at 1000/min: {retry_after}");
     assert!(rate_limited(&gw, "aider", "tpm").await >= 1.0);
     assert_eq!(send(&gw, CURSOR_KEY, &chat_for("qwen", false, json!({}))).await.status(), 200);
+    let cursor_ok = "mlxgate_requests_total{backend=\"local\",client=\"cursor\",model=\"qwen\",outcome=\"ok\"}";
+    assert_eq!(metric(&gw, cursor_ok).await, Some(1.0), "each client has its own series");
 }
 
 #[tokio::test]

@@ -117,6 +117,7 @@ async fn forward(
 ) -> Result<Forwarded, GatewayError> {
     let (parts, body) = request.into_parts();
     let caller = auth::identify(&state.config, &parts.headers)?;
+    record.identified(caller.name());
     let bytes = read_body(&parts, body, state.config.max_body_bytes, state.config.body_read_timeout).await?;
     let mut fields: RawBody = serde_json::from_slice(&bytes)
         .map_err(|e| GatewayError::invalid(format!("The request body is not a JSON object: {e}."), None))?;
@@ -154,12 +155,12 @@ async fn forward(
                 return Ok(Forwarded::Made(chunk::streamed(Arc::clone(state), job, record.take()), None));
             }
             Fitted::Chunk(chunked) => {
-                let partials = chunk::map(state, route, &client, &parts, &fields, &chunked).await?;
+                let partials = chunk::map(state, route, &client, &parts, &fields, &chunked, record).await?;
                 chunk::reduce_request(&mut fields, &chunked, &partials, route.model.default_max_tokens)?;
                 transform = Some(chunk::transform(&chunked.plan));
             }
             Fitted::Embed(plan) => {
-                let (made, figures) = chunk::embed(state, route, &client, &parts, fields, plan).await?;
+                let (made, figures) = chunk::embed(state, route, &client, &parts, fields, plan, record).await?;
                 return Ok(Forwarded::Made(made, Some(figures)));
             }
         }
