@@ -107,6 +107,9 @@ pub struct RequestRecord {
     /// Tokens used by the request's map pieces (prompt + generated), added to its settlement.
     /// Atomic: the pieces run at once and each adds its own.
     pieces_used: AtomicU64,
+    /// The estimate of the prompt last sent (a map-reduce's reduce), charged for it when the
+    /// backend does not tell its count; `None`: the up-front charge stands.
+    prompt_estimate: Option<u64>,
 }
 
 impl RequestRecord {
@@ -122,6 +125,7 @@ impl RequestRecord {
             admission: None,
             rate_limit_headers: HeaderMap::new(),
             pieces_used: AtomicU64::new(0),
+            prompt_estimate: None,
         }
     }
 
@@ -139,6 +143,13 @@ impl RequestRecord {
         piece.routed(&self.model, &self.backend);
         piece.identified(&self.client);
         piece
+    }
+
+    /// The estimated prompt tokens of the request as it is finally sent (a map-reduce's
+    /// reduce, not the client's document that the up-front charge estimated), charged when the
+    /// backend does not tell its count.
+    pub fn reestimated(&mut self, prompt_tokens: u64) {
+        self.prompt_estimate = Some(prompt_tokens);
     }
 
     /// Adds what one of the request's map pieces used, to be settled with the request.
@@ -180,6 +191,7 @@ impl RequestRecord {
             admission: self.admission.take(),
             rate_limit_headers: self.rate_limit_headers.clone(),
             pieces_used: AtomicU64::new(self.pieces_used.swap(0, Ordering::Relaxed)),
+            prompt_estimate: self.prompt_estimate,
         };
         self.finished = true;
         taken
@@ -192,11 +204,12 @@ impl RequestRecord {
     }
 
     /// Records `outcome` of a request a backend answered, and settles the client's token charge
-    /// to `used` plus what its map pieces used (a prompt count not told keeps the up-front
-    /// charge). The record is spent.
+    /// to `used` plus what its map pieces used (a prompt count not told is the prompt's
+    /// estimate: the up-front charge, or a reduce's own). The record is spent.
     pub fn finish_used(mut self, outcome: Outcome, used: Usage) {
         if let Some(mut admission) = self.admission.take() {
-            let prompt = used.prompt_tokens.unwrap_or_else(|| admission.tokens_charged());
+            let estimate = self.prompt_estimate.unwrap_or_else(|| admission.tokens_charged());
+            let prompt = used.prompt_tokens.unwrap_or(estimate);
             let generated = used.generated_tokens.unwrap_or(0);
             let pieces = self.pieces_used.load(Ordering::Relaxed);
             spawn_charge(async move { admission.settle(prompt.saturating_add(pieces), generated).await });
@@ -261,5 +274,84 @@ mod tests {
 
         RequestRecord::new(m.clone()).finish(Outcome::from(&GatewayError::ModelNotFound("gpt-9".into())));
         assert_eq!(count(&m, "", "", "invalid_request_error"), 1, "unrouted: no client text in labels");
+    }
+}
+
+#[cfg(test)]
+mod charge_tests {
+    //! The settlement of a request's admission, on the memory store with a clock that does not
+    //! move (no refill between the charge and the reading).
+
+    use std::num::NonZeroU32;
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::limits::{Limiter, Limits, ManualClock, MemoryStore};
+
+    const TPM: u32 = 1000;
+
+    fn limiter() -> Arc<Limiter> {
+        let limiter = Limiter::new(Arc::new(MemoryStore::new(Arc::new(ManualClock::default()))));
+        let limits = Limits { tpm: NonZeroU32::new(TPM), ..Limits::default() };
+        limiter.configure([("aider".to_owned(), limits)], Limits::default());
+        Arc::new(limiter)
+    }
+
+    /// A record of `aider`'s holding an admission charged `prompt` tokens up front.
+    async fn admitted(limiter: &Limiter, prompt: u64) -> RequestRecord {
+        let mut record = RequestRecord::new(Metrics::new());
+        record.routed("qwen", "native");
+        record.identified("aider");
+        record.admitted(limiter.admit("aider", prompt).await.expect("within the limit"));
+        record
+    }
+
+    /// The tokens left once the spawned settlement has run (read with a free admission).
+    async fn settled_to(limiter: &Limiter, left: u64) {
+        let mut seen = None;
+        for _ in 0..1000 {
+            let probe = limiter.admit("aider", 0).await.expect("a free probe");
+            seen = probe.headers().get("x-ratelimit-remaining-tokens").and_then(|v| v.to_str().ok()?.parse().ok());
+            probe.cancel().await;
+            if seen == Some(left) {
+                return;
+            }
+            tokio::task::yield_now().await;
+        }
+        panic!("the bucket never held {left} tokens: {seen:?}");
+    }
+
+    #[tokio::test]
+    async fn a_request_is_settled_to_its_pieces_and_its_answer() {
+        let limiter = limiter();
+        let record = admitted(&limiter, 400).await;
+        let piece = record.piece();
+        assert_eq!((piece.model.as_str(), piece.backend.as_str(), piece.client.as_str()), ("qwen", "native", "aider"));
+        piece.finish(Outcome::Ok);
+        record.add_pieces_used(Usage { prompt_tokens: Some(300), generated_tokens: Some(40) });
+        record.add_pieces_used(Usage { prompt_tokens: Some(250), generated_tokens: None });
+        // The reduce's usage: 60 + 20; with the pieces' 590, 670 in all.
+        record.finish_used(Outcome::Ok, Usage { prompt_tokens: Some(60), generated_tokens: Some(20) });
+        settled_to(&limiter, u64::from(TPM) - 670).await;
+    }
+
+    #[tokio::test]
+    async fn a_request_that_fails_after_its_pieces_is_charged_what_they_used() {
+        let limiter = limiter();
+        let record = admitted(&limiter, 400).await;
+        record.add_pieces_used(Usage { prompt_tokens: Some(300), generated_tokens: Some(40) });
+        record.finish(Outcome::Failed("backend_error"));
+        settled_to(&limiter, u64::from(TPM) - 340).await;
+
+        // Cut by its client (the record dropped) after its pieces: the same.
+        let record = admitted(&limiter, 100).await;
+        record.add_pieces_used(Usage { prompt_tokens: Some(10), generated_tokens: Some(5) });
+        drop(record);
+        settled_to(&limiter, u64::from(TPM) - 340 - 15).await;
+
+        // No piece answered: the charge is given back.
+        let record = admitted(&limiter, 100).await;
+        record.finish(Outcome::Failed("server_overloaded"));
+        settled_to(&limiter, u64::from(TPM) - 355).await;
     }
 }

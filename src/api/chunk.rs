@@ -20,7 +20,7 @@ use http_body_util::BodyExt;
 
 use super::AppState;
 use super::fit::{Chunked, EmbedPlan, raw};
-use super::openai::{MAX_WHOLE_ANSWER, RawBody, dispatch, parse, read_whole, send};
+use super::openai::{MAX_WHOLE_ANSWER, RawBody, dispatch, estimated_prompt_tokens, parse, read_whole, send};
 use crate::backend::handle::Answer;
 use crate::dispatch::Route;
 use crate::dispatch::queue::ClientId;
@@ -157,7 +157,7 @@ pub fn streamed(state: Arc<AppState>, job: StreamedJob, record: RequestRecord) -
 
 type Sender = tokio::sync::mpsc::Sender<Result<Bytes, std::io::Error>>;
 
-async fn run_streamed(state: Arc<AppState>, job: StreamedJob, record: RequestRecord, tx: Sender) {
+async fn run_streamed(state: Arc<AppState>, job: StreamedJob, mut record: RequestRecord, tx: Sender) {
     let StreamedJob { model, client, parts, mut fields, chunked } = job;
     let Some(route) = state.dispatch.route(&model) else { return };
     let cut = state.cutoff.notified();
@@ -184,12 +184,13 @@ async fn run_streamed(state: Arc<AppState>, job: StreamedJob, record: RequestRec
             }
         };
         reduce_request(&mut fields, &chunked, &partials, route.model.default_max_tokens)?;
+        let reduce_estimate = estimated_prompt_tokens(&fields);
         // The reduce's prefill can take minutes too: the comments go on until its first byte.
         let reduce = send(&state, route, &client, &parts, fields, None);
         tokio::pin!(reduce);
         loop {
             tokio::select! {
-                answered = &mut reduce => break answered.map(Some),
+                answered = &mut reduce => break answered.map(|a| Some((a, reduce_estimate))),
                 _ = keepalive.tick() => {
                     if tx.send(Ok(Bytes::from_static(b": mlxgate chunk: reducing\n\n"))).await.is_err() {
                         return Ok(None);
@@ -204,7 +205,10 @@ async fn run_streamed(state: Arc<AppState>, job: StreamedJob, record: RequestRec
         () = &mut cut => Err(GatewayError::ShuttingDown),
     };
     let answered = match answered {
-        Ok(Some(answered)) => answered,
+        Ok(Some((answered, reduce_estimate))) => {
+            record.reestimated(reduce_estimate);
+            answered
+        }
         Ok(None) => return,
         Err(e) => {
             let _ = tx.send(Ok(e.sse_event())).await;

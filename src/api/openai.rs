@@ -157,6 +157,7 @@ async fn forward(
             Fitted::Chunk(chunked) => {
                 let partials = chunk::map(state, route, &client, &parts, &fields, &chunked, record).await?;
                 chunk::reduce_request(&mut fields, &chunked, &partials, route.model.default_max_tokens)?;
+                record.reestimated(estimated_prompt_tokens(&fields));
                 transform = Some(chunk::transform(&chunked.plan));
             }
             Fitted::Embed(plan) => {
@@ -194,7 +195,7 @@ async fn admit(
 /// A cheap estimate of a prompt's tokens when no count was made (no context cap, a map-reduce,
 /// embeddings): the estimate's count of the prompt fields' JSON text. Settled to the backend's
 /// usage at the end.
-fn estimated_prompt_tokens(fields: &RawBody) -> u64 {
+pub(crate) fn estimated_prompt_tokens(fields: &RawBody) -> u64 {
     ["messages", "prompt", "input", "tools"]
         .iter()
         .filter_map(|key| fields.get(*key))
