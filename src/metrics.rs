@@ -11,7 +11,8 @@ use prometheus::{
 #[derive(Clone)]
 pub struct Metrics {
     registry: Registry,
-    /// Finished requests by `outcome` (`ok` or an error type).
+    /// Finished requests by model, backend, client (a configured name or `anonymous`) and
+    /// `outcome` (`ok` or an error type).
     pub requests: IntCounterVec,
     /// Requests waiting for a slot, per model.
     pub queue_depth: IntGaugeVec,
@@ -35,8 +36,9 @@ pub struct Metrics {
     pub tokens_per_second: HistogramVec,
     /// Arrival to the last byte.
     pub request_duration: HistogramVec,
+    /// Prompt tokens from the backend's usage, by model, backend and client.
     pub prompt_tokens: IntCounterVec,
-    /// From the backend's usage, never from the frame count.
+    /// From the backend's usage, never from the frame count (by model, backend and client).
     pub generation_tokens: IntCounterVec,
     /// Answers whose generated token count is unknown (no usage, no tokenizer).
     pub generation_tokens_unknown: IntCounterVec,
@@ -76,8 +78,8 @@ impl Metrics {
     pub fn new() -> Self {
         let registry = Registry::new();
         let requests = IntCounterVec::new(
-            Opts::new("mlxgate_requests_total", "Requests answered, by model, backend and outcome."),
-            &["model", "backend", "outcome"],
+            Opts::new("mlxgate_requests_total", "Requests answered, by model, backend, client and outcome."),
+            &["model", "backend", "client", "outcome"],
         )
         .expect("static metric definition");
         let queue_depth =
@@ -135,13 +137,14 @@ impl Metrics {
         );
         let request_duration =
             histogram("mlxgate_request_duration_seconds", "Arrival to the last byte.", &TTFT_BUCKETS, &mb);
-        let prompt_tokens = counter("mlxgate_prompt_tokens_total", "Prompt tokens, from the backend's usage.", &mb);
+        let mbc = ["model", "backend", "client"];
+        let prompt_tokens = counter("mlxgate_prompt_tokens_total", "Prompt tokens, from the backend's usage.", &mbc);
         let generation_tokens =
-            counter("mlxgate_generation_tokens_total", "Generated tokens, from the backend's usage.", &mb);
+            counter("mlxgate_generation_tokens_total", "Generated tokens, from the backend's usage.", &mbc);
         let generation_tokens_unknown = counter(
             "mlxgate_generation_tokens_unknown_total",
             "Answers whose generated token count is unknown (the backend sent no usage).",
-            &mb,
+            &mbc,
         );
         let stream_bursts = counter(
             "mlxgate_stream_bursts_total",

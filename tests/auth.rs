@@ -83,8 +83,11 @@ async fn a_missing_or_wrong_key_is_401_and_reaches_no_backend() {
     let models = client().get(gw.url("/v1/models")).send().await.expect("send");
     assert_eq!(models.status(), 401);
     assert!(sim.state.requests().is_empty(), "a refused client costs the backend nothing");
-    let refused =
-        metric(&gw, "mlxgate_requests_total{backend=\"\",model=\"\",outcome=\"invalid_request_error\"}").await;
+    let refused = metric(
+        &gw,
+        "mlxgate_requests_total{backend=\"\",client=\"anonymous\",model=\"\",outcome=\"invalid_request_error\"}",
+    )
+    .await;
     assert_eq!(refused, Some(4.0), "each refusal is counted once, unrouted");
 }
 

@@ -321,7 +321,11 @@ async fn a_streamed_chunk_sends_headers_and_keepalives_while_mapping_and_a_gone_
     })
     .await;
     eventually("the chunked request counted as client_closed", || async {
-        metric(&gw, "mlxgate_requests_total{backend=\"local\",model=\"qwen\",outcome=\"client_closed\"}").await
+        metric(
+            &gw,
+            "mlxgate_requests_total{backend=\"local\",client=\"anonymous\",model=\"qwen\",outcome=\"client_closed\"}",
+        )
+        .await
             >= Some(1.0)
     })
     .await;

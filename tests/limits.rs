@@ -6,6 +6,8 @@
 mod common;
 
 use common::*;
+use mlxgate::tokens::Count;
+use mlxgate::tokens::counter::Estimate;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
@@ -81,7 +83,11 @@ async fn the_sixth_request_in_a_minute_is_429_with_headers_while_another_client_
     assert_eq!(rate_limited(&gw, "aider", "rpm").await, 1.0);
     assert_eq!(sim_stats(&sim).await["total"], 6, "the refused request reached no backend");
     assert_eq!(
-        metric(&gw, "mlxgate_requests_total{backend=\"local\",model=\"qwen\",outcome=\"rate_limited\"}").await,
+        metric(
+            &gw,
+            "mlxgate_requests_total{backend=\"local\",client=\"aider\",model=\"qwen\",outcome=\"rate_limited\"}"
+        )
+        .await,
         Some(1.0)
     );
 }
@@ -100,6 +106,8 @@ async fn tokens_are_charged_from_the_backends_usage() {
     assert!(up_front > 900, "only the prompt was charged up front: {up_front} left of 1000");
     let answer: Value = first.json().await.expect("json");
     assert_eq!(answer["usage"]["completion_tokens"], 5000);
+    let aider_tokens = "mlxgate_generation_tokens_total{backend=\"local\",client=\"aider\",model=\"qwen\"}";
+    assert_eq!(metric(&gw, aider_tokens).await, Some(5000.0), "the tokens are counted under the client's name");
     // The settlement runs when the answer has ended: a small request is refused once it did.
     let refusal = std::sync::Mutex::new(None);
     eventually("a request refused for tokens after the usage was charged", || {
@@ -122,6 +130,8 @@ async fn tokens_are_charged_from_the_backends_usage() {
     assert!(retry_after > 60, "about 4000 tokens of debt at 1000/min: {retry_after}");
     assert!(rate_limited(&gw, "aider", "tpm").await >= 1.0);
     assert_eq!(send(&gw, CURSOR_KEY, &chat_for("qwen", false, json!({}))).await.status(), 200);
+    let cursor_ok = "mlxgate_requests_total{backend=\"local\",client=\"cursor\",model=\"qwen\",outcome=\"ok\"}";
+    assert_eq!(metric(&gw, cursor_ok).await, Some(1.0), "each client has its own series");
 }
 
 #[tokio::test]
@@ -233,4 +243,124 @@ async fn a_request_refused_by_a_full_queue_gives_its_charge_back() {
     })
     .await;
     assert_eq!(send(&gw, AIDER_KEY, &chat_for("qwen", false, json!({}))).await.status(), 429, "rpm 1 holds");
+}
+
+/// The token limit of the map-reduce tests: its refill (100 tokens a second) is small beside
+/// what a map-reduce's pieces use.
+const CHUNK_TPM: u64 = 6000;
+
+/// Model `chunked` behind a 1024-token cap (counted with the estimate), whose over-long prompts
+/// are map-reduced, and model `qwen` without a cap; `aider` may use CHUNK_TPM tokens a minute
+/// and one request at a time (its permit is held until its charge is settled, so a request
+/// admitted after it sees the settled bucket).
+fn chunk_yaml(sim_url: &str) -> String {
+    format!(
+        "backends:\n  local: {{url: '{sim_url}', max_concurrency: 2}}\n  \
+         chunky: {{url: '{sim_url}', max_concurrency: 2, context_cap: 1024}}\n\
+         models:\n  qwen: {{backend: local}}\n  chunked: {{backend: chunky, on_overflow: chunk, default_max_tokens: 32}}\n\
+         auth: required\n\
+         clients:\n  aider: {{key_sha256: {}, limits: {{tpm: {CHUNK_TPM}, concurrency: 1}}}}\n",
+        sha256_hex(AIDER_KEY),
+    )
+}
+
+/// The tokens left in `aider`'s bucket once its last request was settled, read with a probe
+/// larger than the whole bucket: refused (charging nothing) for concurrency while that request
+/// still holds its permit, then for tokens, with the bucket's state in its headers.
+async fn settled_tokens(gw: &Gateway) -> u64 {
+    let probe =
+        json!({"model": "qwen", "messages": [{"role": "user", "content": "x ".repeat(CHUNK_TPM as usize * 2)}]});
+    let left = std::sync::Mutex::new(None);
+    eventually("the map-reduce's charge settled", || {
+        let (probe, left) = (&probe, &left);
+        async move {
+            let refused = send(gw, AIDER_KEY, probe).await;
+            assert_eq!(refused.status(), 429, "a probe larger than the bucket is never admitted");
+            let remaining = header(&refused, "x-ratelimit-remaining-tokens").and_then(|v| v.parse::<u64>().ok());
+            let body: Value = refused.json().await.expect("json");
+            if body["error"]["type"] != "tokens" {
+                return false;
+            }
+            *left.lock().expect("lock") = remaining;
+            true
+        }
+    })
+    .await;
+    left.into_inner().expect("lock").expect("x-ratelimit-remaining-tokens")
+}
+
+/// Tokens `aider` used on model `chunked` by the backend's usage: every piece and the reduce.
+async fn chunked_usage(gw: &Gateway) -> u64 {
+    let labels = "backend=\"chunky\",client=\"aider\",model=\"chunked\"";
+    let prompt = metric(gw, &format!("mlxgate_prompt_tokens_total{{{labels}}}")).await.unwrap_or(0.0);
+    let generated = metric(gw, &format!("mlxgate_generation_tokens_total{{{labels}}}")).await.unwrap_or(0.0);
+    (prompt + generated) as u64
+}
+
+/// What a map-reduce of `aider`'s was charged, and what to compare it with.
+struct MapReduce {
+    /// Tokens taken from the bucket: CHUNK_TPM less what is left (this much too low at most,
+    /// for the refill meanwhile).
+    charged: u64,
+    refill: u64,
+    /// Every piece's and the reduce's usage, as the token counters say.
+    used: u64,
+    /// The estimate of the reduce's prompt (as the gateway estimates: the `messages` JSON text).
+    reduce_estimate: u64,
+}
+
+/// Sends `aider`'s map-reduce (the `sim` knobs apply to the reduce's stream) and reads what it
+/// was charged once it is settled.
+async fn map_reduce(stream: bool, sim_knobs: Value, reduce_outcome: &str) -> MapReduce {
+    let sim = sim().await;
+    let gw = gateway(&chunk_yaml(&sim.url())).await;
+    let words: Vec<&str> = ["model", "token", "stream", "queue"].iter().copied().cycle().take(1000).collect();
+    let body = json!({"model": "chunked", "stream": stream, "max_tokens": 16, "sim": sim_knobs, "messages": [
+        {"role": "system", "content": "summarise"},
+        {"role": "user", "content": format!("summarise this: {}", words.join(" "))}]});
+    let started = std::time::Instant::now();
+    let response = send(&gw, AIDER_KEY, &body).await;
+    assert_eq!(response.status(), 200);
+    let transform = header(&response, "x-mlxgate-transform").expect("a chunked request");
+    let pieces: u64 = transform.strip_prefix("chunk; pieces=").and_then(|p| p.parse().ok()).expect("pieces");
+    assert!(pieces >= 2, "{transform}");
+    response.text().await.expect("body");
+    let left = settled_tokens(&gw).await;
+    let refill = (started.elapsed().as_secs_f64() * CHUNK_TPM as f64 / 60.0).ceil() as u64 + 1;
+    let seen: Vec<Value> =
+        client().get(format!("{}/sim/requests", sim.url())).send().await.expect("requests").json().await.expect("json");
+    assert_eq!(seen.len() as u64, pieces + 1, "P pieces and the reduce reached the backend");
+    let ok = "mlxgate_requests_total{backend=\"chunky\",client=\"aider\",model=\"chunked\",outcome=\"ok\"}";
+    let expected_ok = if reduce_outcome == "ok" { pieces + 1 } else { pieces };
+    assert_eq!(metric(&gw, ok).await, Some(expected_ok as f64), "every piece counted under its client");
+    let used = chunked_usage(&gw).await;
+    assert!(used > 1000, "the pieces' prompts alone hold the document's 1000 words: {used}");
+    let reduce = seen.last().map(|r| r["messages"].to_string()).unwrap_or_default();
+    let reduce_estimate = Estimate.text_tokens(&reduce) as u64;
+    let figures = MapReduce { charged: CHUNK_TPM - left, refill, used, reduce_estimate };
+    println!(
+        "{pieces} pieces: charged {}, refill {refill}, used {used}, reduce estimate {reduce_estimate}",
+        figures.charged
+    );
+    figures
+}
+
+#[tokio::test]
+async fn a_map_reduce_is_charged_its_pieces_usage_too() {
+    let MapReduce { charged, refill, used, .. } = map_reduce(false, json!({}), "ok").await;
+    assert!(charged <= used, "charged no more than the usage: {charged} of {used}");
+    assert!(charged + refill >= used, "charged every piece's usage and the reduce's: {charged} of {used}");
+}
+
+#[tokio::test]
+async fn a_streamed_map_reduce_whose_reduce_fails_is_charged_its_pieces_usage() {
+    // The reduce's stream carries an error event after 2 tokens, and no usage; the map pieces,
+    // whole answers, are not touched by it. Charged: the pieces' usage, the reduce's prompt
+    // by its estimate and the 2 tokens it showed.
+    let knobs = json!({"error_after": 2, "after_error": "stop_and_done"});
+    let MapReduce { charged, refill, used, reduce_estimate } = map_reduce(true, knobs, "stream_error").await;
+    let expected = used + reduce_estimate + 2;
+    // The estimate here is of the JSON the simulator received, re-encoded: a few tokens apart.
+    assert!(charged + refill + 8 >= expected, "charged the pieces' usage: {charged}, expected {expected}");
+    assert!(charged <= expected + 8, "the reduce charged by its own estimate, not the document's: {charged}");
 }

@@ -119,6 +119,7 @@ async fn forward(
     // One snapshot of keys and clients for the whole request, whatever a reload does meanwhile.
     let access = state.access();
     let caller = auth::identify(&access, &parts.headers)?;
+    record.identified(caller.name());
     let bytes = read_body(&parts, body, state.config.max_body_bytes, state.config.body_read_timeout).await?;
     let mut fields: RawBody = serde_json::from_slice(&bytes)
         .map_err(|e| GatewayError::invalid(format!("The request body is not a JSON object: {e}."), None))?;
@@ -156,12 +157,13 @@ async fn forward(
                 return Ok(Forwarded::Made(chunk::streamed(Arc::clone(state), job, record.take()), None));
             }
             Fitted::Chunk(chunked) => {
-                let partials = chunk::map(state, route, &client, &parts, &fields, &chunked).await?;
+                let partials = chunk::map(state, route, &client, &parts, &fields, &chunked, record).await?;
                 chunk::reduce_request(&mut fields, &chunked, &partials, route.model.default_max_tokens)?;
+                record.reestimated(estimated_prompt_tokens(&fields));
                 transform = Some(chunk::transform(&chunked.plan));
             }
             Fitted::Embed(plan) => {
-                let (made, figures) = chunk::embed(state, route, &client, &parts, fields, plan).await?;
+                let (made, figures) = chunk::embed(state, route, &client, &parts, fields, plan, record).await?;
                 return Ok(Forwarded::Made(made, Some(figures)));
             }
         }
@@ -195,7 +197,7 @@ async fn admit(
 /// A cheap estimate of a prompt's tokens when no count was made (no context cap, a map-reduce,
 /// embeddings): the estimate's count of the prompt fields' JSON text. Settled to the backend's
 /// usage at the end.
-fn estimated_prompt_tokens(fields: &RawBody) -> u64 {
+pub(crate) fn estimated_prompt_tokens(fields: &RawBody) -> u64 {
     ["messages", "prompt", "input", "tools"]
         .iter()
         .filter_map(|key| fields.get(*key))

@@ -393,6 +393,7 @@ fn record(info: RequestInfo, f: &StreamFigures, outcome: Outcome) {
     let labels = [model.as_str(), backend.as_str()];
     m.request_duration.with_label_values(&labels).observe(info.record.arrived.elapsed().as_secs_f64());
     let arrived = info.record.arrived;
+    let client = info.record.client.clone();
     info.record.finish_used(outcome, f.usage());
     if !f.metered {
         // A raw body (embeddings, an error): nothing generated to count.
@@ -402,7 +403,7 @@ fn record(info: RequestInfo, f: &StreamFigures, outcome: Outcome) {
         let ttft = first.duration_since(arrived).as_secs_f64();
         m.time_to_first_token.with_label_values(&[&model, &backend, "true"]).observe(ttft);
     }
-    record_tokens(&m, &labels, f);
+    record_tokens(&m, &[&model, &backend, &client], f);
     if f.is_burst() {
         m.stream_bursts.with_label_values(&[&backend]).inc();
     }
@@ -417,8 +418,9 @@ fn record(info: RequestInfo, f: &StreamFigures, outcome: Outcome) {
     }
 }
 
-/// Prompt and generated tokens from the backend's usage, or that the count is unknown.
-fn record_tokens(m: &Metrics, labels: &[&str; 2], f: &StreamFigures) {
+/// Prompt and generated tokens from the backend's usage, or that the count is unknown
+/// (`labels`: model, backend, client).
+fn record_tokens(m: &Metrics, labels: &[&str; 3], f: &StreamFigures) {
     if let Some(p) = f.prompt_tokens {
         m.prompt_tokens.with_label_values(labels).inc_by(p);
     }
@@ -454,7 +456,7 @@ pub fn record_whole(record: RequestRecord, f: &StreamFigures, outcome: Outcome) 
     if outcome == Outcome::Ok {
         m.time_to_first_token.with_label_values(&[labels[0], labels[1], "false"]).observe(elapsed);
     }
-    record_tokens(&m, &labels, f);
+    record_tokens(&m, &[labels[0], labels[1], record.client.as_str()], f);
     record.finish_used(outcome, f.usage());
 }
 
