@@ -198,3 +198,88 @@ async fn the_script_keeps_the_same_books_as_the_memory_store() {
     assert!(limiter.admit("one-at-a-time", 0).await.is_ok());
     assert_eq!(limiter.store_health(), StoreHealth::Shared, "every answer came from Redis");
 }
+
+/// Clients `c0`…`c{n-1}` (key `key-{i}`) with rpm 5 each, on two gateways sharing `redis_url`.
+fn shared_yaml(sim_url: &str, redis_url: &str, n: usize) -> String {
+    use sha2::{Digest, Sha256};
+    let clients: String = (0..n)
+        .map(|i| {
+            let digest: String =
+                Sha256::digest(format!("key-{i}").as_bytes()).iter().map(|b| format!("{b:02x}")).collect();
+            format!("  c{i}: {{key_sha256: {digest}, limits: {{rpm: 5}}}}\n")
+        })
+        .collect();
+    format!(
+        "rate_limit_store: {redis_url}\nauth: required\nclients:\n{clients}\
+         backends:\n  local: {{url: '{sim_url}', max_concurrency: 64}}\n\
+         models:\n  qwen: {{backend: local, max_queue: 64}}\n"
+    )
+}
+
+/// Ten requests of client `i`, alternating between the gateways: how many each answered 200
+/// (anything else must be a 429: the gateways keep answering whatever Redis does).
+async fn ten_requests(gateways: [&Gateway; 2], i: usize) -> [usize; 2] {
+    let body = serde_json::json!({"model": "qwen", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]});
+    let mut ok = [0, 0];
+    for n in 0..10 {
+        let response = client()
+            .post(gateways[n % 2].url("/v1/chat/completions"))
+            .bearer_auth(format!("key-{i}"))
+            .json(&body)
+            .send()
+            .await
+            .expect("the gateway answers");
+        match response.status().as_u16() {
+            200 => ok[n % 2] += 1,
+            429 => {}
+            other => panic!("client c{i}: status {other} from gateway {}", n % 2),
+        }
+    }
+    ok
+}
+
+#[tokio::test]
+async fn two_gateway_instances_share_rpm_through_redis_and_keep_answering_without_it() {
+    if !redis_installed() {
+        return;
+    }
+    const CLIENTS: usize = 1000;
+    let sim = sim().await;
+    let mut redis = Redis::start(free_port()).await;
+    let yaml = shared_yaml(&sim.url(), &redis.url(), CLIENTS);
+    let (a, b) = (gateway(&yaml).await, gateway(&yaml).await);
+    assert_ne!(a.addr.port(), b.addr.port());
+
+    // Shared: client c0's rpm 5 holds across both gateways (a bucket refills one request every
+    // 12 s: at most one more while ten requests are sent).
+    let started = Instant::now();
+    let ok = ten_requests([&a, &b], 0).await;
+    let refills = (started.elapsed().as_secs() / 12) as usize;
+    assert!((5..=5 + refills).contains(&(ok[0] + ok[1])), "shared rpm 5 across two gateways: {ok:?}");
+    assert!(ok[0] > 0 && ok[1] > 0, "both gateways served some: {ok:?}");
+
+    // Redis stopped: both keep answering, each with its own local limits.
+    redis.stop().await;
+    let ok = ten_requests([&a, &b], 1).await;
+    assert!(ok[0] >= 1 && ok[1] >= 1, "both gateways keep serving without Redis: {ok:?}");
+
+    // Redis back: once both gateways have found it, a client's limit is shared again. Each try
+    // takes a fresh client, so that a try made while one gateway still counts locally leaves
+    // no state behind.
+    let redis = Redis::start(redis.port).await;
+    let mut next = 2;
+    eventually("the gateways share their limits again", || {
+        let i = next;
+        next += 1;
+        assert!(i < CLIENTS, "the gateways did not share limits again after {} tries", CLIENTS - 2);
+        let gateways = [&a, &b];
+        async move {
+            let started = Instant::now();
+            let ok = ten_requests(gateways, i).await;
+            let refills = (started.elapsed().as_secs() / 12) as usize;
+            (5..=5 + refills).contains(&(ok[0] + ok[1]))
+        }
+    })
+    .await;
+    drop(redis);
+}
