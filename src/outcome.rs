@@ -20,7 +20,8 @@
 //! admission is settled to the pieces' usage plus the reduce's (or, when no reduce answered, to
 //! the pieces' alone).
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Instant;
 
 use http::HeaderMap;
@@ -107,6 +108,9 @@ pub struct RequestRecord {
     /// Tokens used by the request's map pieces (prompt + generated), added to its settlement.
     /// Atomic: the pieces run at once and each adds its own.
     pieces_used: AtomicU64,
+    /// Set once the request is handed to a backend: from then on it costs backend time, and a
+    /// client that leaves before the answer is charged its prompt, not refunded.
+    sent: Arc<AtomicBool>,
     /// The estimate of the prompt last sent (a map-reduce's reduce), charged for it when the
     /// backend does not tell its count; `None`: the up-front charge stands.
     prompt_estimate: Option<u64>,
@@ -125,6 +129,7 @@ impl RequestRecord {
             admission: None,
             rate_limit_headers: HeaderMap::new(),
             pieces_used: AtomicU64::new(0),
+            sent: Arc::default(),
             prompt_estimate: None,
         }
     }
@@ -150,6 +155,12 @@ impl RequestRecord {
     /// backend does not tell its count.
     pub fn reestimated(&mut self, prompt_tokens: u64) {
         self.prompt_estimate = Some(prompt_tokens);
+    }
+
+    /// The flag the dispatcher sets when it hands the request (or one of its pieces) to a
+    /// backend.
+    pub fn sent_flag(&self) -> Arc<AtomicBool> {
+        Arc::clone(&self.sent)
     }
 
     /// Adds what one of the request's map pieces used, to be settled with the request.
@@ -191,6 +202,7 @@ impl RequestRecord {
             admission: self.admission.take(),
             rate_limit_headers: self.rate_limit_headers.clone(),
             pieces_used: AtomicU64::new(self.pieces_used.swap(0, Ordering::Relaxed)),
+            sent: Arc::clone(&self.sent),
             prompt_estimate: self.prompt_estimate,
         };
         self.finished = true;
@@ -219,9 +231,17 @@ impl RequestRecord {
 
     fn count(&mut self, outcome: Outcome) {
         if let Some(mut admission) = self.admission.take() {
-            match self.pieces_used.load(Ordering::Relaxed) {
-                0 => spawn_charge(admission.cancel()),
-                pieces => spawn_charge(async move { admission.settle(pieces, 0).await }),
+            let pieces = self.pieces_used.load(Ordering::Relaxed);
+            if self.sent.load(Ordering::SeqCst) {
+                // A backend has it (the client left before the answer, or the answer broke):
+                // the prompt was charged up front and stays charged.
+                let prompt = self.prompt_estimate.unwrap_or_else(|| admission.tokens_charged());
+                spawn_charge(async move { admission.settle(prompt.saturating_add(pieces), 0).await });
+            } else {
+                match pieces {
+                    0 => spawn_charge(admission.cancel()),
+                    pieces => spawn_charge(async move { admission.settle(pieces, 0).await }),
+                }
             }
         }
         if !self.finished {

@@ -364,3 +364,36 @@ async fn a_streamed_map_reduce_whose_reduce_fails_is_charged_its_pieces_usage() 
     assert!(charged + refill + 8 >= expected, "charged the pieces' usage: {charged}, expected {expected}");
     assert!(charged <= expected + 8, "the reduce charged by its own estimate, not the document's: {charged}");
 }
+
+/// A client that hangs up after its request reached the backend (a short client timeout) is
+/// charged for it: leaving before the answer is no way around the limits.
+#[tokio::test]
+async fn a_client_that_leaves_after_the_backend_got_its_request_is_still_charged() {
+    let sim = sim().await;
+    let gw = gateway(&yaml(&sim.url(), "{rpm: 3}")).await;
+    // The backend holds the answer; the client gives up waiting for its headers.
+    let body = chat_for("qwen", false, json!({"ttft_ms": 60_000}));
+    let hasty = reqwest::Client::builder().timeout(std::time::Duration::from_millis(300)).build().expect("client");
+    for sent in 1..=2u64 {
+        let gone = hasty.post(gw.url("/v1/chat/completions")).bearer_auth(AIDER_KEY).json(&body).send().await;
+        assert!(gone.is_err(), "the client timed out");
+        eventually("the backend got the request", || async { sim_stats(&sim).await["total"].as_u64() == Some(sent) })
+            .await;
+    }
+    eventually("the gone requests were recorded", || async {
+        metric(
+            &gw,
+            "mlxgate_requests_total{backend=\"local\",client=\"aider\",model=\"qwen\",outcome=\"client_closed\"}",
+        )
+        .await
+            == Some(2.0)
+    })
+    .await;
+    let response = send(&gw, AIDER_KEY, &chat_for("qwen", false, json!({}))).await;
+    assert_eq!(response.status(), 200);
+    assert_eq!(
+        header(&response, "x-ratelimit-remaining-requests").as_deref(),
+        Some("0"),
+        "the two requests the backend got were charged"
+    );
+}

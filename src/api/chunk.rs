@@ -186,7 +186,8 @@ async fn run_streamed(state: Arc<AppState>, job: StreamedJob, mut record: Reques
         reduce_request(&mut fields, &chunked, &partials, route.model.default_max_tokens)?;
         let reduce_estimate = estimated_prompt_tokens(&fields);
         // The reduce's prefill can take minutes too: the comments go on until its first byte.
-        let reduce = send(&state, route, &client, &parts, fields, None);
+        let sent = record.sent_flag();
+        let reduce = send(&state, route, &client, &parts, fields, None, &sent);
         tokio::pin!(reduce);
         loop {
             tokio::select! {
@@ -355,7 +356,7 @@ async fn whole_answer(
     // failing the whole request after the parts before it did their work.
     let deadline = Instant::now() + route.model.max_wait;
     let (permit, answer, _) = loop {
-        match dispatch(state, route, client, &parsed.outbound).await {
+        match dispatch(state, route, client, &parsed.outbound, &record.sent_flag()).await {
             Ok(sent) => break sent,
             Err(GatewayError::QueueFull { .. }) if Instant::now() < deadline => {
                 tokio::time::sleep(QUEUE_FULL_PAUSE).await;

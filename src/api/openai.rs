@@ -168,7 +168,8 @@ async fn forward(
             }
         }
     }
-    send(state, route, &client, &parts, fields, transform).await.map(Forwarded::Answered)
+    let sent = record.sent_flag();
+    send(state, route, &client, &parts, fields, transform, &sent).await.map(Forwarded::Answered)
 }
 
 /// limits: admits the request under its client's rate limits, charging `prompt_tokens` up front.
@@ -213,11 +214,12 @@ pub(crate) async fn send(
     parts: &axum::http::request::Parts,
     mut fields: RawBody,
     transform: Option<String>,
+    sent: &std::sync::atomic::AtomicBool,
 ) -> Result<Answered, GatewayError> {
     let mut parsed = parse(parts, &mut fields, route)?;
     parsed.transform = transform;
     drop(fields);
-    let (permit, answer, queue_wait) = dispatch(state, route, client, &parsed.outbound).await?;
+    let (permit, answer, queue_wait) = dispatch(state, route, client, &parsed.outbound, sent).await?;
     Ok(Answered { answer, permit, parsed, queue_wait, idle_timeout: route.backend.config.stream_idle_timeout })
 }
 
@@ -229,6 +231,7 @@ pub(crate) async fn dispatch(
     route: &Route,
     client: &ClientId,
     outbound: &Outbound,
+    sent: &std::sync::atomic::AtomicBool,
 ) -> Result<(Permit, Answer, Duration), GatewayError> {
     let model = &route.model.name;
     let mut retries = 0;
@@ -254,6 +257,7 @@ pub(crate) async fn dispatch(
                 return Err(e);
             }
         };
+        sent.store(true, std::sync::atomic::Ordering::SeqCst);
         match route.backend.send(outbound).await {
             Ok(answer) => break (permit, answer),
             Err(SendFailure::Retry(e)) if retries < MAX_RETRIES => {
