@@ -155,11 +155,21 @@ enum Link {
     Down { probed: Instant },
 }
 
+/// A store URL fit for a message: its user and password (`redis://:pw@host`) replaced by `***`.
+fn without_password(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else { return url.to_owned() };
+    let authority_end = rest.find('/').unwrap_or(rest.len());
+    match rest[..authority_end].rfind('@') {
+        Some(at) => format!("{scheme}://***@{}", &rest[at + 1..]),
+        None => url.to_owned(),
+    }
+}
+
 impl RedisStore {
     /// A store on the Redis at `url` (`redis://host:port[/db]`). Connects on first use, so a
     /// gateway starts even while Redis is down.
     pub fn open(url: &str, options: RedisOptions) -> Result<Self, StoreError> {
-        let bad = |reason: String| StoreError::BadSpec { spec: url.to_owned(), reason };
+        let bad = |reason: String| StoreError::BadSpec { spec: without_password(url), reason };
         if !url.starts_with("redis://") {
             return Err(bad("not a redis:// URL".into()));
         }
@@ -350,6 +360,17 @@ fn limit_of(rate: Rate) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_bad_store_url_is_shown_without_its_password() {
+        assert_eq!(without_password("rediss://:hunter2@db.local:6380/1"), "rediss://***@db.local:6380/1");
+        assert_eq!(without_password("redis://user:pw@h"), "redis://***@h");
+        assert_eq!(without_password("redis://h:6379"), "redis://h:6379");
+        let Err(e) = RedisStore::open("rediss://:hunter2@db.local:6380", RedisOptions::default()) else {
+            panic!("rediss:// is refused")
+        };
+        assert!(!e.to_string().contains("hunter2"), "{e}");
+    }
 
     #[test]
     fn only_redis_urls_are_accepted() {
