@@ -380,3 +380,8 @@ impl ServerWatch {
         self.peak.load(Ordering::SeqCst)
     }
 }
+
+/// The request bodies the simulator received last (its `/sim/requests`).
+pub async fn sim_requests(sim: &SimHandle) -> Vec<Value> {
+    client().get(format!("{}/sim/requests", sim.url())).send().await.expect("requests").json().await.expect("json")
+}
