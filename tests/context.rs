@@ -44,10 +44,6 @@ fn chat_tokens(counter: &Counter, messages: &[Value]) -> usize {
     counter.chat_tokens(ChatPrompt { messages, tools: None, template_kwargs: None }).expect("renders")
 }
 
-async fn received(sim: &mlxgate::sim::SimHandle) -> Vec<Value> {
-    client().get(format!("{}/sim/requests", sim.url())).send().await.expect("requests").json().await.expect("json")
-}
-
 #[tokio::test]
 async fn reject_gives_openai_body_and_nothing_reaches_the_backend() {
     let Some(model) = prerequisites(&[]) else { return };
@@ -104,7 +100,7 @@ async fn a_prompt_that_fits_without_max_tokens_gets_the_room_that_is_left() {
     assert!(prompt < CAP && CAP - prompt < 64, "prompt {prompt} must leave less than the default 64");
     let response = post(&gw, "/v1/chat/completions", &json!({"model": "qwen", "messages": messages})).await;
     assert_eq!(response.status(), 200);
-    let seen = received(&sim).await;
+    let seen = sim_requests(&sim).await;
     assert_eq!(seen.len(), 1);
     assert_eq!(seen[0]["max_tokens"], CAP - prompt, "max_tokens cut to the room under the cap");
 }
@@ -130,7 +126,7 @@ async fn middle_out_keeps_system_first_and_last_and_fits() {
         post(&gw, "/v1/chat/completions", &json!({"model": "qwen", "messages": messages, "max_tokens": 32})).await;
     assert_eq!(response.status(), 200, "{:?}", response.text().await);
     let transform = response.headers()["x-mlxgate-transform"].to_str().expect("ascii").to_string();
-    let seen = received(&sim).await;
+    let seen = sim_requests(&sim).await;
     assert_eq!(seen.len(), 1);
     let sent: Vec<Value> = seen[0]["messages"].as_array().expect("messages").clone();
     let after = chat_tokens(&tok, &sent);
@@ -163,7 +159,7 @@ async fn chunk_maps_pieces_through_the_queue_and_streams_the_reduce() {
     assert!(text.contains("[DONE]"), "the reduce answer is streamed: {text}");
     let pieces: usize = transform.strip_prefix("chunk; pieces=").expect("chunk header").parse().expect("number");
     assert!(pieces >= 4, "3000 words over a {CHUNK_CAP}-token cap take several pieces: {pieces}");
-    let seen = received(&sim).await;
+    let seen = sim_requests(&sim).await;
     assert_eq!(seen.len(), pieces + 1, "P map requests and one reduce");
     for (i, request) in seen.iter().enumerate() {
         let sent: Vec<Value> = request["messages"].as_array().expect("messages").clone();
@@ -192,7 +188,7 @@ async fn embeddings_over_the_cap_are_chunked_and_averaged() {
     assert_eq!(data.len(), 2, "one vector per input");
     assert_eq!(data[1]["index"], 1);
     assert_eq!(data[1]["embedding"].as_array().expect("vector").len(), 8);
-    let seen = received(&sim).await;
+    let seen = sim_requests(&sim).await;
     assert_eq!(seen.len(), 1, "one backend request for every piece");
     let inputs = seen[0]["input"].as_array().expect("input");
     assert!(inputs.len() >= 4, "700 words in pieces of {CAP}: {}", inputs.len());
@@ -235,7 +231,7 @@ async fn completions_prompts_of_every_shape_are_capped() {
         post(&gw, "/v1/completions", &json!({"model": "qwen", "prompt": words(400, 2), "max_tokens": 8})).await;
     assert_eq!(response.status(), 200);
     assert!(response.headers()["x-mlxgate-transform"].to_str().unwrap().starts_with("middle-out; removed_tokens="));
-    let seen = received(&sim).await;
+    let seen = sim_requests(&sim).await;
     let sent = seen.last().expect("a request")["prompt"].as_str().expect("text").to_string();
     assert!(counter(&model).text_tokens(&sent) + 8 <= CAP);
 }
@@ -289,7 +285,7 @@ async fn shapes_the_real_qwen_template_cannot_render_still_reach_the_backend() {
         assert_eq!(response.status(), 200, "{body}: {:?}", response.text().await);
     }
     assert_eq!(sim_stats(&sim).await["total"], 3);
-    let seen = received(&sim).await;
+    let seen = sim_requests(&sim).await;
     assert!(seen[0]["messages"][0]["content"].is_array(), "a prompt that fits is forwarded as the client sent it");
 }
 

@@ -7,7 +7,7 @@ mod common;
 use std::path::Path;
 
 use common::*;
-use serde_json::{Value, json};
+use serde_json::json;
 
 const QWEN: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/.cache/qwen3.6-tokenizer");
 
@@ -18,10 +18,6 @@ fn yaml(sim_url: &str, tokenizer: &Path, on_overflow: &str, cap: usize) -> Strin
          tokenizer: '{}', default_max_tokens: 64}}\n",
         tokenizer.display()
     )
-}
-
-async fn received(sim: &mlxgate::sim::SimHandle) -> Vec<Value> {
-    client().get(format!("{}/sim/requests", sim.url())).send().await.expect("requests").json().await.expect("json")
 }
 
 fn words(n: usize) -> String {
@@ -47,7 +43,7 @@ async fn middle_out_forwards_the_client_s_message_shapes() {
     let body = json!({"model": "qwen", "messages": messages, "max_tokens": 16});
     let response = post(&gw, "/v1/chat/completions", &body).await;
     assert_eq!(response.status(), 200, "{}", text_of(response).await);
-    let seen = received(&sim).await;
+    let seen = sim_requests(&sim).await;
     let sent = &seen[0]["messages"];
     let call = sent.as_array().unwrap().iter().find(|m| m.get("tool_calls").is_some()).expect("tool call kept");
     assert_eq!(

@@ -47,16 +47,15 @@ pub struct Chunked {
 /// was with its cut content, a message the planner wrote (a map or reduce prompt) as written.
 pub struct Restore {
     rewritten: Vec<Value>,
-    originals: Vec<Value>,
+    /// `None`: the client's messages needed no rewriting (most requests: nothing was copied).
+    originals: Option<Vec<Value>>,
 }
 
 impl Restore {
     /// The client's messages in place of the rewritten ones in `planned` (same order: the
     /// planner only removes messages, cuts contents and adds its own).
     pub fn apply(&self, planned: Vec<Value>) -> Vec<Value> {
-        if self.rewritten == self.originals {
-            return planned;
-        }
+        let Some(originals) = &self.originals else { return planned };
         let mut next = 0;
         planned
             .into_iter()
@@ -68,7 +67,7 @@ impl Restore {
                 });
                 let Some((k, kept)) = found else { return message };
                 next = k + 1;
-                let mut original = self.originals[k].clone();
+                let mut original = originals[k].clone();
                 if !kept {
                     original["content"] = message["content"].clone();
                 }
@@ -148,8 +147,11 @@ pub async fn fit(
     match endpoint {
         Endpoint::Chat => {
             let mut request = ChatRequest::read(fields)?;
-            let originals = request.messages.clone();
-            as_servers_render(route.backend.config.kind, &mut request.messages);
+            // The client's messages are copied only when the servers would render them otherwise.
+            let originals = rendered_differently(&request.messages).then(|| request.messages.clone());
+            if originals.is_some() {
+                as_servers_render(route.backend.config.kind, &mut request.messages);
+            }
             let started = Instant::now();
             let needed = max_tokens.unwrap_or(default_max_tokens);
             let (plan, request) = blocking(move || {
@@ -290,6 +292,18 @@ fn as_servers_render(kind: Kind, messages: &mut [Value]) {
             }
         }
     }
+}
+
+/// Whether [`as_servers_render`] would change any of `messages`.
+fn rendered_differently(messages: &[Value]) -> bool {
+    messages.iter().any(|message| {
+        let text_parts =
+            matches!(&message["content"], Value::Array(parts) if parts.iter().all(|p| p["type"] == "text"));
+        let string_arguments = message["tool_calls"]
+            .as_array()
+            .is_some_and(|calls| calls.iter().any(|c| c["function"]["arguments"].is_string()));
+        text_parts || message.get("content").is_some_and(Value::is_null) || string_arguments
+    })
 }
 
 /// The model's counter, falling back to the estimate for a request its chat template fails on
@@ -568,7 +582,9 @@ mod tests {
                 {"id": "1", "type": "function", "function": {"name": "f", "arguments": "{\"x\": 1}"}}]}),
             json!({"role": "user", "content": [{"type": "image_url", "image_url": {"url": "u"}}]}),
         ];
+        assert!(rendered_differently(&messages));
         as_servers_render(Kind::MlxLm, &mut messages);
+        assert!(!rendered_differently(&messages[..2]), "rendered once, nothing left to render");
         assert_eq!(messages[0]["content"], "ab");
         assert_eq!(messages[1]["content"], "");
         assert_eq!(messages[1]["tool_calls"][0]["function"]["arguments"], json!({"x": 1}));

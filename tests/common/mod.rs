@@ -477,3 +477,8 @@ pub fn gateway_binary_at(path: &Path, env: &[(&str, &str)]) -> (GatewayBinary, L
     let dir = tempfile::tempdir().expect("tempdir");
     (GatewayBinary { child, url, startup_log: vec![], _dir: dir }, lines)
 }
+
+/// The request bodies the simulator received last (its `/sim/requests`).
+pub async fn sim_requests(sim: &SimHandle) -> Vec<Value> {
+    client().get(format!("{}/sim/requests", sim.url())).send().await.expect("requests").json().await.expect("json")
+}
