@@ -126,7 +126,10 @@ pub fn presented_key(headers: &HeaderMap) -> Option<&[u8]> {
 
 /// Whether a request may use `/admin/*`: with `admin_key_sha256` set, it must carry that key
 /// (401 otherwise, wherever it comes from); without one, it must come from this machine
-/// (`peer` on loopback; 403 otherwise, and when the peer is unknown).
+/// (`peer` on loopback and not forwarded by a proxy; 403 otherwise, and when the peer is
+/// unknown). A reverse proxy on the same machine (Caddy or nginx for TLS) connects from
+/// loopback for every remote caller; the `Forwarded`/`X-Forwarded-For`/`X-Real-IP` header it
+/// adds is what tells such a call apart.
 pub fn admit_admin(access: &Access, headers: &HeaderMap, peer: Option<SocketAddr>) -> Result<(), GatewayError> {
     match &access.admin_key {
         Some(admin) => {
@@ -137,9 +140,14 @@ pub fn admit_admin(access: &Access, headers: &HeaderMap, peer: Option<SocketAddr
                 Err(GatewayError::InvalidApiKey(KeyProblem::Incorrect))
             }
         }
-        None if peer.is_some_and(|p| is_loopback(p.ip())) => Ok(()),
+        None if peer.is_some_and(|p| is_loopback(p.ip())) && !forwarded(headers) => Ok(()),
         None => Err(GatewayError::AdminForbidden),
     }
+}
+
+/// Whether a proxy says it forwarded the request for someone else.
+fn forwarded(headers: &HeaderMap) -> bool {
+    ["forwarded", "x-forwarded-for", "x-real-ip"].iter().any(|name| headers.contains_key(*name))
 }
 
 /// Whether `ip` is this machine's loopback: 127.0.0.0/8 and ::1, and 127/8 as an IPv6 socket
@@ -238,6 +246,11 @@ mod tests {
         assert!(admit_admin(&open, &HeaderMap::new(), local).is_ok());
         assert!(matches!(admit_admin(&open, &HeaderMap::new(), remote), Err(GatewayError::AdminForbidden)));
         assert!(matches!(admit_admin(&open, &HeaderMap::new(), None), Err(GatewayError::AdminForbidden)));
+        // A reverse proxy on this machine: loopback peer, but it says it forwards someone.
+        for name in ["forwarded", "x-forwarded-for", "x-real-ip"] {
+            let proxied = headers(&[(name, b"203.0.113.7")]);
+            assert!(matches!(admit_admin(&open, &proxied, local), Err(GatewayError::AdminForbidden)), "{name}");
+        }
 
         let keyed = Access { admin_key: Some(KeyHash::of_key(b"admin-key")), ..open };
         let with = headers(&[("authorization", b"Bearer admin-key")]);

@@ -39,8 +39,8 @@ pub enum GatewayError {
     InvalidApiKey(KeyProblem),
     /// `/admin/*` from another machine while no `admin_key_sha256` is set.
     #[error(
-        "The admin API answers only clients on the gateway's own machine; set admin_key_sha256 in gateway.yaml \
-         to use it from elsewhere."
+        "The admin API answers only clients on the gateway's own machine, not through a proxy; set \
+         admin_key_sha256 in gateway.yaml to use it from elsewhere."
     )]
     AdminForbidden,
     /// The client is over one of its rate limits (429 `rate_limit_exceeded`, with OpenAI's

@@ -12,6 +12,7 @@ pub mod config;
 pub mod dispatch;
 pub mod error;
 pub mod limits;
+pub mod log_throttle;
 pub mod metrics;
 pub mod outcome;
 pub mod reload;

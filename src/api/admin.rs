@@ -87,10 +87,24 @@ pub async fn require_admin(State(state): State<Arc<AppState>>, request: Request,
     match crate::auth::admit_admin(&state.access(), request.headers(), peer) {
         Ok(()) => next.run(request).await,
         Err(e) => {
-            tracing::warn!(peer = ?peer, path = %request.uri().path(), error = %e, "admin call refused");
+            // Anyone on the network can cause this line: one per peer per minute.
+            let who = peer.map_or_else(|| "unknown".to_owned(), |p| p.ip().to_string());
+            if let Some(suppressed) = state.log_throttle.allow(&format!("admin refused {who}")) {
+                tracing::warn!(peer = %who, path = %request.uri().path(), error = %e, suppressed, "admin call refused");
+            }
             e.into_response()
         }
     }
+}
+
+/// Guards `/metrics` on the main listener when `auth: required`: it names every client and
+/// what each used, so it follows the admin rule (admin key, or this machine). Without auth it
+/// is open, as is the `metrics_listen` listener, which the user exposes on purpose.
+pub async fn require_metrics_access(State(state): State<Arc<AppState>>, request: Request, next: Next) -> Response {
+    if state.access().auth == crate::config::AuthMode::Off {
+        return next.run(request).await;
+    }
+    require_admin(State(state), request, next).await
 }
 
 /// GET `/admin/backends`: every backend's state, process and queue.

@@ -21,6 +21,7 @@ use crate::backend::upstream::Upstream;
 use crate::config::Config;
 use crate::dispatch::Dispatch;
 use crate::limits::Limiter;
+use crate::log_throttle::LogThrottle;
 use crate::metrics::Metrics;
 use crate::stream::meter::Cutoff;
 use crate::tokens::registry::Registry;
@@ -46,6 +47,9 @@ pub struct AppState {
     pub tokens: Registry,
     /// Every client's rate limits (`anonymous` shares `default_limits`).
     pub limiter: Limiter,
+    /// Keeps log lines that clients can cause at will (429s, refused admin calls) to one per
+    /// minute per client or peer.
+    pub log_throttle: LogThrottle,
 }
 
 impl AppState {
@@ -65,6 +69,7 @@ impl AppState {
             started: SystemTime::now(),
             tokens,
             limiter,
+            log_throttle: LogThrottle::default(),
         })
     }
 }
@@ -98,7 +103,7 @@ pub fn metrics_app(state: Arc<AppState>) -> Router {
 ///   and path. It logs at the response headers; the body's end is logged by `StreamMeter`. It
 ///   records no header: `Authorization` and `x-api-key` carry clients' keys.
 /// - `/admin/*` alone: `admin::require_admin` (a route layer: an unknown `/admin/…` path gets
-///   the same 404 as any other).
+///   the same 404 as any other); `/metrics` the same rule when `auth: required`.
 ///
 /// There is deliberately no body-limit or timeout layer: the body limit is applied by the proxy
 /// handler so that a too-large body gets an OpenAI-shaped 413, and a timeout layer would cut
@@ -116,7 +121,11 @@ pub fn app(state: Arc<AppState>) -> Router {
         .route("/v1/models", get(openai::list_models))
         .route("/health", get(admin::health))
         .route("/ready", get(admin::ready))
-        .route("/metrics", get(admin::metrics))
+        .route(
+            "/metrics",
+            get(admin::metrics)
+                .route_layer(middleware::from_fn_with_state(Arc::clone(&state), admin::require_metrics_access)),
+        )
         .merge(admin)
         .fallback(openai::not_found)
         // GET /v1/chat/completions and the like: OpenAI's "Invalid URL" body, not an empty 405.

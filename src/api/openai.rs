@@ -132,6 +132,9 @@ async fn forward(
         .filter(|_| caller.may_use(&access, &model))
         .ok_or_else(|| GatewayError::ModelNotFound(model.clone()))?;
     record.routed(&model, &route.backend.config.name);
+    // A client at its concurrency, or still refused by its rate, is refused before its prompt
+    // is counted (the costly part of a refusal).
+    state.limiter.precheck(caller.name()).await.map_err(|denied| rate_limited(state, &caller, denied))?;
     let client = client_id(&parts, &caller);
     // A client with a token limit is charged its prompt's exact count when it is counted.
     let exact = state.limiter.limits_of(caller.name()).tpm.is_some();
@@ -186,13 +189,19 @@ async fn admit(
             record.admitted(admission);
             Ok(())
         }
-        Err(denied) => {
-            let limit = denied.limit.as_str();
-            state.metrics.rate_limited.with_label_values(&[caller.name(), limit]).inc();
-            tracing::info!(client = caller.name(), limit, retry_after = ?denied.retry_after, "rate limited");
-            Err(GatewayError::RateLimited(Box::new(denied)))
-        }
+        Err(denied) => Err(rate_limited(state, caller, denied)),
     }
+}
+
+/// A 429: counted by client and limit, and logged at most once a minute per client and limit
+/// (a client looping on its 429s must not flood the log).
+fn rate_limited(state: &AppState, caller: &Client, denied: crate::limits::Denied) -> GatewayError {
+    let limit = denied.limit.as_str();
+    state.metrics.rate_limited.with_label_values(&[caller.name(), limit]).inc();
+    if let Some(suppressed) = state.log_throttle.allow(&format!("rate limited {} {limit}", caller.name())) {
+        tracing::info!(client = caller.name(), limit, retry_after = ?denied.retry_after, suppressed, "rate limited");
+    }
+    GatewayError::RateLimited(Box::new(denied))
 }
 
 /// A cheap estimate of a prompt's tokens when no count was made (no context cap, a map-reduce,

@@ -22,11 +22,12 @@ pub mod store;
 use std::collections::HashMap;
 use std::fmt;
 use std::num::NonZeroU32;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use http::HeaderMap;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::time::Instant;
 
 pub use crate::config::Limits;
 use crate::config::{Config, RateLimitStore};
@@ -96,7 +97,26 @@ pub struct Admission {
     /// The token bucket's charge so far.
     tokens: Option<Op>,
     headers: HeaderMap,
-    _permit: Option<OwnedSemaphorePermit>,
+    _in_flight: Option<InFlight>,
+}
+
+/// One request counted in its client's requests in flight, until dropped.
+struct InFlight(Arc<AtomicU32>);
+
+impl InFlight {
+    /// Counts one more request in `count` if fewer than `most` are in flight.
+    fn try_enter(count: &Arc<AtomicU32>, most: u32) -> Option<InFlight> {
+        count
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < most).then_some(n + 1))
+            .ok()
+            .map(|_| InFlight(Arc::clone(count)))
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 impl fmt::Debug for Admission {
@@ -148,7 +168,20 @@ impl Admission {
 pub struct Limiter {
     store: Arc<dyn RateStore>,
     table: RwLock<LimitTable>,
-    in_flight: Mutex<HashMap<String, (u32, Arc<Semaphore>)>>,
+    /// Each client's requests in flight, compared with its limit as it is at each admission:
+    /// a reload that lowers `concurrency` counts the requests already running.
+    in_flight: Mutex<HashMap<String, Arc<AtomicU32>>>,
+    /// Clients refused by their request or token rate, until a request of one token would fit
+    /// again: [`precheck`](Limiter::precheck) refuses their next requests before they are
+    /// counted. A hint only: it is confirmed against the store before it refuses.
+    refused: Mutex<HashMap<String, Refusal>>,
+}
+
+/// A recent refusal by a rate: which limit, and when the smallest request fits again.
+#[derive(Debug, Clone, Copy)]
+struct Refusal {
+    limit: Limit,
+    until: Instant,
 }
 
 #[derive(Debug, Default)]
@@ -160,15 +193,22 @@ struct LimitTable {
 impl Limiter {
     /// A limiter over `store` with no limits until [`configure`](Limiter::configure)d.
     pub fn new(store: Arc<dyn RateStore>) -> Self {
-        Self { store, table: RwLock::new(LimitTable::default()), in_flight: Mutex::new(HashMap::new()) }
+        Self {
+            store,
+            table: RwLock::new(LimitTable::default()),
+            in_flight: Mutex::new(HashMap::new()),
+            refused: Mutex::new(HashMap::new()),
+        }
     }
 
     /// Sets every client's limits (at start-up and on reload); clients not named get
-    /// `default`. Buckets keep their state across a reload; a changed concurrency limit starts
-    /// a fresh count (requests already running under the old one are not counted against it).
+    /// `default`. Buckets keep their state across a reload, and so does the count of requests
+    /// in flight: lowering `concurrency` below it refuses new requests until enough have ended.
     pub fn configure(&self, clients: impl IntoIterator<Item = (String, Limits)>, default: Limits) {
         let table = LimitTable { clients: clients.into_iter().collect(), default };
         *self.table.write().unwrap_or_else(|poisoned| poisoned.into_inner()) = table;
+        // A raised limit must not keep refusing on the old one's word.
+        self.refused.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).clear();
     }
 
     /// A limiter over the configured `rate_limit_store`, with every client's limits and
@@ -207,10 +247,10 @@ impl Limiter {
         let limits = self.limits_of(client);
         let requests = limits.rpm.map(|rpm| bucket_op(client, Limit::Rpm, rpm.get().into(), 1));
         let tokens = limits.tpm.map(|tpm| bucket_op(client, Limit::Tpm, tpm.get().into(), prompt_tokens));
-        let permit = match limits.concurrency.map(NonZeroU32::get) {
-            Some(most) => match self.semaphore(client, most).try_acquire_owned() {
-                Ok(permit) => Some(permit),
-                Err(_) => return Err(self.deny_concurrency(client, most, &requests, &tokens).await),
+        let in_flight = match limits.concurrency.map(NonZeroU32::get) {
+            Some(most) => match InFlight::try_enter(&self.in_flight_count(client), most) {
+                Some(entered) => Some(entered),
+                None => return Err(self.deny_concurrency(client, most, &limits).await),
             },
             None => None,
         };
@@ -219,27 +259,82 @@ impl Limiter {
         let (request_decision, token_decision) = split(&decisions, requests.is_some(), tokens.is_some());
         let headers = headers::rate_limit_headers(request_decision, token_decision);
         if let Some((limit, decision)) = refusal(request_decision, token_decision) {
+            self.remember_refusal(client, limit, decision, &limits, prompt_tokens);
             return Err(denied(client, limit, decision, &ops, headers));
         }
-        Ok(Admission { store: Arc::clone(&self.store), requests, tokens, headers, _permit: permit })
+        Ok(Admission { store: Arc::clone(&self.store), requests, tokens, headers, _in_flight: in_flight })
     }
 
-    /// The client's in-flight semaphore, made (or remade, after a reload changed it) on demand.
-    fn semaphore(&self, client: &str, most: u32) -> Arc<Semaphore> {
-        let mut in_flight = self.in_flight.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        let slot =
-            in_flight.entry(client.to_owned()).or_insert_with(|| (most, Arc::new(Semaphore::new(most as usize))));
-        if slot.0 != most {
-            *slot = (most, Arc::new(Semaphore::new(most as usize)));
+    /// A cheap look before a request is counted (its prompt tokenized): refuses it at once when
+    /// the client has its `concurrency` in flight, or was refused by its request or token rate
+    /// and not even a one-token request fits yet. Charges nothing; [`admit`](Limiter::admit)
+    /// still decides. A runaway client looping on 429s so costs a store read, not a count.
+    pub async fn precheck(&self, client: &str) -> Result<(), Denied> {
+        let limits = self.limits_of(client);
+        if let Some(most) = limits.concurrency.map(NonZeroU32::get)
+            && self.in_flight_count(client).load(Ordering::Acquire) >= most
+        {
+            return Err(self.deny_concurrency(client, most, &limits).await);
         }
-        Arc::clone(&slot.1)
+        let memo = self.refused.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).get(client).copied();
+        let Some(Refusal { limit, until }) = memo else { return Ok(()) };
+        let wait = until.saturating_duration_since(Instant::now());
+        if !wait.is_zero() {
+            // Confirmed against the store: a refund or another gateway's view may have made room.
+            let (reads, requests, tokens) = reads_of(client, &limits);
+            let decisions = if reads.is_empty() { Vec::new() } else { self.store.apply(Mode::Admit, &reads).await };
+            let (r, t) = split(&decisions, requests, tokens);
+            let spent = match limit {
+                Limit::Rpm => r,
+                Limit::Tpm => t,
+                Limit::Concurrency => None,
+            };
+            if let Some(spent) = spent.filter(|d| d.remaining == 0) {
+                let mut headers = headers::rate_limit_headers(r, t);
+                headers::add_retry_headers(&mut headers, Some(wait));
+                let message = format!(
+                    "Rate limit reached for {} for client {client}: limit {}, remaining 0. Please try again in {}.",
+                    limit.described(),
+                    spent.limit,
+                    headers::openai_duration(wait),
+                );
+                return Err(Denied { limit, retry_after: Some(wait), headers, message });
+            }
+        }
+        self.refused.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).remove(client);
+        Ok(())
     }
 
-    async fn deny_concurrency(&self, client: &str, most: u32, requests: &Option<Op>, tokens: &Option<Op>) -> Denied {
+    /// Notes a refusal by a rate for [`precheck`](Limiter::precheck): the time until a request
+    /// of one token (of one request, for rpm) fits, from the refused cost's wait.
+    fn remember_refusal(&self, client: &str, limit: Limit, decision: &Decision, limits: &Limits, cost: u64) {
+        let Some(wait) = decision.retry_after else { return };
+        let smallest = match (limit, limits.tpm) {
+            // The bucket drains at a steady rate: one token fits sooner than `cost` by the time
+            // that `cost - 1` tokens take to drain.
+            (Limit::Tpm, Some(tpm)) => {
+                let earlier = Duration::from_secs_f64(60.0 * cost.saturating_sub(1) as f64 / f64::from(tpm.get()));
+                wait.saturating_sub(earlier)
+            }
+            _ => wait,
+        };
+        if !smallest.is_zero() {
+            let until = Instant::now() + smallest;
+            self.refused.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).insert(client.to_owned(), Refusal { limit, until });
+        }
+    }
+
+    /// The client's count of requests in flight, made on first use.
+    fn in_flight_count(&self, client: &str) -> Arc<AtomicU32> {
+        let mut in_flight = self.in_flight.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        Arc::clone(in_flight.entry(client.to_owned()).or_default())
+    }
+
+    async fn deny_concurrency(&self, client: &str, most: u32, limits: &Limits) -> Denied {
         // The rate headers still go out: read the buckets without charging them.
-        let reads: Vec<Op> = requests.iter().chain(tokens.iter()).map(|op| Op { cost: 0, ..op.clone() }).collect();
+        let (reads, requests, tokens) = reads_of(client, limits);
         let decisions = if reads.is_empty() { Vec::new() } else { self.store.apply(Mode::Admit, &reads).await };
-        let (r, t) = split(&decisions, requests.is_some(), tokens.is_some());
+        let (r, t) = split(&decisions, requests, tokens);
         let mut headers = headers::rate_limit_headers(r, t);
         // A slot frees when a running request ends; there is no schedule to promise, so ask
         // for a short pause rather than none.
@@ -256,6 +351,15 @@ impl Limiter {
 /// The store operation for one of a client's rate limits.
 fn bucket_op(client: &str, limit: Limit, per_minute: u64, cost: u64) -> Op {
     Op { key: format!("{KEY_PREFIX}{client}:{}", limit.as_str()), rate: Rate::per_minute(per_minute), cost }
+}
+
+/// Reads (cost 0: nothing charged) of the client's request and token buckets, and which of
+/// the two are in the batch.
+fn reads_of(client: &str, limits: &Limits) -> (Vec<Op>, bool, bool) {
+    let requests = limits.rpm.map(|rpm| bucket_op(client, Limit::Rpm, rpm.get().into(), 0));
+    let tokens = limits.tpm.map(|tpm| bucket_op(client, Limit::Tpm, tpm.get().into(), 0));
+    let (r, t) = (requests.is_some(), tokens.is_some());
+    (requests.into_iter().chain(tokens).collect(), r, t)
 }
 
 /// The request and token decisions out of a batch that holds those present, in that order.

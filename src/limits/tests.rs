@@ -169,6 +169,98 @@ async fn a_reload_keeps_the_buckets_and_applies_new_limits() {
     assert_eq!(header(admitted.headers(), "x-ratelimit-remaining-requests"), Some("7"));
 }
 
+#[tokio::test]
+async fn a_reload_that_lowers_concurrency_counts_the_requests_already_running() {
+    let (limiter, _clock) = limiter(&[("agent", Limits { concurrency: n(3), ..Limits::default() })]);
+    let mut running: Vec<Admission> = Vec::new();
+    for _ in 0..3 {
+        running.push(limiter.admit("agent", 0).await.expect("within 3"));
+    }
+    limiter.configure([("agent".to_owned(), Limits { concurrency: n(1), ..Limits::default() })], Limits::default());
+    assert_eq!(limiter.admit("agent", 0).await.expect_err("3 running, limit 1").limit, Limit::Concurrency);
+    running.truncate(1);
+    assert!(limiter.admit("agent", 0).await.is_err(), "still 1 running of 1");
+    assert!(limiter.precheck("agent").await.is_err(), "and the pre-check agrees");
+    running.clear();
+    let admitted = limiter.admit("agent", 0).await.expect("none running");
+    assert!(limiter.admit("agent", 0).await.is_err(), "the new limit holds: 1");
+    drop(admitted);
+    limiter.configure([("agent".to_owned(), Limits { concurrency: n(2), ..Limits::default() })], Limits::default());
+    let _a = limiter.admit("agent", 0).await.expect("raised to 2");
+    let _b = limiter.admit("agent", 0).await.expect("raised to 2");
+}
+
+#[tokio::test]
+async fn the_precheck_refuses_a_client_its_rate_refused_until_one_request_fits_and_charges_nothing() {
+    let (limiter, clock) = limiter(&[("runaway", rpm(2)), ("polite", rpm(2))]);
+    assert!(limiter.precheck("runaway").await.is_ok(), "nothing refused yet");
+    let _a = limiter.admit("runaway", 0).await.expect("1 of 2");
+    let _b = limiter.admit("runaway", 0).await.expect("2 of 2");
+    assert!(limiter.precheck("runaway").await.is_ok(), "at the limit but never refused: admit decides");
+    let denied = limiter.admit("runaway", 0).await.expect_err("third");
+    assert_eq!(denied.retry_after, Some(Duration::from_secs(30)));
+    for _ in 0..5 {
+        let early = limiter.precheck("runaway").await.expect_err("refused before counting");
+        assert_eq!(early.limit, Limit::Rpm);
+        assert!(early.retry_after.is_some_and(|w| w > Duration::ZERO && w <= Duration::from_secs(30)));
+        assert_eq!(header(&early.headers, "x-ratelimit-remaining-requests"), Some("0"));
+        assert!(header(&early.headers, "retry-after").is_some());
+        assert!(early.message.contains("requests per min (RPM)"), "{}", early.message);
+    }
+    assert!(limiter.precheck("polite").await.is_ok(), "another client is not touched");
+    // The bucket refills (the store's clock): the pre-check asks the store and lets it through.
+    clock.advance(Duration::from_secs(30));
+    assert!(limiter.precheck("runaway").await.is_ok());
+    let admitted = limiter.admit("runaway", 0).await.expect("one request's worth came back");
+    assert_eq!(
+        header(admitted.headers(), "x-ratelimit-remaining-requests"),
+        Some("0"),
+        "the refused pre-checks charged nothing"
+    );
+}
+
+#[tokio::test]
+async fn the_precheck_after_a_token_refusal_waits_only_for_one_token() {
+    let (limiter, clock) = limiter(&[("agent", tpm(100))]);
+    let _spent = limiter.admit("agent", 90).await.expect("90 of 100");
+    let big = limiter.admit("agent", 50).await.expect_err("50 > 10 left");
+    assert_eq!(big.limit, Limit::Tpm);
+    assert!(limiter.precheck("agent").await.is_ok(), "10 tokens are left: a small request may fit");
+    let _rest = limiter.admit("agent", 10).await.expect("the last 10");
+    let denied = limiter.admit("agent", 20).await.expect_err("none left");
+    assert_eq!(denied.retry_after, Some(Duration::from_secs(12)), "20 tokens at 100/min");
+    let early = limiter.precheck("agent").await.expect_err("not even one token fits");
+    assert_eq!(early.limit, Limit::Tpm);
+    // One token fits 0.6 s later (60 s / 100), not after the 20 tokens' 12 s.
+    assert!(early.retry_after.is_some_and(|w| w <= Duration::from_millis(600)), "{:?}", early.retry_after);
+    clock.advance(Duration::from_millis(600));
+    assert!(limiter.precheck("agent").await.is_ok(), "one token's worth is back");
+}
+
+#[tokio::test]
+async fn a_reload_forgets_refusals_made_under_the_old_limits() {
+    let (limiter, _clock) = limiter(&[("agent", rpm(1))]);
+    let _a = limiter.admit("agent", 0).await.expect("1 of 1");
+    assert!(limiter.admit("agent", 0).await.is_err());
+    assert!(limiter.precheck("agent").await.is_err());
+    limiter.configure([("agent".to_owned(), rpm(100))], Limits::default());
+    assert!(limiter.precheck("agent").await.is_ok(), "raised: no refusal on the old limit's word");
+    assert!(limiter.admit("agent", 0).await.is_ok());
+}
+
+#[tokio::test]
+async fn the_precheck_refuses_at_the_concurrency_limit_without_taking_a_slot() {
+    let (limiter, _clock) = limiter(&[("agent", Limits { concurrency: n(1), rpm: n(100), tpm: None })]);
+    assert!(limiter.precheck("agent").await.is_ok());
+    assert!(limiter.precheck("agent").await.is_ok(), "a pre-check takes no slot");
+    let running = limiter.admit("agent", 0).await.expect("first");
+    let denied = limiter.precheck("agent").await.expect_err("one in flight of one");
+    assert_eq!(denied.limit, Limit::Concurrency);
+    assert_eq!(header(&denied.headers, "x-ratelimit-remaining-requests"), Some("99"));
+    drop(running);
+    assert!(limiter.precheck("agent").await.is_ok());
+}
+
 #[test]
 fn the_store_is_memory_or_redis() {
     assert!(open_store("memory").is_ok_and(|s| s.health() == StoreHealth::Local));
