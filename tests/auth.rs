@@ -230,6 +230,17 @@ async fn without_an_admin_key_the_admin_api_answers_this_machine_only() {
     // On loopback: served, with or without any key.
     let local = gateway(&two_clients_yaml(&sim.url(), "")).await;
     assert_eq!(client().get(local.url("/admin/backends")).send().await.expect("send").status(), 200);
+    assert_eq!(client().get(local.url("/metrics")).send().await.expect("send").status(), 200);
+    // Unless a proxy on this machine (Caddy, nginx for TLS) forwarded it for someone else.
+    for (name, value) in [("x-forwarded-for", "203.0.113.7"), ("forwarded", "for=203.0.113.7"), ("x-real-ip", "203.0.113.7")]
+    {
+        let proxied = client().get(local.url("/admin/backends")).header(name, value).send().await.expect("send");
+        let (status, body, _) = refusal(proxied).await;
+        assert_eq!(status, 403, "{name}: {body}");
+        assert_eq!(body["error"]["code"], "admin_forbidden");
+        let metrics = client().get(local.url("/metrics")).header(name, value).send().await.expect("send");
+        assert_eq!(metrics.status(), 403, "{name}: /metrics names the clients, it follows the admin rule");
+    }
     // The request endpoints still want a client's key.
     assert_eq!(send(&local, None, &chat_for("qwen")).await.status(), 401);
 
@@ -249,8 +260,27 @@ async fn without_an_admin_key_the_admin_api_answers_this_machine_only() {
     assert_eq!(restart.status(), 403);
     // Not the client API: a client with its key is served from there.
     assert_eq!(send(&remote, Some(CURSOR_KEY), &chat_for("qwen")).await.status(), 200);
-    // Health, readiness and metrics stay open.
+    // Health stays open; /metrics names every client and its usage: the admin rule.
     assert_eq!(client().get(remote.url("/health")).send().await.expect("send").status(), 200);
+    let (status, body, _) = refusal(client().get(remote.url("/metrics")).send().await.expect("send")).await;
+    assert_eq!(status, 403, "{body}");
+    // Without auth there is nothing to hide: /metrics is open to a Prometheus elsewhere.
+    let open_yaml = format!("backends:\n  local: {{url: '{}'}}\nmodels:\n  qwen: {{backend: local}}\n", sim.url());
+    let open = gateway_on(&open_yaml, SocketAddr::new(ip, 0)).await;
+    let metrics = client().get(open.url("/metrics")).send().await.expect("send");
+    assert_eq!(metrics.status(), 200);
+    assert!(metrics.text().await.expect("text").contains("# TYPE mlxgate_"));
+}
+
+#[tokio::test]
+async fn with_an_admin_key_metrics_wants_it_too_under_auth_required() {
+    let sim = sim().await;
+    let gw = gateway(&two_clients_yaml(&sim.url(), &format!("admin_key_sha256: {}\n", sha256_hex(ADMIN_KEY)))).await;
+    assert_eq!(client().get(gw.url("/metrics")).send().await.expect("send").status(), 401);
+    let scraped = client().get(gw.url("/metrics")).bearer_auth(ADMIN_KEY).send().await.expect("send");
+    assert_eq!(scraped.status(), 200, "Prometheus' `authorization: {{credentials: …}}` sends it so");
+    let client_key = client().get(gw.url("/metrics")).bearer_auth(CURSOR_KEY).send().await.expect("send");
+    assert_eq!(client_key.status(), 401, "a client's key is not the admin key");
 }
 
 #[tokio::test]
@@ -275,10 +305,18 @@ async fn no_key_is_ever_logged() {
     let admin = format!("{}/admin/backends", gw.url);
     assert_eq!(http.get(&admin).bearer_auth(ADMIN_KEY).send().await.expect("send").status(), 200);
     assert_eq!(http.get(&admin).bearer_auth(wrong).send().await.expect("send").status(), 401);
-    eventually("the refused admin call is logged", || async {
-        log.lock().expect("log").iter().any(|l| l.contains("admin call refused"))
+    // A flood of refused admin calls from one peer: one warning a minute, not one each.
+    for _ in 0..20 {
+        assert_eq!(http.get(&admin).bearer_auth(wrong).send().await.expect("send").status(), 401);
+    }
+    let marker = format!("{}/health?end-of-admin-flood", gw.url);
+    assert_eq!(http.get(&marker).send().await.expect("send").status(), 200);
+    eventually("the log has caught up with the flood", || async {
+        log.lock().expect("log").iter().any(|l| l.contains("end-of-admin-flood"))
     })
     .await;
+    let warnings = log.lock().expect("log").iter().filter(|l| l.contains("admin call refused")).count();
+    assert_eq!(warnings, 1, "21 refused admin calls from one peer in a minute");
     let lines = log.lock().expect("log").clone();
     assert!(lines.len() > 20, "a trace log has lines: {lines:?}");
     let digest = sha256_hex(AIDER_KEY);

@@ -397,3 +397,35 @@ async fn a_client_that_leaves_after_the_backend_got_its_request_is_still_charged
         "the two requests the backend got were charged"
     );
 }
+
+#[tokio::test]
+async fn a_client_looping_on_its_429s_is_refused_before_its_prompt_is_counted() {
+    let sim = sim().await;
+    let gw = gateway(&yaml(&sim.url(), "{rpm: 2, tpm: 100000}")).await;
+    let counted = || async {
+        metric(&gw, "mlxgate_prompt_count_seconds_count{model=\"capped\"}").await.unwrap_or(0.0)
+    };
+    for _ in 0..2 {
+        assert_eq!(send(&gw, AIDER_KEY, &chat_for("capped", false, json!({}))).await.status(), 200);
+    }
+    let refused = send(&gw, AIDER_KEY, &chat_for("capped", false, json!({}))).await;
+    assert_eq!(refused.status(), 429, "the third in a minute: counted, then refused by the rpm");
+    assert_eq!(counted().await, 3.0, "the prompts of the two served and the first refused were counted");
+    // The same client keeps asking: refused at once, its prompt never tokenized.
+    for _ in 0..5 {
+        let again = send(&gw, AIDER_KEY, &chat_for("capped", false, json!({}))).await;
+        assert_eq!(again.status(), 429);
+        assert_eq!(header(&again, "x-ratelimit-remaining-requests").as_deref(), Some("0"));
+        let wait: f64 = header(&again, "retry-after").expect("Retry-After").parse().expect("seconds");
+        assert!((1.0..=30.0).contains(&wait), "about half a minute for rpm 2: {wait}");
+        let body: Value = again.json().await.expect("json");
+        assert_eq!(body["error"]["code"], "rate_limit_exceeded");
+    }
+    assert_eq!(counted().await, 3.0, "no prompt counted for a client still refused");
+    assert_eq!(rate_limited(&gw, "aider", "rpm").await, 6.0);
+    // Another client of the same model is counted and served as before.
+    assert_eq!(send(&gw, CURSOR_KEY, &chat_for("capped", false, json!({}))).await.status(), 200);
+    assert_eq!(counted().await, 4.0);
+    let outcome = "mlxgate_requests_total{backend=\"capped\",client=\"aider\",model=\"capped\",outcome=\"rate_limited\"}";
+    assert_eq!(metric(&gw, outcome).await, Some(6.0), "refusals keep their model and backend labels");
+}
