@@ -108,3 +108,66 @@ async fn the_openai_sdk_backs_off_on_429_and_succeeds_when_the_limit_allows() {
     assert_eq!(metric(&gw, &outcome("ok")).await, Some(2.0), "the held stream and the SDK's retry");
     println!("the SDK was refused {refusals} time(s), waited {waits:?} s, then served: {answer}");
 }
+
+/// Spends the client's requests per minute with `max_retries=0` until the SDK raises its
+/// `RateLimitError`, then asks once more with the SDK's default retries; prints the answer.
+const SDK_RPM_WINDOW: &str = r#"
+import json, logging, sys
+logging.basicConfig(level=logging.INFO, stream=sys.stderr)
+import openai
+from openai import OpenAI
+client = OpenAI(base_url=sys.argv[1], api_key=sys.argv[2], timeout=120.0)
+ask = dict(model="qwen", messages=[{"role": "user", "content": "hello there"}], max_tokens=4)
+spent = 0
+while True:
+    try:
+        client.with_options(max_retries=0).chat.completions.create(**ask)
+        spent += 1
+    except openai.RateLimitError as e:
+        refused = {k: e.response.headers.get(k) for k in
+                   ("retry-after", "retry-after-ms", "x-ratelimit-remaining-requests", "x-ratelimit-reset-requests")}
+        break
+    assert spent < 100, "never refused"
+answer = client.chat.completions.create(**ask)
+print(json.dumps({"spent": spent, "refused": refused, "content": answer.choices[0].message.content}))
+"#;
+
+#[tokio::test]
+async fn the_openai_sdk_waits_out_a_requests_per_minute_window_and_succeeds() {
+    let Some(python) = sdk_python() else { return };
+    let sim = sim().await;
+    // 6 a minute: one request's worth comes back every 10 s.
+    let yaml = format!(
+        "backends:\n  local: {{url: '{}', max_concurrency: 4}}\nmodels:\n  qwen: {{backend: local}}\n\
+         auth: required\nclients:\n  aider: {{key_sha256: {}, limits: {{rpm: 6}}}}\n",
+        sim.url(),
+        sha256_hex(AIDER_KEY),
+    );
+    let gw = gateway(&yaml).await;
+    let (base_url, key) = (gw.url("/v1"), AIDER_KEY.to_string());
+    let output = tokio::task::spawn_blocking(move || {
+        Command::new(python).args(["-c", SDK_RPM_WINDOW, &base_url, &key]).output().expect("python runs")
+    })
+    .await
+    .expect("the SDK's thread");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "the SDK call failed: {stderr}");
+    let answer: Value = serde_json::from_str(stdout.trim()).expect("the SDK printed its answer");
+    assert_eq!(answer["spent"], 6, "a burst of one minute's allowance, then 429: {answer}");
+    assert_eq!(answer["refused"]["x-ratelimit-remaining-requests"], "0", "{answer}");
+    let told: f64 = answer["refused"]["retry-after-ms"].as_str().and_then(|v| v.parse().ok()).expect("retry-after-ms");
+    assert!((1000.0..=10_000.0).contains(&told), "at most the 10 s one request takes to come back: {answer}");
+    assert!(answer["content"].as_str().is_some_and(|c| c.starts_with("t0")), "{answer}");
+    let waits: Vec<f64> = stderr
+        .lines()
+        .filter_map(|l| l.split("Retrying request to ").nth(1))
+        .filter_map(|l| l.split(" in ").nth(1)?.split(' ').next()?.parse().ok())
+        .collect();
+    // The SDK's own back-off for a first retry is 0.5 s or less; it waited what the headers said.
+    assert!(!waits.is_empty() && waits.len() <= 2, "the SDK retried by itself: {stderr}");
+    assert!(waits[0] > 1.0 && waits[0] <= 10.0, "waited the window out, as told: {waits:?}");
+    let served = "mlxgate_requests_total{backend=\"local\",client=\"aider\",model=\"qwen\",outcome=\"ok\"}";
+    assert_eq!(metric(&gw, served).await, Some(7.0), "six, then the SDK's retried request");
+    println!("spent {}, told {told} ms, the SDK waited {waits:?} s, then served", answer["spent"]);
+}
