@@ -93,7 +93,7 @@ async fn map_part(
     body.insert("messages".into(), raw(&messages)?);
     body.insert("stream".into(), raw(&false)?);
     body.insert("max_tokens".into(), raw(&plan.map_max_tokens)?);
-    let (whole, figures) = whole_answer(state, route, client, parts, &mut body, request).await?;
+    let (whole, figures) = whole_answer(state, route, client, parts, &mut body, request, Some(request.piece())).await?;
     request.add_pieces_used(figures.usage());
     Ok(answer_text(&whole))
 }
@@ -292,7 +292,9 @@ pub async fn embed(
     let base64 = fields.get("encoding_format").is_some_and(|f| f.get() == r#""base64""#);
     fields.insert("input".into(), raw(&plan.pieces)?);
     fields.insert("encoding_format".into(), raw("float")?);
-    let (whole, figures) = whole_answer(state, route, client, parts, &mut fields, request).await?;
+    // One backend request for all the pieces: it is the client's request, recorded once (by
+    // the handler, with these figures), not a piece of its own.
+    let (whole, figures) = whole_answer(state, route, client, parts, &mut fields, request, None).await?;
     let backend = &route.backend.config.name;
     let unusable = |what: &str| GatewayError::Backend {
         backend: backend.clone(),
@@ -339,8 +341,11 @@ pub async fn embed(
     Ok((response, figures))
 }
 
-/// One request of a plan, sent through the model's queue and read whole; recorded as a request
-/// of its own (a piece of the client's `request`). Returns the answer and its figures.
+/// One request of a plan, sent through the model's queue and read whole. `piece`: the record
+/// of a map piece, finished here as a request of its own; `None` when this backend request is
+/// the client's `request` itself (chunked embeddings), which its caller finishes. Once it
+/// reaches a backend the client's request counts as sent (a client leaving is still charged).
+/// Returns the answer and its figures.
 async fn whole_answer(
     state: &AppState,
     route: &Route,
@@ -348,21 +353,26 @@ async fn whole_answer(
     parts: &axum::http::request::Parts,
     body: &mut RawBody,
     request: &RequestRecord,
+    piece: Option<RequestRecord>,
 ) -> Result<(Vec<u8>, StreamFigures), GatewayError> {
     let backend = route.backend.config.name.clone();
-    let record = request.piece();
+    let finish = |piece: Option<RequestRecord>, outcome: Outcome| {
+        if let Some(piece) = piece {
+            piece.finish(outcome);
+        }
+    };
     let parsed = parse(parts, body, route)?;
     // A part that finds the queue full waits for room within the model's max_wait rather than
     // failing the whole request after the parts before it did their work.
     let deadline = Instant::now() + route.model.max_wait;
     let (permit, answer, _) = loop {
-        match dispatch(state, route, client, &parsed.outbound, &record.sent_flag()).await {
+        match dispatch(state, route, client, &parsed.outbound, &request.sent_flag()).await {
             Ok(sent) => break sent,
             Err(GatewayError::QueueFull { .. }) if Instant::now() < deadline => {
                 tokio::time::sleep(QUEUE_FULL_PAUSE).await;
             }
             Err(e) => {
-                record.finish(Outcome::from(&e));
+                finish(piece, Outcome::from(&e));
                 return Err(e);
             }
         }
@@ -373,13 +383,13 @@ async fn whole_answer(
     let whole = match whole {
         Ok(whole) => whole,
         Err(e) => {
-            record.finish(Outcome::from(&e));
+            finish(piece, Outcome::from(&e));
             return Err(e);
         }
     };
     if !head.status.is_success() {
         let body = backend_error_body(&backend, head.status, &whole);
-        record.finish(Outcome::BackendRejected);
+        finish(piece, Outcome::BackendRejected);
         let message = body["error"]["message"].as_str().unwrap_or("no message").to_string();
         return Err(GatewayError::Backend {
             backend,
@@ -387,7 +397,9 @@ async fn whole_answer(
         });
     }
     let figures = figures_of_whole(&whole).unwrap_or_default();
-    record_whole(record, &figures, Outcome::Ok);
+    if let Some(piece) = piece {
+        record_whole(piece, &figures, Outcome::Ok);
+    }
     Ok((whole, figures))
 }
 
