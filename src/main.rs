@@ -129,8 +129,16 @@ fn reload(config: Option<PathBuf>, pid: Option<u32>) -> ExitCode {
     // With --pid alone there is no file to check: the gateway reads the one it was started with.
     let config = config.or_else(|| pid.is_none().then(|| PathBuf::from("gateway.yaml")));
     let checked = match &config {
-        Some(path) => match mlxgate::reload::check_file(path) {
-            Ok(c) => Some(c),
+        Some(path) => match mlxgate::reload::check_file_elsewhere(path) {
+            Ok((c, unset)) => {
+                for name in unset {
+                    eprintln!(
+                        "note: {name} is not set in this shell; the gateway reads it from its own environment \
+                         (its log says if it is unset there too)"
+                    );
+                }
+                Some(c)
+            }
             Err(problems) => {
                 eprintln!(
                     "{}: invalid configuration, not reloaded (the gateway keeps the keys and limits in force)\n{}",

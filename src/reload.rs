@@ -8,6 +8,8 @@
 //! Also the gateway's pid file (`gateway-<port>.pid`, beside the keeper's records), through
 //! which `mlxgate reload` finds the gateway to signal.
 
+use std::cell::RefCell;
+use std::collections::BTreeSet;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -23,6 +25,20 @@ use crate::config::Config;
 /// every problem found, one a line, when there is any.
 pub fn check_file(path: &Path) -> Result<Config, Vec<String>> {
     let config = Config::load(path).map_err(|e| e.to_string().lines().map(str::to_owned).collect::<Vec<_>>())?;
+    preflight(config)
+}
+
+/// As [`check_file`], for the file of a gateway running with its own environment (`mlxgate
+/// reload`): a `${VAR}` unset here is not a problem (the gateway resolves it, and logs it if it
+/// is unset there too); its name is returned beside the configuration.
+pub fn check_file_elsewhere(path: &Path) -> Result<(Config, BTreeSet<String>), Vec<String>> {
+    let unset = RefCell::new(BTreeSet::new());
+    let config = Config::load_elsewhere(path, &unset)
+        .map_err(|e| e.to_string().lines().map(str::to_owned).collect::<Vec<_>>())?;
+    Ok((preflight(config)?, unset.into_inner()))
+}
+
+fn preflight(config: Config) -> Result<Config, Vec<String>> {
     let mut problems = crate::backend::preflight::problems(&config);
     problems.extend(crate::tokens::registry::tokenizer_problems(&config));
     if problems.is_empty() { Ok(config) } else { Err(problems.iter().map(ToString::to_string).collect()) }

@@ -16,6 +16,7 @@ use sha2::{Digest, Sha256};
 const AIDER_KEY: &str = "sk-aider-5d1c9e0b7a3f4e26";
 const CURSOR_KEY: &str = "sk-cursor-81b0f4c2d6e9a357";
 const ZED_KEY: &str = "sk-zed-3e7a90c1b5d24f68";
+const ENV_KEY: &str = "sk-ops-from-the-environment-4c1d";
 
 fn sha256_hex(key: &str) -> String {
     Sha256::digest(key.as_bytes()).iter().map(|b| format!("{b:02x}")).collect()
@@ -81,7 +82,8 @@ impl Setup {
         std::fs::rename(&partial, self.config()).expect("rename");
     }
     fn start(&self) -> (GatewayBinary, LogLines) {
-        gateway_binary_at(&self.config(), &[("XDG_RUNTIME_DIR", &self.runtime())])
+        // The gateway's environment has a key the shell running `mlxgate reload` lacks.
+        gateway_binary_at(&self.config(), &[("XDG_RUNTIME_DIR", &self.runtime()), ("RELOAD_TEST_KEY", ENV_KEY)])
     }
     fn reload_command(&self, args: &[&str]) -> std::process::Output {
         std::process::Command::new(env!("CARGO_BIN_EXE_mlxgate"))
@@ -89,6 +91,7 @@ impl Setup {
             .args(args)
             .env("XDG_RUNTIME_DIR", self.runtime())
             .env_remove("MLXGATE_CONFIG")
+            .env_remove("RELOAD_TEST_KEY")
             .output()
             .expect("mlxgate reload runs")
     }
@@ -196,6 +199,19 @@ async fn mlxgate_reload_signals_the_running_gateway_and_says_why_not_without_one
     assert!(text(&reloaded.stdout).contains(&format!("pid {}", gw.child.id())), "{}", text(&reloaded.stdout));
     eventually("zed's key accepted", || async { status_for(&gw, ZED_KEY).await == 200 }).await;
 
+    // A key from the environment: the gateway's, which this shell does not have. The command
+    // says so and signals; the gateway resolves it from its own environment.
+    let with_env = format!("{clients}  ops: {{key: '${{RELOAD_TEST_KEY}}'}}\n");
+    setup.write(&yaml(&listen, &sim.url(), 64, &with_env));
+    let from_env = setup.reload_command(&["--config", &config]);
+    assert_eq!(from_env.status.code(), Some(0), "{}", text(&from_env.stderr));
+    assert!(text(&from_env.stderr).contains("RELOAD_TEST_KEY is not set in this shell"), "{}", text(&from_env.stderr));
+    eventually("the key from the gateway's environment accepted", || async { status_for(&gw, ENV_KEY).await == 200 })
+        .await;
+    setup.write(&yaml(&listen, &sim.url(), 64, &clients));
+    assert_eq!(setup.reload_command(&["--config", &config]).status.code(), Some(0));
+    eventually("and removed again", || async { status_for(&gw, ENV_KEY).await == 401 }).await;
+
     // An invalid file is refused before the gateway is bothered: it says so and what is wrong.
     let unknown_model = format!("{clients}  bad: {{key_sha256: {}, models: [nope]}}\n", sha256_hex(CURSOR_KEY));
     setup.write(&yaml(&listen, &sim.url(), 64, &unknown_model));
@@ -203,8 +219,8 @@ async fn mlxgate_reload_signals_the_running_gateway_and_says_why_not_without_one
     assert_eq!(refused.status.code(), Some(1));
     let stderr = text(&refused.stderr);
     assert!(stderr.contains("not reloaded") && stderr.contains("clients.bad.models"), "{stderr}");
-    eventually("the first reload logged", || async { log_lines_with(&log, "reloaded keys") == 1 }).await;
-    assert_eq!(log_lines_with(&log, "SIGHUP received"), 1, "not signalled for the invalid file");
+    eventually("the first reloads logged", || async { log_lines_with(&log, "reloaded keys") == 3 }).await;
+    assert_eq!(log_lines_with(&log, "SIGHUP received"), 3, "not signalled for the invalid file");
 
     // --pid names a process that is no gateway: refused, not signalled.
     let stranger = setup.reload_command(&["--pid", &not_a_gateway_pid().to_string()]);
