@@ -232,7 +232,8 @@ async fn without_an_admin_key_the_admin_api_answers_this_machine_only() {
     assert_eq!(client().get(local.url("/admin/backends")).send().await.expect("send").status(), 200);
     assert_eq!(client().get(local.url("/metrics")).send().await.expect("send").status(), 200);
     // Unless a proxy on this machine (Caddy, nginx for TLS) forwarded it for someone else.
-    for (name, value) in [("x-forwarded-for", "203.0.113.7"), ("forwarded", "for=203.0.113.7"), ("x-real-ip", "203.0.113.7")]
+    for (name, value) in
+        [("x-forwarded-for", "203.0.113.7"), ("forwarded", "for=203.0.113.7"), ("x-real-ip", "203.0.113.7")]
     {
         let proxied = client().get(local.url("/admin/backends")).header(name, value).send().await.expect("send");
         let (status, body, _) = refusal(proxied).await;

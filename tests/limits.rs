@@ -402,9 +402,7 @@ async fn a_client_that_leaves_after_the_backend_got_its_request_is_still_charged
 async fn a_client_looping_on_its_429s_is_refused_before_its_prompt_is_counted() {
     let sim = sim().await;
     let gw = gateway(&yaml(&sim.url(), "{rpm: 2, tpm: 100000}")).await;
-    let counted = || async {
-        metric(&gw, "mlxgate_prompt_count_seconds_count{model=\"capped\"}").await.unwrap_or(0.0)
-    };
+    let counted = || async { metric(&gw, "mlxgate_prompt_count_seconds_count{model=\"capped\"}").await.unwrap_or(0.0) };
     for _ in 0..2 {
         assert_eq!(send(&gw, AIDER_KEY, &chat_for("capped", false, json!({}))).await.status(), 200);
     }
@@ -426,6 +424,7 @@ async fn a_client_looping_on_its_429s_is_refused_before_its_prompt_is_counted() 
     // Another client of the same model is counted and served as before.
     assert_eq!(send(&gw, CURSOR_KEY, &chat_for("capped", false, json!({}))).await.status(), 200);
     assert_eq!(counted().await, 4.0);
-    let outcome = "mlxgate_requests_total{backend=\"capped\",client=\"aider\",model=\"capped\",outcome=\"rate_limited\"}";
+    let outcome =
+        "mlxgate_requests_total{backend=\"capped\",client=\"aider\",model=\"capped\",outcome=\"rate_limited\"}";
     assert_eq!(metric(&gw, outcome).await, Some(6.0), "refusals keep their model and backend labels");
 }

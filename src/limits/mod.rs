@@ -320,7 +320,10 @@ impl Limiter {
         };
         if !smallest.is_zero() {
             let until = Instant::now() + smallest;
-            self.refused.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).insert(client.to_owned(), Refusal { limit, until });
+            self.refused
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner())
+                .insert(client.to_owned(), Refusal { limit, until });
         }
     }
 
