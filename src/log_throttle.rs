@@ -6,8 +6,9 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-/// Keys remembered at once; beyond it the memory starts over (a flood from ever-new peers
-/// then logs at most this many lines per interval).
+/// Keys remembered at once. When every place is taken by a key logged within the interval, a
+/// new key is left out (counted): a flood from ever-new peers (an IPv6 /64 has 2^64) logs at
+/// most this many lines per interval.
 const MOST_KEYS: usize = 4096;
 
 /// Allows one log line per key per interval.
@@ -42,7 +43,11 @@ impl LogThrottle {
             return Some(left_out);
         }
         if seen.len() >= MOST_KEYS {
-            seen.clear();
+            // Keys whose interval is over would be logged again anyway: forget those.
+            seen.retain(|_, (last, _)| now.duration_since(*last) < self.every);
+            if seen.len() >= MOST_KEYS {
+                return None;
+            }
         }
         seen.insert(key.to_owned(), (now, 0));
         Some(0)
@@ -74,12 +79,13 @@ mod tests {
     }
 
     #[test]
-    fn memory_is_bounded_under_ever_new_keys() {
+    fn memory_and_lines_are_bounded_under_ever_new_keys() {
         let throttle = LogThrottle::new(Duration::from_secs(60));
         let t0 = Instant::now();
-        for i in 0..(3 * MOST_KEYS) {
-            throttle.allow_at(&format!("peer {i}"), t0);
-        }
+        let logged = (0..(3 * MOST_KEYS)).filter(|i| throttle.allow_at(&format!("peer {i}"), t0).is_some()).count();
+        assert_eq!(logged, MOST_KEYS, "at most MOST_KEYS lines in one interval");
         assert!(throttle.seen.lock().unwrap().len() <= MOST_KEYS);
+        // The interval over, new keys are logged again.
+        assert_eq!(throttle.allow_at("a new peer", t0 + Duration::from_secs(60)), Some(0));
     }
 }

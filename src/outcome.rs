@@ -220,6 +220,7 @@ impl RequestRecord {
     /// estimate: the up-front charge, or a reduce's own). The record is spent.
     pub fn finish_used(mut self, outcome: Outcome, used: Usage) {
         if let Some(mut admission) = self.admission.take() {
+            admission.leave();
             let estimate = self.prompt_estimate.unwrap_or_else(|| admission.tokens_charged());
             let prompt = used.prompt_tokens.unwrap_or(estimate);
             let generated = used.generated_tokens.unwrap_or(0);
@@ -231,6 +232,7 @@ impl RequestRecord {
 
     fn count(&mut self, outcome: Outcome) {
         if let Some(mut admission) = self.admission.take() {
+            admission.leave();
             let pieces = self.pieces_used.load(Ordering::Relaxed);
             if self.sent.load(Ordering::SeqCst) {
                 // A backend has it (the client left before the answer, or the answer broke):
@@ -253,7 +255,7 @@ impl RequestRecord {
 }
 
 /// Runs a settlement or a refund on its own (a shared store may take a round trip; the
-/// response does not wait for it). The admission's concurrency permit goes when it is done.
+/// response does not wait for it). The client has left its requests in flight before it.
 fn spawn_charge(charge: impl std::future::Future<Output = ()> + Send + 'static) {
     match tokio::runtime::Handle::try_current() {
         Ok(runtime) => {

@@ -428,3 +428,119 @@ async fn a_client_looping_on_its_429s_is_refused_before_its_prompt_is_counted() 
         "mlxgate_requests_total{backend=\"capped\",client=\"aider\",model=\"capped\",outcome=\"rate_limited\"}";
     assert_eq!(metric(&gw, outcome).await, Some(6.0), "refusals keep their model and backend labels");
 }
+
+/// A client that leaves a map-reduce during its map is charged what the finished pieces used:
+/// not also the document's up-front estimate (the pieces' prompts are that document).
+#[tokio::test]
+async fn a_map_reduce_left_during_its_map_is_charged_its_finished_pieces_only() {
+    let sim = sim().await;
+    let gw = gateway(&chunk_yaml(&sim.url())).await;
+    let words: Vec<&str> = ["model", "token", "stream", "queue"].iter().copied().cycle().take(1000).collect();
+    // Each piece takes 400 ms at the backend, two at a time: the client leaves after the first two.
+    let body = json!({"model": "chunked", "max_tokens": 16, "sim": {"ttft_ms": 400}, "messages": [
+        {"role": "system", "content": "summarise"},
+        {"role": "user", "content": format!("summarise this: {}", words.join(" "))}]});
+    let started = std::time::Instant::now();
+    let hasty = reqwest::Client::builder().timeout(std::time::Duration::from_millis(650)).build().expect("client");
+    let gone = hasty.post(gw.url("/v1/chat/completions")).bearer_auth(AIDER_KEY).json(&body).send().await;
+    assert!(gone.is_err(), "the client left during the map");
+    eventually("the left request recorded", || async {
+        let closed =
+            "mlxgate_requests_total{backend=\"chunky\",client=\"aider\",model=\"chunked\",outcome=\"client_closed\"}";
+        metric(&gw, closed).await.is_some_and(|n| n >= 1.0)
+    })
+    .await;
+    let left = settled_tokens(&gw).await;
+    let refill = (started.elapsed().as_secs_f64() * CHUNK_TPM as f64 / 60.0).ceil() as u64 + 1;
+    let charged = CHUNK_TPM - left;
+    let used = chunked_usage(&gw).await;
+    let finished =
+        metric(&gw, "mlxgate_requests_total{backend=\"chunky\",client=\"aider\",model=\"chunked\",outcome=\"ok\"}")
+            .await
+            .unwrap_or(0.0);
+    println!("{finished} pieces finished: charged {charged}, refill {refill}, used {used}");
+    assert!(finished >= 1.0, "some pieces were answered before the client left");
+    assert!(used > 0, "their usage is known");
+    assert!(charged <= used + 2, "charged the finished pieces, not the document on top: {charged} for {used} used");
+    assert!(charged + refill >= used, "charged every finished piece: {charged} for {used} used");
+}
+
+/// A client with `concurrency: 1` that sends one request after another on one connection is
+/// never refused: its slot is free as soon as it has its answer, not when the charge settles.
+#[tokio::test]
+async fn one_request_after_another_at_concurrency_1_is_never_refused() {
+    let sim = sim().await;
+    // The real binary, with its worker threads: the charge's settling races the next request.
+    let (gw, _log) =
+        gateway_binary_logged(&yaml(&sim.url(), "{concurrency: 1, rpm: 100000, tpm: 100000000}"), &[], "info");
+    let http = client();
+    let mut refused = 0;
+    for i in 0..300 {
+        let stream = i % 3 == 0;
+        let response = http
+            .post(format!("{}/v1/chat/completions", gw.url))
+            .bearer_auth(AIDER_KEY)
+            .json(&chat_for("qwen", stream, json!({})))
+            .send()
+            .await
+            .expect("send");
+        if response.status() == 429 {
+            refused += 1;
+        }
+        response.bytes().await.expect("the whole answer");
+    }
+    assert_eq!(refused, 0, "of 300 sequential requests (every third streamed)");
+}
+
+/// An embeddings answer ends the request (outcome ok) and settles the client's token charge
+/// to the backend's usage, as a chat answer does.
+#[tokio::test]
+async fn an_embeddings_request_is_recorded_and_charged_by_its_usage() {
+    let sim = sim().await;
+    let gw = gateway(&yaml(&sim.url(), "{tpm: 1000000}")).await;
+    let text = "alpha beta gamma ".repeat(500);
+    let body = json!({"model": "qwen", "input": text});
+    let first = client().post(gw.url("/v1/embeddings")).bearer_auth(AIDER_KEY).json(&body).send().await.expect("send");
+    assert_eq!(first.status(), 200);
+    let answer: Value = first.json().await.expect("json");
+    let usage = answer["usage"]["prompt_tokens"].as_u64().expect("the backend's usage");
+    let ok = "mlxgate_requests_total{backend=\"local\",client=\"aider\",model=\"qwen\",outcome=\"ok\"}";
+    eventually("recorded as served", || async { metric(&gw, ok).await == Some(1.0) }).await;
+    let prompt = "mlxgate_prompt_tokens_total{backend=\"local\",client=\"aider\",model=\"qwen\"}";
+    assert_eq!(metric(&gw, prompt).await, Some(usage as f64));
+    // Settled: a tiny request's headers show the bucket spent by the usage (plus its own
+    // charge), not by the up-front estimate of the body.
+    let estimate = Estimate.text_tokens(&serde_json::to_string(&body["input"]).expect("json")) as u64;
+    assert!(estimate > usage + 100, "the estimate overcounts this text: {estimate} vs {usage}");
+    eventually("the charge settled to the usage", || async {
+        let probe = send(&gw, AIDER_KEY, &chat_for("qwen", false, json!({}))).await;
+        let remaining: u64 =
+            header(&probe, "x-ratelimit-remaining-tokens").and_then(|v| v.parse().ok()).expect("header");
+        remaining + usage + 200 >= 1_000_000
+    })
+    .await;
+}
+
+/// A prompt larger than the client's whole token rate is counted once: sent again (an agent
+/// looping on it), the same body is refused before its prompt is counted.
+#[tokio::test]
+async fn a_prompt_too_large_for_the_token_rate_is_counted_once() {
+    let sim = sim().await;
+    let gw = gateway(&yaml(&sim.url(), "{tpm: 30}")).await;
+    let counted = || async { metric(&gw, "mlxgate_prompt_count_seconds_count{model=\"capped\"}").await.unwrap_or(0.0) };
+    let big =
+        json!({"model": "capped", "max_tokens": 4, "messages": [{"role": "user", "content": "word ".repeat(12)}]});
+    for attempt in 0..4 {
+        let refused = send(&gw, AIDER_KEY, &big).await;
+        assert_eq!(refused.status(), 429, "attempt {attempt}");
+        assert_eq!(header(&refused, "x-should-retry").as_deref(), Some("false"));
+        let body: Value = refused.json().await.expect("json");
+        assert!(body["error"]["message"].as_str().is_some_and(|m| m.starts_with("Request too large")), "{body}");
+    }
+    assert_eq!(counted().await, 1.0, "counted the first time only");
+    assert_eq!(rate_limited(&gw, "aider", "tpm").await, 4.0);
+    // A different, small prompt is counted and served.
+    let small = json!({"model": "capped", "max_tokens": 1, "messages": [{"role": "user", "content": "hi"}]});
+    assert_eq!(send(&gw, AIDER_KEY, &small).await.status(), 200);
+    assert_eq!(counted().await, 2.0);
+}

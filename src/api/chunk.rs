@@ -343,9 +343,8 @@ pub async fn embed(
 
 /// One request of a plan, sent through the model's queue and read whole. `piece`: the record
 /// of a map piece, finished here as a request of its own; `None` when this backend request is
-/// the client's `request` itself (chunked embeddings), which its caller finishes. Once it
-/// reaches a backend the client's request counts as sent (a client leaving is still charged).
-/// Returns the answer and its figures.
+/// the client's `request` itself (chunked embeddings), which its caller finishes. Returns the
+/// answer and its figures.
 async fn whole_answer(
     state: &AppState,
     route: &Route,
@@ -362,11 +361,15 @@ async fn whole_answer(
         }
     };
     let parsed = parse(parts, body, route)?;
+    // Sent: the piece's own record (the client's request is sent only with its reduce: one
+    // that ends during the map is charged its pieces' usage alone), or, for the one request
+    // of chunked embeddings, the client's request itself.
+    let sent = piece.as_ref().map_or_else(|| request.sent_flag(), RequestRecord::sent_flag);
     // A part that finds the queue full waits for room within the model's max_wait rather than
     // failing the whole request after the parts before it did their work.
     let deadline = Instant::now() + route.model.max_wait;
     let (permit, answer, _) = loop {
-        match dispatch(state, route, client, &parsed.outbound, &request.sent_flag()).await {
+        match dispatch(state, route, client, &parsed.outbound, &sent).await {
             Ok(sent) => break sent,
             Err(GatewayError::QueueFull { .. }) if Instant::now() < deadline => {
                 tokio::time::sleep(QUEUE_FULL_PAUSE).await;

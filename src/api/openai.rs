@@ -28,8 +28,11 @@ use crate::backend::upstream::strip_hop_by_hop;
 use crate::dispatch::Route;
 use crate::dispatch::queue::{ClientId, Permit};
 use crate::error::{GatewayError, backend_error_body};
+use crate::limits::body_fingerprint;
 use crate::outcome::{Outcome, RequestRecord};
-use crate::stream::meter::{Cutoff, Mode, RequestInfo, StreamFigures, StreamMeter, figures_of_whole, record_whole};
+use crate::stream::meter::{
+    Cutoff, Mode, RequestInfo, StreamFigures, StreamMeter, figures_of_whole, record_answer, record_whole,
+};
 use crate::tokens::Count;
 use crate::tokens::counter::Estimate;
 
@@ -70,7 +73,8 @@ pub async fn proxy(State(state): State<Arc<AppState>>, request: Request) -> Resp
         Ok(Forwarded::Answered(answered)) => answered.into_response(record, Arc::clone(&state.cutoff)).await,
         Ok(Forwarded::Made(response, figures)) => {
             match figures {
-                Some(figures) => record_whole(record, &figures, Outcome::Ok),
+                // Chunked embeddings: no first token to time.
+                Some(figures) => record_answer(record, &figures, Outcome::Ok, false),
                 // Its body finishes the record (a streamed map-reduce): it was taken.
                 None => drop(record),
             }
@@ -121,6 +125,9 @@ async fn forward(
     let caller = auth::identify(&access, &parts.headers)?;
     record.identified(caller.name());
     let bytes = read_body(&parts, body, state.config.max_body_bytes, state.config.body_read_timeout).await?;
+    // A client with a token limit: the body's fingerprint, to refuse the same body again
+    // before it is counted once its token rate refused it.
+    let fingerprint = state.limiter.limits_of(caller.name()).tpm.is_some().then(|| body_fingerprint(&bytes));
     let mut fields: RawBody = serde_json::from_slice(&bytes)
         .map_err(|e| GatewayError::invalid(format!("The request body is not a JSON object: {e}."), None))?;
     drop(bytes);
@@ -134,7 +141,7 @@ async fn forward(
     record.routed(&model, &route.backend.config.name);
     // A client at its concurrency, or still refused by its rate, is refused before its prompt
     // is counted (the costly part of a refusal).
-    state.limiter.precheck(caller.name()).await.map_err(|denied| rate_limited(state, &caller, denied))?;
+    state.limiter.precheck(caller.name(), fingerprint).await.map_err(|denied| rate_limited(state, &caller, denied))?;
     let client = client_id(&parts, &caller);
     // A client with a token limit is charged its prompt's exact count when it is counted.
     let exact = state.limiter.limits_of(caller.name()).tpm.is_some();
@@ -148,7 +155,7 @@ async fn forward(
         Some(Fitted::Send { prompt_tokens: Some(counted), .. }) => *counted as u64,
         _ => estimated_prompt_tokens(&fields),
     };
-    admit(state, &caller, prompt_tokens, record).await?;
+    admit(state, &caller, prompt_tokens, fingerprint, record).await?;
     let mut transform = None;
     if let Some(fitted) = fitted {
         match fitted {
@@ -182,9 +189,10 @@ async fn admit(
     state: &AppState,
     caller: &Client,
     prompt_tokens: u64,
+    fingerprint: Option<u64>,
     record: &mut RequestRecord,
 ) -> Result<(), GatewayError> {
-    match state.limiter.admit(caller.name(), prompt_tokens).await {
+    match state.limiter.admit_body(caller.name(), prompt_tokens, fingerprint).await {
         Ok(admission) => {
             record.admitted(admission);
             Ok(())
@@ -373,17 +381,17 @@ impl Answered {
             let body = StreamMeter::new(body, Mode::Sse, first, permit, info);
             return Response::from_parts(head, Body::new(body));
         }
-        if !parsed.generates {
-            let body = StreamMeter::new(body, Mode::Raw, first, permit, info);
-            return Response::from_parts(head, Body::new(body));
-        }
-        whole_answer(head, body, first, permit, info, sent_at).await
+        // Whole answers (embeddings too: read whole, their usage settles the client's charge
+        // and the record ends with the answer, not when hyper stops polling a body of a known
+        // length).
+        whole_answer(head, body, first, permit, info, sent_at, parsed.generates).await
     }
 }
 
 /// A whole (non-streaming) answer: read it (it is complete when the backend sends it) to take
 /// its usage, record it, and add the per-request figures as headers. `sent_at` is when the
 /// request went to the backend: the answer's tokens per second are over the backend's time.
+/// `generates`: a chat or completion (an embeddings answer has no first token to time).
 async fn whole_answer(
     mut head: hyper::http::response::Parts,
     incoming: Incoming,
@@ -391,6 +399,7 @@ async fn whole_answer(
     permit: Permit,
     info: RequestInfo,
     sent_at: Instant,
+    generates: bool,
 ) -> Response {
     let backend = info.record.backend.clone();
     let cut = info.cutoff.notified();
@@ -420,6 +429,10 @@ async fn whole_answer(
     let headers = &mut head.headers;
     headers.remove(header::CONTENT_LENGTH);
     headers.insert("x-mlxgate-queue-ms", HeaderValue::from(info.queue_wait.as_millis() as u64));
+    if !generates {
+        record_answer(info.record, &figures, Outcome::Ok, false);
+        return Response::from_parts(head, Body::from(whole));
+    }
     headers.insert("x-mlxgate-ttft-ms", HeaderValue::from(info.record.arrived.elapsed().as_millis() as u64));
     if let Some(tokens) = figures.tokens() {
         let seconds = sent_at.elapsed().as_secs_f64().max(1e-6);

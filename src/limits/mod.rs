@@ -104,7 +104,8 @@ pub struct Admission {
 struct InFlight(Arc<AtomicU32>);
 
 impl InFlight {
-    /// Counts one more request in `count` if fewer than `most` are in flight.
+    /// Counts one more request in `count` if fewer than `most` are in flight (`u32::MAX`: no
+    /// limit; it is counted all the same, for a reload that sets one).
     fn try_enter(count: &Arc<AtomicU32>, most: u32) -> Option<InFlight> {
         count
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < most).then_some(n + 1))
@@ -129,6 +130,13 @@ impl Admission {
     /// The `x-ratelimit-*` headers as of the admission, for the response.
     pub fn headers(&self) -> &HeaderMap {
         &self.headers
+    }
+
+    /// Leaves the client's requests in flight now, before the charge is settled: the request
+    /// has ended for the client, whose next request must not meet it (a settlement through
+    /// Redis takes a round trip, and a one-at-a-time client is already sending again).
+    pub fn leave(&mut self) {
+        self._in_flight = None;
     }
 
     /// Tokens charged to the client's token bucket so far (0 without a token limit).
@@ -175,6 +183,27 @@ pub struct Limiter {
     /// again: [`precheck`](Limiter::precheck) refuses their next requests before they are
     /// counted. A hint only: it is confirmed against the store before it refuses.
     refused: Mutex<HashMap<String, Refusal>>,
+    /// Each client's last request body refused by its token rate (by fingerprint): the same
+    /// body sent again (an agent looping on a prompt too large for it) is refused before it is
+    /// counted, until it would fit.
+    refused_bodies: Mutex<HashMap<String, BodyRefusal>>,
+}
+
+/// A body refused by a client's token rate: its count, and until when (`None`: never fits).
+#[derive(Debug, Clone, Copy)]
+struct BodyRefusal {
+    fingerprint: u64,
+    cost: u64,
+    until: Option<Instant>,
+}
+
+/// A cheap fingerprint of a request body, to know the same body again (not a secret: a
+/// collision only ever refuses the client's own request, for at most its retry time).
+pub fn body_fingerprint(body: &[u8]) -> u64 {
+    use std::hash::{DefaultHasher, Hasher};
+    let mut hasher = DefaultHasher::new();
+    hasher.write(body);
+    hasher.finish()
 }
 
 /// A recent refusal by a rate: which limit, and when the smallest request fits again.
@@ -198,6 +227,7 @@ impl Limiter {
             table: RwLock::new(LimitTable::default()),
             in_flight: Mutex::new(HashMap::new()),
             refused: Mutex::new(HashMap::new()),
+            refused_bodies: Mutex::new(HashMap::new()),
         }
     }
 
@@ -209,6 +239,7 @@ impl Limiter {
         *self.table.write().unwrap_or_else(|poisoned| poisoned.into_inner()) = table;
         // A raised limit must not keep refusing on the old one's word.
         self.refused.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).clear();
+        self.refused_bodies.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).clear();
     }
 
     /// A limiter over the configured `rate_limit_store`, with every client's limits and
@@ -244,15 +275,27 @@ impl Limiter {
     /// Admits one request of `client` with a prompt of `prompt_tokens` (charged now against
     /// the token limit; correct it later with [`Admission::settle`]), or says which limit refuses.
     pub async fn admit(&self, client: &str, prompt_tokens: u64) -> Result<Admission, Denied> {
+        self.admit_body(client, prompt_tokens, None).await
+    }
+
+    /// As [`admit`](Limiter::admit), for a request whose body has `fingerprint` (see
+    /// [`body_fingerprint`]): refused by the token rate, the same body is refused by
+    /// [`precheck`](Limiter::precheck) until it would fit, without being counted again.
+    pub async fn admit_body(
+        &self,
+        client: &str,
+        prompt_tokens: u64,
+        fingerprint: Option<u64>,
+    ) -> Result<Admission, Denied> {
         let limits = self.limits_of(client);
         let requests = limits.rpm.map(|rpm| bucket_op(client, Limit::Rpm, rpm.get().into(), 1));
         let tokens = limits.tpm.map(|tpm| bucket_op(client, Limit::Tpm, tpm.get().into(), prompt_tokens));
-        let in_flight = match limits.concurrency.map(NonZeroU32::get) {
-            Some(most) => match InFlight::try_enter(&self.in_flight_count(client), most) {
-                Some(entered) => Some(entered),
-                None => return Err(self.deny_concurrency(client, most, &limits).await),
-            },
-            None => None,
+        // Every request is counted, limit or not: a reload that sets a limit counts those
+        // already running.
+        let most = limits.concurrency.map_or(u32::MAX, NonZeroU32::get);
+        let in_flight = match InFlight::try_enter(&self.in_flight_count(client), most) {
+            Some(entered) => Some(entered),
+            None => return Err(self.deny_concurrency(client, most, &limits).await),
         };
         let ops: Vec<Op> = requests.iter().chain(tokens.iter()).cloned().collect();
         let decisions = if ops.is_empty() { Vec::new() } else { self.store.apply(Mode::Admit, &ops).await };
@@ -260,21 +303,33 @@ impl Limiter {
         let headers = headers::rate_limit_headers(request_decision, token_decision);
         if let Some((limit, decision)) = refusal(request_decision, token_decision) {
             self.remember_refusal(client, limit, decision, &limits, prompt_tokens);
+            if let (Limit::Tpm, Some(fingerprint)) = (limit, fingerprint) {
+                let until = decision.retry_after.map(|wait| Instant::now() + wait);
+                let refused = BodyRefusal { fingerprint, cost: prompt_tokens, until };
+                self.refused_bodies
+                    .lock()
+                    .unwrap_or_else(|poisoned| poisoned.into_inner())
+                    .insert(client.to_owned(), refused);
+            }
             return Err(denied(client, limit, decision, &ops, headers));
         }
         Ok(Admission { store: Arc::clone(&self.store), requests, tokens, headers, _in_flight: in_flight })
     }
 
     /// A cheap look before a request is counted (its prompt tokenized): refuses it at once when
-    /// the client has its `concurrency` in flight, or was refused by its request or token rate
-    /// and not even a one-token request fits yet. Charges nothing; [`admit`](Limiter::admit)
-    /// still decides. A runaway client looping on 429s so costs a store read, not a count.
-    pub async fn precheck(&self, client: &str) -> Result<(), Denied> {
+    /// the client has its `concurrency` in flight, was refused by its request or token rate and
+    /// not even a one-token request fits yet, or sends again the body (`fingerprint`) its token
+    /// rate refused, before it would fit. Charges nothing; [`admit`](Limiter::admit) still
+    /// decides. A runaway client looping on 429s so costs a store read, not a count.
+    pub async fn precheck(&self, client: &str, fingerprint: Option<u64>) -> Result<(), Denied> {
         let limits = self.limits_of(client);
         if let Some(most) = limits.concurrency.map(NonZeroU32::get)
             && self.in_flight_count(client).load(Ordering::Acquire) >= most
         {
             return Err(self.deny_concurrency(client, most, &limits).await);
+        }
+        if let Some(fingerprint) = fingerprint {
+            self.precheck_body(client, fingerprint, &limits).await?;
         }
         let memo = self.refused.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).get(client).copied();
         let Some(Refusal { limit, until }) = memo else { return Ok(()) };
@@ -302,6 +357,42 @@ impl Limiter {
             }
         }
         self.refused.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).remove(client);
+        Ok(())
+    }
+
+    /// The body refused last by the client's token rate, sent again: refused while it cannot fit.
+    async fn precheck_body(&self, client: &str, fingerprint: u64, limits: &Limits) -> Result<(), Denied> {
+        let memo = self.refused_bodies.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).get(client).copied();
+        let Some(refused) = memo.filter(|r| r.fingerprint == fingerprint) else { return Ok(()) };
+        let wait = refused.until.map(|until| until.saturating_duration_since(Instant::now()));
+        if wait != Some(Duration::ZERO) {
+            let (reads, requests, tokens) = reads_of(client, limits);
+            let decisions = if reads.is_empty() { Vec::new() } else { self.store.apply(Mode::Admit, &reads).await };
+            let (r, t) = split(&decisions, requests, tokens);
+            // Confirmed against the store: room may have come back sooner (a refund).
+            if let Some(bucket) = t.filter(|d| d.remaining < refused.cost) {
+                let mut headers = headers::rate_limit_headers(r, t);
+                headers::add_retry_headers(&mut headers, wait);
+                let message = match wait {
+                    Some(wait) => format!(
+                        "Rate limit reached for {} for client {client}: limit {}, remaining {}, requested {}. Please try again in {}.",
+                        Limit::Tpm.described(),
+                        bucket.limit,
+                        bucket.remaining,
+                        refused.cost,
+                        headers::openai_duration(wait),
+                    ),
+                    None => format!(
+                        "Request too large for {} for client {client}: limit {}, requested {}. Send fewer tokens.",
+                        Limit::Tpm.described(),
+                        bucket.limit,
+                        refused.cost,
+                    ),
+                };
+                return Err(Denied { limit: Limit::Tpm, retry_after: wait, headers, message });
+            }
+        }
+        self.refused_bodies.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).remove(client);
         Ok(())
     }
 

@@ -180,7 +180,7 @@ async fn a_reload_that_lowers_concurrency_counts_the_requests_already_running() 
     assert_eq!(limiter.admit("agent", 0).await.expect_err("3 running, limit 1").limit, Limit::Concurrency);
     running.truncate(1);
     assert!(limiter.admit("agent", 0).await.is_err(), "still 1 running of 1");
-    assert!(limiter.precheck("agent").await.is_err(), "and the pre-check agrees");
+    assert!(limiter.precheck("agent", None).await.is_err(), "and the pre-check agrees");
     running.clear();
     let admitted = limiter.admit("agent", 0).await.expect("none running");
     assert!(limiter.admit("agent", 0).await.is_err(), "the new limit holds: 1");
@@ -193,24 +193,24 @@ async fn a_reload_that_lowers_concurrency_counts_the_requests_already_running() 
 #[tokio::test]
 async fn the_precheck_refuses_a_client_its_rate_refused_until_one_request_fits_and_charges_nothing() {
     let (limiter, clock) = limiter(&[("runaway", rpm(2)), ("polite", rpm(2))]);
-    assert!(limiter.precheck("runaway").await.is_ok(), "nothing refused yet");
+    assert!(limiter.precheck("runaway", None).await.is_ok(), "nothing refused yet");
     let _a = limiter.admit("runaway", 0).await.expect("1 of 2");
     let _b = limiter.admit("runaway", 0).await.expect("2 of 2");
-    assert!(limiter.precheck("runaway").await.is_ok(), "at the limit but never refused: admit decides");
+    assert!(limiter.precheck("runaway", None).await.is_ok(), "at the limit but never refused: admit decides");
     let denied = limiter.admit("runaway", 0).await.expect_err("third");
     assert_eq!(denied.retry_after, Some(Duration::from_secs(30)));
     for _ in 0..5 {
-        let early = limiter.precheck("runaway").await.expect_err("refused before counting");
+        let early = limiter.precheck("runaway", None).await.expect_err("refused before counting");
         assert_eq!(early.limit, Limit::Rpm);
         assert!(early.retry_after.is_some_and(|w| w > Duration::ZERO && w <= Duration::from_secs(30)));
         assert_eq!(header(&early.headers, "x-ratelimit-remaining-requests"), Some("0"));
         assert!(header(&early.headers, "retry-after").is_some());
         assert!(early.message.contains("requests per min (RPM)"), "{}", early.message);
     }
-    assert!(limiter.precheck("polite").await.is_ok(), "another client is not touched");
+    assert!(limiter.precheck("polite", None).await.is_ok(), "another client is not touched");
     // The bucket refills (the store's clock): the pre-check asks the store and lets it through.
     clock.advance(Duration::from_secs(30));
-    assert!(limiter.precheck("runaway").await.is_ok());
+    assert!(limiter.precheck("runaway", None).await.is_ok());
     let admitted = limiter.admit("runaway", 0).await.expect("one request's worth came back");
     assert_eq!(
         header(admitted.headers(), "x-ratelimit-remaining-requests"),
@@ -225,16 +225,16 @@ async fn the_precheck_after_a_token_refusal_waits_only_for_one_token() {
     let _spent = limiter.admit("agent", 90).await.expect("90 of 100");
     let big = limiter.admit("agent", 50).await.expect_err("50 > 10 left");
     assert_eq!(big.limit, Limit::Tpm);
-    assert!(limiter.precheck("agent").await.is_ok(), "10 tokens are left: a small request may fit");
+    assert!(limiter.precheck("agent", None).await.is_ok(), "10 tokens are left: a small request may fit");
     let _rest = limiter.admit("agent", 10).await.expect("the last 10");
     let denied = limiter.admit("agent", 20).await.expect_err("none left");
     assert_eq!(denied.retry_after, Some(Duration::from_secs(12)), "20 tokens at 100/min");
-    let early = limiter.precheck("agent").await.expect_err("not even one token fits");
+    let early = limiter.precheck("agent", None).await.expect_err("not even one token fits");
     assert_eq!(early.limit, Limit::Tpm);
     // One token fits 0.6 s later (60 s / 100), not after the 20 tokens' 12 s.
     assert!(early.retry_after.is_some_and(|w| w <= Duration::from_millis(600)), "{:?}", early.retry_after);
     clock.advance(Duration::from_millis(600));
-    assert!(limiter.precheck("agent").await.is_ok(), "one token's worth is back");
+    assert!(limiter.precheck("agent", None).await.is_ok(), "one token's worth is back");
 }
 
 #[tokio::test]
@@ -242,23 +242,86 @@ async fn a_reload_forgets_refusals_made_under_the_old_limits() {
     let (limiter, _clock) = limiter(&[("agent", rpm(1))]);
     let _a = limiter.admit("agent", 0).await.expect("1 of 1");
     assert!(limiter.admit("agent", 0).await.is_err());
-    assert!(limiter.precheck("agent").await.is_err());
+    assert!(limiter.precheck("agent", None).await.is_err());
     limiter.configure([("agent".to_owned(), rpm(100))], Limits::default());
-    assert!(limiter.precheck("agent").await.is_ok(), "raised: no refusal on the old limit's word");
+    assert!(limiter.precheck("agent", None).await.is_ok(), "raised: no refusal on the old limit's word");
     assert!(limiter.admit("agent", 0).await.is_ok());
 }
 
 #[tokio::test]
 async fn the_precheck_refuses_at_the_concurrency_limit_without_taking_a_slot() {
     let (limiter, _clock) = limiter(&[("agent", Limits { concurrency: n(1), rpm: n(100), tpm: None })]);
-    assert!(limiter.precheck("agent").await.is_ok());
-    assert!(limiter.precheck("agent").await.is_ok(), "a pre-check takes no slot");
+    assert!(limiter.precheck("agent", None).await.is_ok());
+    assert!(limiter.precheck("agent", None).await.is_ok(), "a pre-check takes no slot");
     let running = limiter.admit("agent", 0).await.expect("first");
-    let denied = limiter.precheck("agent").await.expect_err("one in flight of one");
+    let denied = limiter.precheck("agent", None).await.expect_err("one in flight of one");
     assert_eq!(denied.limit, Limit::Concurrency);
     assert_eq!(header(&denied.headers, "x-ratelimit-remaining-requests"), Some("99"));
     drop(running);
-    assert!(limiter.precheck("agent").await.is_ok());
+    assert!(limiter.precheck("agent", None).await.is_ok());
+}
+
+#[tokio::test]
+async fn a_reload_that_sets_a_concurrency_limit_counts_the_requests_already_running() {
+    let (limiter, _clock) = limiter(&[("agent", Limits::default())]);
+    let running: Vec<Admission> =
+        vec![limiter.admit("agent", 0).await.expect("no limit"), limiter.admit("agent", 0).await.expect("no limit")];
+    limiter.configure([("agent".to_owned(), Limits { concurrency: n(1), ..Limits::default() })], Limits::default());
+    assert_eq!(limiter.admit("agent", 0).await.expect_err("2 running, now 1").limit, Limit::Concurrency);
+    drop(running);
+    assert!(limiter.admit("agent", 0).await.is_ok());
+}
+
+#[tokio::test]
+async fn leaving_frees_the_slot_before_the_charge_is_settled() {
+    let (limiter, _clock) = limiter(&[("agent", Limits { concurrency: n(1), tpm: n(1000), rpm: None })]);
+    let mut first = limiter.admit("agent", 10).await.expect("first");
+    first.leave();
+    let second = limiter.admit("agent", 10).await.expect("the first left: its slot is free");
+    first.settle(10, 5).await;
+    assert_eq!(second.tokens_charged(), 10);
+}
+
+#[tokio::test]
+async fn the_same_body_refused_by_the_token_rate_is_refused_before_it_is_counted() {
+    let (limiter, clock) = limiter(&[("agent", tpm(100))]);
+    let huge = body_fingerprint(b"a prompt larger than the whole bucket");
+    let other = body_fingerprint(b"a short prompt");
+    let denied = limiter.admit_body("agent", 150, Some(huge)).await.expect_err("150 > 100 ever");
+    assert!(denied.retry_after.is_none());
+    let again = limiter.precheck("agent", Some(huge)).await.expect_err("the same body: never fits");
+    assert_eq!(again.limit, Limit::Tpm);
+    assert_eq!(again.retry_after, None);
+    assert_eq!(header(&again.headers, "x-should-retry"), Some("false"));
+    assert!(
+        again.message.contains("Request too large") && again.message.contains("requested 150"),
+        "{}",
+        again.message
+    );
+    assert!(limiter.precheck("agent", Some(other)).await.is_ok(), "another body is counted as usual");
+    assert!(limiter.precheck("agent", None).await.is_ok());
+
+    // A body refused for now: refused again until the bucket holds its count.
+    let _spent = limiter.admit("agent", 90).await.expect("90 of 100");
+    let later = body_fingerprint(b"a prompt of 50 tokens");
+    let denied = limiter.admit_body("agent", 50, Some(later)).await.expect_err("10 left");
+    assert_eq!(denied.retry_after, Some(Duration::from_secs(24)));
+    let again = limiter.precheck("agent", Some(later)).await.expect_err("still 10 left");
+    assert!(again.retry_after.is_some_and(|w| w > Duration::ZERO && w <= Duration::from_secs(24)));
+    assert!(header(&again.headers, "retry-after").is_some());
+    assert!(limiter.precheck("agent", Some(other)).await.is_ok(), "a small body may fit the 10 left");
+    clock.advance(Duration::from_secs(24));
+    assert!(limiter.precheck("agent", Some(later)).await.is_ok(), "the store says it fits now");
+    assert!(limiter.admit_body("agent", 50, Some(later)).await.is_ok());
+}
+
+#[tokio::test]
+async fn a_reload_forgets_refused_bodies() {
+    let (limiter, _clock) = limiter(&[("agent", tpm(100))]);
+    let huge = body_fingerprint(b"huge");
+    assert!(limiter.admit_body("agent", 150, Some(huge)).await.is_err());
+    limiter.configure([("agent".to_owned(), tpm(1000))], Limits::default());
+    assert!(limiter.precheck("agent", Some(huge)).await.is_ok(), "it fits the raised limit");
 }
 
 #[test]

@@ -449,11 +449,16 @@ pub fn figures_of_whole(body: &[u8]) -> Option<StreamFigures> {
 
 /// Records a whole answer: TTFT is the full response time, labelled `streaming="false"`.
 pub fn record_whole(record: RequestRecord, f: &StreamFigures, outcome: Outcome) {
+    record_answer(record, f, outcome, true);
+}
+
+/// As [`record_whole`]; `generates: false` (embeddings) observes no time to first token.
+pub fn record_answer(record: RequestRecord, f: &StreamFigures, outcome: Outcome, generates: bool) {
     let m = record.metrics().clone();
     let labels = [record.model.as_str(), record.backend.as_str()];
     let elapsed = record.arrived.elapsed().as_secs_f64();
     m.request_duration.with_label_values(&labels).observe(elapsed);
-    if outcome == Outcome::Ok {
+    if outcome == Outcome::Ok && generates {
         m.time_to_first_token.with_label_values(&[labels[0], labels[1], "false"]).observe(elapsed);
     }
     record_tokens(&m, &[labels[0], labels[1], record.client.as_str()], f);
