@@ -22,6 +22,9 @@ pub struct Metrics {
     pub queue_wait: HistogramVec,
     /// 1 while a managed backend is ready.
     pub backend_up: IntGaugeVec,
+    /// A managed backend's phase, one-hot: 1 for the `state` it is in (stopped, starting, ready,
+    /// draining, restarting, failed), 0 for the others.
+    pub backend_state: IntGaugeVec,
     /// Restarts of a managed backend, by reason (`crash`).
     pub backend_restarts: IntCounterVec,
     /// Times the scheduler stopped one GPU backend to start another.
@@ -102,6 +105,14 @@ impl Metrics {
             &["backend"],
         )
         .expect("static metric definition");
+        let backend_state = IntGaugeVec::new(
+            Opts::new(
+                "mlxgate_backend_state",
+                "A managed backend's phase: 1 for the state it is in (stopped, starting, ready, draining, restarting, failed).",
+            ),
+            &["backend", "state"],
+        )
+        .expect("static metric definition");
         let backend_restarts = IntCounterVec::new(
             Opts::new("mlxgate_backend_restarts_total", "Restarts of a managed backend, by reason."),
             &["backend", "reason"],
@@ -178,6 +189,7 @@ impl Metrics {
             Box::new(inflight.clone()),
             Box::new(queue_wait.clone()),
             Box::new(backend_up.clone()),
+            Box::new(backend_state.clone()),
             Box::new(backend_restarts.clone()),
             Box::new(backend_swaps.clone()),
             Box::new(backend_start_seconds.clone()),
@@ -203,6 +215,7 @@ impl Metrics {
             inflight,
             queue_wait,
             backend_up,
+            backend_state,
             backend_restarts,
             backend_swaps,
             backend_start_seconds,

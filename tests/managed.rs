@@ -53,6 +53,10 @@ async fn first_request_starts_the_backend_and_it_is_reported() {
     let port = free_port();
     let gw = gateway(&yaml(&[sim_backend("a", port, "")], &[("a", "a")], "")).await;
     assert_eq!(backend_state(&gw, "a").await["state"], "stopped");
+    eventually("a stopped backend's state is exported", || async {
+        metric(&gw, "mlxgate_backend_state{backend=\"a\",state=\"stopped\"}").await == Some(1.0)
+    })
+    .await;
     let ready = client().get(gw.url("/ready")).send().await.expect("send");
     assert_eq!(ready.status(), 200, "a stopped managed backend starts on demand: the gateway is ready");
     assert!(servers(SIM, &port.to_string()).is_empty());
@@ -63,6 +67,15 @@ async fn first_request_starts_the_backend_and_it_is_reported() {
     let state = backend_state(&gw, "a").await;
     assert_eq!(state["state"], "ready");
     assert_eq!(state["restarts"], 0);
+    // The phase is exported one-hot, for dashboards and alerts.
+    let phase = |s: &str| format!("mlxgate_backend_state{{backend=\"a\",state=\"{s}\"}}");
+    eventually("mlxgate_backend_state follows the phase", || async {
+        metric(&gw, &phase("ready")).await == Some(1.0) && metric(&gw, &phase("stopped")).await == Some(0.0)
+    })
+    .await;
+    for other in ["starting", "draining", "restarting", "failed"] {
+        assert_eq!(metric(&gw, &phase(other)).await, Some(0.0), "{other}");
+    }
     let pid = pid_of(&state);
     assert_eq!(servers(SIM, &port.to_string()), [pid], "the reported pid is the server's");
     let logs = client().get(gw.url("/admin/backends/a/logs")).send().await.expect("send").text().await.expect("text");

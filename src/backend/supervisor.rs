@@ -44,6 +44,22 @@ pub enum Phase {
 }
 
 impl Phase {
+    /// Every phase, in the order of a backend's life.
+    pub const ALL: [Phase; 6] =
+        [Phase::Stopped, Phase::Starting, Phase::Ready, Phase::Draining, Phase::Restarting, Phase::Failed];
+
+    /// The `state` label of `mlxgate_backend_state`.
+    pub fn label(self) -> &'static str {
+        match self {
+            Phase::Stopped => "stopped",
+            Phase::Starting => "starting",
+            Phase::Ready => "ready",
+            Phase::Draining => "draining",
+            Phase::Restarting => "restarting",
+            Phase::Failed => "failed",
+        }
+    }
+
     /// Whether the backend holds (or is about to hold) its resources, the GPU above all.
     pub fn is_running(self) -> bool {
         matches!(self, Phase::Starting | Phase::Ready | Phase::Draining | Phase::Restarting)
@@ -146,7 +162,7 @@ impl Supervisor {
         metrics: Metrics,
         changed: Arc<Notify>,
     ) -> Arc<Self> {
-        let (status, _) = watch::channel(Status {
+        let (status, states) = watch::channel(Status {
             phase: Phase::Stopped,
             pid: None,
             ready_since: None,
@@ -172,6 +188,7 @@ impl Supervisor {
             shutting_down: Arc::new(AtomicBool::new(false)),
         };
         let shutting_down = Arc::clone(&task.shutting_down);
+        tokio::spawn(export_phase(states, task.metrics.clone(), config.name.clone()));
         tokio::spawn(task.run());
         Arc::new(Supervisor { config, queue, logs, status, commands, changed, shutting_down })
     }
@@ -540,6 +557,20 @@ impl Task {
     fn set(&self, change: impl FnOnce(&mut Status)) {
         self.status.send_modify(change);
         self.changed.notify_one();
+    }
+}
+
+/// Keeps `mlxgate_backend_state{backend,state}` one-hot on the backend's phase, through every
+/// change of its status (whoever makes it), until the supervisor is gone.
+async fn export_phase(mut states: watch::Receiver<Status>, metrics: Metrics, backend: String) {
+    loop {
+        let phase = states.borrow_and_update().phase;
+        for each in Phase::ALL {
+            metrics.backend_state.with_label_values(&[&backend, each.label()]).set(i64::from(each == phase));
+        }
+        if states.changed().await.is_err() {
+            return;
+        }
     }
 }
 
