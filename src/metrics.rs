@@ -11,6 +11,8 @@ use prometheus::{
 #[derive(Clone)]
 pub struct Metrics {
     registry: Registry,
+    /// The name of every metric family declared, series or not yet.
+    families: std::sync::Arc<Vec<String>>,
     /// Finished requests by model, backend, client (a configured name or `anonymous`) and
     /// `outcome` (`ok` or an error type).
     pub requests: IntCounterVec,
@@ -80,6 +82,7 @@ impl Metrics {
     /// Declares every metric on a fresh registry.
     pub fn new() -> Self {
         let registry = Registry::new();
+        let mut families = Vec::new();
         let requests = IntCounterVec::new(
             Opts::new("mlxgate_requests_total", "Requests answered, by model, backend, client and outcome."),
             &["model", "backend", "client", "outcome"],
@@ -206,10 +209,12 @@ impl Metrics {
             Box::new(prompt_count_seconds.clone()),
             Box::new(rate_limited.clone()),
         ] {
+            families.extend(collector.desc().iter().map(|d| d.fq_name.clone()));
             registry.register(collector).expect("metric names are unique");
         }
         Metrics {
             registry,
+            families: std::sync::Arc::new(families),
             requests,
             queue_depth,
             inflight,
@@ -232,6 +237,12 @@ impl Metrics {
             prompt_count_seconds,
             rate_limited,
         }
+    }
+
+    /// The name of every metric family the gateway declares (a family appears in `/metrics`
+    /// from its first series on), for the dashboards' check that every name they use exists.
+    pub fn family_names(&self) -> &[String] {
+        &self.families
     }
 
     /// The Prometheus text exposition of every metric.

@@ -1,0 +1,314 @@
+#!/usr/bin/env python3
+"""Writes dashboards/mlxgate.json, the Grafana dashboard of mlxgate, from the panels below.
+
+    python3 dashboards/make-dashboard.py            # rewrites dashboards/mlxgate.json
+    python3 dashboards/make-dashboard.py --out F    # writes F instead (the tests compare)
+
+The panels are laid out to answer one question, top to bottom: "why is my agent slow right
+now — prefill, the queue, a model swap, or the server degrading?". Every panel says in its
+description what to do when it looks wrong. Only the standard library is used.
+"""
+
+import json
+import pathlib
+import sys
+
+DS = {"type": "prometheus", "uid": "${DS_PROMETHEUS}"}
+# Filters every query takes from the dashboard's variables ("All" is `.*`, which also matches
+# the empty label of a request refused before its model was known).
+M = 'model=~"$model"'
+B = 'backend=~"$backend"'
+C = 'client=~"$client"'
+RI = "$__rate_interval"
+
+panels = []
+next_id = iter(range(1, 1000))
+
+
+def row(title, y):
+    panels.append({"type": "row", "id": next(next_id), "title": title, "collapsed": False,
+                   "gridPos": {"h": 1, "w": 24, "x": 0, "y": y}, "panels": []})
+
+
+def target(expr, legend, ref):
+    return {"datasource": DS, "expr": expr, "legendFormat": legend, "refId": ref, "range": True}
+
+
+def timeseries(title, description, grid, targets, unit="short", min_zero=True, bars=False, extra=None):
+    custom = {"drawStyle": "bars" if bars else "line", "lineWidth": 1, "fillOpacity": 60 if bars else 10,
+              "showPoints": "never", "spanNulls": False, "axisSoftMin": 0 if min_zero else None}
+    panel = {
+        "type": "timeseries", "id": next(next_id), "title": title, "description": description,
+        "datasource": DS, "gridPos": grid,
+        "targets": [target(e, l, chr(ord("A") + i)) for i, (e, l) in enumerate(targets)],
+        "fieldConfig": {"defaults": {"unit": unit, "custom": custom, "color": {"mode": "palette-classic"}},
+                        "overrides": []},
+        "options": {"legend": {"displayMode": "list", "placement": "bottom", "showLegend": True},
+                    "tooltip": {"mode": "multi", "sort": "desc"}},
+    }
+    if extra:
+        extra(panel)
+    panels.append(panel)
+
+
+def grid(x, y, w, h=8):
+    return {"h": h, "w": w, "x": x, "y": y}
+
+
+def quantile(q, metric, by, filters, window=RI):
+    return (f"histogram_quantile({q}, sum by ({by}, le) "
+            f"(rate({metric}_bucket{{{filters}}}[{window}])))")
+
+
+# ---- Row 1: latency, as the agent feels it ------------------------------------------------
+row("Why is my agent slow? Time to first token, queue, decode speed, prompt cache", 0)
+timeseries(
+    "Time to first token p50 / p95 (streams)",
+    "From a request's arrival at the gateway to the first frame carrying generated output, for "
+    "streamed requests: queue wait + a swap or cold start if one was needed + the backend's "
+    "prefill. When p95 climbs, read across this row: a high queue-wait p95 means too many "
+    "requests for the backend's max_concurrency (add concurrency or a backend); an orange "
+    "swap or red restart marker at the same minute means the GPU changed hands (raise "
+    "swap_after, or stop alternating models); a falling cache hit ratio means long prompts are "
+    "prefilled from scratch (an agent's turn after a swap). None of these: the prompts grew "
+    "(prefill is linear in their length) — check the prompt tokens/s panel below.",
+    grid(0, 1, 12),
+    [(quantile(0.5, "mlxgate_time_to_first_token_seconds", "model", f'{M}, {B}, streaming="true"'), "{{model}} p50"),
+     (quantile(0.95, "mlxgate_time_to_first_token_seconds", "model", f'{M}, {B}, streaming="true"'), "{{model}} p95")],
+    unit="s")
+timeseries(
+    "Queue wait p95",
+    "Time a request waited in its model's queue for a slot at the backend (a cold start or a "
+    "swap counts: the slot opens when the backend is ready). Near zero is normal. When it "
+    "rises, the backend is saturated: requests arrive faster than max_concurrency lets them "
+    "in. Raise max_concurrency if the server batches (mlx_lm.server, vllm-mlx with "
+    "--continuous-batching), spread clients with per-client concurrency limits, or add a "
+    "backend. If it rises together with swaps, two GPU models are competing for the GPU.",
+    grid(12, 1, 12),
+    [(quantile(0.95, "mlxgate_queue_wait_seconds", "model", M), "{{model}} p95"),
+     (quantile(0.5, "mlxgate_queue_wait_seconds", "model", M), "{{model}} p50")],
+    unit="s")
+timeseries(
+    "Decode speed p50 (tokens/s per stream)",
+    "Median decode speed of a stream, measured by the gateway from the arrival of its tokens: "
+    "(tokens - 1) / (last token - first token), never from frame counts. A drop with the "
+    "same model means the server degrades: memory pressure (swapping to disk), thermal "
+    "throttling, or several streams sharing the GPU (compare in-flight). A server that sends "
+    "its tokens in bursts gives no sample (see the bursts panel beside).",
+    grid(0, 9, 9),
+    [(quantile(0.5, "mlxgate_generation_tokens_per_second", "backend", f"{M}, {B}"), "{{backend}} p50")],
+    unit="none")
+timeseries(
+    "Streams in bursts",
+    "Streams whose tokens mostly arrived in one read: the server (or a proxy before the "
+    "gateway) buffered them, so the client saw nothing and then everything. No decode-speed "
+    "sample is taken from them. Steady bursts from one backend: it is buffering its stream "
+    "(a proxy with buffering on, or a server that does not flush) — the agent's output "
+    "appears in lumps.",
+    grid(9, 9, 3),
+    [(f"sum by (backend) (increase(mlxgate_stream_bursts_total{{{B}}}[{RI}]))", "{{backend}}")],
+    bars=True)
+timeseries(
+    "Prompt-cache hit ratio",
+    "Share of prompt tokens the server took from its prompt cache "
+    "(usage.prompt_tokens_details.cached_tokens over usage.prompt_tokens). An agent resends "
+    "its whole conversation every turn, so a healthy session stays high. A drop right after "
+    "a swap or restart is the cache being lost with the process: the next turns prefill "
+    "everything (slow TTFT). A drop without one: the client changed the start of its prompt "
+    "(a new system prompt, tool list or date line), or several sessions evict each other "
+    "from the cache. Servers that do not report cached tokens (vllm-mlx) show nothing; "
+    "mlx-openai-server counts cached tokens outside prompt_tokens, so its ratio can exceed 1.",
+    grid(12, 9, 12),
+    [(f"sum by (backend) (rate(mlxgate_prompt_cached_tokens_total{{{M}, {B}}}[{RI}])) / "
+      f"sum by (backend) (rate(mlxgate_prompt_tokens_total{{{M}, {B}}}[{RI}]))", "{{backend}}")],
+    unit="percentunit")
+
+# ---- Row 2: the backends ------------------------------------------------------------------
+row("Backends: state, swaps, restarts, load", 17)
+STATES = ["stopped", "starting", "ready", "draining", "restarting", "failed"]
+state_expr = " + ".join(
+    f'(max by (backend) (mlxgate_backend_state{{{B}, state="{s}"}}) * {i})' for i, s in enumerate(STATES))
+COLORS = ["#808080", "#FADE2A", "#73BF69", "#5794F2", "#FF9830", "#F2495C"]
+
+
+def state_timeline(panel):
+    panel["type"] = "state-timeline"
+    panel["fieldConfig"]["defaults"] = {
+        "color": {"mode": "thresholds"},
+        "thresholds": {"mode": "absolute", "steps": [{"color": "#808080", "value": None}]},
+        "mappings": [{"type": "value", "options": {
+            str(i): {"text": s, "color": COLORS[i], "index": i} for i, s in enumerate(STATES)}}],
+        "custom": {"fillOpacity": 80, "lineWidth": 0},
+    }
+    panel["options"] = {"showValue": "auto", "mergeValues": True, "rowHeight": 0.8,
+                        "legend": {"displayMode": "list", "placement": "bottom", "showLegend": True},
+                        "tooltip": {"mode": "single"}}
+
+
+timeseries(
+    "Backend state over time",
+    "Each managed backend's phase: stopped (idle or swapped out), starting (spawned, loading "
+    "the model and warming up), ready, draining (finishing requests before a stop), restarting "
+    "(crashed, waiting out its backoff) and failed (crashed too often: it waits for POST "
+    "/admin/backends/NAME/restart). Two GPU backends alternating quickly between starting and "
+    "stopped are thrashing: raise swap_after or max_wait, or give one of the models its own "
+    "machine. Restarting or failed: read GET /admin/backends/NAME/logs for the server's last "
+    "words (out of memory, a missing model file).",
+    grid(0, 18, 24, 6),
+    [(state_expr, "{{backend}}")],
+    extra=state_timeline)
+timeseries(
+    "Requests in flight per backend",
+    "Requests holding a slot at each backend (from dispatch until their response ends). Flat "
+    "at max_concurrency with a growing queue: the backend is the bottleneck. Above 1 on a "
+    "server that does not batch (mlx-openai-server, vllm-mlx without --continuous-batching): "
+    "streams share the GPU and each one decodes slower.",
+    grid(0, 24, 8),
+    [(f"sum by (backend) (mlxgate_inflight_requests{{{B}}})", "{{backend}}")])
+timeseries(
+    "Queue depth per model",
+    "Requests waiting for a slot. Requests beyond max_queue get 503 server_overloaded with "
+    "Retry-After; waits beyond max_wait too. A queue that never drains: the backend is too "
+    "slow for the traffic, or stuck (check its state above and its logs).",
+    grid(8, 24, 8),
+    [(f"sum by (model) (mlxgate_queue_depth{{{M}}})", "{{model}}")])
+timeseries(
+    "Restarts and GPU swaps",
+    "Restarts of managed backends by reason (crash: the process died; health: it stopped "
+    "answering its health check and was restarted) and swaps (one GPU backend stopped so "
+    "another could start). Each also marks the latency panels. Restarts in a loop: the server "
+    "cannot stay up (memory, a bad flag); swaps every minute: two models are asked for in "
+    "turn — batch by model, or raise swap_after.",
+    grid(16, 24, 8),
+    [(f"sum by (backend, reason) (increase(mlxgate_backend_restarts_total{{{B}}}[{RI}]))",
+      "restart {{backend}} ({{reason}})"),
+     (f"sum(increase(mlxgate_backend_swaps_total[{RI}]))", "swaps")],
+    bars=True)
+
+# ---- Row 3: traffic -----------------------------------------------------------------------
+row("Traffic: requests, outcomes, tokens", 32)
+timeseries(
+    "Requests by outcome",
+    "Requests answered per second by outcome: ok; client_closed (the client left before the "
+    "end: agents cancel, or their timeout is shorter than the answer); rate_limited (429); "
+    "server_overloaded (503: queue full or max_wait); backend_error, backend_timeout, "
+    "stream_error (the server failed, hung, or cut a stream); backend_rejected (the server "
+    "refused the request, 4xx); invalid_request_error (a bad request, e.g. over the context "
+    "cap). Anything but ok and client_closed rising: read the gateway's log at that minute.",
+    grid(0, 33, 12),
+    [(f"sum by (outcome) (rate(mlxgate_requests_total{{{M}, {B}, {C}}}[{RI}]))", "{{outcome}}")],
+    unit="reqps")
+timeseries(
+    "Prompt and generation tokens/s",
+    "Tokens per second through the gateway, from the backends' usage: prompt tokens "
+    "(prefill work) and generated tokens (decode). Prompt tokens/s far above generated is "
+    "normal for agents (whole conversations resent each turn) — that is what the prompt "
+    "cache saves. Generated tokens/s that falls while requests keep coming: the backends slow "
+    "down (see decode speed) or answers are cut short.",
+    grid(12, 33, 12),
+    [(f"sum by (model) (rate(mlxgate_prompt_tokens_total{{{M}, {B}, {C}}}[{RI}]))", "{{model}} prompt"),
+     (f"sum by (model) (rate(mlxgate_generation_tokens_total{{{M}, {B}, {C}}}[{RI}]))", "{{model}} generated")],
+    unit="none")
+
+# ---- Row 4: clients, limits, context ------------------------------------------------------
+row("Clients, rate limits and context caps", 41)
+timeseries(
+    "Requests per client",
+    "Requests per second by client (the names in gateway.yaml's clients:, or anonymous). "
+    "One client far above the others is the one to give a limit (rpm, tpm, concurrency).",
+    grid(0, 42, 8),
+    [(f"sum by (client) (rate(mlxgate_requests_total{{{M}, {B}, {C}}}[{RI}]))", "{{client}}")],
+    unit="reqps")
+timeseries(
+    "Rate-limited requests per client",
+    "429 rate_limit_exceeded per second by client and limit (rpm, tpm, concurrency). Clients "
+    "read Retry-After and retry by themselves; steady refusals mean the limit is below what "
+    "the client needs (raise it in gateway.yaml and send SIGHUP) or the client is a runaway "
+    "agent (leave it limited: that is what the limit is for).",
+    grid(8, 42, 8),
+    [(f"sum by (client, limit) (rate(mlxgate_rate_limited_total{{{C}}}[{RI}]))", "{{client}} {{limit}}")],
+    unit="reqps")
+timeseries(
+    "Context overflows by action",
+    "Prompts over their backend's context cap, by the model's on_overflow action: reject (400 "
+    "context_length_exceeded to the client), middle_out (messages removed from the middle) "
+    "or chunk (map-reduce over pieces). Rejections a client keeps meeting: switch its model "
+    "to middle_out, or give it a model with a longer context.",
+    grid(16, 42, 8),
+    [(f"sum by (model, action) (increase(mlxgate_context_overflow_total{{{M}}}[{RI}]))", "{{model}} {{action}}")],
+    bars=True)
+timeseries(
+    "Usage mismatches and unknown token counts",
+    "Answers whose usage disagrees with the output the gateway saw (a server that counts "
+    "wrong or a stream cut after its usage), and answers that reported no usage at all (their "
+    "tokens cannot be counted, nor charged to a client's tpm). Steady mismatches from one "
+    "backend: its token figures cannot be trusted — report it upstream.",
+    grid(0, 50, 12),
+    [(f"sum by (backend) (increase(mlxgate_usage_mismatch_total{{{B}}}[{RI}]))", "mismatch {{backend}}"),
+     (f"sum by (backend) (increase(mlxgate_generation_tokens_unknown_total{{{M}, {B}}}[{RI}]))",
+      "no usage {{backend}}")],
+    bars=True)
+timeseries(
+    "Prompt counting time p95",
+    "Time the gateway took to count a prompt's tokens with the model's tokenizer and chat "
+    "template (before the queue, for the context cap and tpm). Milliseconds are normal for "
+    "long prompts; tens of milliseconds on every request mean huge prompts or a gateway "
+    "short of CPU (it shares the machine with the server).",
+    grid(12, 50, 12),
+    [(quantile(0.95, "mlxgate_prompt_count_seconds", "model", M), "{{model}} p95")],
+    unit="s")
+
+
+def variable(name, label, query):
+    return {"name": name, "label": label, "type": "query", "datasource": DS,
+            "query": {"query": query, "refId": f"{name}-values"}, "definition": query,
+            "refresh": 2, "multi": True, "includeAll": True, "allValue": ".*",
+            "current": {"selected": True, "text": ["All"], "value": ["$__all"]}, "sort": 1}
+
+
+dashboard = {
+    "__inputs": [{"name": "DS_PROMETHEUS", "label": "Prometheus", "description": "The Prometheus that scrapes mlxgate",
+                  "type": "datasource", "pluginId": "prometheus", "pluginName": "Prometheus"}],
+    "__requires": [
+        {"type": "grafana", "id": "grafana", "name": "Grafana", "version": "10.4.0"},
+        {"type": "datasource", "id": "prometheus", "name": "Prometheus", "version": "1.0.0"},
+        {"type": "panel", "id": "timeseries", "name": "Time series", "version": ""},
+        {"type": "panel", "id": "state-timeline", "name": "State timeline", "version": ""},
+    ],
+    "annotations": {"list": [
+        {"builtIn": 1, "datasource": {"type": "grafana", "uid": "-- Grafana --"}, "enable": True, "hide": True,
+         "iconColor": "rgba(0, 211, 255, 1)", "name": "Annotations & Alerts", "type": "dashboard"},
+        {"name": "GPU swaps", "datasource": DS, "enable": True, "iconColor": "orange",
+         "expr": f"sum(increase(mlxgate_backend_swaps_total[{RI}])) > 0", "step": "10s",
+         "titleFormat": "GPU swap", "textFormat": "a GPU backend was stopped for another to start"},
+        {"name": "Backend restarts", "datasource": DS, "enable": True, "iconColor": "red",
+         "expr": f"sum by (backend, reason) (increase(mlxgate_backend_restarts_total{{{B}}}[{RI}])) > 0",
+         "step": "10s", "titleFormat": "restart", "textFormat": "{{backend}} restarted ({{reason}})"},
+    ]},
+    "description": "mlxgate: the gateway in front of local MLX servers. Why is an agent slow right now?",
+    "editable": True,
+    "graphTooltip": 1,
+    "links": [],
+    "panels": panels,
+    "refresh": "10s",
+    "schemaVersion": 39,
+    "tags": ["mlxgate", "mlx", "llm"],
+    "templating": {"list": [
+        # Resolves ${DS_PROMETHEUS} when the file is provisioned rather than imported.
+        {"name": "DS_PROMETHEUS", "label": "Prometheus", "type": "datasource", "query": "prometheus",
+         "current": {}, "hide": 0, "refresh": 1},
+        variable("model", "Model", "label_values(mlxgate_requests_total, model)"),
+        variable("backend", "Backend", "label_values(mlxgate_requests_total, backend)"),
+        variable("client", "Client", "label_values(mlxgate_requests_total, client)"),
+    ]},
+    "time": {"from": "now-1h", "to": "now"},
+    "timepicker": {},
+    "timezone": "",
+    "title": "mlxgate",
+    "uid": "mlxgate",
+    "version": 1,
+}
+
+out = pathlib.Path(sys.argv[2]) if sys.argv[1:2] == ["--out"] else pathlib.Path(__file__).with_name("mlxgate.json")
+out.write_text(json.dumps(dashboard, indent=2) + "\n")
+print(f"wrote {out} ({len([p for p in panels if p['type'] != 'row'])} panels)")
