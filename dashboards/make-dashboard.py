@@ -163,14 +163,14 @@ timeseries(
     "at max_concurrency with a growing queue: the backend is the bottleneck. Above 1 on a "
     "server that does not batch (mlx-openai-server, vllm-mlx without --continuous-batching): "
     "streams share the GPU and each one decodes slower.",
-    grid(0, 24, 8),
+    grid(0, 24, 6),
     [(f"sum by (backend) (mlxgate_inflight_requests{{{B}}})", "{{backend}}")])
 timeseries(
     "Queue depth per model",
     "Requests waiting for a slot. Requests beyond max_queue get 503 server_overloaded with "
     "Retry-After; waits beyond max_wait too. A queue that never drains: the backend is too "
     "slow for the traffic, or stuck (check its state above and its logs).",
-    grid(8, 24, 8),
+    grid(6, 24, 6),
     [(f"sum by (model) (mlxgate_queue_depth{{{M}}})", "{{model}}")])
 timeseries(
     "Restarts and GPU swaps",
@@ -179,11 +179,21 @@ timeseries(
     "another could start). Each also marks the latency panels. Restarts in a loop: the server "
     "cannot stay up (memory, a bad flag); swaps every minute: two models are asked for in "
     "turn — batch by model, or raise swap_after.",
-    grid(16, 24, 8),
+    grid(12, 24, 6),
     [(f"sum by (backend, reason) (increase(mlxgate_backend_restarts_total{{{B}}}[{RI}]))",
       "restart {{backend}} ({{reason}})"),
      (f"sum(increase(mlxgate_backend_swaps_total[{RI}]))", "swaps")],
     bars=True)
+timeseries(
+    "Backend start time p95",
+    "Time from spawning a managed server to its readiness, warm-up completion included: what "
+    "a cold start or a swap costs the first request that waits for it. It grows with the "
+    "model's size and the disk's speed (the first load after a reboot reads from disk; later "
+    "ones from the page cache). If it is most of your slow first tokens, avoid the swaps "
+    "(swap_after, idle_timeout) rather than the load.",
+    grid(18, 24, 6),
+    [(quantile(0.95, "mlxgate_backend_start_seconds", "backend", B), "{{backend}} p95")],
+    unit="s")
 
 # ---- Row 3: traffic -----------------------------------------------------------------------
 row("Traffic: requests, outcomes, tokens", 32)
