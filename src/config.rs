@@ -3,8 +3,12 @@
 //!
 //! Every problem in a file is reported at once, each with its YAML path
 //! (`models.qwen.backend: no backend named "qwen-local"`), so a user fixes the file in one pass.
+//! Clients, keys and limits are checked in [`clients`].
 
-use std::collections::BTreeMap;
+mod clients;
+
+use std::cell::RefCell;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -16,6 +20,8 @@ use serde_yaml::Value;
 
 use crate::backend::profile::{Kind, fill_template};
 use crate::tokens::OnOverflow;
+
+pub use clients::{ANONYMOUS, AuthMode, ClientConfig, KeyHash, Limits, RateLimitStore, RedisUrl};
 
 /// The validated configuration. Built once before binding; never mutated.
 #[derive(Debug, Clone)]
@@ -40,6 +46,19 @@ pub struct Config {
     pub swap_after: Duration,
     pub backends: BTreeMap<String, BackendConfig>,
     pub models: BTreeMap<String, ModelConfig>,
+    /// Whether requests must carry a configured client's key (default: `Required` when
+    /// clients are configured, else `Off`).
+    pub auth: AuthMode,
+    /// The configured clients, by name.
+    pub clients: BTreeMap<String, ClientConfig>,
+    /// The limits of a client that does not set them (each limit on its own), and of every
+    /// request when auth is off.
+    pub default_limits: Limits,
+    /// The digest of the key `/admin/*` requires; without one, `/admin/*` answers loopback
+    /// peers only.
+    pub admin_key: Option<KeyHash>,
+    /// Where rate-limit state lives (default: memory).
+    pub rate_limit_store: RateLimitStore,
 }
 
 /// An OpenAI-compatible server the gateway forwards to.
@@ -208,6 +227,12 @@ struct RawConfig {
     backends: BTreeMap<String, Value>,
     #[serde(default)]
     models: BTreeMap<String, Value>,
+    auth: Option<Value>,
+    #[serde(default)]
+    clients: BTreeMap<String, Value>,
+    default_limits: Option<Value>,
+    admin_key_sha256: Option<Value>,
+    rate_limit_store: Option<Value>,
 }
 
 #[derive(Deserialize)]
@@ -316,9 +341,21 @@ fn parse_size(text: &str) -> Option<usize> {
 impl Config {
     /// Reads, substitutes `${VAR}` from the process environment, and validates a file.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        Config::load_with(path, None)
+    }
+
+    /// As [`load`](Config::load), for a file meant for another process's environment (`mlxgate
+    /// reload` checks the running gateway's file): a `${VAR}` without a default that is unset
+    /// here gets a placeholder and its name goes into `unset`, rather than being a problem.
+    pub fn load_elsewhere(path: &Path, unset: &RefCell<BTreeSet<String>>) -> Result<Config, ConfigError> {
+        Config::load_with(path, Some(unset))
+    }
+
+    fn load_with(path: &Path, unset: Option<&RefCell<BTreeSet<String>>>) -> Result<Config, ConfigError> {
         let text = std::fs::read_to_string(path)
             .map_err(|source| ConfigError::Read { path: path.display().to_string(), source })?;
-        let mut config = Config::parse(&text, &|name| std::env::var(name).ok())?;
+        let env = Env { lookup: &|name| std::env::var(name).ok(), unset };
+        let mut config = Config::parse_env(&text, &env)?;
         // Relative paths (venv, model, command) are relative to the file that names them.
         let base = match path.parent() {
             Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
@@ -343,6 +380,10 @@ impl Config {
 
     /// Parses YAML text; `env` answers `${VAR}` look-ups (tests pass their own).
     pub fn parse(text: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<Config, ConfigError> {
+        Config::parse_env(text, &Env { lookup: env, unset: None })
+    }
+
+    fn parse_env(text: &str, env: &Env<'_>) -> Result<Config, ConfigError> {
         let mut problems = Vec::new();
         let mut root: Value = serde_yaml::from_str(text)
             .map_err(|e| ConfigError::Invalid(vec![Problem { path: "(file)".into(), reason: e.to_string() }]))?;
@@ -514,6 +555,17 @@ fn validate(raw: RawConfig, problems: &mut Vec<Problem>) -> Option<Config> {
             reason: "must be larger than 0 (every request has a body)".into(),
         });
     }
+    let access = clients::validate(
+        clients::RawAccess {
+            auth: raw.auth,
+            clients: raw.clients,
+            default_limits: raw.default_limits,
+            admin_key_sha256: raw.admin_key_sha256,
+            rate_limit_store: raw.rate_limit_store,
+        },
+        &models,
+        problems,
+    );
     Some(Config {
         listen: listen?,
         metrics_listen,
@@ -525,6 +577,11 @@ fn validate(raw: RawConfig, problems: &mut Vec<Problem>) -> Option<Config> {
         max_connections_per_client,
         backends,
         models,
+        auth: access.auth,
+        clients: access.clients,
+        default_limits: access.default_limits,
+        admin_key: access.admin_key,
+        rate_limit_store: access.rate_limit_store,
     })
 }
 
@@ -753,18 +810,24 @@ fn validate_health(raw: Option<RawHealth>, problem: &mut impl FnMut(&str, String
     health
 }
 
+/// Where `${VAR}` values come from.
+struct Env<'a> {
+    lookup: &'a dyn Fn(&str) -> Option<String>,
+    /// `Some`: an unset variable without a default is noted here and replaced by a placeholder
+    /// (the file is for another process's environment); `None`: it is a problem.
+    unset: Option<&'a RefCell<BTreeSet<String>>>,
+}
+
 /// Replaces `${VAR}` and `${VAR:-default}` in every string value; `$${` stays a literal `${`.
 /// A scalar that was only a placeholder is re-read as YAML, so `port: ${PORT}` gives a number.
-fn substitute_env(
-    value: &mut Value,
-    path: &mut Vec<String>,
-    env: &dyn Fn(&str) -> Option<String>,
-    problems: &mut Vec<Problem>,
-) {
+fn substitute_env(value: &mut Value, path: &mut Vec<String>, env: &Env<'_>, problems: &mut Vec<Problem>) {
     match value {
         Value::String(s) if s.contains('$') => match expand(s, env) {
             Ok(expanded) => {
-                let whole = s.starts_with("${") && s.ends_with('}') && s.matches("${").count() == 1;
+                let whole = s.starts_with("${")
+                    && s.ends_with('}')
+                    && s.matches("${").count() == 1
+                    && !clients::is_clear_key(path);
                 *value = if whole {
                     serde_yaml::from_str::<Value>(&expanded)
                         .ok()
@@ -794,7 +857,7 @@ fn substitute_env(
     }
 }
 
-fn expand(text: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<String, String> {
+fn expand(text: &str, env: &Env<'_>) -> Result<String, String> {
     let mut out = String::with_capacity(text.len());
     let mut rest = text;
     while let Some(pos) = rest.find('$') {
@@ -813,9 +876,16 @@ fn expand(text: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<String, St
             if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
                 return Err(format!("${{{inner}}} is not a variable name"));
             }
-            match (env(name).filter(|v| !v.is_empty() || default.is_none()), default) {
+            match ((env.lookup)(name).filter(|v| !v.is_empty() || default.is_none()), default) {
                 (Some(v), _) => out.push_str(&v),
                 (None, Some(d)) => out.push_str(d),
+                (None, None) if env.unset.is_some() => {
+                    if let Some(unset) = env.unset {
+                        unset.borrow_mut().insert(name.to_owned());
+                    }
+                    out.push_str("unset-here-");
+                    out.push_str(name);
+                }
                 (None, None) => {
                     return Err(format!(
                         "environment variable {name} is not set (write ${{{name}:-default}} for a default)"

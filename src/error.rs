@@ -9,6 +9,8 @@ use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use serde_json::json;
 
+use crate::limits::{Denied, Limit};
+
 /// A request's failure, as the client sees it.
 #[derive(Debug, thiserror::Error)]
 pub enum GatewayError {
@@ -31,6 +33,20 @@ pub enum GatewayError {
     /// A bug or a broken invariant inside the gateway (logged).
     #[error("The gateway failed on this request: {0}")]
     Internal(String),
+    /// The request carries no configured client's key (auth required), or not the admin key.
+    /// The message never quotes the key sent.
+    #[error("{}", .0.message())]
+    InvalidApiKey(KeyProblem),
+    /// `/admin/*` from another machine while no `admin_key_sha256` is set.
+    #[error(
+        "The admin API answers only clients on the gateway's own machine, not through a proxy; set \
+         admin_key_sha256 in gateway.yaml to use it from elsewhere."
+    )]
+    AdminForbidden,
+    /// The client is over one of its rate limits (429 `rate_limit_exceeded`, with OpenAI's
+    /// `x-ratelimit-*` headers and `Retry-After`/`retry-after-ms` or `x-should-retry: false`).
+    #[error("{}", .0.message)]
+    RateLimited(Box<Denied>),
     /// `model` names no configured model.
     #[error("The model `{0}` does not exist or you do not have access to it.")]
     ModelNotFound(String),
@@ -90,7 +106,16 @@ impl GatewayError {
             GatewayError::ContextLengthExceeded { .. } => {
                 (StatusCode::BAD_REQUEST, "invalid_request_error", Some("context_length_exceeded"))
             }
+            GatewayError::InvalidApiKey(_) => {
+                (StatusCode::UNAUTHORIZED, "invalid_request_error", Some("invalid_api_key"))
+            }
+            GatewayError::AdminForbidden => (StatusCode::FORBIDDEN, "invalid_request_error", Some("admin_forbidden")),
             GatewayError::ModelNotFound(_) => (StatusCode::NOT_FOUND, "invalid_request_error", Some("model_not_found")),
+            // OpenAI's types: `requests` for a request limit, `tokens` for a token limit.
+            GatewayError::RateLimited(denied) => {
+                let kind = if denied.limit == Limit::Tpm { "tokens" } else { "requests" };
+                (StatusCode::TOO_MANY_REQUESTS, kind, Some("rate_limit_exceeded"))
+            }
             GatewayError::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "server_error", Some("internal_error")),
             GatewayError::UnknownBackend(_) => {
                 (StatusCode::NOT_FOUND, "invalid_request_error", Some("backend_not_found"))
@@ -147,6 +172,31 @@ impl GatewayError {
     /// The final SSE event sent when a stream fails after it began.
     pub fn sse_event(&self) -> Bytes {
         Bytes::from(format!("data: {}\n\n", self.body()))
+    }
+}
+
+/// What is wrong with the key of a refused request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyProblem {
+    /// No `Authorization: Bearer …` nor `x-api-key` header.
+    Missing,
+    /// A key that is no configured client's (or not the admin key).
+    Incorrect,
+}
+
+impl KeyProblem {
+    /// OpenAI's words, without the key (OpenAI quotes part of it; a gateway's log and a proxy's
+    /// error page should not).
+    fn message(self) -> &'static str {
+        match self {
+            KeyProblem::Missing => {
+                "You didn't provide an API key. You need to provide your API key in an Authorization header using \
+                 Bearer auth (i.e. Authorization: Bearer YOUR_KEY), or in an x-api-key header."
+            }
+            KeyProblem::Incorrect => {
+                "Incorrect API key provided. Ask the operator of this gateway for a key (clients: in gateway.yaml)."
+            }
+        }
     }
 }
 
@@ -266,6 +316,14 @@ impl IntoResponse for GatewayError {
             // The body was not read: the connection cannot carry another request.
             response.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
         }
+        if matches!(self, GatewayError::InvalidApiKey(_)) {
+            // RFC 9110: a 401 names the scheme that would be accepted.
+            response.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
+        if let GatewayError::RateLimited(denied) = &self {
+            // x-ratelimit-*, Retry-After and retry-after-ms (or x-should-retry: false).
+            response.headers_mut().extend(denied.headers.clone());
+        }
         if let Some(after) = self.retry_after() {
             let secs = after.as_secs().max(1);
             response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(secs));
@@ -303,6 +361,9 @@ mod tests {
             GatewayError::BackendTimeout { backend: "b".into(), after: Duration::from_secs(5) },
             GatewayError::BackendStalled { backend: "b".into(), after: Duration::from_secs(5) },
             GatewayError::ShuttingDown,
+            GatewayError::InvalidApiKey(KeyProblem::Missing),
+            GatewayError::InvalidApiKey(KeyProblem::Incorrect),
+            GatewayError::AdminForbidden,
         ];
         for e in cases {
             let body = e.body();
@@ -357,11 +418,48 @@ mod tests {
         assert_eq!(v, serde_json::from_slice::<serde_json::Value>(rapid).expect("json"));
     }
 
+    #[tokio::test]
+    async fn a_rate_limited_request_is_429_with_the_limiters_headers() {
+        use std::num::NonZeroU32;
+
+        use crate::limits::{Limiter, Limits, MemoryStore};
+        let limiter = Limiter::new(std::sync::Arc::new(MemoryStore::default()));
+        let limits = Limits { tpm: NonZeroU32::new(100), ..Limits::default() };
+        limiter.configure([("agent".to_owned(), limits)], Limits::default());
+        let _first = limiter.admit("agent", 100).await.expect("fits");
+        let denied = limiter.admit("agent", 10).await.expect_err("spent");
+        let e = GatewayError::RateLimited(Box::new(denied));
+        assert_eq!(e.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(e.body()["error"]["type"], "tokens");
+        assert_eq!(e.body()["error"]["code"], "rate_limit_exceeded");
+        assert!(e.body()["error"]["message"].as_str().is_some_and(|m| m.contains("tokens per min (TPM)")));
+        assert_eq!(crate::outcome::Outcome::from(&e).label(), "rate_limited");
+        let response = e.into_response();
+        let value = |name: &str| response.headers()[name].to_str().ok().and_then(|v| v.parse::<u64>().ok());
+        assert!(value("retry-after").is_some_and(|s| (1..=6).contains(&s)), "10 tokens at 100/min: 6 s at most");
+        assert!(value("retry-after-ms").is_some_and(|ms| (1..=6000).contains(&ms)));
+        assert_eq!(response.headers()["x-ratelimit-limit-tokens"], "100");
+        assert_eq!(response.headers().get_all(header::RETRY_AFTER).iter().count(), 1);
+    }
+
     #[test]
     fn model_not_found_uses_openai_wording() {
         let e = GatewayError::ModelNotFound("gpt-9".into());
         assert_eq!(e.status(), StatusCode::NOT_FOUND);
         assert_eq!(e.body()["error"]["code"], "model_not_found");
         assert_eq!(e.body()["error"]["message"], "The model `gpt-9` does not exist or you do not have access to it.");
+    }
+
+    #[test]
+    fn a_refused_key_is_401_invalid_api_key_with_www_authenticate() {
+        for problem in [KeyProblem::Missing, KeyProblem::Incorrect] {
+            let e = GatewayError::InvalidApiKey(problem);
+            assert_eq!(e.status(), StatusCode::UNAUTHORIZED);
+            assert_eq!(e.body()["error"]["code"], "invalid_api_key");
+            assert_eq!(e.body()["error"]["type"], "invalid_request_error");
+            let response = e.into_response();
+            assert_eq!(response.headers()[header::WWW_AUTHENTICATE], "Bearer");
+        }
+        assert_eq!(GatewayError::AdminForbidden.status(), StatusCode::FORBIDDEN);
     }
 }

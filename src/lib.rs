@@ -6,12 +6,16 @@
 
 pub mod accept;
 pub mod api;
+pub mod auth;
 pub mod backend;
 pub mod config;
 pub mod dispatch;
 pub mod error;
+pub mod limits;
+pub mod log_throttle;
 pub mod metrics;
 pub mod outcome;
+pub mod reload;
 pub mod sim;
 pub mod stream;
 pub mod tokens;
@@ -36,6 +40,31 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send + 'static,
     keeper: PathBuf,
 ) -> std::io::Result<()> {
+    serve_with(config, listener, shutdown, keeper, None).await
+}
+
+/// As [`serve`], for `mlxgate serve`: `config` was loaded from `path`, which is re-read on
+/// SIGHUP to put new keys, clients and limits in force (see [`reload`]); the gateway's pid file
+/// (for `mlxgate reload`) exists while it serves.
+pub async fn serve_file(
+    config: Config,
+    path: PathBuf,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+    keeper: PathBuf,
+) -> std::io::Result<()> {
+    // Before anything can find the gateway: SIGHUP's default action ends the process.
+    let reloader = reload::Reloader::install(path)?;
+    serve_with(config, listener, shutdown, keeper, Some(reloader)).await
+}
+
+async fn serve_with(
+    config: Config,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+    keeper: PathBuf,
+    reloader: Option<reload::Reloader>,
+) -> std::io::Result<()> {
     let grace = config.shutdown_grace;
     let metrics_listen = config.metrics_listen;
     let limits = accept::ConnectionLimits {
@@ -52,8 +81,13 @@ pub async fn serve(
     tracing::info!(
         listen = %listener.local_addr()?,
         models = ?config.models.keys().collect::<Vec<_>>(),
+        auth = ?config.auth,
+        clients = config.clients.len(),
         "mlxgate serving"
     );
+    if config.auth == config::AuthMode::Off && !listener.local_addr()?.ip().is_loopback() {
+        tracing::warn!("auth is off on a non-loopback address: anyone who can reach it is served (configure clients)");
+    }
     // Tokenizers load on a thread of their own that ends at once: the allocator returns what
     // parsing a 33 MB tokenizer.json left behind (470 MB resident for Qwen's vocabulary) when its
     // thread exits, not ten seconds later as with a pooled blocking thread.
@@ -65,7 +99,25 @@ pub async fn serve(
             .map_err(std::io::Error::other)?
             .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e.to_string()))?
     };
-    let state = AppState::new(config, keeper, tokens);
+    // The store's error quotes the URL, password and all: say which store, redacted.
+    let limiter = limits::Limiter::for_config(&config).map_err(|_| {
+        let store = match &config.rate_limit_store {
+            config::RateLimitStore::Memory => "memory".to_owned(),
+            config::RateLimitStore::Redis(url) => url.redacted(),
+        };
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!("rate_limit_store: the Redis client refuses {store}"),
+        )
+    })?;
+    let state = AppState::new(config, keeper, tokens, limiter);
+    let reloading = reloader.map(|r| {
+        let port = listener.local_addr().map_or(0, |a| a.port());
+        let pid_file = reload::PidFile::create(port)
+            .map_err(|e| tracing::warn!(port, "cannot write the pid file (mlxgate reload needs --pid): {e}"))
+            .ok();
+        (tokio::spawn(r.run(Arc::clone(&state))), pid_file)
+    });
     let metrics_server = match metrics_listen {
         Some(addr) => {
             let listener = TcpListener::bind(addr)
@@ -87,6 +139,10 @@ pub async fn serve(
     accept::serve(app(state.clone()), listener, limits, shutdown, grace, move || cutoff.cut()).await;
     if let Some(server) = metrics_server {
         server.abort();
+    }
+    if let Some((task, pid_file)) = reloading {
+        task.abort();
+        drop(pid_file);
     }
     state.dispatch.shutdown().await;
     Ok(())

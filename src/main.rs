@@ -1,4 +1,5 @@
-//! The `mlxgate` command: `serve` runs the gateway, `check` validates a gateway.yaml.
+//! The `mlxgate` command: `serve` runs the gateway, `check` validates a gateway.yaml, `reload`
+//! makes a running gateway put its file's keys and limits in force.
 #![forbid(unsafe_code)]
 
 use std::path::PathBuf;
@@ -36,6 +37,17 @@ enum Command {
     Check {
         #[arg(long, short, default_value = "gateway.yaml", env = "MLXGATE_CONFIG")]
         config: PathBuf,
+    },
+    /// Make the running gateway re-read its configuration file and put its clients, keys and
+    /// limits in force (it is sent SIGHUP; running streams go on). The file is checked first: an
+    /// invalid one is not sent for.
+    Reload {
+        /// The gateway's configuration file: checked, and its `listen` port finds the gateway.
+        #[arg(long, short, env = "MLXGATE_CONFIG")]
+        config: Option<PathBuf>,
+        /// The gateway's process id, when its pid file cannot find it.
+        #[arg(long)]
+        pid: Option<u32>,
     },
     /// Internal: run COMMAND and stop its process group when standard input closes (the gateway
     /// runs each managed server this way so that none outlives it).
@@ -76,6 +88,7 @@ fn main() -> ExitCode {
             }
             Err(code) => code,
         },
+        Command::Reload { config, pid } => reload(config, pid),
         Command::Serve { config } => {
             let loaded = match load(&config) {
                 Ok(c) => c,
@@ -89,7 +102,7 @@ fn main() -> ExitCode {
                     return ExitCode::FAILURE;
                 }
             };
-            match runtime.block_on(run(loaded)) {
+            match runtime.block_on(run(loaded, config)) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     eprintln!("mlxgate: {e}");
@@ -103,25 +116,67 @@ fn main() -> ExitCode {
 /// Loads and validates `path`, then checks that every managed backend's venv and program exist
 /// on this machine; prints every problem and gives the exit code when any is found.
 fn load(path: &std::path::Path) -> Result<Config, ExitCode> {
-    let invalid = |problems: String| {
-        eprintln!("{}: invalid configuration\n{problems}", path.display());
+    mlxgate::reload::check_file(path).map_err(|problems| {
+        eprintln!("{}: invalid configuration\n{}", path.display(), problems.join("\n"));
         ExitCode::FAILURE
-    };
-    let config = Config::load(path).map_err(|e| invalid(e.to_string()))?;
-    let mut missing = mlxgate::backend::preflight::problems(&config);
-    missing.extend(mlxgate::tokens::registry::tokenizer_problems(&config));
-    if !missing.is_empty() {
-        return Err(invalid(missing.iter().map(ToString::to_string).collect::<Vec<_>>().join("\n")));
-    }
-    Ok(config)
+    })
 }
 
-async fn run(config: Config) -> std::io::Result<()> {
+/// `mlxgate reload`: checks the file (an invalid one would be refused by the gateway anyway),
+/// then signals the gateway its pid file or `--pid` names. 0 when signalled, 1 with the reason.
+fn reload(config: Option<PathBuf>, pid: Option<u32>) -> ExitCode {
+    use mlxgate::reload::{Target, signal_gateway};
+    // With --pid alone there is no file to check: the gateway reads the one it was started with.
+    let config = config.or_else(|| pid.is_none().then(|| PathBuf::from("gateway.yaml")));
+    let checked = match &config {
+        Some(path) => match mlxgate::reload::check_file_elsewhere(path) {
+            Ok((c, unset)) => {
+                for name in unset {
+                    eprintln!(
+                        "note: {name} is not set in this shell; the gateway reads it from its own environment \
+                         (its log says if it is unset there too)"
+                    );
+                }
+                Some(c)
+            }
+            Err(problems) => {
+                eprintln!(
+                    "{}: invalid configuration, not reloaded (the gateway keeps the keys and limits in force)\n{}",
+                    path.display(),
+                    problems.join("\n")
+                );
+                return ExitCode::FAILURE;
+            }
+        },
+        None => None,
+    };
+    let target = match (pid, &checked) {
+        (Some(pid), _) => Target::Pid(pid),
+        (None, Some(c)) => Target::Port(c.listen.port()),
+        (None, None) => Target::Port(0),
+    };
+    match signal_gateway(target) {
+        Ok(done) => {
+            println!(
+                "sent SIGHUP to the gateway (pid {}): it reloads clients, keys and limits from the file it was \
+                 started with; its log says what changed or why it kept the old ones",
+                done.pid
+            );
+            ExitCode::SUCCESS
+        }
+        Err(why) => {
+            eprintln!("mlxgate reload: not reloaded: {why}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(config: Config, path: PathBuf) -> std::io::Result<()> {
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
         .map_err(|e| std::io::Error::new(e.kind(), format!("cannot listen on {}: {e}", config.listen)))?;
     let keeper = std::env::current_exe()?;
-    mlxgate::serve(config, listener, shutdown_signal(), keeper).await
+    mlxgate::serve_file(config, path, listener, shutdown_signal(), keeper).await
 }
 
 /// Raises the soft open-files limit to the hard one, so that client connections are not refused

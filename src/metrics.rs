@@ -1,7 +1,7 @@
 //! Every Prometheus metric the gateway exports, declared once on one `Registry` that travels in
 //! the application state. Names follow DESIGN.md ("Streams and metrics"): prefix `mlxgate_`,
-//! seconds as the unit, labels from bounded sets only (configured model and backend names,
-//! error types).
+//! seconds as the unit, labels from bounded sets only (configured model, backend and client
+//! names, `anonymous`, error types).
 
 use prometheus::{
     Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder,
@@ -11,7 +11,8 @@ use prometheus::{
 #[derive(Clone)]
 pub struct Metrics {
     registry: Registry,
-    /// Finished requests by `outcome` (`ok` or an error type).
+    /// Finished requests by model, backend, client (a configured name or `anonymous`) and
+    /// `outcome` (`ok` or an error type).
     pub requests: IntCounterVec,
     /// Requests waiting for a slot, per model.
     pub queue_depth: IntGaugeVec,
@@ -35,8 +36,9 @@ pub struct Metrics {
     pub tokens_per_second: HistogramVec,
     /// Arrival to the last byte.
     pub request_duration: HistogramVec,
+    /// Prompt tokens from the backend's usage, by model, backend and client.
     pub prompt_tokens: IntCounterVec,
-    /// From the backend's usage, never from the frame count.
+    /// From the backend's usage, never from the frame count (by model, backend and client).
     pub generation_tokens: IntCounterVec,
     /// Answers whose generated token count is unknown (no usage, no tokenizer).
     pub generation_tokens_unknown: IntCounterVec,
@@ -48,6 +50,9 @@ pub struct Metrics {
     pub context_overflow: IntCounterVec,
     /// Time to count a prompt's tokens (chat template + tokenizer), by model.
     pub prompt_count_seconds: HistogramVec,
+    /// Requests refused with 429, by client (a configured name or `anonymous`) and limit
+    /// (`rpm`, `tpm`, `concurrency`).
+    pub rate_limited: IntCounterVec,
 }
 
 /// TTFT buckets: 10 ms to 30 min (a 52k-token prefill took 31 minutes on one server).
@@ -73,8 +78,8 @@ impl Metrics {
     pub fn new() -> Self {
         let registry = Registry::new();
         let requests = IntCounterVec::new(
-            Opts::new("mlxgate_requests_total", "Requests answered, by model, backend and outcome."),
-            &["model", "backend", "outcome"],
+            Opts::new("mlxgate_requests_total", "Requests answered, by model, backend, client and outcome."),
+            &["model", "backend", "client", "outcome"],
         )
         .expect("static metric definition");
         let queue_depth =
@@ -132,13 +137,14 @@ impl Metrics {
         );
         let request_duration =
             histogram("mlxgate_request_duration_seconds", "Arrival to the last byte.", &TTFT_BUCKETS, &mb);
-        let prompt_tokens = counter("mlxgate_prompt_tokens_total", "Prompt tokens, from the backend's usage.", &mb);
+        let mbc = ["model", "backend", "client"];
+        let prompt_tokens = counter("mlxgate_prompt_tokens_total", "Prompt tokens, from the backend's usage.", &mbc);
         let generation_tokens =
-            counter("mlxgate_generation_tokens_total", "Generated tokens, from the backend's usage.", &mb);
+            counter("mlxgate_generation_tokens_total", "Generated tokens, from the backend's usage.", &mbc);
         let generation_tokens_unknown = counter(
             "mlxgate_generation_tokens_unknown_total",
             "Answers whose generated token count is unknown (the backend sent no usage).",
-            &mb,
+            &mbc,
         );
         let stream_bursts = counter(
             "mlxgate_stream_bursts_total",
@@ -161,6 +167,11 @@ impl Metrics {
             &[0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0],
             &["model"],
         );
+        let rate_limited = counter(
+            "mlxgate_rate_limited_total",
+            "Requests refused with 429 by a client's rate limit, by client and limit (rpm, tpm, concurrency).",
+            &["client", "limit"],
+        );
         for collector in [
             Box::new(requests.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(queue_depth.clone()),
@@ -181,6 +192,7 @@ impl Metrics {
             Box::new(usage_mismatch.clone()),
             Box::new(context_overflow.clone()),
             Box::new(prompt_count_seconds.clone()),
+            Box::new(rate_limited.clone()),
         ] {
             registry.register(collector).expect("metric names are unique");
         }
@@ -205,6 +217,7 @@ impl Metrics {
             usage_mismatch,
             context_overflow,
             prompt_count_seconds,
+            rate_limited,
         }
     }
 

@@ -5,10 +5,30 @@
 //! finished with one [`Outcome`]. A record dropped before it was finished — the client went away
 //! while the request waited, was sent, or streamed — counts as `client_closed`. Nothing else
 //! touches `mlxgate_requests_total`.
+//!
+//! The record also carries the client's rate-limit [`Admission`] (charged before the queue), so
+//! that the charge is settled where the request ends, exactly once: finished with the backend's
+//! [`Usage`] (an answer, whole or streamed, or cut by the client), it is corrected to what was
+//! used; finished without (refused before any backend saw it: queue full, shutdown, a client
+//! gone while it waited), it is cancelled and costs nothing.
+//!
+//! The record names the client (its configured name, or `anonymous`) for the `client` label:
+//! a request refused before its key identified anyone (401) is `anonymous`, never the key's
+//! text. The backend requests a map-reduce makes for one client request (its map pieces) are
+//! records of their own for the metrics, made with [`RequestRecord::piece`]; what they used is
+//! added to the client's request with [`RequestRecord::add_pieces_used`], so that its one
+//! admission is settled to the pieces' usage plus the reduce's (or, when no reduce answered, to
+//! the pieces' alone).
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Instant;
 
+use http::HeaderMap;
+
+use crate::config::ANONYMOUS;
 use crate::error::GatewayError;
+use crate::limits::Admission;
 use crate::metrics::Metrics;
 
 /// How a request ended, as the `outcome` label says it.
@@ -41,20 +61,59 @@ impl Outcome {
 }
 
 impl From<&GatewayError> for Outcome {
+    /// The error's type, except a 429: its OpenAI types (`requests`, `tokens`) would read as
+    /// something else among outcomes; it is `rate_limited` (the limit is in
+    /// `mlxgate_rate_limited_total`).
     fn from(e: &GatewayError) -> Self {
-        Outcome::Failed(e.error_type())
+        match e {
+            GatewayError::RateLimited(_) => Outcome::Failed("rate_limited"),
+            _ => Outcome::Failed(e.error_type()),
+        }
+    }
+}
+
+/// What a backend's answer used, for the client's token limit (`None`: not told).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Usage {
+    /// The backend's `usage.prompt_tokens`.
+    pub prompt_tokens: Option<u64>,
+    /// Tokens generated: the backend's `usage.completion_tokens`, or for a stream cut before its
+    /// usage, what it showed of them.
+    pub generated_tokens: Option<u64>,
+}
+
+impl Usage {
+    /// Prompt and generated tokens together (what the token limit is charged).
+    fn total(self) -> u64 {
+        self.prompt_tokens.unwrap_or(0).saturating_add(self.generated_tokens.unwrap_or(0))
     }
 }
 
 /// The one record of a request. Labels hold configured names only: before a request is routed
-/// (bad JSON, unknown model, unknown path) both are empty, never the client's text.
+/// (bad JSON, unknown model, unknown path) model and backend are empty, never the client's text;
+/// before its key identified a client (and with auth off) the client is `anonymous`.
 pub struct RequestRecord {
     metrics: Metrics,
     pub model: String,
     pub backend: String,
+    /// The configured client name, or `anonymous`.
+    pub client: String,
     /// When the gateway received the request.
     pub arrived: Instant,
     finished: bool,
+    /// The client's rate-limit charge, settled or cancelled when the record is finished.
+    admission: Option<Admission>,
+    /// The admission's `x-ratelimit-*` headers (kept when the admission moves on with `take`).
+    rate_limit_headers: HeaderMap,
+    /// Tokens used by the request's map pieces (prompt + generated), added to its settlement.
+    /// Atomic: the pieces run at once and each adds its own.
+    pieces_used: AtomicU64,
+    /// Set once the request is handed to a backend: from then on it costs backend time, and a
+    /// client that leaves before the answer is charged its prompt, not refunded.
+    sent: Arc<AtomicBool>,
+    /// The estimate of the prompt last sent (a map-reduce's reduce), charged for it when the
+    /// backend does not tell its count; `None`: the up-front charge stands.
+    prompt_estimate: Option<u64>,
 }
 
 impl RequestRecord {
@@ -64,9 +123,60 @@ impl RequestRecord {
             metrics,
             model: String::new(),
             backend: String::new(),
+            client: ANONYMOUS.to_string(),
             arrived: Instant::now(),
             finished: false,
+            admission: None,
+            rate_limit_headers: HeaderMap::new(),
+            pieces_used: AtomicU64::new(0),
+            sent: Arc::default(),
+            prompt_estimate: None,
         }
+    }
+
+    /// Names the client the request's key identified (a configured name, or `anonymous`).
+    pub fn identified(&mut self, client: &str) {
+        self.client = client.to_string();
+    }
+
+    /// A record for one backend request made on this request's behalf (a map piece): same
+    /// model, backend and client, arriving now, with no admission of its own (the client's
+    /// request holds it; the piece's usage goes there with
+    /// [`add_pieces_used`](Self::add_pieces_used)).
+    pub fn piece(&self) -> RequestRecord {
+        let mut piece = RequestRecord::new(self.metrics.clone());
+        piece.routed(&self.model, &self.backend);
+        piece.identified(&self.client);
+        piece
+    }
+
+    /// The estimated prompt tokens of the request as it is finally sent (a map-reduce's
+    /// reduce, not the client's document that the up-front charge estimated), charged when the
+    /// backend does not tell its count.
+    pub fn reestimated(&mut self, prompt_tokens: u64) {
+        self.prompt_estimate = Some(prompt_tokens);
+    }
+
+    /// The flag the dispatcher sets when it hands the request (or one of its pieces) to a
+    /// backend.
+    pub fn sent_flag(&self) -> Arc<AtomicBool> {
+        Arc::clone(&self.sent)
+    }
+
+    /// Adds what one of the request's map pieces used, to be settled with the request.
+    pub fn add_pieces_used(&self, used: Usage) {
+        self.pieces_used.fetch_add(used.total(), Ordering::Relaxed);
+    }
+
+    /// Holds the client's admission until the request ends.
+    pub fn admitted(&mut self, admission: Admission) {
+        self.rate_limit_headers = admission.headers().clone();
+        self.admission = Some(admission);
+    }
+
+    /// The `x-ratelimit-*` headers for the client's response (empty when it has no limits).
+    pub fn rate_limit_headers(&self) -> &HeaderMap {
+        &self.rate_limit_headers
     }
 
     /// Names the configured model and backend the request was routed to.
@@ -86,23 +196,73 @@ impl RequestRecord {
             metrics: self.metrics.clone(),
             model: self.model.clone(),
             backend: self.backend.clone(),
+            client: self.client.clone(),
             arrived: self.arrived,
             finished: self.finished,
+            admission: self.admission.take(),
+            rate_limit_headers: self.rate_limit_headers.clone(),
+            pieces_used: AtomicU64::new(self.pieces_used.swap(0, Ordering::Relaxed)),
+            sent: Arc::clone(&self.sent),
+            prompt_estimate: self.prompt_estimate,
         };
         self.finished = true;
         taken
     }
 
-    /// Records `outcome`; the record is spent.
+    /// Records `outcome` of a request no backend answered: its rate-limit charge is given
+    /// back, except what its map pieces used (they were answered). The record is spent.
     pub fn finish(mut self, outcome: Outcome) {
         self.count(outcome);
     }
 
+    /// Records `outcome` of a request a backend answered, and settles the client's token charge
+    /// to `used` plus what its map pieces used (a prompt count not told is the prompt's
+    /// estimate: the up-front charge, or a reduce's own). The record is spent.
+    pub fn finish_used(mut self, outcome: Outcome, used: Usage) {
+        if let Some(mut admission) = self.admission.take() {
+            admission.leave();
+            let estimate = self.prompt_estimate.unwrap_or_else(|| admission.tokens_charged());
+            let prompt = used.prompt_tokens.unwrap_or(estimate);
+            let generated = used.generated_tokens.unwrap_or(0);
+            let pieces = self.pieces_used.load(Ordering::Relaxed);
+            spawn_charge(async move { admission.settle(prompt.saturating_add(pieces), generated).await });
+        }
+        self.count(outcome);
+    }
+
     fn count(&mut self, outcome: Outcome) {
+        if let Some(mut admission) = self.admission.take() {
+            admission.leave();
+            let pieces = self.pieces_used.load(Ordering::Relaxed);
+            if self.sent.load(Ordering::SeqCst) {
+                // A backend has it (the client left before the answer, or the answer broke):
+                // the prompt was charged up front and stays charged.
+                let prompt = self.prompt_estimate.unwrap_or_else(|| admission.tokens_charged());
+                spawn_charge(async move { admission.settle(prompt.saturating_add(pieces), 0).await });
+            } else {
+                match pieces {
+                    0 => spawn_charge(admission.cancel()),
+                    pieces => spawn_charge(async move { admission.settle(pieces, 0).await }),
+                }
+            }
+        }
         if !self.finished {
             self.finished = true;
-            self.metrics.requests.with_label_values(&[&self.model, &self.backend, outcome.label()]).inc();
+            let labels = [self.model.as_str(), self.backend.as_str(), self.client.as_str(), outcome.label()];
+            self.metrics.requests.with_label_values(&labels).inc();
         }
+    }
+}
+
+/// Runs a settlement or a refund on its own (a shared store may take a round trip; the
+/// response does not wait for it). The client has left its requests in flight before it.
+fn spawn_charge(charge: impl std::future::Future<Output = ()> + Send + 'static) {
+    match tokio::runtime::Handle::try_current() {
+        Ok(runtime) => {
+            runtime.spawn(charge);
+        }
+        // Only at the very end of the process: the charge no longer matters.
+        Err(_) => tracing::debug!("no runtime left to settle a rate-limit charge"),
     }
 }
 
@@ -117,7 +277,7 @@ mod tests {
     use super::*;
 
     fn count(m: &Metrics, model: &str, backend: &str, outcome: &str) -> u64 {
-        m.requests.with_label_values(&[model, backend, outcome]).get()
+        m.requests.with_label_values(&[model, backend, "anonymous", outcome]).get()
     }
 
     #[test]
@@ -136,5 +296,84 @@ mod tests {
 
         RequestRecord::new(m.clone()).finish(Outcome::from(&GatewayError::ModelNotFound("gpt-9".into())));
         assert_eq!(count(&m, "", "", "invalid_request_error"), 1, "unrouted: no client text in labels");
+    }
+}
+
+#[cfg(test)]
+mod charge_tests {
+    //! The settlement of a request's admission, on the memory store with a clock that does not
+    //! move (no refill between the charge and the reading).
+
+    use std::num::NonZeroU32;
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::limits::{Limiter, Limits, ManualClock, MemoryStore};
+
+    const TPM: u32 = 1000;
+
+    fn limiter() -> Arc<Limiter> {
+        let limiter = Limiter::new(Arc::new(MemoryStore::new(Arc::new(ManualClock::default()))));
+        let limits = Limits { tpm: NonZeroU32::new(TPM), ..Limits::default() };
+        limiter.configure([("aider".to_owned(), limits)], Limits::default());
+        Arc::new(limiter)
+    }
+
+    /// A record of `aider`'s holding an admission charged `prompt` tokens up front.
+    async fn admitted(limiter: &Limiter, prompt: u64) -> RequestRecord {
+        let mut record = RequestRecord::new(Metrics::new());
+        record.routed("qwen", "native");
+        record.identified("aider");
+        record.admitted(limiter.admit("aider", prompt).await.expect("within the limit"));
+        record
+    }
+
+    /// The tokens left once the spawned settlement has run (read with a free admission).
+    async fn settled_to(limiter: &Limiter, left: u64) {
+        let mut seen = None;
+        for _ in 0..1000 {
+            let probe = limiter.admit("aider", 0).await.expect("a free probe");
+            seen = probe.headers().get("x-ratelimit-remaining-tokens").and_then(|v| v.to_str().ok()?.parse().ok());
+            probe.cancel().await;
+            if seen == Some(left) {
+                return;
+            }
+            tokio::task::yield_now().await;
+        }
+        panic!("the bucket never held {left} tokens: {seen:?}");
+    }
+
+    #[tokio::test]
+    async fn a_request_is_settled_to_its_pieces_and_its_answer() {
+        let limiter = limiter();
+        let record = admitted(&limiter, 400).await;
+        let piece = record.piece();
+        assert_eq!((piece.model.as_str(), piece.backend.as_str(), piece.client.as_str()), ("qwen", "native", "aider"));
+        piece.finish(Outcome::Ok);
+        record.add_pieces_used(Usage { prompt_tokens: Some(300), generated_tokens: Some(40) });
+        record.add_pieces_used(Usage { prompt_tokens: Some(250), generated_tokens: None });
+        // The reduce's usage: 60 + 20; with the pieces' 590, 670 in all.
+        record.finish_used(Outcome::Ok, Usage { prompt_tokens: Some(60), generated_tokens: Some(20) });
+        settled_to(&limiter, u64::from(TPM) - 670).await;
+    }
+
+    #[tokio::test]
+    async fn a_request_that_fails_after_its_pieces_is_charged_what_they_used() {
+        let limiter = limiter();
+        let record = admitted(&limiter, 400).await;
+        record.add_pieces_used(Usage { prompt_tokens: Some(300), generated_tokens: Some(40) });
+        record.finish(Outcome::Failed("backend_error"));
+        settled_to(&limiter, u64::from(TPM) - 340).await;
+
+        // Cut by its client (the record dropped) after its pieces: the same.
+        let record = admitted(&limiter, 100).await;
+        record.add_pieces_used(Usage { prompt_tokens: Some(10), generated_tokens: Some(5) });
+        drop(record);
+        settled_to(&limiter, u64::from(TPM) - 340 - 15).await;
+
+        // No piece answered: the charge is given back.
+        let record = admitted(&limiter, 100).await;
+        record.finish(Outcome::Failed("server_overloaded"));
+        settled_to(&limiter, u64::from(TPM) - 355).await;
     }
 }

@@ -197,6 +197,15 @@ async fn embeddings_over_the_cap_are_chunked_and_averaged() {
     for piece in inputs {
         assert!(tok.text_tokens(piece.as_str().expect("text")) <= CAP);
     }
+    // One client request and one backend request: counted once, with the backend's usage once.
+    let text = client().get(gw.url("/metrics")).send().await.expect("metrics").text().await.expect("text");
+    let served: Vec<&str> = text.lines().filter(|l| l.starts_with("mlxgate_requests_total{")).collect();
+    assert_eq!(served.len(), 1, "{served:?}");
+    assert!(served[0].contains("outcome=\"ok\"") && served[0].ends_with(" 1"), "{served:?}");
+    let prompt_tokens = text.lines().find(|l| l.starts_with("mlxgate_prompt_tokens_total{")).expect("prompt tokens");
+    let reported: f64 = prompt_tokens.rsplit(' ').next().and_then(|v| v.parse().ok()).expect("a number");
+    let sent: usize = inputs.iter().map(|p| tok.text_tokens(p.as_str().expect("text"))).sum();
+    assert!(reported > 0.0 && reported <= 2.0 * sent as f64 + 16.0, "counted once: {reported} for {sent} sent");
 
     // With reject, the same input is refused with the input's wording.
     let gw = gateway(&yaml(&sim.url(), &model, "reject", "")).await;
@@ -317,7 +326,11 @@ async fn a_streamed_chunk_sends_headers_and_keepalives_while_mapping_and_a_gone_
     })
     .await;
     eventually("the chunked request counted as client_closed", || async {
-        metric(&gw, "mlxgate_requests_total{backend=\"local\",model=\"qwen\",outcome=\"client_closed\"}").await
+        metric(
+            &gw,
+            "mlxgate_requests_total{backend=\"local\",client=\"anonymous\",model=\"qwen\",outcome=\"client_closed\"}",
+        )
+        .await
             >= Some(1.0)
     })
     .await;

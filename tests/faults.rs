@@ -81,9 +81,14 @@ async fn read_head(tcp: &mut TcpStream) -> String {
 }
 
 async fn outcome(gw: &Gateway, backend: &str, outcome: &str) -> f64 {
-    metric(gw, &format!("mlxgate_requests_total{{backend=\"{backend}\",model=\"qwen\",outcome=\"{outcome}\"}}"))
-        .await
-        .unwrap_or(0.0)
+    metric(
+        gw,
+        &format!(
+            "mlxgate_requests_total{{backend=\"{backend}\",client=\"anonymous\",model=\"qwen\",outcome=\"{outcome}\"}}"
+        ),
+    )
+    .await
+    .unwrap_or(0.0)
 }
 
 fn last_event(text: &str) -> Value {
@@ -276,7 +281,8 @@ async fn refusals_before_a_route_is_known_are_counted_without_client_text() {
     assert_eq!(r.status(), 404);
     let r = client().get(gw.url("/v1/nothing-here")).send().await.expect("send");
     assert_eq!(r.status(), 404);
-    let series = "mlxgate_requests_total{backend=\"\",model=\"\",outcome=\"invalid_request_error\"}";
+    let series =
+        "mlxgate_requests_total{backend=\"\",client=\"anonymous\",model=\"\",outcome=\"invalid_request_error\"}";
     assert_eq!(metric(&gw, series).await, Some(3.0));
     let text = client().get(gw.url("/metrics")).send().await.expect("send").text().await.expect("text");
     assert!(!text.contains("gpt-secret-name"), "a client's model name never becomes a label");
@@ -362,7 +368,8 @@ async fn a_body_that_never_arrives_gets_408_and_frees_the_connection() {
     assert!(text.starts_with("HTTP/1.1 408"), "{text}");
     assert!(text.to_ascii_lowercase().contains("connection: close"), "{text}");
     assert!(text.contains("request_timeout"), "{text}");
-    let series = "mlxgate_requests_total{backend=\"\",model=\"\",outcome=\"invalid_request_error\"}";
+    let series =
+        "mlxgate_requests_total{backend=\"\",client=\"anonymous\",model=\"\",outcome=\"invalid_request_error\"}";
     assert_eq!(metric(&gw, series).await, Some(1.0));
 }
 

@@ -86,8 +86,11 @@ async fn a_real_mlx_lm_server_killed_mid_stream_ends_the_stream_with_an_error_no
     assert!(!text.contains("data: [DONE]"), "the server was killed before its end: {text}");
     let last: Value = serde_json::from_str(data_lines(&text).last().expect("events")).expect("json");
     assert_eq!(last["error"]["type"], "backend_error", "{}", &text[text.len().saturating_sub(600)..]);
-    let series =
-        |outcome: &str| format!("mlxgate_requests_total{{backend=\"native\",model=\"qwen\",outcome=\"{outcome}\"}}");
+    let series = |outcome: &str| {
+        format!(
+            "mlxgate_requests_total{{backend=\"native\",client=\"anonymous\",model=\"qwen\",outcome=\"{outcome}\"}}"
+        )
+    };
     assert_eq!(metric(&gw, &series("ok")).await, None, "a cut stream is no success");
     assert_eq!(metric(&gw, &series("backend_error")).await, Some(1.0));
     // And the restarted server serves the next request.

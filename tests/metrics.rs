@@ -24,6 +24,8 @@ async fn stream(gw: &Gateway, sim: Value, include_usage: bool) -> String {
 }
 
 const MB: &str = "backend=\"local\",model=\"qwen\"";
+/// The labels of the request and token counters (no key: the client is `anonymous`).
+const MBC: &str = "backend=\"local\",client=\"anonymous\",model=\"qwen\"";
 const MBS: &str = "backend=\"local\",model=\"qwen\",streaming=\"true\"";
 
 #[tokio::test]
@@ -48,7 +50,7 @@ async fn a_burst_gives_no_decode_speed_sample_and_is_counted() {
     stream(&gw, json!({"tokens": 8, "burst": true}), true).await;
     assert_eq!(metric(&gw, "mlxgate_stream_bursts_total{backend=\"local\"}").await, Some(1.0));
     assert_eq!(histogram(&gw, "mlxgate_generation_tokens_per_second", MB).await.0, 0.0);
-    assert_eq!(metric(&gw, &format!("mlxgate_generation_tokens_total{{{MB}}}")).await, Some(8.0));
+    assert_eq!(metric(&gw, &format!("mlxgate_generation_tokens_total{{{MBC}}}")).await, Some(8.0));
 
     // The same answer spread out gives one true sample.
     stream(&gw, json!({"tokens": 8, "tokens_per_second": 50}), true).await;
@@ -63,8 +65,8 @@ async fn usage_sent_twice_is_counted_once() {
     let gw = gateway(&one_model_yaml(&sim.url(), 2, 4)).await;
     let text = stream(&gw, json!({"tokens": 5}), true).await;
     assert_eq!(data_lines(&text).iter().filter(|d| d.contains("\"usage\"")).count(), 2);
-    assert_eq!(metric(&gw, &format!("mlxgate_generation_tokens_total{{{MB}}}")).await, Some(5.0));
-    assert_eq!(metric(&gw, &format!("mlxgate_prompt_tokens_total{{{MB}}}")).await, Some(2.0));
+    assert_eq!(metric(&gw, &format!("mlxgate_generation_tokens_total{{{MBC}}}")).await, Some(5.0));
+    assert_eq!(metric(&gw, &format!("mlxgate_prompt_tokens_total{{{MBC}}}")).await, Some(2.0));
 }
 
 #[tokio::test]
@@ -88,7 +90,7 @@ async fn byte_at_a_time_gives_the_same_metrics_and_bytes_as_whole_frames() {
     };
     assert_eq!(strip(&whole), strip(&split));
     for gw in [&whole_gw, &split_gw] {
-        assert_eq!(metric(gw, &format!("mlxgate_generation_tokens_total{{{MB}}}")).await, Some(6.0));
+        assert_eq!(metric(gw, &format!("mlxgate_generation_tokens_total{{{MBC}}}")).await, Some(6.0));
         assert_eq!(histogram(gw, "mlxgate_time_to_first_token_seconds", MBS).await.0, 1.0);
         assert_eq!(histogram(gw, "mlxgate_generation_tokens_per_second", MB).await.0, 1.0);
         assert_eq!(metric(gw, "mlxgate_stream_bursts_total{backend=\"local\"}").await, None);
@@ -101,9 +103,9 @@ async fn an_error_event_fails_the_request_whatever_follows() {
     let gw = gateway(&one_model_yaml(&sim.url(), 2, 4)).await;
     let text = stream(&gw, json!({"tokens": 6, "error_after": 2}), true).await;
     assert!(text.contains("\"finish_reason\":\"stop\"") && text.contains("[DONE]"), "{text}");
-    let series = format!("mlxgate_requests_total{{{MB},outcome=\"stream_error\"}}");
+    let series = format!("mlxgate_requests_total{{{MBC},outcome=\"stream_error\"}}");
     assert_eq!(metric(&gw, &series).await, Some(1.0));
-    assert_eq!(metric(&gw, &format!("mlxgate_requests_total{{{MB},outcome=\"ok\"}}")).await, None);
+    assert_eq!(metric(&gw, &format!("mlxgate_requests_total{{{MBC},outcome=\"ok\"}}")).await, None);
 }
 
 #[tokio::test]
@@ -118,7 +120,7 @@ async fn usage_is_asked_for_and_removed_for_clients_that_did_not_ask() {
     let seen = &sim.state.requests()[0];
     assert_eq!(seen["stream_options"]["include_usage"], true, "the backend was asked");
     assert_eq!(seen["max_tokens"], 4096, "an explicit max_tokens (mlx_lm.server would stop at 512)");
-    assert_eq!(metric(&gw, &format!("mlxgate_generation_tokens_total{{{MB}}}")).await, Some(3.0));
+    assert_eq!(metric(&gw, &format!("mlxgate_generation_tokens_total{{{MBC}}}")).await, Some(3.0));
 
     let with = stream(&gw, json!({"tokens": 3}), true).await;
     assert!(with.contains("\"usage\""), "a client that asked gets it");
@@ -130,8 +132,8 @@ async fn no_usage_means_the_token_count_is_unknown_not_guessed() {
     let sim = sim().await;
     let gw = gateway(&one_model_yaml(&sim.url(), 2, 4)).await;
     stream(&gw, json!({"tokens": 4, "usage": "none"}), true).await;
-    assert_eq!(metric(&gw, &format!("mlxgate_generation_tokens_total{{{MB}}}")).await, None);
-    assert_eq!(metric(&gw, &format!("mlxgate_generation_tokens_unknown_total{{{MB}}}")).await, Some(1.0));
+    assert_eq!(metric(&gw, &format!("mlxgate_generation_tokens_total{{{MBC}}}")).await, None);
+    assert_eq!(metric(&gw, &format!("mlxgate_generation_tokens_unknown_total{{{MBC}}}")).await, Some(1.0));
     assert_eq!(histogram(&gw, "mlxgate_generation_tokens_per_second", MB).await.0, 0.0);
 }
 
@@ -141,7 +143,7 @@ async fn usage_without_output_frames_is_a_mismatch() {
     let gw = gateway(&one_model_yaml(&sim.url(), 2, 4)).await;
     stream(&gw, json!({"tokens": 4, "content_field": "none"}), true).await;
     assert_eq!(metric(&gw, "mlxgate_usage_mismatch_total{backend=\"local\"}").await, Some(1.0));
-    assert_eq!(metric(&gw, &format!("mlxgate_generation_tokens_total{{{MB}}}")).await, Some(4.0));
+    assert_eq!(metric(&gw, &format!("mlxgate_generation_tokens_total{{{MBC}}}")).await, Some(4.0));
 }
 
 #[tokio::test]

@@ -59,7 +59,7 @@ async fn check_against(kind: &str) {
             assert!(ttft <= e2e_ms, "{kind}: TTFT {ttft} ms > the client's end-to-end {e2e_ms} ms");
         }
     }
-    let counted = metric(&gw, "mlxgate_generation_tokens_total{backend=\"b\",model=\"m\"}").await;
+    let counted = metric(&gw, "mlxgate_generation_tokens_total{backend=\"b\",client=\"anonymous\",model=\"m\"}").await;
     assert_eq!(counted, Some(reported as f64), "{kind}: gateway count vs the usage the backend reported");
     let mut ttft_count = 0.0;
     let mut ttft_sum = 0.0;

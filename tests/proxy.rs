@@ -264,7 +264,11 @@ async fn each_failure_has_its_status_and_openai_body() {
     let r = post("/v1/chat/completions", json!({"messages": []}).to_string()).await.expect("send");
     assert_eq!(r.json::<Value>().await.expect("json")["error"]["param"], "model");
     assert_eq!(
-        metric(&gw, "mlxgate_requests_total{backend=\"down\",model=\"gone\",outcome=\"backend_error\"}").await,
+        metric(
+            &gw,
+            "mlxgate_requests_total{backend=\"down\",client=\"anonymous\",model=\"gone\",outcome=\"backend_error\"}"
+        )
+        .await,
         Some(1.0)
     );
 }

@@ -1,15 +1,18 @@
 //! Operator endpoints: `/health` (the gateway lives), `/ready` (which models' backends answer),
-//! `/metrics` (Prometheus text) and `/admin/backends…` (state, logs and restart of each backend).
+//! `/metrics` (Prometheus text) and `/admin/backends…` (state, logs and restart of each backend),
+//! the last behind [`require_admin`].
 
 use std::collections::BTreeMap;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Json;
 use axum::extract::rejection::{PathRejection, QueryRejection};
-use axum::extract::{Path, Query, State};
+use axum::extract::{ConnectInfo, Path, Query, Request, State};
 use axum::http::{StatusCode, header};
-use axum::response::IntoResponse;
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
 use futures_util::future::join_all;
 use serde_json::json;
 
@@ -74,6 +77,34 @@ pub async fn ready(State(state): State<Arc<AppState>>) -> impl IntoResponse {
 /// GET `/metrics`: Prometheus text exposition.
 pub async fn metrics(State(state): State<Arc<AppState>>) -> impl IntoResponse {
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], state.metrics.render())
+}
+
+/// Guards every `/admin/*` route: the admin key when `admin_key_sha256` is set (401 without
+/// it), else a peer on this machine's loopback (403 from anywhere else). It runs before the
+/// route's handler, so a refused call restarts nothing and reads no log.
+pub async fn require_admin(State(state): State<Arc<AppState>>, request: Request, next: Next) -> Response {
+    let peer = request.extensions().get::<ConnectInfo<SocketAddr>>().map(|c| c.0);
+    match crate::auth::admit_admin(&state.access(), request.headers(), peer) {
+        Ok(()) => next.run(request).await,
+        Err(e) => {
+            // Anyone on the network can cause this line: one per peer per minute.
+            let who = peer.map_or_else(|| "unknown".to_owned(), |p| p.ip().to_string());
+            if let Some(suppressed) = state.log_throttle.allow(&format!("admin refused {who}")) {
+                tracing::warn!(peer = %who, path = %request.uri().path(), error = %e, suppressed, "admin call refused");
+            }
+            e.into_response()
+        }
+    }
+}
+
+/// Guards `/metrics` on the main listener when `auth: required`: it names every client and
+/// what each used, so it follows the admin rule (admin key, or this machine). Without auth it
+/// is open, as is the `metrics_listen` listener, which the user exposes on purpose.
+pub async fn require_metrics_access(State(state): State<Arc<AppState>>, request: Request, next: Next) -> Response {
+    if state.access().auth == crate::config::AuthMode::Off {
+        return next.run(request).await;
+    }
+    require_admin(State(state), request, next).await
 }
 
 /// GET `/admin/backends`: every backend's state, process and queue.

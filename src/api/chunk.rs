@@ -20,7 +20,7 @@ use http_body_util::BodyExt;
 
 use super::AppState;
 use super::fit::{Chunked, EmbedPlan, raw};
-use super::openai::{MAX_WHOLE_ANSWER, RawBody, dispatch, parse, read_whole, send};
+use super::openai::{MAX_WHOLE_ANSWER, RawBody, dispatch, estimated_prompt_tokens, parse, read_whole, send};
 use crate::backend::handle::Answer;
 use crate::dispatch::Route;
 use crate::dispatch::queue::ClientId;
@@ -47,7 +47,10 @@ const NOT_FOR_PARTS: [&str; 9] = [
 ];
 
 /// Sends every piece of `plan` as its own request ("map") and returns their answers' texts in
-/// order. Each part is recorded as a request of the model (it took a slot and backend time).
+/// order. Each part is recorded as a request of the model (it took a slot and backend time),
+/// labelled with the client of `request`, the client's request: what each part used is added
+/// to `request`, whose one admission is settled to it too (also when a later part or the
+/// reduce fails).
 pub async fn map(
     state: &AppState,
     route: &Route,
@@ -55,18 +58,24 @@ pub async fn map(
     parts: &axum::http::request::Parts,
     fields: &RawBody,
     chunked: &Chunked,
+    request: &RequestRecord,
 ) -> Result<Vec<String>, GatewayError> {
     let plan = &chunked.plan;
     let width = route.backend.config.max_concurrency.clamp(1, plan.pieces.len().max(1));
     let jobs: Vec<_> = plan
         .pieces
         .iter()
-        .map(|piece| map_part(state, route, client, parts, fields, chunked.restore.apply(piece.messages.clone()), plan))
+        .map(|piece| {
+            let messages = chunked.restore.apply(piece.messages.clone());
+            map_part(state, route, client, parts, fields, messages, plan, request)
+        })
         .collect();
     futures_util::stream::iter(jobs).buffered(width).try_collect().await
 }
 
-/// One map request: the client's request with one piece's messages, whole, text only.
+/// One map request: the client's request with one piece's messages, whole, text only. What
+/// it used is added to `request`.
+#[allow(clippy::too_many_arguments)]
 async fn map_part(
     state: &AppState,
     route: &Route,
@@ -75,6 +84,7 @@ async fn map_part(
     fields: &RawBody,
     messages: Vec<Value>,
     plan: &ChunkPlan,
+    request: &RequestRecord,
 ) -> Result<String, GatewayError> {
     let mut body = fields.clone();
     for key in NOT_FOR_PARTS {
@@ -83,7 +93,8 @@ async fn map_part(
     body.insert("messages".into(), raw(&messages)?);
     body.insert("stream".into(), raw(&false)?);
     body.insert("max_tokens".into(), raw(&plan.map_max_tokens)?);
-    let whole = whole_answer(state, route, client, parts, &mut body).await?;
+    let (whole, figures) = whole_answer(state, route, client, parts, &mut body, request, Some(request.piece())).await?;
+    request.add_pieces_used(figures.usage());
     Ok(answer_text(&whole))
 }
 
@@ -146,7 +157,7 @@ pub fn streamed(state: Arc<AppState>, job: StreamedJob, record: RequestRecord) -
 
 type Sender = tokio::sync::mpsc::Sender<Result<Bytes, std::io::Error>>;
 
-async fn run_streamed(state: Arc<AppState>, job: StreamedJob, record: RequestRecord, tx: Sender) {
+async fn run_streamed(state: Arc<AppState>, job: StreamedJob, mut record: RequestRecord, tx: Sender) {
     let StreamedJob { model, client, parts, mut fields, chunked } = job;
     let Some(route) = state.dispatch.route(&model) else { return };
     let cut = state.cutoff.notified();
@@ -159,7 +170,7 @@ async fn run_streamed(state: Arc<AppState>, job: StreamedJob, record: RequestRec
         let mut keepalive = tokio::time::interval(MAP_KEEPALIVE);
         keepalive.tick().await;
         let partials = {
-            let map = map(&state, route, &client, &parts, &fields, &chunked);
+            let map = map(&state, route, &client, &parts, &fields, &chunked, &record);
             tokio::pin!(map);
             loop {
                 tokio::select! {
@@ -173,12 +184,14 @@ async fn run_streamed(state: Arc<AppState>, job: StreamedJob, record: RequestRec
             }
         };
         reduce_request(&mut fields, &chunked, &partials, route.model.default_max_tokens)?;
+        let reduce_estimate = estimated_prompt_tokens(&fields);
         // The reduce's prefill can take minutes too: the comments go on until its first byte.
-        let reduce = send(&state, route, &client, &parts, fields, None);
+        let sent = record.sent_flag();
+        let reduce = send(&state, route, &client, &parts, fields, None, &sent);
         tokio::pin!(reduce);
         loop {
             tokio::select! {
-                answered = &mut reduce => break answered.map(Some),
+                answered = &mut reduce => break answered.map(|a| Some((a, reduce_estimate))),
                 _ = keepalive.tick() => {
                     if tx.send(Ok(Bytes::from_static(b": mlxgate chunk: reducing\n\n"))).await.is_err() {
                         return Ok(None);
@@ -193,7 +206,10 @@ async fn run_streamed(state: Arc<AppState>, job: StreamedJob, record: RequestRec
         () = &mut cut => Err(GatewayError::ShuttingDown),
     };
     let answered = match answered {
-        Ok(Some(answered)) => answered,
+        Ok(Some((answered, reduce_estimate))) => {
+            record.reestimated(reduce_estimate);
+            answered
+        }
         Ok(None) => return,
         Err(e) => {
             let _ = tx.send(Ok(e.sse_event())).await;
@@ -262,7 +278,8 @@ fn whole_as_events(whole: &[u8]) -> String {
 }
 
 /// Embeds every piece of `plan` in one request and answers the client with each input's
-/// vector: its pieces' vectors averaged, weighted by their tokens.
+/// vector: its pieces' vectors averaged, weighted by their tokens. The returned figures are
+/// the backend's usage, which the client's `request` records and is settled to.
 pub async fn embed(
     state: &AppState,
     route: &Route,
@@ -270,11 +287,14 @@ pub async fn embed(
     parts: &axum::http::request::Parts,
     mut fields: RawBody,
     plan: EmbedPlan,
+    request: &RequestRecord,
 ) -> Result<(Response, StreamFigures), GatewayError> {
     let base64 = fields.get("encoding_format").is_some_and(|f| f.get() == r#""base64""#);
     fields.insert("input".into(), raw(&plan.pieces)?);
     fields.insert("encoding_format".into(), raw("float")?);
-    let whole = whole_answer(state, route, client, parts, &mut fields).await?;
+    // One backend request for all the pieces: it is the client's request, recorded once (by
+    // the handler, with these figures), not a piece of its own.
+    let (whole, figures) = whole_answer(state, route, client, parts, &mut fields, request, None).await?;
     let backend = &route.backend.config.name;
     let unusable = |what: &str| GatewayError::Backend {
         backend: backend.clone(),
@@ -311,7 +331,6 @@ pub async fn embed(
         out.push(json!({"object": "embedding", "index": index, "embedding": embedding}));
     }
     answer["data"] = Value::Array(out);
-    let figures = figures_of_whole(&whole).unwrap_or_default();
     let mut response = Response::new(Body::from(answer.to_string()));
     let headers = response.headers_mut();
     headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
@@ -322,30 +341,41 @@ pub async fn embed(
     Ok((response, figures))
 }
 
-/// One request of a plan, sent through the model's queue and read whole; recorded as a request
-/// of its own.
+/// One request of a plan, sent through the model's queue and read whole. `piece`: the record
+/// of a map piece, finished here as a request of its own; `None` when this backend request is
+/// the client's `request` itself (chunked embeddings), which its caller finishes. Returns the
+/// answer and its figures.
 async fn whole_answer(
     state: &AppState,
     route: &Route,
     client: &ClientId,
     parts: &axum::http::request::Parts,
     body: &mut RawBody,
-) -> Result<Vec<u8>, GatewayError> {
+    request: &RequestRecord,
+    piece: Option<RequestRecord>,
+) -> Result<(Vec<u8>, StreamFigures), GatewayError> {
     let backend = route.backend.config.name.clone();
-    let mut record = RequestRecord::new(state.metrics.clone());
-    record.routed(&route.model.name, &backend);
+    let finish = |piece: Option<RequestRecord>, outcome: Outcome| {
+        if let Some(piece) = piece {
+            piece.finish(outcome);
+        }
+    };
     let parsed = parse(parts, body, route)?;
+    // Sent: the piece's own record (the client's request is sent only with its reduce: one
+    // that ends during the map is charged its pieces' usage alone), or, for the one request
+    // of chunked embeddings, the client's request itself.
+    let sent = piece.as_ref().map_or_else(|| request.sent_flag(), RequestRecord::sent_flag);
     // A part that finds the queue full waits for room within the model's max_wait rather than
     // failing the whole request after the parts before it did their work.
     let deadline = Instant::now() + route.model.max_wait;
     let (permit, answer, _) = loop {
-        match dispatch(state, route, client, &parsed.outbound).await {
+        match dispatch(state, route, client, &parsed.outbound, &sent).await {
             Ok(sent) => break sent,
             Err(GatewayError::QueueFull { .. }) if Instant::now() < deadline => {
                 tokio::time::sleep(QUEUE_FULL_PAUSE).await;
             }
             Err(e) => {
-                record.finish(Outcome::from(&e));
+                finish(piece, Outcome::from(&e));
                 return Err(e);
             }
         }
@@ -356,13 +386,13 @@ async fn whole_answer(
     let whole = match whole {
         Ok(whole) => whole,
         Err(e) => {
-            record.finish(Outcome::from(&e));
+            finish(piece, Outcome::from(&e));
             return Err(e);
         }
     };
     if !head.status.is_success() {
         let body = backend_error_body(&backend, head.status, &whole);
-        record.finish(Outcome::BackendRejected);
+        finish(piece, Outcome::BackendRejected);
         let message = body["error"]["message"].as_str().unwrap_or("no message").to_string();
         return Err(GatewayError::Backend {
             backend,
@@ -370,8 +400,10 @@ async fn whole_answer(
         });
     }
     let figures = figures_of_whole(&whole).unwrap_or_default();
-    record_whole(record, &figures, Outcome::Ok);
-    Ok(whole)
+    if let Some(piece) = piece {
+        record_whole(piece, &figures, Outcome::Ok);
+    }
+    Ok((whole, figures))
 }
 
 /// The text of a whole chat answer's first choice (empty when it has none), without a thinking

@@ -24,8 +24,10 @@ use crate::tokens::{ChatPrompt, Count, OnOverflow};
 
 /// What the handler does after fitting.
 pub enum Fitted {
-    /// Send the (possibly rewritten) request; `transform` is the `x-mlxgate-transform` header.
-    Send { transform: Option<String> },
+    /// Send the (possibly rewritten) request; `transform` is the `x-mlxgate-transform` header,
+    /// `prompt_tokens` the prompt's tokens as counted for the cap (an upper bound when the
+    /// prompt fitted by its bytes; `None`: not counted).
+    Send { transform: Option<String>, prompt_tokens: Option<usize> },
     /// Map the pieces of the over-long last message, then reduce (`api::chunk`).
     Chunk(Chunked),
     /// Embed the inputs' pieces in one request and average each input's vectors.
@@ -116,16 +118,19 @@ impl Endpoint {
 }
 
 /// Fits the request in `fields` to its model's cap, rewriting `fields` as the plan says.
-/// Without a known cap nothing is counted.
+/// Without a known cap nothing is counted. `exact`: a chat prompt that fits by its bytes is
+/// tokenized all the same, for an exact [`Fitted::Send::prompt_tokens`] (a client with a token
+/// limit is charged it up front: a bytes bound several times the count could refuse it).
 pub async fn fit(
     metrics: &Metrics,
     route: &Route,
     tokens: Option<&ModelTokens>,
     endpoint: Endpoint,
     fields: &mut RawBody,
+    exact: bool,
 ) -> Result<Fitted, GatewayError> {
-    let Some(tokens) = tokens else { return Ok(Fitted::Send { transform: None }) };
-    let Some(cap) = tokens.cap else { return Ok(Fitted::Send { transform: None }) };
+    let Some(tokens) = tokens else { return Ok(Fitted::Send { transform: None, prompt_tokens: None }) };
+    let Some(cap) = tokens.cap else { return Ok(Fitted::Send { transform: None, prompt_tokens: None }) };
     let model = route.model.name.clone();
     let counter = Arc::clone(&tokens.counter);
     let action = tokens.on_overflow;
@@ -155,7 +160,8 @@ pub async fn fit(
                 // Most prompts fit by far: their bytes bound their tokens, no tokenizing.
                 let plan = match counter.chat_tokens_at_most(prompt) {
                     Ok(bound) if bound.saturating_add(needed) <= cap => {
-                        Ok(ChatPlan::Fits { prompt_tokens: bound, max_tokens: cap - bound })
+                        let counted = if exact { counter.chat_tokens(prompt).unwrap_or(bound) } else { bound };
+                        Ok(ChatPlan::Fits { prompt_tokens: counted, max_tokens: cap - bound })
                     }
                     _ => overflow::plan_chat(&counter, prompt, budget, action),
                 };
@@ -166,17 +172,18 @@ pub async fn fit(
             let restore = Restore { rewritten: request.messages, originals };
             count_timer.observe(started.elapsed().as_secs_f64());
             match plan {
-                ChatPlan::Fits { max_tokens: room, .. } => {
+                ChatPlan::Fits { max_tokens: room, prompt_tokens } => {
                     set_max_tokens(fields, max_tokens, room, default_max_tokens)?;
-                    Ok(Fitted::Send { transform: None })
+                    Ok(Fitted::Send { transform: None, prompt_tokens: Some(prompt_tokens) })
                 }
                 ChatPlan::Reject { requested } => Err(reject(requested, PromptPart::Messages)),
-                ChatPlan::MiddleOut { messages, removed_tokens, max_tokens: room, .. } => {
+                ChatPlan::MiddleOut { messages, removed_tokens, max_tokens: room, prompt_tokens } => {
                     overflowed(OnOverflow::MiddleOut.label());
                     tracing::info!(model = %model, cap, removed_tokens, "prompt over the context cap: middle-out");
                     fields.insert("messages".into(), raw(&restore.apply(messages))?);
                     set_max_tokens(fields, max_tokens, room, default_max_tokens)?;
-                    Ok(Fitted::Send { transform: Some(format!("middle-out; removed_tokens={removed_tokens}")) })
+                    let transform = Some(format!("middle-out; removed_tokens={removed_tokens}"));
+                    Ok(Fitted::Send { transform, prompt_tokens: Some(prompt_tokens) })
                 }
                 ChatPlan::Chunk(plan) => {
                     overflowed(OnOverflow::Chunk.label());
@@ -186,24 +193,35 @@ pub async fn fit(
             }
         }
         Endpoint::Completions => {
-            let Some(prompt) = fields.get("prompt") else { return Ok(Fitted::Send { transform: None }) };
+            let Some(prompt) = fields.get("prompt") else {
+                return Ok(Fitted::Send { transform: None, prompt_tokens: None });
+            };
             let prompts = Prompts::read(prompt.get(), "prompt")?;
             let started = Instant::now();
             let plans = blocking(move || prompts.plan(&*counter, budget, action)).await?;
             count_timer.observe(started.elapsed().as_secs_f64());
             let mut room = usize::MAX;
             let mut removed = 0;
+            // Token arrays are not counted here: their total is left to the estimate.
+            let mut counted = Some(0usize);
             let mut rewritten = Vec::with_capacity(plans.len());
             for plan in plans {
                 match plan {
                     PromptPlan::Text(TextPlan::Reject { requested }) | PromptPlan::Ids(Err(requested)) => {
                         return Err(reject(requested, PromptPart::Prompt));
                     }
-                    PromptPlan::Text(TextPlan::Fits { max_tokens, .. }) | PromptPlan::Ids(Ok(max_tokens)) => {
+                    PromptPlan::Text(TextPlan::Fits { max_tokens, prompt_tokens }) => {
                         room = room.min(max_tokens);
+                        counted = counted.map(|n| n + prompt_tokens);
                         rewritten.push(None);
                     }
-                    PromptPlan::Text(TextPlan::MiddleOut { text, removed_tokens, max_tokens, .. }) => {
+                    PromptPlan::Ids(Ok(max_tokens)) => {
+                        room = room.min(max_tokens);
+                        counted = None;
+                        rewritten.push(None);
+                    }
+                    PromptPlan::Text(TextPlan::MiddleOut { text, removed_tokens, max_tokens, prompt_tokens }) => {
+                        counted = counted.map(|n| n + prompt_tokens);
                         room = room.min(max_tokens);
                         removed += removed_tokens;
                         rewritten.push(Some(text));
@@ -212,15 +230,20 @@ pub async fn fit(
             }
             set_max_tokens(fields, max_tokens, room, default_max_tokens)?;
             if removed == 0 {
-                return Ok(Fitted::Send { transform: None });
+                return Ok(Fitted::Send { transform: None, prompt_tokens: counted });
             }
             overflowed(OnOverflow::MiddleOut.label());
             let prompt = Prompts::read(fields.get("prompt").map_or("null", |p| p.get()), "prompt")?;
             fields.insert("prompt".into(), raw(&prompt.rewrite(rewritten))?);
-            Ok(Fitted::Send { transform: Some(format!("middle-out; removed_tokens={removed}")) })
+            Ok(Fitted::Send {
+                transform: Some(format!("middle-out; removed_tokens={removed}")),
+                prompt_tokens: counted,
+            })
         }
         Endpoint::Embeddings => {
-            let Some(input) = fields.get("input") else { return Ok(Fitted::Send { transform: None }) };
+            let Some(input) = fields.get("input") else {
+                return Ok(Fitted::Send { transform: None, prompt_tokens: None });
+            };
             let inputs = Prompts::read(input.get(), "input")?;
             let started = Instant::now();
             let chunk = action == OnOverflow::Chunk;
@@ -228,7 +251,7 @@ pub async fn fit(
             count_timer.observe(started.elapsed().as_secs_f64());
             let longest = plan.longest;
             if longest <= cap {
-                return Ok(Fitted::Send { transform: None });
+                return Ok(Fitted::Send { transform: None, prompt_tokens: None });
             }
             if !chunk {
                 return Err(reject(longest, PromptPart::Input));

@@ -7,24 +7,35 @@ mod fit;
 pub mod openai;
 
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 use std::time::SystemTime;
 
 use axum::Router;
+use axum::middleware;
 use axum::routing::{get, post};
 use tower_http::trace::{DefaultMakeSpan, DefaultOnResponse, TraceLayer};
 use tracing::Level;
 
+use crate::auth::Access;
 use crate::backend::upstream::Upstream;
 use crate::config::Config;
 use crate::dispatch::Dispatch;
+use crate::limits::Limiter;
+use crate::log_throttle::LogThrottle;
 use crate::metrics::Metrics;
 use crate::stream::meter::Cutoff;
 use crate::tokens::registry::Registry;
 
-/// State shared by all handlers. Immutable after start-up apart from queues and metrics.
+/// State shared by all handlers. Immutable after start-up apart from queues, metrics and the
+/// [`Access`] snapshot (keys, clients, limits) that a reload replaces.
 pub struct AppState {
+    /// The configuration as loaded at start-up. Its `auth`, `clients`, `default_limits` and
+    /// `admin_key` are those of start-up: read [`AppState::access`] for the ones in force.
     pub config: Config,
+    /// Keys, clients and limits in force. A `std` lock rather than `arc-swap`: a read is one
+    /// uncontended lock and an `Arc` clone per request, writes happen only on reload, and the
+    /// lock is never held across an await.
+    access: RwLock<Arc<Access>>,
     pub dispatch: Dispatch,
     pub metrics: Metrics,
     /// For `/ready` probes, separate from the request pools.
@@ -34,15 +45,22 @@ pub struct AppState {
     pub started: SystemTime,
     /// Each model's tokenizer, context cap and overflow action.
     pub tokens: Registry,
+    /// Every client's rate limits (`anonymous` shares `default_limits`).
+    pub limiter: Limiter,
+    /// Keeps log lines that clients can cause at will (429s, refused admin calls) to one per
+    /// minute per client or peer.
+    pub log_throttle: LogThrottle,
 }
 
 impl AppState {
     /// Builds routes, queues, clients and backend supervisors from a validated configuration.
-    /// `keeper` is the mlxgate executable (it runs `mlxgate keep` for each managed server).
-    pub fn new(config: Config, keeper: PathBuf, tokens: Registry) -> Arc<Self> {
+    /// `keeper` is the mlxgate executable (it runs `mlxgate keep` for each managed server);
+    /// `limiter` holds the clients' limits (see [`Limiter::for_config`]).
+    pub fn new(config: Config, keeper: PathBuf, tokens: Registry, limiter: Limiter) -> Arc<Self> {
         let metrics = Metrics::new();
         let dispatch = Dispatch::new(&config, &metrics, keeper);
         Arc::new(AppState {
+            access: RwLock::new(Arc::new(Access::of(&config))),
             config,
             dispatch,
             metrics,
@@ -50,7 +68,26 @@ impl AppState {
             cutoff: Arc::new(Cutoff::default()),
             started: SystemTime::now(),
             tokens,
+            limiter,
+            log_throttle: LogThrottle::default(),
         })
+    }
+}
+
+impl AppState {
+    /// The keys, clients and limits in force now. A request takes one snapshot and keeps it:
+    /// a reload while it runs changes nothing for it.
+    pub fn access(&self) -> Arc<Access> {
+        Arc::clone(&self.access.read().unwrap_or_else(|poisoned| poisoned.into_inner()))
+    }
+
+    /// Puts `config`'s keys, clients, admin key and limits in force (a reload). The limiter's
+    /// limits change while the snapshot is locked, so no request identifies its client under
+    /// the new keys and then finds the old limits; buckets keep their state.
+    pub fn reload_access(&self, config: &Config) {
+        let mut access = self.access.write().unwrap_or_else(|poisoned| poisoned.into_inner());
+        self.limiter.configure_clients(config);
+        *access = Arc::new(Access::of(config));
     }
 }
 
@@ -63,12 +100,20 @@ pub fn metrics_app(state: Arc<AppState>) -> Router {
 ///
 /// Layers, outermost first:
 /// - `TraceLayer`: one span per request, so every log line a request causes carries its method
-///   and path. It logs at the response headers; the body's end is logged by `StreamMeter`.
+///   and path. It logs at the response headers; the body's end is logged by `StreamMeter`. It
+///   records no header: `Authorization` and `x-api-key` carry clients' keys.
+/// - `/admin/*` alone: `admin::require_admin` (a route layer: an unknown `/admin/…` path gets
+///   the same 404 as any other); `/metrics` the same rule when `auth: required`.
 ///
 /// There is deliberately no body-limit or timeout layer: the body limit is applied by the proxy
 /// handler so that a too-large body gets an OpenAI-shaped 413, and a timeout layer would cut
 /// streams that legitimately last many minutes (timeouts live in `backend::upstream`).
 pub fn app(state: Arc<AppState>) -> Router {
+    let admin = Router::new()
+        .route("/admin/backends", get(admin::backends))
+        .route("/admin/backends/{name}/logs", get(admin::logs))
+        .route("/admin/backends/{name}/restart", post(admin::restart))
+        .route_layer(middleware::from_fn_with_state(Arc::clone(&state), admin::require_admin));
     Router::new()
         .route("/v1/chat/completions", post(openai::proxy))
         .route("/v1/completions", post(openai::proxy))
@@ -76,16 +121,18 @@ pub fn app(state: Arc<AppState>) -> Router {
         .route("/v1/models", get(openai::list_models))
         .route("/health", get(admin::health))
         .route("/ready", get(admin::ready))
-        .route("/metrics", get(admin::metrics))
-        .route("/admin/backends", get(admin::backends))
-        .route("/admin/backends/{name}/logs", get(admin::logs))
-        .route("/admin/backends/{name}/restart", post(admin::restart))
+        .route(
+            "/metrics",
+            get(admin::metrics)
+                .route_layer(middleware::from_fn_with_state(Arc::clone(&state), admin::require_metrics_access)),
+        )
+        .merge(admin)
         .fallback(openai::not_found)
         // GET /v1/chat/completions and the like: OpenAI's "Invalid URL" body, not an empty 405.
         .method_not_allowed_fallback(openai::not_found)
         .layer(
             TraceLayer::new_for_http()
-                .make_span_with(DefaultMakeSpan::new().level(Level::INFO))
+                .make_span_with(DefaultMakeSpan::new().level(Level::INFO).include_headers(false))
                 .on_response(DefaultOnResponse::new().level(Level::DEBUG)),
         )
         .with_state(state)

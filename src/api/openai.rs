@@ -1,7 +1,7 @@
 //! `/v1/*`: the OpenAI endpoints. The proxy handler parses only what it needs from the body
 //! (`model`; other top-level fields stay raw JSON text), rewrites `model` to the backend's name,
 //! waits for a slot in the model's queue and streams the backend's answer back untouched.
-//! The handler reads as its phases: parse → acquire → send → wrap.
+//! The handler reads as its phases: identify → parse → acquire → send → wrap.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -10,7 +10,7 @@ use std::time::{Duration, Instant, UNIX_EPOCH};
 use axum::Json;
 use axum::body::Body;
 use axum::extract::{ConnectInfo, Request, State};
-use axum::http::{HeaderValue, header};
+use axum::http::{HeaderMap, HeaderValue, header};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Limited};
@@ -22,13 +22,19 @@ use serde_json::value::RawValue;
 use super::AppState;
 use super::chunk;
 use super::fit::{self, Endpoint, Fitted};
+use crate::auth::{self, Client};
 use crate::backend::handle::{Answer, Outbound, SendFailure};
 use crate::backend::upstream::strip_hop_by_hop;
 use crate::dispatch::Route;
 use crate::dispatch::queue::{ClientId, Permit};
 use crate::error::{GatewayError, backend_error_body};
+use crate::limits::body_fingerprint;
 use crate::outcome::{Outcome, RequestRecord};
-use crate::stream::meter::{Cutoff, Mode, RequestInfo, StreamFigures, StreamMeter, figures_of_whole, record_whole};
+use crate::stream::meter::{
+    Cutoff, Mode, RequestInfo, StreamFigures, StreamMeter, figures_of_whole, record_answer, record_whole,
+};
+use crate::tokens::Count;
+use crate::tokens::counter::Estimate;
 
 /// A request body: top-level fields in their original order, values left as raw JSON.
 pub(crate) type RawBody = IndexMap<String, Box<RawValue>>;
@@ -60,11 +66,17 @@ pub async fn proxy(State(state): State<Arc<AppState>>, request: Request) -> Resp
             () = cut => Err(GatewayError::ShuttingDown),
         }
     };
-    match forwarded {
+    // Every response to an admitted request carries the client's x-ratelimit-* headers (a 429
+    // carries its own).
+    let rate_limit_headers = record.rate_limit_headers().clone();
+    let mut response = match forwarded {
         Ok(Forwarded::Answered(answered)) => answered.into_response(record, Arc::clone(&state.cutoff)).await,
         Ok(Forwarded::Made(response, figures)) => {
-            if let Some(figures) = figures {
-                record_whole(record, &figures, Outcome::Ok);
+            match figures {
+                // Chunked embeddings: no first token to time.
+                Some(figures) => record_answer(record, &figures, Outcome::Ok, false),
+                // Its body finishes the record (a streamed map-reduce): it was taken.
+                None => drop(record),
             }
             response
         }
@@ -72,7 +84,9 @@ pub async fn proxy(State(state): State<Arc<AppState>>, request: Request) -> Resp
             record.finish(Outcome::from(&e));
             e.into_response()
         }
-    }
+    };
+    response.headers_mut().extend(rate_limit_headers);
+    response
 }
 
 /// What the client asked for, ready to send: the body re-encoded once; the client's own
@@ -95,27 +109,57 @@ enum Forwarded {
     Made(Response, Option<StreamFigures>),
 }
 
-/// parse → fit (the context cap; map-reduce of an over-long message) → acquire → send
-/// (retried on a restarted backend) → wrap.
+/// identify (the client, from the headers alone: a refused one's body is never read) → parse
+/// → fit (the context cap; map-reduce of an over-long message) → limits (the client's rate
+/// limits, charged with the prompt's count; a refusal before here costs nothing) → acquire →
+/// send (retried on a restarted backend) → wrap. The pieces of a map-reduce are part of the
+/// client's one admission.
 async fn forward(
     state: &Arc<AppState>,
     request: Request,
     record: &mut RequestRecord,
 ) -> Result<Forwarded, GatewayError> {
     let (parts, body) = request.into_parts();
+    // One snapshot of keys and clients for the whole request, whatever a reload does meanwhile.
+    let access = state.access();
+    let caller = auth::identify(&access, &parts.headers)?;
+    record.identified(caller.name());
     let bytes = read_body(&parts, body, state.config.max_body_bytes, state.config.body_read_timeout).await?;
+    // A client with a token limit: the body's fingerprint, to refuse the same body again
+    // before it is counted once its token rate refused it.
+    let fingerprint = state.limiter.limits_of(caller.name()).tpm.is_some().then(|| body_fingerprint(&bytes));
     let mut fields: RawBody = serde_json::from_slice(&bytes)
         .map_err(|e| GatewayError::invalid(format!("The request body is not a JSON object: {e}."), None))?;
     drop(bytes);
     let model = requested_model(&fields)?;
-    let route = state.dispatch.route(&model).ok_or_else(|| GatewayError::ModelNotFound(model.clone()))?;
+    // A model the client may not use is, to it, one that does not exist: the same 404.
+    let route = state
+        .dispatch
+        .route(&model)
+        .filter(|_| caller.may_use(&access, &model))
+        .ok_or_else(|| GatewayError::ModelNotFound(model.clone()))?;
     record.routed(&model, &route.backend.config.name);
-    let client = client_id(&parts);
-    let endpoint = Endpoint::of(parts.uri.path());
+    // A client at its concurrency, or still refused by its rate, is refused before its prompt
+    // is counted (the costly part of a refusal).
+    state.limiter.precheck(caller.name(), fingerprint).await.map_err(|denied| rate_limited(state, &caller, denied))?;
+    let client = client_id(&parts, &caller);
+    // A client with a token limit is charged its prompt's exact count when it is counted.
+    let exact = state.limiter.limits_of(caller.name()).tpm.is_some();
+    let fitted = match Endpoint::of(parts.uri.path()) {
+        Some(endpoint) => {
+            Some(fit::fit(&state.metrics, route, state.tokens.get(&model), endpoint, &mut fields, exact).await?)
+        }
+        None => None,
+    };
+    let prompt_tokens = match &fitted {
+        Some(Fitted::Send { prompt_tokens: Some(counted), .. }) => *counted as u64,
+        _ => estimated_prompt_tokens(&fields),
+    };
+    admit(state, &caller, prompt_tokens, fingerprint, record).await?;
     let mut transform = None;
-    if let Some(endpoint) = endpoint {
-        match fit::fit(&state.metrics, route, state.tokens.get(&model), endpoint, &mut fields).await? {
-            Fitted::Send { transform: t } => transform = t,
+    if let Some(fitted) = fitted {
+        match fitted {
+            Fitted::Send { transform: t, .. } => transform = t,
             Fitted::Chunk(chunked) if fields.get("stream").is_some_and(|v| v.get() == "true") => {
                 // The client gets its headers now and keep-alive comments while the pieces are
                 // mapped (minutes on a long document), then the reduce's stream.
@@ -123,17 +167,60 @@ async fn forward(
                 return Ok(Forwarded::Made(chunk::streamed(Arc::clone(state), job, record.take()), None));
             }
             Fitted::Chunk(chunked) => {
-                let partials = chunk::map(state, route, &client, &parts, &fields, &chunked).await?;
+                let partials = chunk::map(state, route, &client, &parts, &fields, &chunked, record).await?;
                 chunk::reduce_request(&mut fields, &chunked, &partials, route.model.default_max_tokens)?;
+                record.reestimated(estimated_prompt_tokens(&fields));
                 transform = Some(chunk::transform(&chunked.plan));
             }
             Fitted::Embed(plan) => {
-                let (made, figures) = chunk::embed(state, route, &client, &parts, fields, plan).await?;
+                let (made, figures) = chunk::embed(state, route, &client, &parts, fields, plan, record).await?;
                 return Ok(Forwarded::Made(made, Some(figures)));
             }
         }
     }
-    send(state, route, &client, &parts, fields, transform).await.map(Forwarded::Answered)
+    let sent = record.sent_flag();
+    send(state, route, &client, &parts, fields, transform, &sent).await.map(Forwarded::Answered)
+}
+
+/// limits: admits the request under its client's rate limits, charging `prompt_tokens` up front.
+/// The admission goes into the record, which settles it to the backend's usage at the end (or
+/// cancels it when no backend answered); a refusal is 429 and counted by client and limit.
+async fn admit(
+    state: &AppState,
+    caller: &Client,
+    prompt_tokens: u64,
+    fingerprint: Option<u64>,
+    record: &mut RequestRecord,
+) -> Result<(), GatewayError> {
+    match state.limiter.admit_body(caller.name(), prompt_tokens, fingerprint).await {
+        Ok(admission) => {
+            record.admitted(admission);
+            Ok(())
+        }
+        Err(denied) => Err(rate_limited(state, caller, denied)),
+    }
+}
+
+/// A 429: counted by client and limit, and logged at most once a minute per client and limit
+/// (a client looping on its 429s must not flood the log).
+fn rate_limited(state: &AppState, caller: &Client, denied: crate::limits::Denied) -> GatewayError {
+    let limit = denied.limit.as_str();
+    state.metrics.rate_limited.with_label_values(&[caller.name(), limit]).inc();
+    if let Some(suppressed) = state.log_throttle.allow(&format!("rate limited {} {limit}", caller.name())) {
+        tracing::info!(client = caller.name(), limit, retry_after = ?denied.retry_after, suppressed, "rate limited");
+    }
+    GatewayError::RateLimited(Box::new(denied))
+}
+
+/// A cheap estimate of a prompt's tokens when no count was made (no context cap, a map-reduce,
+/// embeddings): the estimate's count of the prompt fields' JSON text. Settled to the backend's
+/// usage at the end.
+pub(crate) fn estimated_prompt_tokens(fields: &RawBody) -> u64 {
+    ["messages", "prompt", "input", "tools"]
+        .iter()
+        .filter_map(|key| fields.get(*key))
+        .map(|raw| Estimate.text_tokens(raw.get()) as u64)
+        .sum()
 }
 
 /// The request as it goes to the backend: encoded once, then acquire → send.
@@ -144,11 +231,12 @@ pub(crate) async fn send(
     parts: &axum::http::request::Parts,
     mut fields: RawBody,
     transform: Option<String>,
+    sent: &std::sync::atomic::AtomicBool,
 ) -> Result<Answered, GatewayError> {
     let mut parsed = parse(parts, &mut fields, route)?;
     parsed.transform = transform;
     drop(fields);
-    let (permit, answer, queue_wait) = dispatch(state, route, client, &parsed.outbound).await?;
+    let (permit, answer, queue_wait) = dispatch(state, route, client, &parsed.outbound, sent).await?;
     Ok(Answered { answer, permit, parsed, queue_wait, idle_timeout: route.backend.config.stream_idle_timeout })
 }
 
@@ -160,6 +248,7 @@ pub(crate) async fn dispatch(
     route: &Route,
     client: &ClientId,
     outbound: &Outbound,
+    sent: &std::sync::atomic::AtomicBool,
 ) -> Result<(Permit, Answer, Duration), GatewayError> {
     let model = &route.model.name;
     let mut retries = 0;
@@ -185,6 +274,7 @@ pub(crate) async fn dispatch(
                 return Err(e);
             }
         };
+        sent.store(true, std::sync::atomic::Ordering::SeqCst);
         match route.backend.send(outbound).await {
             Ok(answer) => break (permit, answer),
             Err(SendFailure::Retry(e)) if retries < MAX_RETRIES => {
@@ -291,17 +381,17 @@ impl Answered {
             let body = StreamMeter::new(body, Mode::Sse, first, permit, info);
             return Response::from_parts(head, Body::new(body));
         }
-        if !parsed.generates {
-            let body = StreamMeter::new(body, Mode::Raw, first, permit, info);
-            return Response::from_parts(head, Body::new(body));
-        }
-        whole_answer(head, body, first, permit, info, sent_at).await
+        // Whole answers (embeddings too: read whole, their usage settles the client's charge
+        // and the record ends with the answer, not when hyper stops polling a body of a known
+        // length).
+        whole_answer(head, body, first, permit, info, sent_at, parsed.generates).await
     }
 }
 
 /// A whole (non-streaming) answer: read it (it is complete when the backend sends it) to take
 /// its usage, record it, and add the per-request figures as headers. `sent_at` is when the
 /// request went to the backend: the answer's tokens per second are over the backend's time.
+/// `generates`: a chat or completion (an embeddings answer has no first token to time).
 async fn whole_answer(
     mut head: hyper::http::response::Parts,
     incoming: Incoming,
@@ -309,6 +399,7 @@ async fn whole_answer(
     permit: Permit,
     info: RequestInfo,
     sent_at: Instant,
+    generates: bool,
 ) -> Response {
     let backend = info.record.backend.clone();
     let cut = info.cutoff.notified();
@@ -338,6 +429,10 @@ async fn whole_answer(
     let headers = &mut head.headers;
     headers.remove(header::CONTENT_LENGTH);
     headers.insert("x-mlxgate-queue-ms", HeaderValue::from(info.queue_wait.as_millis() as u64));
+    if !generates {
+        record_answer(info.record, &figures, Outcome::Ok, false);
+        return Response::from_parts(head, Body::from(whole));
+    }
     headers.insert("x-mlxgate-ttft-ms", HeaderValue::from(info.record.arrived.elapsed().as_millis() as u64));
     if let Some(tokens) = figures.tokens() {
         let seconds = sent_at.elapsed().as_secs_f64().max(1e-6);
@@ -427,14 +522,20 @@ fn ask_for_usage(fields: &mut RawBody) -> Result<bool, GatewayError> {
     Ok(asked)
 }
 
-/// GET `/v1/models`: the configured public names, in OpenAI's list shape, each with its
-/// `context_length` when a cap is known.
-pub async fn list_models(State(state): State<Arc<AppState>>) -> Json<serde_json::Value> {
+/// GET `/v1/models`: the configured public names the client may use, in OpenAI's list shape,
+/// each with its `context_length` when a cap is known. With auth required, 401 without a key.
+pub async fn list_models(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+) -> Result<Json<serde_json::Value>, GatewayError> {
+    let access = state.access();
+    let caller = auth::identify(&access, &headers)?;
     let created = state.started.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
     let data: Vec<_> = state
         .config
         .models
         .keys()
+        .filter(|name| caller.may_use(&access, name))
         .map(|name| {
             let mut model = json!({"id": name, "object": "model", "created": created, "owned_by": "mlxgate"});
             if let Some(cap) = state.tokens.get(name).and_then(|t| t.cap) {
@@ -443,7 +544,7 @@ pub async fn list_models(State(state): State<Arc<AppState>>) -> Json<serde_json:
             model
         })
         .collect();
-    Json(json!({"object": "list", "data": data}))
+    Ok(Json(json!({"object": "list", "data": data})))
 }
 
 /// Any other path: OpenAI's 404 shape rather than an empty body (counted, unrouted).
@@ -483,8 +584,13 @@ fn requested_model(fields: &RawBody) -> Result<String, GatewayError> {
         .map_err(|_| GatewayError::invalid("`model` must be a string", Some("model")))
 }
 
-/// The identity used for fair queueing: the bearer key if sent, else the peer's IP address.
-fn client_id(parts: &axum::http::request::Parts) -> ClientId {
+/// The identity used for fair queueing: with auth on, the client's configured name (a client
+/// rotating made-up keys gets 401, not a fresh share of the queue); with auth off, the bearer
+/// key if sent, else the peer's IP address.
+fn client_id(parts: &axum::http::request::Parts, caller: &Client) -> ClientId {
+    if let Client::Named(name) = caller {
+        return ClientId(format!("client:{name}"));
+    }
     let bearer = parts
         .headers
         .get(header::AUTHORIZATION)

@@ -270,8 +270,9 @@ fn forget_in(dir: &Path, port: u16, pid: u32) {
 }
 
 /// Where the records live: `$XDG_RUNTIME_DIR/mlxgate`, else `<temp dir>/mlxgate-<uid>`; made
-/// private to this user, and refused when another user could write to it.
-fn records_dir() -> std::io::Result<PathBuf> {
+/// private to this user, and refused when another user could write to it. The gateway's pid
+/// file lives there too (see `crate::reload`).
+pub fn records_dir() -> std::io::Result<PathBuf> {
     use std::os::unix::fs::{DirBuilderExt, MetadataExt};
     let uid = own_uid()?;
     let dir = match std::env::var_os("XDG_RUNTIME_DIR").map(PathBuf::from) {
@@ -300,6 +301,11 @@ fn own_uid() -> std::io::Result<u32> {
     let uid = file.metadata().map(|m| m.uid());
     let _ = std::fs::remove_file(&probe);
     Ok(*UID.get_or_init(|| uid.unwrap_or(u32::MAX)))
+}
+
+/// The command line of the live process `pid` (`None` when there is none, or it is a zombie).
+pub fn command_of(pid: u32) -> Option<String> {
+    process_facts(pid).filter(|f| !f.zombie).map(|f| f.command)
 }
 
 async fn facts_off_thread(pid: u32) -> Option<ProcessFacts> {

@@ -127,12 +127,13 @@ impl Upstream {
 }
 
 /// Request headers the gateway never forwards: its own connection's framing, the gateway's
-/// API key (a backend has its own), the client's `Host`, and the client's encodings (the
-/// gateway asks for `identity`).
+/// API key in either header clients send it in (a backend has its own), the client's `Host`,
+/// and the client's encodings (the gateway asks for `identity`).
 fn is_dropped_request_header(name: &HeaderName) -> bool {
     name == header::HOST
         || name == header::CONTENT_LENGTH
         || name == header::AUTHORIZATION
+        || name == "x-api-key"
         || name == header::ACCEPT_ENCODING
 }
 
@@ -166,5 +167,13 @@ mod tests {
         strip_hop_by_hop(&mut h);
         assert_eq!(h.len(), 1);
         assert!(h.contains_key(header::CONTENT_TYPE));
+    }
+
+    #[test]
+    fn clients_keys_are_not_forwarded() {
+        for name in [header::AUTHORIZATION, HeaderName::from_static("x-api-key")] {
+            assert!(is_dropped_request_header(&name), "{name}");
+        }
+        assert!(!is_dropped_request_header(&header::CONTENT_TYPE));
     }
 }

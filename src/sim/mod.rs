@@ -384,7 +384,11 @@ async fn generate(
 async fn complete(state: &SimState, plan: &Plan, job: &Job) -> Response {
     let _slot = state.generation_slot().await;
     let _active = Active::new(state);
-    tokio::time::sleep(Duration::from_millis(plan.ttft_ms)).await;
+    // tokio's timer has a 1 ms tick: even a zero sleep waits for the next one, so `ttft_ms: 0`
+    // skips it and answers at once.
+    if plan.ttft_ms > 0 {
+        tokio::time::sleep(Duration::from_millis(plan.ttft_ms)).await;
+    }
     if plan.drop_after.is_some() {
         let dropped = std::io::Error::new(std::io::ErrorKind::ConnectionAborted, "mlxgate-sim: drop_after");
         let body = futures_util::stream::once(async move { Err::<Bytes, _>(dropped) });

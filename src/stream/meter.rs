@@ -36,7 +36,7 @@ use super::sse::{Item, SseParser};
 use crate::dispatch::queue::Permit;
 use crate::error::GatewayError;
 use crate::metrics::Metrics;
-use crate::outcome::{Outcome, RequestRecord};
+use crate::outcome::{Outcome, RequestRecord, Usage};
 
 /// A burst: at least this share of the generated tokens' frames arrived in one read.
 const BURST_SHARE: f64 = 0.5;
@@ -180,6 +180,14 @@ impl StreamFigures {
     /// Tokens generated, from the backend's usage; `None` when it sent none.
     pub fn tokens(&self) -> Option<u64> {
         self.completion_tokens
+    }
+
+    /// What the answer used, for the client's token limit. A stream cut before its usage
+    /// (the client left, the backend died) is charged the output frames it showed: for the
+    /// servers here one token each, and a charge of nothing would make cutting streams free.
+    pub fn usage(&self) -> Usage {
+        let shown = self.metered.then_some(self.token_frames);
+        Usage { prompt_tokens: self.prompt_tokens, generated_tokens: self.tokens().or(shown) }
     }
 
     /// Whether most tokens arrived in one read (a detokenizer holding text back, a proxy
@@ -385,7 +393,8 @@ fn record(info: RequestInfo, f: &StreamFigures, outcome: Outcome) {
     let labels = [model.as_str(), backend.as_str()];
     m.request_duration.with_label_values(&labels).observe(info.record.arrived.elapsed().as_secs_f64());
     let arrived = info.record.arrived;
-    info.record.finish(outcome);
+    let client = info.record.client.clone();
+    info.record.finish_used(outcome, f.usage());
     if !f.metered {
         // A raw body (embeddings, an error): nothing generated to count.
         return;
@@ -394,7 +403,7 @@ fn record(info: RequestInfo, f: &StreamFigures, outcome: Outcome) {
         let ttft = first.duration_since(arrived).as_secs_f64();
         m.time_to_first_token.with_label_values(&[&model, &backend, "true"]).observe(ttft);
     }
-    record_tokens(&m, &labels, f);
+    record_tokens(&m, &[&model, &backend, &client], f);
     if f.is_burst() {
         m.stream_bursts.with_label_values(&[&backend]).inc();
     }
@@ -409,8 +418,9 @@ fn record(info: RequestInfo, f: &StreamFigures, outcome: Outcome) {
     }
 }
 
-/// Prompt and generated tokens from the backend's usage, or that the count is unknown.
-fn record_tokens(m: &Metrics, labels: &[&str; 2], f: &StreamFigures) {
+/// Prompt and generated tokens from the backend's usage, or that the count is unknown
+/// (`labels`: model, backend, client).
+fn record_tokens(m: &Metrics, labels: &[&str; 3], f: &StreamFigures) {
     if let Some(p) = f.prompt_tokens {
         m.prompt_tokens.with_label_values(labels).inc_by(p);
     }
@@ -439,15 +449,20 @@ pub fn figures_of_whole(body: &[u8]) -> Option<StreamFigures> {
 
 /// Records a whole answer: TTFT is the full response time, labelled `streaming="false"`.
 pub fn record_whole(record: RequestRecord, f: &StreamFigures, outcome: Outcome) {
+    record_answer(record, f, outcome, true);
+}
+
+/// As [`record_whole`]; `generates: false` (embeddings) observes no time to first token.
+pub fn record_answer(record: RequestRecord, f: &StreamFigures, outcome: Outcome, generates: bool) {
     let m = record.metrics().clone();
     let labels = [record.model.as_str(), record.backend.as_str()];
     let elapsed = record.arrived.elapsed().as_secs_f64();
     m.request_duration.with_label_values(&labels).observe(elapsed);
-    if outcome == Outcome::Ok {
+    if outcome == Outcome::Ok && generates {
         m.time_to_first_token.with_label_values(&[labels[0], labels[1], "false"]).observe(elapsed);
     }
-    record_tokens(&m, &labels, f);
-    record.finish(outcome);
+    record_tokens(&m, &[labels[0], labels[1], record.client.as_str()], f);
+    record.finish_used(outcome, f.usage());
 }
 
 /// The `x-mlxgate-stats` comment line.

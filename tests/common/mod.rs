@@ -381,6 +381,103 @@ impl ServerWatch {
     }
 }
 
+/// As [`gateway`], listening on `bind` (an address of this machine, port 0 for any).
+pub async fn gateway_on(yaml: &str, bind: SocketAddr) -> Gateway {
+    let config = Config::parse(yaml, &|_| None).expect("test config is valid");
+    let listener = tokio::net::TcpListener::bind(bind).await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let (stop, stopped) = oneshot::channel::<()>();
+    let keeper = std::path::PathBuf::from(env!("CARGO_BIN_EXE_mlxgate"));
+    let task = tokio::spawn(mlxgate::serve(
+        config,
+        listener,
+        async move {
+            let _ = stopped.await;
+        },
+        keeper,
+    ));
+    Gateway { addr, stop: Some(stop), task }
+}
+
+/// This machine's address on the interface of its default route (not loopback), if it has one:
+/// a client connecting to it from here is seen as that address, not as 127.0.0.1.
+pub fn non_loopback_address() -> Option<std::net::IpAddr> {
+    // A UDP connect sends nothing; it only picks the source address of the route.
+    let socket = std::net::UdpSocket::bind("0.0.0.0:0").ok()?;
+    socket.connect("192.0.2.1:9").or_else(|_| socket.connect("10.255.255.1:9")).ok()?;
+    let ip = socket.local_addr().ok()?.ip();
+    (!ip.is_loopback() && !ip.is_unspecified()).then_some(ip)
+}
+
+/// The log lines of a [`gateway_binary_logged`], as they arrive.
+pub type LogLines = std::sync::Arc<std::sync::Mutex<Vec<String>>>;
+
+/// `mlxgate serve` on `config` (listening on a free port) with `RUST_LOG={rust_log}` and the
+/// extra environment `env`; every log line is kept, for tests of what is (not) logged.
+pub fn gateway_binary_logged(config: &str, env: &[(&str, &str)], rust_log: &str) -> (GatewayBinary, LogLines) {
+    use std::io::{BufRead, BufReader};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("gateway.yaml");
+    std::fs::write(&path, format!("listen: 127.0.0.1:0\n{config}")).expect("write config");
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_mlxgate"))
+        .arg("serve")
+        .arg("--config")
+        .arg(&path)
+        .envs(env.iter().copied())
+        .env("RUST_LOG", rust_log)
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("gateway starts");
+    let reader = BufReader::new(child.stderr.take().expect("stderr"));
+    let lines: LogLines = Default::default();
+    let (found, url) = std::sync::mpsc::channel();
+    std::thread::spawn({
+        let lines = std::sync::Arc::clone(&lines);
+        move || {
+            for line in reader.lines().map_while(Result::ok) {
+                if let Some(addr) = line.split("listen=").nth(1).and_then(|r| r.split_whitespace().next()) {
+                    let _ = found.send(format!("http://{addr}"));
+                }
+                lines.lock().expect("log lines").push(line);
+            }
+        }
+    });
+    let url = url.recv_timeout(PATIENCE).unwrap_or_else(|_| panic!("gateway never served: {:?}", lines.lock()));
+    (GatewayBinary { child, url, startup_log: vec![], _dir: dir }, lines)
+}
+
+/// `mlxgate serve --config {path}` (a file the test writes, and may rewrite to reload it) with
+/// `RUST_LOG=info` and the extra environment `env`; every log line is kept.
+pub fn gateway_binary_at(path: &Path, env: &[(&str, &str)]) -> (GatewayBinary, LogLines) {
+    use std::io::{BufRead, BufReader};
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_mlxgate"))
+        .arg("serve")
+        .arg("--config")
+        .arg(path)
+        .envs(env.iter().copied())
+        .env("RUST_LOG", "info")
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("gateway starts");
+    let reader = BufReader::new(child.stderr.take().expect("stderr"));
+    let lines: LogLines = Default::default();
+    let (found, url) = std::sync::mpsc::channel();
+    std::thread::spawn({
+        let lines = std::sync::Arc::clone(&lines);
+        move || {
+            for line in reader.lines().map_while(Result::ok) {
+                if let Some(addr) = line.split("listen=").nth(1).and_then(|r| r.split_whitespace().next()) {
+                    let _ = found.send(format!("http://{addr}"));
+                }
+                lines.lock().expect("log lines").push(line);
+            }
+        }
+    });
+    let url = url.recv_timeout(PATIENCE).unwrap_or_else(|_| panic!("gateway never served: {:?}", lines.lock()));
+    let dir = tempfile::tempdir().expect("tempdir");
+    (GatewayBinary { child, url, startup_log: vec![], _dir: dir }, lines)
+}
+
 /// The request bodies the simulator received last (its `/sim/requests`).
 pub async fn sim_requests(sim: &SimHandle) -> Vec<Value> {
     client().get(format!("{}/sim/requests", sim.url())).send().await.expect("requests").json().await.expect("json")

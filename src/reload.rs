@@ -1,0 +1,228 @@
+//! Reloading keys and limits without a restart: on SIGHUP the gateway re-reads the file it was
+//! started with, checks it as `mlxgate check` does, and puts its clients, keys, admin key and
+//! limits in force at once ([`AppState::reload_access`]); running requests and streams keep the
+//! snapshot they started with. Anything else that changed in the file is only reported: it
+//! applies at the next start. A file with any problem changes nothing, and every problem is
+//! logged (problems never quote a key).
+//!
+//! Also the gateway's pid file (`gateway-<port>.pid`, beside the keeper's records), through
+//! which `mlxgate reload` finds the gateway to signal.
+
+use std::cell::RefCell;
+use std::collections::BTreeSet;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use tokio::signal::unix::{Signal, SignalKind, signal};
+
+use crate::api::AppState;
+use crate::backend::keeper;
+use crate::config::Config;
+
+/// Loads `path` and checks it fully: the file itself ([`Config::load`]), then every managed
+/// backend's venv and program and every model's tokenizer directory on this machine. Gives
+/// every problem found, one a line, when there is any.
+pub fn check_file(path: &Path) -> Result<Config, Vec<String>> {
+    let config = Config::load(path).map_err(|e| e.to_string().lines().map(str::to_owned).collect::<Vec<_>>())?;
+    preflight(config)
+}
+
+/// As [`check_file`], for the file of a gateway running with its own environment (`mlxgate
+/// reload`): a `${VAR}` unset here is not a problem (the gateway resolves it, and logs it if it
+/// is unset there too); its name is returned beside the configuration.
+pub fn check_file_elsewhere(path: &Path) -> Result<(Config, BTreeSet<String>), Vec<String>> {
+    let unset = RefCell::new(BTreeSet::new());
+    let config = Config::load_elsewhere(path, &unset)
+        .map_err(|e| e.to_string().lines().map(str::to_owned).collect::<Vec<_>>())?;
+    Ok((preflight(config)?, unset.into_inner()))
+}
+
+fn preflight(config: Config) -> Result<Config, Vec<String>> {
+    let mut problems = crate::backend::preflight::problems(&config);
+    problems.extend(crate::tokens::registry::tokenizer_problems(&config));
+    if problems.is_empty() { Ok(config) } else { Err(problems.iter().map(ToString::to_string).collect()) }
+}
+
+/// The top-level keys whose values differ between the running configuration and `new`, among
+/// those a reload does not apply (everything but `auth`, `clients`, `default_limits` and
+/// `admin_key_sha256`), by their names in gateway.yaml.
+pub fn unapplied_changes(running: &Config, new: &Config) -> Vec<&'static str> {
+    let same = |a: &dyn std::fmt::Debug, b: &dyn std::fmt::Debug| format!("{a:?}") == format!("{b:?}");
+    let keys: [(&'static str, bool); 11] = [
+        ("listen", running.listen == new.listen),
+        ("metrics_listen", running.metrics_listen == new.metrics_listen),
+        ("shutdown_grace", running.shutdown_grace == new.shutdown_grace),
+        ("max_body", running.max_body_bytes == new.max_body_bytes),
+        ("header_read_timeout", running.header_read_timeout == new.header_read_timeout),
+        ("max_connections_per_client", running.max_connections_per_client == new.max_connections_per_client),
+        ("body_read_timeout", running.body_read_timeout == new.body_read_timeout),
+        ("swap_after", running.swap_after == new.swap_after),
+        // Plain data all through: their Debug text is their value.
+        ("backends", same(&running.backends, &new.backends)),
+        ("models", same(&running.models, &new.models)),
+        ("rate_limit_store", running.rate_limit_store == new.rate_limit_store),
+    ];
+    keys.iter().filter(|(_, unchanged)| !unchanged).map(|(key, _)| *key).collect()
+}
+
+/// The SIGHUP listener, installed before the gateway can be found (its pid file), so that a
+/// SIGHUP never meets the default action (which would end the gateway).
+pub struct Reloader {
+    path: PathBuf,
+    hangups: Signal,
+}
+
+impl Reloader {
+    /// Installs the SIGHUP handler; reloads will read `path`.
+    pub fn install(path: PathBuf) -> std::io::Result<Reloader> {
+        Ok(Reloader { path, hangups: signal(SignalKind::hangup())? })
+    }
+
+    /// Reloads on every SIGHUP, for as long as the gateway runs.
+    pub async fn run(mut self, state: Arc<AppState>) {
+        while self.hangups.recv().await.is_some() {
+            tracing::info!(config = %self.path.display(), "SIGHUP received: reloading keys and limits");
+            let path = self.path.clone();
+            match tokio::task::spawn_blocking(move || check_file(&path)).await {
+                Ok(checked) => apply(&state, &self.path, checked),
+                Err(e) => tracing::error!("reload failed: {e}; the configuration in force is kept"),
+            }
+        }
+    }
+}
+
+/// Puts a checked file's access in force, or logs why not.
+fn apply(state: &AppState, path: &Path, checked: Result<Config, Vec<String>>) {
+    let new = match checked {
+        Ok(new) => new,
+        Err(problems) => {
+            for problem in &problems {
+                tracing::error!(config = %path.display(), "reload: {problem}");
+            }
+            tracing::error!(
+                config = %path.display(),
+                problems = problems.len(),
+                "reload refused: the file is invalid; the keys, clients and limits in force are kept"
+            );
+            return;
+        }
+    };
+    state.reload_access(&new);
+    tracing::info!(
+        config = %path.display(),
+        auth = ?new.auth,
+        clients = new.clients.len(),
+        admin_key = new.admin_key.is_some(),
+        "reloaded keys, clients and limits"
+    );
+    let unapplied = unapplied_changes(&state.config, &new);
+    if !unapplied.is_empty() {
+        tracing::warn!(
+            config = %path.display(),
+            changed = ?unapplied,
+            "these settings differ from the running ones and apply only at a restart: {}",
+            unapplied.join(", ")
+        );
+    }
+}
+
+/// The pid file of the gateway listening on `port`.
+pub fn pid_file_path(port: u16) -> std::io::Result<PathBuf> {
+    Ok(keeper::records_dir()?.join(format!("gateway-{port}.pid")))
+}
+
+/// The gateway's pid file, removed when dropped (if it still names this process).
+pub struct PidFile {
+    path: PathBuf,
+}
+
+impl PidFile {
+    /// Writes this process's pid for the gateway on `port` (whole or not at all: written aside,
+    /// then renamed).
+    pub fn create(port: u16) -> std::io::Result<PidFile> {
+        let path = pid_file_path(port)?;
+        let partial = path.with_extension(format!("pid.{}", std::process::id()));
+        let mut file = std::fs::File::create(&partial)?;
+        writeln!(file, "{}", std::process::id())?;
+        std::fs::rename(&partial, &path)?;
+        Ok(PidFile { path })
+    }
+}
+
+impl Drop for PidFile {
+    fn drop(&mut self) {
+        if read_pid(&self.path) == Some(std::process::id()) {
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
+}
+
+fn read_pid(path: &Path) -> Option<u32> {
+    std::fs::read_to_string(path).ok()?.trim().parse().ok()
+}
+
+/// Where `mlxgate reload` finds the gateway.
+pub enum Target {
+    /// The pid given on the command line.
+    Pid(u32),
+    /// The gateway listening on this port (its pid file).
+    Port(u16),
+}
+
+/// What `mlxgate reload` did.
+#[derive(Debug)]
+pub struct Signalled {
+    pub pid: u32,
+}
+
+/// Sends SIGHUP to the gateway `target` names, after checking that it is a live mlxgate
+/// process (a stale pid file may name a pid reused by anything else). The error says why not.
+pub fn signal_gateway(target: Target) -> Result<Signalled, String> {
+    use nix::sys::signal::{Signal as NixSignal, kill};
+    let pid = match target {
+        Target::Pid(pid) => pid,
+        Target::Port(0) => {
+            return Err("the file listens on port 0 (a port chosen at start): give the gateway's --pid".into());
+        }
+        Target::Port(port) => {
+            let path = pid_file_path(port).map_err(|e| format!("cannot open the runtime directory: {e}"))?;
+            read_pid(&path).ok_or_else(|| {
+                format!("no gateway is running on port {port} (no pid file at {}); give --pid", path.display())
+            })?
+        }
+    };
+    let command = keeper::command_of(pid).ok_or_else(|| format!("no process {pid} is running"))?;
+    let program = command.split_whitespace().next().map(Path::new).and_then(Path::file_name);
+    if !program.is_some_and(|name| name.to_string_lossy().starts_with("mlxgate")) {
+        return Err(format!("process {pid} is not an mlxgate gateway ({command}): not signalled"));
+    }
+    let raw = i32::try_from(pid).map_err(|_| format!("{pid} is not a pid"))?;
+    kill(nix::unistd::Pid::from_raw(raw), NixSignal::SIGHUP)
+        .map_err(|e| format!("cannot signal process {pid}: {e}"))?;
+    Ok(Signalled { pid })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(extra: &str) -> Config {
+        let text = format!(
+            "backends: {{local: {{url: 'http://127.0.0.1:9'}}}}\nmodels: {{qwen: {{backend: local}}}}\n{extra}"
+        );
+        Config::parse(&text, &|name| Some(format!("key-of-{name}"))).expect("valid")
+    }
+
+    #[test]
+    fn only_the_settings_a_reload_does_not_apply_are_reported() {
+        let running = parse("clients: {a: {key: '${A}'}}\n");
+        let access_only = parse("clients: {b: {key: '${B}', limits: {rpm: 5}}}\ndefault_limits: {rpm: 9}\n");
+        assert!(unapplied_changes(&running, &access_only).is_empty());
+        let moved = parse("listen: 127.0.0.1:8001\nswap_after: 3s\nclients: {a: {key: '${A}'}}\n");
+        assert_eq!(unapplied_changes(&running, &moved), ["listen", "swap_after"]);
+        let text = "backends: {local: {url: 'http://127.0.0.1:10'}}\nmodels: {qwen: {backend: local, max_queue: 3}}\n";
+        let other = Config::parse(text, &|_| None).expect("valid");
+        assert_eq!(unapplied_changes(&running, &other), ["backends", "models"]);
+    }
+}
