@@ -1,7 +1,8 @@
 //! `mlxgate-sim`: an OpenAI-compatible server for tests and benchmarks whose timing and quirks
 //! are set by flags (server defaults) and per request (a `"sim": {…}` object in the body, which
 //! the gateway forwards untouched). It reproduces the servers of DESIGN.md's table: keepalive
-//! styles, usage placement, error events, crashes, hangs, prompt caps and a batching capacity
+//! styles, usage placement, error events, crashes, hangs, prompt caps, a prompt cache (the previous
+//! prompt, reported as `cached_tokens` in the styles that report it) and a batching capacity
 //! with a speedup curve. Never used by `mlxgate serve`.
 //!
 //! Inspection endpoints for tests: `GET /sim/requests` (the last bodies and headers received),
