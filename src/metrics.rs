@@ -43,6 +43,10 @@ pub struct Metrics {
     pub request_duration: HistogramVec,
     /// Prompt tokens from the backend's usage, by model, backend and client.
     pub prompt_tokens: IntCounterVec,
+    /// Prompt tokens served from the backend's prompt cache (`usage.prompt_tokens_details.
+    /// cached_tokens` as it reports them), by model and backend; no series for a backend that
+    /// does not report them.
+    pub prompt_cached_tokens: IntCounterVec,
     /// From the backend's usage, never from the frame count (by model, backend and client).
     pub generation_tokens: IntCounterVec,
     /// Answers whose generated token count is unknown (no usage, no tokenizer).
@@ -153,6 +157,12 @@ impl Metrics {
             histogram("mlxgate_request_duration_seconds", "Arrival to the last byte.", &TTFT_BUCKETS, &mb);
         let mbc = ["model", "backend", "client"];
         let prompt_tokens = counter("mlxgate_prompt_tokens_total", "Prompt tokens, from the backend's usage.", &mbc);
+        let prompt_cached_tokens = counter(
+            "mlxgate_prompt_cached_tokens_total",
+            "Prompt tokens served from the backend's prompt cache: usage.prompt_tokens_details.cached_tokens \
+             as the backend reports it (absent when it does not).",
+            &mb,
+        );
         let generation_tokens =
             counter("mlxgate_generation_tokens_total", "Generated tokens, from the backend's usage.", &mbc);
         let generation_tokens_unknown = counter(
@@ -201,6 +211,7 @@ impl Metrics {
             Box::new(tokens_per_second.clone()),
             Box::new(request_duration.clone()),
             Box::new(prompt_tokens.clone()),
+            Box::new(prompt_cached_tokens.clone()),
             Box::new(generation_tokens.clone()),
             Box::new(generation_tokens_unknown.clone()),
             Box::new(stream_bursts.clone()),
@@ -229,6 +240,7 @@ impl Metrics {
             tokens_per_second,
             request_duration,
             prompt_tokens,
+            prompt_cached_tokens,
             generation_tokens,
             generation_tokens_unknown,
             stream_bursts,

@@ -148,6 +148,20 @@ pub enum AfterError {
     End,
 }
 
+/// How a server reports its prompt cache in `usage.prompt_tokens_details.cached_tokens`; the
+/// simulator's cache is the previous prompt, and a hit is the prefix a new prompt shares with it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PromptCache {
+    /// No `prompt_tokens_details` (vllm-mlx, omlx, plain OpenAI here).
+    Unreported,
+    /// The shared prefix, at most the prompt less its last token, which is always processed
+    /// again (mlx_lm.server 0.32.2: 137 of a repeated 138-token prompt; mlx-openai-server,
+    /// mlx-omni-server).
+    LessLastToken,
+    /// The shared prefix, up to the whole prompt (Rapid-MLX: 27 of a repeated 27-token prompt).
+    Whole,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "snake_case")]
 pub enum CapStyle {
@@ -186,6 +200,8 @@ pub struct Plan {
     pub fail_status: Option<u16>,
     pub hold_after: Option<u32>,
     pub hold_key: String,
+    /// From the style: how the prompt cache is reported.
+    pub prompt_cache: PromptCache,
 }
 
 impl Behaviour {
@@ -249,11 +265,21 @@ impl Behaviour {
             fail_status: b.fail_status,
             hold_after: b.hold_after,
             hold_key: b.hold_key.unwrap_or_default(),
+            prompt_cache: style.prompt_cache(),
         }
     }
 }
 
 impl Style {
+    /// How this server reports its prompt cache (wire facts, measured on the tiny model).
+    fn prompt_cache(self) -> PromptCache {
+        match self {
+            Style::MlxLm | Style::MlxOpenaiServer | Style::MlxOmni => PromptCache::LessLastToken,
+            Style::RapidMlx => PromptCache::Whole,
+            Style::Openai | Style::VllmMlx | Style::Omlx => PromptCache::Unreported,
+        }
+    }
+
     /// The knobs that make the simulator behave like this server.
     fn preset(self) -> Behaviour {
         let mut b = Behaviour::default();

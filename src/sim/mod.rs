@@ -1,7 +1,8 @@
 //! `mlxgate-sim`: an OpenAI-compatible server for tests and benchmarks whose timing and quirks
 //! are set by flags (server defaults) and per request (a `"sim": {…}` object in the body, which
 //! the gateway forwards untouched). It reproduces the servers of DESIGN.md's table: keepalive
-//! styles, usage placement, error events, crashes, hangs, prompt caps and a batching capacity
+//! styles, usage placement, error events, crashes, hangs, prompt caps, a prompt cache (the previous
+//! prompt, reported as `cached_tokens` in the styles that report it) and a batching capacity
 //! with a speedup curve. Never used by `mlxgate serve`.
 //!
 //! Inspection endpoints for tests: `GET /sim/requests` (the last bodies and headers received),
@@ -30,8 +31,8 @@ use tokio::net::TcpListener;
 use tokio::sync::{Notify, Semaphore, mpsc};
 use tokio::task::JoinSet;
 
-use behaviour::CapStyle;
 pub use behaviour::{Behaviour, Plan, Style};
+use behaviour::{CapStyle, PromptCache};
 use stream::Job;
 
 /// How many received requests `/sim/requests` keeps.
@@ -85,6 +86,8 @@ pub struct SimState {
     recorded: Mutex<VecDeque<Value>>,
     holds: Mutex<HashMap<String, Arc<Semaphore>>>,
     crashed: Notify,
+    /// The previous prompt's tokens: the server's prompt cache.
+    cached_prompt: Mutex<Vec<String>>,
 }
 
 /// A simulator running in this process (tests); dropping it stops it.
@@ -166,6 +169,7 @@ impl SimState {
             recorded: Mutex::new(VecDeque::new()),
             holds: Mutex::new(HashMap::new()),
             crashed: Notify::new(),
+            cached_prompt: Mutex::new(Vec::new()),
         })
     }
 
@@ -194,6 +198,21 @@ impl SimState {
         match &self.capacity {
             Some(s) => s.acquire().await.ok(),
             None => None,
+        }
+    }
+
+    /// Puts `prompt` in the prompt cache in place of the previous one; returns the cached
+    /// tokens the style reports for it: the prefix the two share, capped as the style caps it.
+    fn cache_prompt(&self, prompt: Vec<String>, report: PromptCache) -> Option<u32> {
+        let mut cached = lock(&self.cached_prompt);
+        let shared = cached.iter().zip(prompt.iter()).take_while(|(a, b)| a == b).count();
+        let shared = u32::try_from(shared).unwrap_or(u32::MAX);
+        let tokens = u32::try_from(prompt.len()).unwrap_or(u32::MAX);
+        *cached = prompt;
+        match report {
+            PromptCache::Unreported => None,
+            PromptCache::LessLastToken => Some(shared.min(tokens.saturating_sub(1))),
+            PromptCache::Whole => Some(shared),
         }
     }
 
@@ -338,7 +357,8 @@ async fn generate(
         std::future::pending::<()>().await;
     }
     let chat = uri.path().ends_with("/chat/completions");
-    let prompt_tokens = count_prompt(&request);
+    let prompt = prompt_words(&request);
+    let prompt_tokens = u32::try_from(prompt.len()).unwrap_or(u32::MAX);
     let max_tokens = request.get("max_tokens").or_else(|| request.get("max_completion_tokens")).and_then(Value::as_u64);
     if let Some(cap) = plan.prompt_cap {
         let counted = match plan.cap_style {
@@ -349,6 +369,7 @@ async fn generate(
             return over_cap(plan.cap_style, cap, prompt_tokens, max_tokens.unwrap_or(0));
         }
     }
+    let cached_tokens = state.cache_prompt(prompt, plan.prompt_cache);
     let completion_tokens = match max_tokens {
         Some(m) => plan.tokens.min(u32::try_from(m).unwrap_or(u32::MAX)),
         None => plan.tokens,
@@ -358,6 +379,7 @@ async fn generate(
         model: request.get("model").and_then(Value::as_str).unwrap_or("sim").to_string(),
         chat,
         prompt_tokens,
+        cached_tokens,
         completion_tokens,
         finish_reason: if max_tokens.is_some_and(|m| m < plan.tokens as u64) { "length" } else { "stop" },
         include_usage: request.pointer("/stream_options/include_usage").and_then(Value::as_bool).unwrap_or(false),
@@ -450,21 +472,30 @@ async fn embeddings(
     .into_response()
 }
 
-/// Prompt length in the simulator's units: whitespace-separated words of every text part.
-fn count_prompt(request: &Value) -> u32 {
-    fn words(v: &Value) -> usize {
+/// The prompt's tokens in the simulator's units: the whitespace-separated words of every text
+/// part, in order (messages, then a completion's prompt).
+fn prompt_words(request: &Value) -> Vec<String> {
+    fn words(v: &Value, out: &mut Vec<String>) {
         match v {
-            Value::String(s) => s.split_whitespace().count(),
-            Value::Array(parts) => parts.iter().map(|p| p.get("text").map_or_else(|| words(p), words)).sum(),
-            _ => 0,
+            Value::String(s) => out.extend(s.split_whitespace().map(str::to_string)),
+            Value::Array(parts) => {
+                for p in parts {
+                    words(p.get("text").unwrap_or(p), out);
+                }
+            }
+            _ => {}
         }
     }
-    let from_messages: usize = request
-        .get("messages")
-        .and_then(Value::as_array)
-        .map_or(0, |msgs| msgs.iter().map(|m| m.get("content").map_or(0, words)).sum());
-    let from_prompt = request.get("prompt").map_or(0, words);
-    u32::try_from(from_messages + from_prompt).unwrap_or(u32::MAX)
+    let mut out = Vec::new();
+    for message in request.get("messages").and_then(Value::as_array).into_iter().flatten() {
+        if let Some(content) = message.get("content") {
+            words(content, &mut out);
+        }
+    }
+    if let Some(prompt) = request.get("prompt") {
+        words(prompt, &mut out);
+    }
+    out
 }
 
 /// The refusal a real server gives for a prompt over its cap, in its own shape.

@@ -18,6 +18,8 @@ pub struct Job {
     pub model: String,
     pub chat: bool,
     pub prompt_tokens: u32,
+    /// Prompt tokens served from the cache, when the style reports them.
+    pub cached_tokens: Option<u32>,
     pub completion_tokens: u32,
     pub finish_reason: &'static str,
     pub include_usage: bool,
@@ -162,10 +164,15 @@ async fn prefill(plan: &Plan, job: &Job, out: &Writer) -> bool {
     }
 }
 
-/// The OpenAI usage object of a finished job.
+/// The OpenAI usage object of a finished job, with `prompt_tokens_details.cached_tokens` when
+/// the style reports it (mlx_lm.server's shape).
 pub fn usage_of(job: &Job) -> Value {
-    json!({"prompt_tokens": job.prompt_tokens, "completion_tokens": job.completion_tokens,
-        "total_tokens": job.prompt_tokens + job.completion_tokens})
+    let mut usage = json!({"prompt_tokens": job.prompt_tokens, "completion_tokens": job.completion_tokens,
+        "total_tokens": job.prompt_tokens + job.completion_tokens});
+    if let Some(cached) = job.cached_tokens {
+        usage["prompt_tokens_details"] = json!({"cached_tokens": cached});
+    }
+    usage
 }
 
 fn chunk(job: &Job, created: u64, delta: Value, usage: Option<Value>) -> Value {

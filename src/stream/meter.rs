@@ -115,6 +115,9 @@ pub struct StreamFigures {
     /// The backend's last `usage` object.
     pub prompt_tokens: Option<u64>,
     pub completion_tokens: Option<u64>,
+    /// `usage.prompt_tokens_details.cached_tokens` of that usage: prompt tokens the backend
+    /// served from its prompt cache (`None` when it does not report them, as vllm-mlx).
+    pub cached_tokens: Option<u64>,
     /// An `{"error": …}` event, with its message.
     pub error: Option<String>,
     pub done: bool,
@@ -146,6 +149,7 @@ impl StreamFigures {
             // vllm-mlx sends usage twice: the last one wins, never a sum.
             self.prompt_tokens = usage.get("prompt_tokens").and_then(Value::as_u64).or(self.prompt_tokens);
             self.completion_tokens = usage.get("completion_tokens").and_then(Value::as_u64).or(self.completion_tokens);
+            self.cached_tokens = cached_tokens(usage).or(self.cached_tokens);
         }
         let choices = value.get("choices").and_then(Value::as_array);
         for choice in choices.into_iter().flatten() {
@@ -216,6 +220,11 @@ impl StreamFigures {
             None => false,
         }
     }
+}
+
+/// `prompt_tokens_details.cached_tokens` of a usage object, if it reports it.
+fn cached_tokens(usage: &Value) -> Option<u64> {
+    usage.get("prompt_tokens_details")?.get("cached_tokens")?.as_u64()
 }
 
 /// Whether a choice carries generated output: text, reasoning or a tool call.
@@ -418,11 +427,15 @@ fn record(info: RequestInfo, f: &StreamFigures, outcome: Outcome) {
     }
 }
 
-/// Prompt and generated tokens from the backend's usage, or that the count is unknown
-/// (`labels`: model, backend, client).
+/// Prompt, cached prompt and generated tokens from the backend's usage, or that the count is
+/// unknown (`labels`: model, backend, client). A reported cache count of 0 still makes its
+/// series (a backend that reports misses shows a hit ratio of 0, not no data).
 fn record_tokens(m: &Metrics, labels: &[&str; 3], f: &StreamFigures) {
     if let Some(p) = f.prompt_tokens {
         m.prompt_tokens.with_label_values(labels).inc_by(p);
+    }
+    if let Some(cached) = f.cached_tokens {
+        m.prompt_cached_tokens.with_label_values(&[labels[0], labels[1]]).inc_by(cached);
     }
     match f.tokens() {
         Some(t) => m.generation_tokens.with_label_values(labels).inc_by(t),
@@ -443,6 +456,7 @@ pub fn figures_of_whole(body: &[u8]) -> Option<StreamFigures> {
         metered: true,
         prompt_tokens: usage.and_then(|u| u.get("prompt_tokens")).and_then(Value::as_u64),
         completion_tokens: usage.and_then(|u| u.get("completion_tokens")).and_then(Value::as_u64),
+        cached_tokens: usage.and_then(cached_tokens),
         ..Default::default()
     })
 }
@@ -651,6 +665,24 @@ mod tests {
         let (f, _) =
             figures_of(&[TOKEN, "data: {\"error\":{\"message\":\"boom\"}}\n\n", twice, "data: [DONE]\n\n"], true);
         assert_eq!(f.error.as_deref(), Some("boom"));
+    }
+
+    #[test]
+    fn cached_tokens_come_from_the_last_usage_and_only_when_reported() {
+        let usage = |cached: &str| {
+            format!("data: {{\"choices\":[],\"usage\":{{\"prompt_tokens\":27,\"completion_tokens\":2{cached}}}}}\n\n")
+        };
+        let reported = usage(",\"prompt_tokens_details\":{\"cached_tokens\":26}");
+        let (f, _) = figures_of(&[TOKEN, TOKEN, &reported, &reported, "data: [DONE]\n\n"], true);
+        assert_eq!(f.cached_tokens, Some(26), "sent twice, counted once");
+        let (f, _) = figures_of(&[TOKEN, &usage(",\"prompt_tokens_details\":{\"cached_tokens\":0}")], true);
+        assert_eq!(f.cached_tokens, Some(0), "a reported miss is a figure");
+        let (f, _) = figures_of(&[TOKEN, TOKEN, USAGE_ONLY, &usage(",\"prompt_tokens_details\":null")], true);
+        assert_eq!(f.cached_tokens, None, "vllm-mlx reports none");
+        let whole = br#"{"choices":[],"usage":{"prompt_tokens":138,"completion_tokens":5,"prompt_tokens_details":{"cached_tokens":137}}}"#;
+        assert_eq!(figures_of_whole(whole).and_then(|f| f.cached_tokens), Some(137));
+        let whole = figures_of_whole(br#"{"choices":[],"usage":{"prompt_tokens":4,"completion_tokens":9}}"#);
+        assert_eq!(whole.and_then(|f| f.cached_tokens), None);
     }
 
     #[test]
