@@ -30,6 +30,8 @@ const HASTY_KEY: &str = "sk-hasty-8b2e6f0a1c9d7e43";
 const RATE_LIMITED_RPM: usize = 2;
 /// The context cap of the `strict` (reject) and `squeeze` (middle_out) models' backend.
 const CAP: usize = 256;
+/// Rounds of steady traffic before the queries (each about a second or more: several scrapes).
+const ROUNDS: usize = 6;
 
 // ---- The files under test ----
 
@@ -142,7 +144,8 @@ fn prometheus_installed() -> bool {
     if Path::new(PROMETHEUS).is_file() && Path::new(PROMTOOL).is_file() {
         return true;
     }
-    let why = format!("{PROMETHEUS} or {PROMTOOL} missing: run scripts/setup-system as root (Debian package prometheus)");
+    let why =
+        format!("{PROMETHEUS} or {PROMTOOL} missing: run scripts/setup-system as root (Debian package prometheus)");
     assert!(std::env::var_os("CI").is_none(), "this test needs a real Prometheus: {why}");
     eprintln!("SKIPPED (no Prometheus here): {why}");
     false
@@ -211,14 +214,8 @@ impl Prometheus {
             self.url,
             percent_encode(promql)
         );
-        let body: Value = client()
-            .get(url)
-            .send()
-            .await
-            .map_err(|e| e.to_string())?
-            .json()
-            .await
-            .map_err(|e| e.to_string())?;
+        let body: Value =
+            client().get(url).send().await.map_err(|e| e.to_string())?.json().await.map_err(|e| e.to_string())?;
         if body["status"] != "success" {
             return Err(format!("{}: {}", body["errorType"], body["error"]));
         }
@@ -320,16 +317,24 @@ fn words(n: usize, seed: usize) -> String {
     (0..n).map(|i| W[(i * 5 + seed) % W.len()]).collect::<Vec<_>>().join(" ")
 }
 
-/// Streams and whole answers on the remote simulator, with a burst and a usage mismatch.
-async fn plain_traffic(gw: &Gateway, round: usize) {
+/// One round of the steady traffic: streams and whole answers on the remote simulator, a burst,
+/// a usage mismatch, an answer without usage, a request of the rate-limited client, a prompt over
+/// the cap refused and one cut middle-out, and the repeated prefix to the real mlx_lm.server.
+/// Each event recurs in every round: a labelled counter appears at its first increment, and
+/// `rate()` only sees the ones after Prometheus has scraped it once.
+async fn traffic_round(gw: &Gateway, round: usize) {
     for stream in [true, false] {
         let body = ask("plain", stream, "hello", json!({"tokens": 6, "tokens_per_second": 200, "ttft_ms": 20}));
         expect(gw, &body, 200).await;
     }
-    if round == 0 {
-        expect(gw, &ask("plain", true, "burst", json!({"tokens": 8, "burst": true})), 200).await;
-        expect(gw, &ask("plain", true, "hidden", json!({"tokens": 4, "content_field": "none"})), 200).await;
-    }
+    expect(gw, &ask("plain", true, "burst", json!({"tokens": 8, "burst": true})), 200).await;
+    expect(gw, &ask("plain", true, "hidden", json!({"tokens": 4, "content_field": "none"})), 200).await;
+    expect(gw, &ask("plain", true, "no usage", json!({"tokens": 4, "usage": "none"})), 200).await;
+    let r = send(gw, HASTY_KEY, &ask("plain", false, "quick", json!({"tokens": 2}))).await;
+    assert!([200, 429].contains(&r.status().as_u16()), "{}", r.status());
+    text_of(r).await;
+    overflows(gw).await;
+    repeated_prefix(gw, round).await;
 }
 
 /// Alternates the two GPU models (swaps), then kills gpu-a's server and is served by its restart.
@@ -345,15 +350,8 @@ async fn swap_and_crash(gw: &Gateway) {
     assert!(state["restarts"].as_u64().is_some_and(|n| n >= 1), "{state}");
 }
 
-/// The hasty client over its rpm (429s), an over-cap prompt refused and one cut middle-out.
-async fn limits_and_overflows(gw: &Gateway) {
-    let mut refused = 0;
-    for _ in 0..RATE_LIMITED_RPM + 2 {
-        let r = send(gw, HASTY_KEY, &ask("plain", false, "quick", json!({"tokens": 2}))).await;
-        refused += usize::from(r.status() == 429);
-        text_of(r).await;
-    }
-    assert_eq!(refused, 2, "the requests over the rpm are refused");
+/// A prompt over the cap refused, and a long conversation cut middle-out.
+async fn overflows(gw: &Gateway) {
     let long = ask("strict", false, &words(CAP * 2, 0), json!({}));
     expect(gw, &long, 400).await;
     let mut messages = vec![json!({"role": "system", "content": "you are a gateway"})];
@@ -384,7 +382,7 @@ async fn queue_full(gw: &Gateway, sim: &mlxgate::sim::SimHandle) {
 /// The same long prefix to the real mlx_lm.server, with a different last question each time.
 async fn repeated_prefix(gw: &Gateway, round: usize) {
     let prefix = format!("You are a coding agent. Project notes: {}", words(300, 3));
-    let body = json!({"model": "qwen", "stream": round % 2 == 0, "max_tokens": 4,
+    let body = json!({"model": "qwen", "stream": round.is_multiple_of(2), "max_tokens": 4,
         "stream_options": {"include_usage": true},
         "messages": [{"role": "system", "content": prefix}, {"role": "user", "content": format!("step {round}")}]});
     let (status, text) = exchange(gw, &body).await;
@@ -400,7 +398,7 @@ async fn still_empty(prom: &Prometheus, gw: &Gateway, queries: &[Query], start: 
     let deadline = tokio::time::Instant::now() + PATIENCE;
     let mut pending: Vec<&Query> = queries.iter().collect();
     let mut why = std::collections::HashMap::new();
-    let mut round = 1;
+    let mut round = ROUNDS + 1;
     loop {
         let mut left = Vec::new();
         for q in pending {
@@ -420,7 +418,7 @@ async fn still_empty(prom: &Prometheus, gw: &Gateway, queries: &[Query], start: 
         if pending.is_empty() || tokio::time::Instant::now() >= deadline {
             break;
         }
-        plain_traffic(gw, round).await;
+        traffic_round(gw, round).await;
         round += 1;
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
@@ -466,14 +464,14 @@ async fn every_panel_annotation_and_alert_query_returns_data_from_a_real_prometh
     let start = now() - 5.0;
     prom.wait_scraping().await;
 
-    plain_traffic(&gw, 0).await;
+    traffic_round(&gw, 0).await;
     swap_and_crash(&gw).await;
-    limits_and_overflows(&gw).await;
     queue_full(&gw, &sim).await;
-    for round in 0..4 {
-        repeated_prefix(&gw, round).await;
-        plain_traffic(&gw, round + 1).await;
+    for round in 1..=ROUNDS {
+        traffic_round(&gw, round).await;
     }
+    let refused = metric(&gw, "mlxgate_rate_limited_total{client=\"hasty\",limit=\"rpm\"}").await;
+    assert!(refused.is_some_and(|n| n >= 1.0), "the hasty client was refused: {refused:?}");
 
     let empty = still_empty(&prom, &gw, &queries, start).await;
     if let Some(out) = std::env::var_os("MLXGATE_DASHBOARD_PICTURE") {
