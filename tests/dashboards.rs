@@ -475,6 +475,19 @@ async fn every_panel_annotation_and_alert_query_returns_data_from_a_real_prometh
 
     let empty = still_empty(&prom, &gw, &queries, start).await;
     if let Some(out) = std::env::var_os("MLXGATE_DASHBOARD_PICTURE") {
+        // For the picture, a few minutes of the same traffic (MLXGATE_DASHBOARD_SECONDS, 180 by
+        // default), with a swap and a crash every minute, so the panels show a session.
+        let seconds: u64 = std::env::var("MLXGATE_DASHBOARD_SECONDS").ok().and_then(|s| s.parse().ok()).unwrap_or(180);
+        let until = tokio::time::Instant::now() + Duration::from_secs(seconds);
+        let mut round = 100;
+        while tokio::time::Instant::now() < until {
+            traffic_round(&gw, round).await;
+            if round % 40 == 0 {
+                swap_and_crash(&gw).await;
+            }
+            round += 1;
+            tokio::time::sleep(Duration::from_millis(400 + 600 * (round % 3) as u64)).await;
+        }
         render_picture(&prom, &dashboard_path, start, Path::new(&out));
     }
     assert!(

@@ -58,6 +58,7 @@ impl AppState {
     /// `limiter` holds the clients' limits (see [`Limiter::for_config`]).
     pub fn new(config: Config, keeper: PathBuf, tokens: Registry, limiter: Limiter) -> Arc<Self> {
         let metrics = Metrics::new();
+        declare_series(&metrics, &config, &limiter);
         let dispatch = Dispatch::new(&config, &metrics, keeper);
         Arc::new(AppState {
             access: RwLock::new(Arc::new(Access::of(&config))),
@@ -88,6 +89,47 @@ impl AppState {
         let mut access = self.access.write().unwrap_or_else(|poisoned| poisoned.into_inner());
         self.limiter.configure_clients(config);
         *access = Arc::new(Access::of(config));
+        declare_client_series(&self.metrics, config, &self.limiter);
+    }
+}
+
+/// Creates at 0 the series of events that may happen to what the configuration names: a
+/// counter's first event is then an increase Prometheus sees (`increase()` and `rate()` do not
+/// count a series that appears at 1), so the first restart marks the dashboard and the first
+/// 429 shows in its panel. Bounded by the configuration, as every label is.
+fn declare_series(metrics: &Metrics, config: &Config, limiter: &Limiter) {
+    for backend in config.backends.values() {
+        metrics.stream_bursts.with_label_values(&[&backend.name]);
+        metrics.usage_mismatch.with_label_values(&[&backend.name]);
+        if backend.managed.is_some() {
+            for reason in ["crash", "health"] {
+                metrics.backend_restarts.with_label_values(&[&backend.name, reason]);
+            }
+        }
+    }
+    for model in config.models.values() {
+        for action in [crate::tokens::OnOverflow::Reject, model.on_overflow] {
+            metrics.context_overflow.with_label_values(&[&model.name, action.label()]);
+        }
+    }
+    declare_client_series(metrics, config, limiter);
+}
+
+/// The rate-limit refusals of every configured client (`anonymous` with auth off), for the
+/// limits it has.
+fn declare_client_series(metrics: &Metrics, config: &Config, limiter: &Limiter) {
+    let anonymous = (config.auth == crate::config::AuthMode::Off).then_some("anonymous");
+    let names = config.clients.keys().map(String::as_str).chain(anonymous);
+    for client in names {
+        let limits = limiter.limits_of(client);
+        let has = [
+            ("rpm", limits.rpm.is_some()),
+            ("tpm", limits.tpm.is_some()),
+            ("concurrency", limits.concurrency.is_some()),
+        ];
+        for (limit, _) in has.iter().filter(|(_, set)| *set) {
+            metrics.rate_limited.with_label_values(&[client, limit]);
+        }
     }
 }
 
