@@ -27,6 +27,24 @@ answer = client.chat.completions.create(
 print(json.dumps({"content": answer.choices[0].message.content, "finish_reason": answer.choices[0].finish_reason}))
 "#;
 
+/// Model `qwen` on the simulator, and the one client `aider` with `limits`.
+fn aider_yaml(sim_url: &str, limits: &str) -> String {
+    format!(
+        "backends:\n  local: {{url: '{sim_url}', max_concurrency: 4}}\nmodels:\n  qwen: {{backend: local}}\n\
+         auth: required\nclients:\n  aider: {{key_sha256: {}, limits: {limits}}}\n",
+        sha256_hex(AIDER_KEY),
+    )
+}
+
+/// The waits the SDK logged before its retries ("Retrying request to … in S seconds").
+fn retry_waits(stderr: &str) -> Vec<f64> {
+    stderr
+        .lines()
+        .filter_map(|l| l.split("Retrying request to ").nth(1))
+        .filter_map(|l| l.split(" in ").nth(1)?.split(' ').next()?.parse().ok())
+        .collect()
+}
+
 fn sha256_hex(key: &str) -> String {
     Sha256::digest(key.as_bytes()).iter().map(|b| format!("{b:02x}")).collect()
 }
@@ -51,13 +69,7 @@ fn sdk_python() -> Option<PathBuf> {
 async fn the_openai_sdk_backs_off_on_429_and_succeeds_when_the_limit_allows() {
     let Some(python) = sdk_python() else { return };
     let sim = sim().await;
-    let yaml = format!(
-        "backends:\n  local: {{url: '{}', max_concurrency: 4}}\nmodels:\n  qwen: {{backend: local}}\n\
-         auth: required\nclients:\n  aider: {{key_sha256: {}, limits: {{concurrency: 1}}}}\n",
-        sim.url(),
-        sha256_hex(AIDER_KEY),
-    );
-    let gw = gateway(&yaml).await;
+    let gw = gateway(&aider_yaml(&sim.url(), "{concurrency: 1}")).await;
     // aider's one request in flight: a stream held by the simulator after its first token.
     let mut held = client()
         .post(gw.url("/v1/chat/completions"))
@@ -92,11 +104,7 @@ async fn the_openai_sdk_backs_off_on_429_and_succeeds_when_the_limit_allows() {
     assert!(answer["content"].as_str().is_some_and(|c| c.starts_with("t0")), "{answer}");
     // The SDK waited as the headers said (retry-after-ms: 1000), not its own backoff (0.375 to
     // 0.5 s for a first retry without them).
-    let waits: Vec<f64> = stderr
-        .lines()
-        .filter_map(|l| l.split("Retrying request to ").nth(1))
-        .filter_map(|l| l.split(" in ").nth(1)?.split(' ').next()?.parse().ok())
-        .collect();
+    let waits = retry_waits(&stderr);
     assert!(!waits.is_empty(), "the SDK retried: {stderr}");
     assert!(waits.iter().all(|w| (*w - 1.0).abs() < 1e-6), "waited the Retry-After: {waits:?}");
     let refusals = metric(&gw, limited).await.unwrap_or(0.0);
@@ -137,13 +145,7 @@ async fn the_openai_sdk_waits_out_a_requests_per_minute_window_and_succeeds() {
     let Some(python) = sdk_python() else { return };
     let sim = sim().await;
     // 6 a minute: one request's worth comes back every 10 s.
-    let yaml = format!(
-        "backends:\n  local: {{url: '{}', max_concurrency: 4}}\nmodels:\n  qwen: {{backend: local}}\n\
-         auth: required\nclients:\n  aider: {{key_sha256: {}, limits: {{rpm: 6}}}}\n",
-        sim.url(),
-        sha256_hex(AIDER_KEY),
-    );
-    let gw = gateway(&yaml).await;
+    let gw = gateway(&aider_yaml(&sim.url(), "{rpm: 6}")).await;
     let (base_url, key) = (gw.url("/v1"), AIDER_KEY.to_string());
     let output = tokio::task::spawn_blocking(move || {
         Command::new(python).args(["-c", SDK_RPM_WINDOW, &base_url, &key]).output().expect("python runs")
@@ -159,11 +161,7 @@ async fn the_openai_sdk_waits_out_a_requests_per_minute_window_and_succeeds() {
     let told: f64 = answer["refused"]["retry-after-ms"].as_str().and_then(|v| v.parse().ok()).expect("retry-after-ms");
     assert!((1000.0..=10_000.0).contains(&told), "at most the 10 s one request takes to come back: {answer}");
     assert!(answer["content"].as_str().is_some_and(|c| c.starts_with("t0")), "{answer}");
-    let waits: Vec<f64> = stderr
-        .lines()
-        .filter_map(|l| l.split("Retrying request to ").nth(1))
-        .filter_map(|l| l.split(" in ").nth(1)?.split(' ').next()?.parse().ok())
-        .collect();
+    let waits = retry_waits(&stderr);
     // The SDK's own back-off for a first retry is 0.5 s or less; it waited what the headers said.
     assert!(!waits.is_empty() && waits.len() <= 2, "the SDK retried by itself: {stderr}");
     assert!(waits[0] > 1.0 && waits[0] <= 10.0, "waited the window out, as told: {waits:?}");

@@ -415,14 +415,31 @@ pub type LogLines = std::sync::Arc<std::sync::Mutex<Vec<String>>>;
 /// `mlxgate serve` on `config` (listening on a free port) with `RUST_LOG={rust_log}` and the
 /// extra environment `env`; every log line is kept, for tests of what is (not) logged.
 pub fn gateway_binary_logged(config: &str, env: &[(&str, &str)], rust_log: &str) -> (GatewayBinary, LogLines) {
-    use std::io::{BufRead, BufReader};
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("gateway.yaml");
     std::fs::write(&path, format!("listen: 127.0.0.1:0\n{config}")).expect("write config");
+    serve_logged(&path, env, rust_log, dir)
+}
+
+/// `mlxgate serve --config {path}` (a file the test writes, and may rewrite to reload it) with
+/// `RUST_LOG=info` and the extra environment `env`; every log line is kept.
+pub fn gateway_binary_at(path: &Path, env: &[(&str, &str)]) -> (GatewayBinary, LogLines) {
+    serve_logged(path, env, "info", tempfile::tempdir().expect("tempdir"))
+}
+
+/// Starts `mlxgate serve --config {path}` and keeps its log lines (read on a thread of their
+/// own) until it says where it listens; `dir` lives as long as the gateway.
+fn serve_logged(
+    path: &Path,
+    env: &[(&str, &str)],
+    rust_log: &str,
+    dir: tempfile::TempDir,
+) -> (GatewayBinary, LogLines) {
+    use std::io::{BufRead, BufReader};
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_mlxgate"))
         .arg("serve")
         .arg("--config")
-        .arg(&path)
+        .arg(path)
         .envs(env.iter().copied())
         .env("RUST_LOG", rust_log)
         .stderr(std::process::Stdio::piped())
@@ -443,38 +460,6 @@ pub fn gateway_binary_logged(config: &str, env: &[(&str, &str)], rust_log: &str)
         }
     });
     let url = url.recv_timeout(PATIENCE).unwrap_or_else(|_| panic!("gateway never served: {:?}", lines.lock()));
-    (GatewayBinary { child, url, startup_log: vec![], _dir: dir }, lines)
-}
-
-/// `mlxgate serve --config {path}` (a file the test writes, and may rewrite to reload it) with
-/// `RUST_LOG=info` and the extra environment `env`; every log line is kept.
-pub fn gateway_binary_at(path: &Path, env: &[(&str, &str)]) -> (GatewayBinary, LogLines) {
-    use std::io::{BufRead, BufReader};
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_mlxgate"))
-        .arg("serve")
-        .arg("--config")
-        .arg(path)
-        .envs(env.iter().copied())
-        .env("RUST_LOG", "info")
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("gateway starts");
-    let reader = BufReader::new(child.stderr.take().expect("stderr"));
-    let lines: LogLines = Default::default();
-    let (found, url) = std::sync::mpsc::channel();
-    std::thread::spawn({
-        let lines = std::sync::Arc::clone(&lines);
-        move || {
-            for line in reader.lines().map_while(Result::ok) {
-                if let Some(addr) = line.split("listen=").nth(1).and_then(|r| r.split_whitespace().next()) {
-                    let _ = found.send(format!("http://{addr}"));
-                }
-                lines.lock().expect("log lines").push(line);
-            }
-        }
-    });
-    let url = url.recv_timeout(PATIENCE).unwrap_or_else(|_| panic!("gateway never served: {:?}", lines.lock()));
-    let dir = tempfile::tempdir().expect("tempdir");
     (GatewayBinary { child, url, startup_log: vec![], _dir: dir }, lines)
 }
 
