@@ -20,6 +20,9 @@ M = 'model=~"$model"'
 B = 'backend=~"$backend"'
 C = 'client=~"$client"'
 RI = "$__rate_interval"
+# Event counts drawn as bars: each step counts the events of its own interval (Grafana's step),
+# so one restart is one bar of 1, not four overlapping windows.
+EI = "$__interval"
 
 panels = []
 next_id = iter(range(1, 1000))
@@ -106,7 +109,7 @@ timeseries(
     "(a proxy with buffering on, or a server that does not flush) — the agent's output "
     "appears in lumps.",
     grid(9, 9, 3),
-    [(f"sum by (backend) (increase(mlxgate_stream_bursts_total{{{B}}}[{RI}]))", "{{backend}}")],
+    [(f"sum by (backend) (increase(mlxgate_stream_bursts_total{{{B}}}[{EI}]))", "{{backend}}")],
     bars=True)
 timeseries(
     "Prompt-cache hit ratio",
@@ -180,19 +183,21 @@ timeseries(
     "cannot stay up (memory, a bad flag); swaps every minute: two models are asked for in "
     "turn — batch by model, or raise swap_after.",
     grid(12, 24, 6),
-    [(f"sum by (backend, reason) (increase(mlxgate_backend_restarts_total{{{B}}}[{RI}]))",
+    [(f"sum by (backend, reason) (increase(mlxgate_backend_restarts_total{{{B}}}[{EI}]))",
       "restart {{backend}} ({{reason}})"),
-     (f"sum(increase(mlxgate_backend_swaps_total[{RI}]))", "swaps")],
+     (f"sum(increase(mlxgate_backend_swaps_total[{EI}]))", "swaps")],
     bars=True)
 timeseries(
-    "Backend start time p95",
-    "Time from spawning a managed server to its readiness, warm-up completion included: what "
+    "Backend start time p95 (last 30 minutes)",
+    "Time from spawning a managed server to its readiness, warm-up completion included, over "
+    "the starts of the last 30 minutes (starts are rare: a shorter window is mostly empty): what "
     "a cold start or a swap costs the first request that waits for it. It grows with the "
     "model's size and the disk's speed (the first load after a reboot reads from disk; later "
     "ones from the page cache). If it is most of your slow first tokens, avoid the swaps "
     "(swap_after, idle_timeout) rather than the load.",
     grid(18, 24, 6),
-    [(quantile(0.95, "mlxgate_backend_start_seconds", "backend", B), "{{backend}} p95")],
+    [(f"histogram_quantile(0.95, sum by (backend, le) (increase(mlxgate_backend_start_seconds_bucket{{{B}}}[30m])))",
+      "{{backend}} p95")],
     unit="s")
 
 # ---- Row 3: traffic -----------------------------------------------------------------------
@@ -245,7 +250,7 @@ timeseries(
     "or chunk (map-reduce over pieces). Rejections a client keeps meeting: switch its model "
     "to middle_out, or give it a model with a longer context.",
     grid(16, 42, 8),
-    [(f"sum by (model, action) (increase(mlxgate_context_overflow_total{{{M}}}[{RI}]))", "{{model}} {{action}}")],
+    [(f"sum by (model, action) (increase(mlxgate_context_overflow_total{{{M}}}[{EI}]))", "{{model}} {{action}}")],
     bars=True)
 timeseries(
     "Usage mismatches and unknown token counts",
@@ -254,8 +259,8 @@ timeseries(
     "tokens cannot be counted, nor charged to a client's tpm). Steady mismatches from one "
     "backend: its token figures cannot be trusted — report it upstream.",
     grid(0, 50, 12),
-    [(f"sum by (backend) (increase(mlxgate_usage_mismatch_total{{{B}}}[{RI}]))", "mismatch {{backend}}"),
-     (f"sum by (backend) (increase(mlxgate_generation_tokens_unknown_total{{{M}, {B}}}[{RI}]))",
+    [(f"sum by (backend) (increase(mlxgate_usage_mismatch_total{{{B}}}[{EI}]))", "mismatch {{backend}}"),
+     (f"sum by (backend) (increase(mlxgate_generation_tokens_unknown_total{{{M}, {B}}}[{EI}]))",
       "no usage {{backend}}")],
     bars=True)
 timeseries(
@@ -289,10 +294,10 @@ dashboard = {
         {"builtIn": 1, "datasource": {"type": "grafana", "uid": "-- Grafana --"}, "enable": True, "hide": True,
          "iconColor": "rgba(0, 211, 255, 1)", "name": "Annotations & Alerts", "type": "dashboard"},
         {"name": "GPU swaps", "datasource": DS, "enable": True, "iconColor": "orange",
-         "expr": f"sum(increase(mlxgate_backend_swaps_total[{RI}])) > 0", "step": "10s",
+         "expr": f"sum(increase(mlxgate_backend_swaps_total[{EI}])) > 0", "step": "10s",
          "titleFormat": "GPU swap", "textFormat": "a GPU backend was stopped for another to start"},
         {"name": "Backend restarts", "datasource": DS, "enable": True, "iconColor": "red",
-         "expr": f"sum by (backend, reason) (increase(mlxgate_backend_restarts_total{{{B}}}[{RI}])) > 0",
+         "expr": f"sum by (backend, reason) (increase(mlxgate_backend_restarts_total{{{B}}}[{EI}])) > 0",
          "step": "10s", "titleFormat": "restart", "textFormat": "{{backend}} restarted ({{reason}})"},
     ]},
     "description": "mlxgate: the gateway in front of local MLX servers. Why is an agent slow right now?",
@@ -304,9 +309,11 @@ dashboard = {
     "schemaVersion": 39,
     "tags": ["mlxgate", "mlx", "llm"],
     "templating": {"list": [
-        # Resolves ${DS_PROMETHEUS} when the file is provisioned rather than imported.
+        # Resolves ${DS_PROMETHEUS} when the file is provisioned rather than imported (an import
+        # replaces it with the datasource chosen); hidden: a picker that changes nothing after an
+        # import would mislead.
         {"name": "DS_PROMETHEUS", "label": "Prometheus", "type": "datasource", "query": "prometheus",
-         "current": {}, "hide": 0, "refresh": 1},
+         "current": {}, "hide": 2, "refresh": 1},
         variable("model", "Model", "label_values(mlxgate_requests_total, model)"),
         variable("backend", "Backend", "label_values(mlxgate_requests_total, backend)"),
         variable("client", "Client", "label_values(mlxgate_requests_total, client)"),

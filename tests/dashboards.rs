@@ -44,6 +44,22 @@ fn dashboards_dir() -> PathBuf {
 struct Query {
     origin: String,
     promql: String,
+    /// Labels its legend names (`{{model}}`): each series returned must carry them (a query
+    /// grouped by a misspelt label returns series without it). Checked with the variables set
+    /// to `.+`, where every series was routed.
+    legend: Vec<String>,
+    /// What its values must be, by the panel's kind.
+    values: Values,
+}
+
+/// The values a panel's query may return.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Values {
+    Any,
+    /// A ratio (unit percentunit): 0 to 1.
+    Ratio,
+    /// The state timeline's code: an integer 0 to 5, one state at a time.
+    State,
 }
 
 /// Panels, with those nested in collapsed rows.
@@ -56,32 +72,55 @@ fn panels(dashboard: &Value) -> Vec<&Value> {
     out
 }
 
-/// Every panel target's and every annotation's expression, variables substituted.
+/// The labels a legend format names: `{{model}} p95` → `model`.
+fn legend_labels(format: &str) -> Vec<String> {
+    format.split("{{").skip(1).filter_map(|rest| rest.split("}}").next()).map(|l| l.trim().to_string()).collect()
+}
+
+/// Every panel target's and every annotation's expression, twice: variables at "All" (`.*`,
+/// which also matches a label a series lacks) and at "any value" (`.+`, which a filter on a
+/// misspelt label never matches).
 fn dashboard_queries(dashboard: &Value) -> Vec<Query> {
     let mut out = Vec::new();
     for panel in panels(dashboard).into_iter().filter(|p| p["type"] != "row") {
+        let values = if panel["type"] == "state-timeline" {
+            Values::State
+        } else if panel["fieldConfig"]["defaults"]["unit"] == "percentunit" {
+            Values::Ratio
+        } else {
+            Values::Any
+        };
         for target in panel["targets"].as_array().into_iter().flatten() {
             if let Some(expr) = target["expr"].as_str() {
                 let origin = format!("panel {:?} target {}", panel["title"].as_str().unwrap_or("?"), target["refId"]);
-                out.push(Query { origin, promql: substitute(expr) });
+                let legend = legend_labels(target["legendFormat"].as_str().unwrap_or(""));
+                for any in [".*", ".+"] {
+                    let origin = format!("{origin} (variables {any})");
+                    out.push(Query { origin, promql: substitute(expr, any), legend: legend.clone(), values });
+                }
             }
         }
     }
     for annotation in dashboard["annotations"]["list"].as_array().into_iter().flatten() {
         if let Some(expr) = annotation["expr"].as_str() {
             let origin = format!("annotation {:?}", annotation["name"].as_str().unwrap_or("?"));
-            out.push(Query { origin, promql: substitute(expr) });
+            let legend = legend_labels(annotation["textFormat"].as_str().unwrap_or(""));
+            for any in [".*", ".+"] {
+                let origin = format!("{origin} (variables {any})");
+                out.push(Query { origin, promql: substitute(expr, any), legend: legend.clone(), values: Values::Any });
+            }
         }
     }
     out
 }
 
-/// Grafana's variables as Grafana would fill them for "All" and a 5-minute view.
-fn substitute(expr: &str) -> String {
+/// Grafana's variables as Grafana fills them with `any` for the model, backend and client
+/// ("All" is `.*`) and a 5-minute view.
+fn substitute(expr: &str, any: &str) -> String {
     let mut out = expr.to_string();
     for var in ["model", "backend", "client"] {
         for form in [format!("${{{var}:regex}}"), format!("${{{var}}}"), format!("[[{var}]]"), format!("${var}")] {
-            out = out.replace(&form, ".*");
+            out = out.replace(&form, any);
         }
     }
     for (var, value) in [
@@ -121,7 +160,8 @@ fn alert_signals(rules: &serde_yaml::Value) -> Vec<Query> {
     for group in rules["groups"].as_sequence().into_iter().flatten() {
         for rule in group["rules"].as_sequence().into_iter().flatten() {
             let (Some(alert), Some(expr)) = (rule["alert"].as_str(), rule["expr"].as_str()) else { continue };
-            out.push(Query { origin: format!("alert {alert}"), promql: signal(expr) });
+            let origin = format!("alert {alert}");
+            out.push(Query { origin, promql: signal(expr), legend: Vec::new(), values: Values::Any });
         }
     }
     out
@@ -132,8 +172,9 @@ fn signals_drop_only_the_trailing_threshold() {
     assert_eq!(signal("mlxgate_backend_up == 0"), "mlxgate_backend_up");
     assert_eq!(signal("sum(rate(x[5m])) > 0.5\n"), "sum(rate(x[5m]))");
     assert_eq!(signal("histogram_quantile(0.95, y) >= 1e1"), "histogram_quantile(0.95, y)");
-    assert_eq!(substitute("rate(a{model=~\"$model\"}[$__rate_interval])"), "rate(a{model=~\".*\"}[1m])");
-    assert_eq!(substitute("increase(b[$__range]) / $__interval_ms"), "increase(b[5m]) / 15000");
+    assert_eq!(substitute("rate(a{model=~\"$model\"}[$__rate_interval])", ".*"), "rate(a{model=~\".*\"}[1m])");
+    assert_eq!(substitute("increase(b[$__range]) / $__interval_ms", ".+"), "increase(b[5m]) / 15000");
+    assert_eq!(legend_labels("{{client}} {{ limit }}"), ["client", "limit"]);
 }
 
 // ---- promtool and Prometheus ----
@@ -425,6 +466,39 @@ async fn still_empty(prom: &Prometheus, gw: &Gateway, queries: &[Query], start: 
     pending.iter().map(|q| format!("{} [{}]: {}", q.origin, why[&q.origin], q.promql)).collect()
 }
 
+/// What is wrong with the series each query returns: a legend label missing from a series
+/// (checked with the variables at `.+`), a ratio outside 0..1, a state code that is not one of
+/// the six (or two states at once).
+async fn wrong_values(prom: &Prometheus, queries: &[Query], start: f64) -> Vec<String> {
+    let mut wrong = Vec::new();
+    for q in queries {
+        let Ok(series) = prom.range(&q.promql, start).await else { continue };
+        for one in &series {
+            let labels = &one["metric"];
+            if q.origin.ends_with("(variables .+)") {
+                for label in &q.legend {
+                    if labels[label].as_str().is_none_or(str::is_empty) {
+                        wrong.push(format!("{}: a series without its legend's label {label:?}: {labels}", q.origin));
+                    }
+                }
+            }
+            let values = one["values"].as_array().into_iter().flatten().filter_map(|v| v[1].as_str());
+            for value in values.filter_map(|v| v.parse::<f64>().ok()).filter(|v| !v.is_nan()) {
+                let fine = match q.values {
+                    Values::Any => true,
+                    Values::Ratio => (0.0..=1.0 + 1e-9).contains(&value),
+                    Values::State => value.fract() == 0.0 && (0.0..=5.0).contains(&value),
+                };
+                if !fine {
+                    wrong.push(format!("{}: value {value} out of range for {:?}: {labels}", q.origin, q.values));
+                    break;
+                }
+            }
+        }
+    }
+    wrong
+}
+
 fn render_picture(prom: &Prometheus, dashboard: &Path, start: f64, out: &Path) {
     let status = std::process::Command::new(Path::new(ROOT).join("scripts/render-dashboard"))
         .args(["--prometheus", &prom.url, "--dashboard"])
@@ -474,6 +548,7 @@ async fn every_panel_annotation_and_alert_query_returns_data_from_a_real_prometh
     assert!(refused.is_some_and(|n| n >= 1.0), "the hasty client was refused: {refused:?}");
 
     let empty = still_empty(&prom, &gw, &queries, start).await;
+    let wrong = wrong_values(&prom, &queries, start).await;
     if let Some(out) = std::env::var_os("MLXGATE_DASHBOARD_PICTURE") {
         // For the picture, a few minutes of the same traffic (MLXGATE_DASHBOARD_SECONDS, 180 by
         // default), with a swap and a crash every minute, so the panels show a session.
@@ -498,4 +573,5 @@ async fn every_panel_annotation_and_alert_query_returns_data_from_a_real_prometh
         empty.join("\n"),
         prom.log().lines().rev().take(5).collect::<Vec<_>>().join(" | ")
     );
+    assert!(wrong.is_empty(), "queries whose series are wrong:\n{}", wrong.join("\n"));
 }

@@ -185,9 +185,16 @@ fn the_json_is_what_its_generator_writes() {
 fn every_alert_is_a_signal_against_a_threshold_and_says_what_to_do() {
     let alerts = alert_exprs();
     let names: Vec<&str> = alerts.iter().map(|(n, _)| n.as_str()).collect();
-    for wanted in
-        ["BackendDown", "RestartLoop", "BackendFailed", "SlowFirstToken", "QueueFull", "UsageMismatch", "SwapThrash"]
-    {
+    for wanted in [
+        "BackendDown",
+        "RestartLoop",
+        "BackendFailed",
+        "SlowFirstToken",
+        "QueueFull",
+        "UsageMismatch",
+        "SwapThrash",
+        "BackendErrors",
+    ] {
         assert!(names.iter().any(|n| n.ends_with(wanted)), "no {wanted} alert: {names:?}");
     }
     for (name, expr) in &alerts {

@@ -116,11 +116,17 @@ fn declare_series(metrics: &Metrics, config: &Config, limiter: &Limiter) {
 }
 
 /// The rate-limit refusals of every configured client (`anonymous` with auth off), for the
-/// limits it has.
+/// limits it has, and its 503s and backend errors per model.
 fn declare_client_series(metrics: &Metrics, config: &Config, limiter: &Limiter) {
     let anonymous = (config.auth == crate::config::AuthMode::Off).then_some("anonymous");
     let names = config.clients.keys().map(String::as_str).chain(anonymous);
     for client in names {
+        // 503s and backend failures per model: the first burst is an increase the alerts see.
+        for model in config.models.values() {
+            for outcome in ["server_overloaded", "backend_error"] {
+                metrics.requests.with_label_values(&[&model.name, &model.backend, client, outcome]);
+            }
+        }
         let limits = limiter.limits_of(client);
         let has = [
             ("rpm", limits.rpm.is_some()),

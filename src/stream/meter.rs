@@ -412,7 +412,7 @@ fn record(info: RequestInfo, f: &StreamFigures, outcome: Outcome) {
         let ttft = first.duration_since(arrived).as_secs_f64();
         m.time_to_first_token.with_label_values(&[&model, &backend, "true"]).observe(ttft);
     }
-    record_tokens(&m, &[&model, &backend, &client], f);
+    record_tokens(&m, &[&model, &backend, &client], f, true);
     if f.is_burst() {
         m.stream_bursts.with_label_values(&[&backend]).inc();
     }
@@ -430,7 +430,7 @@ fn record(info: RequestInfo, f: &StreamFigures, outcome: Outcome) {
 /// Prompt, cached prompt and generated tokens from the backend's usage, or that the count is
 /// unknown (`labels`: model, backend, client). A reported cache count of 0 still makes its
 /// series (a backend that reports misses shows a hit ratio of 0, not no data).
-fn record_tokens(m: &Metrics, labels: &[&str; 3], f: &StreamFigures) {
+fn record_tokens(m: &Metrics, labels: &[&str; 3], f: &StreamFigures, generates: bool) {
     if let Some(p) = f.prompt_tokens {
         m.prompt_tokens.with_label_values(labels).inc_by(p);
     }
@@ -439,7 +439,9 @@ fn record_tokens(m: &Metrics, labels: &[&str; 3], f: &StreamFigures) {
     }
     match f.tokens() {
         Some(t) => m.generation_tokens.with_label_values(labels).inc_by(t),
-        None => m.generation_tokens_unknown.with_label_values(labels).inc(),
+        // An embeddings answer generates nothing: no count is missing.
+        None if generates => m.generation_tokens_unknown.with_label_values(labels).inc(),
+        None => {}
     }
 }
 
@@ -475,7 +477,7 @@ pub fn record_answer(record: RequestRecord, f: &StreamFigures, outcome: Outcome,
     if outcome == Outcome::Ok && generates {
         m.time_to_first_token.with_label_values(&[labels[0], labels[1], "false"]).observe(elapsed);
     }
-    record_tokens(&m, &[labels[0], labels[1], record.client.as_str()], f);
+    record_tokens(&m, &[labels[0], labels[1], record.client.as_str()], f, generates);
     record.finish_used(outcome, f.usage());
 }
 
