@@ -459,7 +459,12 @@ fn serve_logged(
             }
         }
     });
-    let url = url.recv_timeout(PATIENCE).unwrap_or_else(|_| panic!("gateway never served: {:?}", lines.lock()));
+    let Ok(url) = url.recv_timeout(PATIENCE) else {
+        // Not left running behind a failed test.
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!("gateway never served: {:?}", lines.lock());
+    };
     (GatewayBinary { child, url, startup_log: vec![], _dir: dir }, lines)
 }
 
