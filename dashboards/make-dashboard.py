@@ -119,11 +119,13 @@ timeseries(
     "a swap or restart is the cache being lost with the process: the next turns prefill "
     "everything (slow TTFT). A drop without one: the client changed the start of its prompt "
     "(a new system prompt, tool list or date line), or several sessions evict each other "
-    "from the cache. Servers that do not report cached tokens (vllm-mlx) show nothing; "
-    "mlx-openai-server counts cached tokens outside prompt_tokens, so its ratio can exceed 1.",
+    "from the cache. Servers that do not report cached tokens (vllm-mlx) show nothing. "
+    "Clamped at 100 %: where a counter series begins inside the window, rate()'s extrapolation "
+    "can put the quotient a little above 1; mlx-openai-server counts cached tokens outside "
+    "prompt_tokens, so it reads 100 % whenever it hits at all.",
     grid(12, 9, 12),
-    [(f"sum by (backend) (rate(mlxgate_prompt_cached_tokens_total{{{M}, {B}}}[{RI}])) / "
-      f"sum by (backend) (rate(mlxgate_prompt_tokens_total{{{M}, {B}}}[{RI}]))", "{{backend}}")],
+    [(f"clamp_max(sum by (backend) (rate(mlxgate_prompt_cached_tokens_total{{{M}, {B}}}[{RI}])) / "
+      f"sum by (backend) (rate(mlxgate_prompt_tokens_total{{{M}, {B}}}[{RI}])), 1)", "{{backend}}")],
     unit="percentunit")
 
 # ---- Row 2: the backends ------------------------------------------------------------------
