@@ -8,6 +8,7 @@ pub mod accept;
 pub mod api;
 pub mod auth;
 pub mod backend;
+pub mod bench;
 pub mod config;
 pub mod dispatch;
 pub mod error;

@@ -1,5 +1,6 @@
 //! The `mlxgate` command: `serve` runs the gateway, `check` validates a gateway.yaml, `reload`
-//! makes a running gateway put its file's keys and limits in force.
+//! makes a running gateway put its file's keys and limits in force, `bench` measures what users
+//! see of a model's server (directly or through mlxgate).
 #![forbid(unsafe_code)]
 
 use std::path::PathBuf;
@@ -49,6 +50,15 @@ enum Command {
         #[arg(long)]
         pid: Option<u32>,
     },
+    /// Measure a model's server as its users see it: wall tokens/s, time to first token, decode
+    /// tokens/s and the batching speedup, medians over repeats, for each prompt size.
+    ///
+    /// Each prompt is generated here (no download), sized with the model's tokenizer when one
+    /// is found, and differs from every other from its first token on, so that a server's prompt
+    /// cache does not turn repeats into cache hits. Tokens are the server's usage (asked for with
+    /// stream_options.include_usage), never a count of frames; a stream whose tokens arrive
+    /// mostly at once is flagged as a burst and gives no decode speed.
+    Bench(Box<mlxgate::bench::BenchOptions>),
     /// Internal: run COMMAND and stop its process group when standard input closes (the gateway
     /// runs each managed server this way so that none outlives it).
     #[command(hide = true)]
@@ -89,6 +99,7 @@ fn main() -> ExitCode {
             Err(code) => code,
         },
         Command::Reload { config, pid } => reload(config, pid),
+        Command::Bench(options) => mlxgate::bench::main(*options),
         Command::Serve { config } => {
             let loaded = match load(&config) {
                 Ok(c) => c,

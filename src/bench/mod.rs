@@ -1,0 +1,224 @@
+//! `mlxgate bench`: what users see of a model's server, measured right (the scenarios of the
+//! 2026 "eight MLX servers on a Mac" study). `single` sends prompts of each size one after
+//! another; `double` and `parallel:N` then release 2 or N identical streamed requests at one
+//! instant. Per scenario and prompt size it reports medians over repeats of wall tokens/s, TTFT,
+//! decode tokens/s (usage's tokens over the spread of their arrival; bursts flagged, frames
+//! never counted as tokens) and the batching speedup; `--compare` runs a second endpoint
+//! interleaved and gives the ratios.
+//!
+//! `prompts` makes the prompts, `run` sends them and reads the streams, `stats` computes,
+//! `report` prints the table and the JSON.
+
+pub mod prompts;
+pub mod report;
+pub mod run;
+pub mod stats;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use indicatif::{ProgressBar, ProgressStyle};
+
+use prompts::PromptMaker;
+use report::Report;
+use run::{Endpoint, Plan};
+
+/// Which requests run together.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scenario {
+    /// One request at a time.
+    Single,
+    /// Two identical requests released together (after the single one, the speedup's baseline).
+    Double,
+    /// N identical requests released together.
+    Parallel(usize),
+}
+
+impl Scenario {
+    /// Parses `single`, `double` or `parallel:N` (N ≥ 1).
+    pub fn parse(text: &str) -> Result<Scenario, String> {
+        match text {
+            "single" => Ok(Scenario::Single),
+            "double" => Ok(Scenario::Double),
+            other => other
+                .strip_prefix("parallel:")
+                .and_then(|n| n.parse::<usize>().ok())
+                .filter(|n| *n >= 1)
+                .map(Scenario::Parallel)
+                .ok_or_else(|| format!("{other:?}: expected single, double or parallel:N (N ≥ 1)")),
+        }
+    }
+
+    /// Requests released together.
+    pub fn concurrency(self) -> usize {
+        match self {
+            Scenario::Single => 1,
+            Scenario::Double => 2,
+            Scenario::Parallel(n) => n,
+        }
+    }
+
+    /// The scenario as written on the command line.
+    pub fn name(self) -> String {
+        match self {
+            Scenario::Single => "single".into(),
+            Scenario::Double => "double".into(),
+            Scenario::Parallel(n) => format!("parallel:{n}"),
+        }
+    }
+}
+
+/// The options of `mlxgate bench`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct BenchOptions {
+    /// The server's OpenAI base URL (http://host:port/v1); requests go to its /chat/completions.
+    #[arg(long)]
+    pub url: String,
+    /// The model name sent to it.
+    #[arg(long)]
+    pub model: String,
+    /// single: one request at a time; double: then two identical requests released at the same
+    /// instant; parallel:N: then N of them.
+    #[arg(long, default_value = "single", value_parser = Scenario::parse)]
+    pub scenario: Scenario,
+    /// Repeats of each prompt size (figures are medians over them).
+    #[arg(long, default_value_t = 5)]
+    pub repeats: usize,
+    /// Prompt sizes in tokens, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "100,1000,10000,53000")]
+    pub prompt_tokens: Vec<usize>,
+    /// Tokens to generate per request (max_tokens; a model may stop earlier: usage says).
+    #[arg(long, default_value_t = 256)]
+    pub max_tokens: u32,
+    /// Write the report as JSON to this file too.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    /// A second base URL (e.g. the same server through mlxgate), run interleaved with the first
+    /// (A, B, A, B…); the table ends with B / A ratios.
+    #[arg(long)]
+    pub compare: Option<String>,
+    /// The model name sent to --compare (default: --model), e.g. mlxgate's public name.
+    #[arg(long)]
+    pub compare_model: Option<String>,
+    /// Sent as `Authorization: Bearer KEY` to both endpoints.
+    #[arg(long)]
+    pub api_key: Option<String>,
+    /// The model's directory with tokenizer.json, to size prompts exactly (default: the model
+    /// name as a local directory or a Hugging Face id in the local cache, else an estimate).
+    #[arg(long)]
+    pub tokenizer: Option<PathBuf>,
+    /// Unmeasured requests sent to each endpoint first (a server may load its model then).
+    #[arg(long, default_value_t = 1)]
+    pub warmup: usize,
+    /// Longest a request may take.
+    #[arg(long, default_value = "30m", value_parser = humantime::parse_duration)]
+    pub timeout: Duration,
+}
+
+impl BenchOptions {
+    /// What to send.
+    fn plan(&self) -> Plan {
+        let base = |url: &str| url.trim_end_matches('/').to_string();
+        let mut endpoints = vec![Endpoint { label: "A", url: base(&self.url), model: self.model.clone() }];
+        if let Some(url) = &self.compare {
+            let model = self.compare_model.clone().unwrap_or_else(|| self.model.clone());
+            endpoints.push(Endpoint { label: "B", url: base(url), model });
+        }
+        Plan {
+            endpoints,
+            prompt_sizes: self.prompt_tokens.clone(),
+            repeats: self.repeats.max(1),
+            concurrency: self.scenario.concurrency(),
+            max_tokens: self.max_tokens,
+            warmup: self.warmup,
+            api_key: self.api_key.clone(),
+            timeout: self.timeout,
+        }
+    }
+}
+
+/// Runs `mlxgate bench`: the table on stdout, the JSON to `--json`. Exit code 1 when any
+/// request failed (the figures are printed all the same) or the run could not start.
+pub fn main(options: BenchOptions) -> ExitCode {
+    let mut prompts = match PromptMaker::load(options.tokenizer.as_deref(), &options.model) {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("mlxgate bench: --tokenizer: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    if prompts.source.is_none() {
+        eprintln!(
+            "mlxgate bench: no tokenizer found for {:?} (give --tokenizer DIR): prompts are sized with an \
+             estimate that over-counts, so they are shorter than asked; the servers' usage says their size",
+            options.model
+        );
+    }
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("mlxgate bench: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let plan = options.plan();
+    let progress = progress_bar(run::steps(&plan));
+    let measured = runtime.block_on(run::measure(&plan, &mut prompts, &progress));
+    progress.finish_and_clear();
+    let measured = match measured {
+        Ok(m) => m,
+        Err(e) => {
+            eprintln!("mlxgate bench: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let tokenizer = prompts.source.as_ref().map(|p| p.display().to_string());
+    let report = Report::new(options.scenario.name(), &plan, tokenizer, measured);
+    print!("{}", report.table());
+    if let Some(path) = &options.json {
+        let written = serde_json::to_string_pretty(&report)
+            .map_err(std::io::Error::other)
+            .and_then(|text| std::fs::write(path, text));
+        if let Err(e) = written {
+            eprintln!("mlxgate bench: cannot write {}: {e}", path.display());
+            return ExitCode::FAILURE;
+        }
+    }
+    let failed = report.failed();
+    if failed > 0 {
+        eprintln!("mlxgate bench: {failed} requests failed:");
+        for line in report.failures(10) {
+            eprintln!("  {line}");
+        }
+        return ExitCode::FAILURE;
+    }
+    ExitCode::SUCCESS
+}
+
+/// A progress bar on stderr when it is a terminal; hidden otherwise (logs, pipes, tests).
+fn progress_bar(steps: u64) -> ProgressBar {
+    if !std::io::IsTerminal::is_terminal(&std::io::stderr()) {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::new(steps);
+    if let Ok(style) = ProgressStyle::with_template("{bar:30} {pos}/{len} {elapsed_precise} {msg}") {
+        bar.set_style(style);
+    }
+    bar.enable_steady_tick(Duration::from_millis(200));
+    bar
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scenarios_parse() {
+        assert_eq!(Scenario::parse("single"), Ok(Scenario::Single));
+        assert_eq!(Scenario::parse("double").map(Scenario::concurrency), Ok(2));
+        assert_eq!(Scenario::parse("parallel:8"), Ok(Scenario::Parallel(8)));
+        assert!(Scenario::parse("parallel:0").is_err());
+        assert!(Scenario::parse("triple").is_err());
+    }
+}
