@@ -150,8 +150,8 @@ pub fn main(options: BenchOptions) -> ExitCode {
     };
     if prompts.source.is_none() {
         eprintln!(
-            "mlxgate bench: no tokenizer found for {:?} (give --tokenizer DIR): prompts are sized with an \
-             estimate that over-counts, so they are shorter than asked; the servers' usage says their size",
+            "mlxgate bench: no tokenizer found for {:?} (give --tokenizer DIR): prompt sizes are estimated \
+             (a token per word); the servers' usage.prompt_tokens is reported beside them",
             options.model
         );
     }

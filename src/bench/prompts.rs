@@ -3,8 +3,10 @@
 //! prompt differs from the others from its first token on and a server's prompt cache cannot
 //! turn a repeat into a cache hit. Each prompt is sized to its target with the model's
 //! tokenizer and chat template when one is found (`--tokenizer DIR`, else the model's id in the
-//! local Hugging Face cache), else with mlxgate's conservative estimate (then prompts are
-//! shorter than their nominal size: the servers' own `usage.prompt_tokens` says by how much).
+//! local Hugging Face cache), else by a rule for these prompts: a token per listed word (each
+//! is one token, with its leading space, in the vocabularies of today's models), mlxgate's
+//! estimate for the other pieces (the tag) and [`CHAT_FRAMING`] for the chat template. The
+//! servers' own `usage.prompt_tokens` is reported beside the size asked for.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -31,6 +33,10 @@ const WORDS: &[&str] = &[
     "and", "the", "a", "of", "in", "on", "near", "every", "each", "some", "many", "old", "new",
 ];
 
+/// Tokens a chat template adds around one user message and the generation prompt (Qwen's:
+/// `<|im_start|>user\n … <|im_end|>\n<|im_start|>assistant\n`), when no tokenizer is found.
+const CHAT_FRAMING: usize = 10;
+
 /// What is asked after the words: a long answer, so that generation runs to `max_tokens`.
 const ASK: &str = "Write a long, detailed story that uses as many of the words above as you can.";
 
@@ -45,7 +51,8 @@ pub struct Prompt {
 
 /// Makes prompts of a given size in tokens.
 pub struct PromptMaker {
-    counter: Arc<dyn Count>,
+    /// The model's tokenizer; `None`: the rule for these prompts.
+    counter: Option<Arc<dyn Count>>,
     /// Where the tokenizer was loaded from; `None`: the estimate.
     pub source: Option<PathBuf>,
     /// Body words found to give each target size.
@@ -61,19 +68,20 @@ impl PromptMaker {
             Some(dir) => Some(dir.to_path_buf()),
             None => locate(model),
         };
-        let (counter, source): (Arc<dyn Count>, _) = match dir {
+        let counter = match dir {
             Some(dir) => match Counter::load(&dir) {
-                Ok(counter) => (Arc::new(counter), Some(dir)),
+                Ok(counter) => Some((Arc::new(counter) as Arc<dyn Count>, dir)),
                 Err(e) if tokenizer.is_some() => return Err(e),
-                Err(_) => (Arc::new(Estimate), None),
+                Err(_) => None,
             },
-            None => (Arc::new(Estimate), None),
+            None => None,
         };
-        Ok(PromptMaker::with_counter(counter, source))
+        Ok(PromptMaker::counting_with(counter))
     }
 
-    /// Counts with `counter`.
-    pub fn with_counter(counter: Arc<dyn Count>, source: Option<PathBuf>) -> PromptMaker {
+    /// Counts with `counter` (a tokenizer and where it was loaded from), else with the rule.
+    pub fn counting_with(counter: Option<(Arc<dyn Count>, PathBuf)>) -> PromptMaker {
+        let (counter, source) = counter.map_or((None, None), |(c, dir)| (Some(c), Some(dir)));
         PromptMaker { counter, source, words_for: HashMap::new() }
     }
 
@@ -116,10 +124,18 @@ impl PromptMaker {
 
     /// Tokens of `text` as a one-message chat prompt.
     fn count(&self, text: &str) -> usize {
+        let Some(counter) = &self.counter else { return rule_count(text) };
         let messages = [json!({"role": "user", "content": text})];
         let prompt = ChatPrompt { messages: &messages, tools: None, template_kwargs: None };
-        self.counter.chat_tokens(prompt).unwrap_or_else(|_| self.counter.text_tokens(text))
+        counter.chat_tokens(prompt).unwrap_or_else(|_| counter.text_tokens(text))
     }
+}
+
+/// Tokens of a prompt made here, without its model's tokenizer: one per listed word, the
+/// estimate for other pieces, and the chat template's framing.
+fn rule_count(text: &str) -> usize {
+    let piece = |word: &str| if WORDS.contains(&word) { 1 } else { Estimate::text(word) };
+    CHAT_FRAMING + text.split_whitespace().map(piece).sum::<usize>()
 }
 
 /// `tag`, then `words` words drawn with `tag` as the seed, then the ask.
@@ -156,7 +172,7 @@ mod tests {
 
     #[test]
     fn prompts_reach_their_size_and_differ_from_their_start() {
-        let mut maker = PromptMaker::with_counter(Arc::new(Estimate), None);
+        let mut maker = PromptMaker::counting_with(Some((Arc::new(Estimate), PathBuf::new())));
         for target in [100, 1000, 10_000] {
             let a = maker.make(target, "bench 1 A r0");
             let b = maker.make(target, "bench 1 A r1");
@@ -168,5 +184,15 @@ mod tests {
         }
         // The same tag gives the same prompt (a re-run is comparable).
         assert_eq!(maker.make(100, "t").text, maker.make(100, "t").text);
+    }
+
+    #[test]
+    fn without_a_tokenizer_each_listed_word_is_a_token() {
+        let mut maker = PromptMaker::counting_with(None);
+        let prompt = maker.make(1000, "Request 7.");
+        let words = prompt.text.split_whitespace().filter(|w| WORDS.contains(w)).count();
+        let others = prompt.text.split_whitespace().filter(|w| !WORDS.contains(w)).map(Estimate::text).sum::<usize>();
+        assert_eq!(prompt.tokens, CHAT_FRAMING + words + others);
+        assert!(prompt.tokens.abs_diff(1000) <= 5, "{}", prompt.tokens);
     }
 }

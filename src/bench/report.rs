@@ -136,7 +136,7 @@ impl Report {
     /// The table printed at the end.
     pub fn table(&self) -> String {
         let mut out = String::new();
-        let tokenizer = self.tokenizer.as_deref().unwrap_or("mlxgate's estimate (sizes approximate)");
+        let tokenizer = self.tokenizer.as_deref().unwrap_or("an estimate (a token per word)");
         let _ = writeln!(
             out,
             "scenario {}, {} repeats, max_tokens {}, prompts sized with {tokenizer}; medians",
