@@ -147,7 +147,15 @@ impl Report {
             let _ = writeln!(
                 out,
                 "{:>7} {:>9} {:>6} {:>6} {:>10} {:>8} {:>10} {:>7} {:>10} {:>8}",
-                "prompt", "run", "reqs", "failed", "wall tok/s", "TTFT s", "decode t/s", "bursts", "aggr tok/s",
+                "prompt",
+                "run",
+                "reqs",
+                "failed",
+                "wall tok/s",
+                "TTFT s",
+                "decode t/s",
+                "bursts",
+                "aggr tok/s",
                 "speedup"
             );
             for size in &endpoint.sizes {

@@ -248,7 +248,9 @@ pub fn steps(plan: &Plan) -> u64 {
 pub async fn measure(plan: &Plan, prompts: &mut PromptMaker, progress: &ProgressBar) -> Result<Measured, Unusable> {
     let sender = Arc::new(Sender::new(plan));
     // Distinct tags across runs too: a second bench against the same server finds no cache.
-    let run_id = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_micros());
+    // Six hex digits: a few tokens (digits are a token each in Qwen's vocabulary).
+    let micros = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_micros());
+    let run_id = format!("{:06x}", micros & 0xff_ffff);
     for endpoint in &plan.endpoints {
         for i in 0..plan.warmup {
             progress.set_message(format!("{} warm-up", endpoint.label));
@@ -274,7 +276,11 @@ pub async fn measure(plan: &Plan, prompts: &mut PromptMaker, progress: &Progress
                     let group = release(&sender, endpoint, &prompt.text, n, plan.max_tokens).await;
                     let runs = &mut runs[e][s];
                     runs.prompt_tokens_sent.push(prompt.tokens);
-                    if n == 1 { runs.single.push(group) } else { runs.concurrent.push(group) }
+                    if n == 1 {
+                        runs.single.push(group)
+                    } else {
+                        runs.concurrent.push(group)
+                    }
                     progress.inc(1);
                 }
             }

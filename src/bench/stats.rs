@@ -109,7 +109,7 @@ pub fn median(values: impl IntoIterator<Item = f64>) -> Option<f64> {
     }
     sorted.sort_by(f64::total_cmp);
     let mid = sorted.len() / 2;
-    Some(if sorted.len() % 2 == 0 { (sorted[mid - 1] + sorted[mid]) / 2.0 } else { sorted[mid] })
+    Some(if sorted.len().is_multiple_of(2) { (sorted[mid - 1] + sorted[mid]) / 2.0 } else { sorted[mid] })
 }
 
 /// Medians over the repeats of one run (one scenario, one prompt size, one endpoint).
@@ -261,8 +261,10 @@ mod tests {
     fn speedup_is_the_aggregate_over_the_single_runs() {
         let one = |ms: u64| recorded(&[(100, 1), (ms, 1)], Some(20), ms);
         // Single: 20 tokens in 1 s, in 1.25 s and in 0.8 s: median 20 tokens/s.
-        let single: Vec<Group> =
-            [1000, 1250, 800].iter().map(|&ms| Group { wall_seconds: ms as f64 / 1e3, samples: vec![one(ms)] }).collect();
+        let single: Vec<Group> = [1000, 1250, 800]
+            .iter()
+            .map(|&ms| Group { wall_seconds: ms as f64 / 1e3, samples: vec![one(ms)] })
+            .collect();
         // Double: two requests of 20 tokens ending within 1.1 s and 1.0 s: 36.4 and 40 tokens/s.
         let double = vec![
             Group { wall_seconds: 1.1, samples: vec![one(1050), one(1100)] },

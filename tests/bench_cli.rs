@@ -1,0 +1,159 @@
+//! `mlxgate bench`, the real binary, against `mlxgate-sim` set to known speeds: the figures it
+//! reports (TTFT, decode tokens/s, aggregate and speedup of two requests released together)
+//! agree with the simulator's settings within a wide tolerance (a noisy, shared machine: half
+//! to twice the expected value), tokens come from usage and never from frames, bursts are
+//! flagged, and `--compare` measures the same server directly and through an in-process gateway.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+
+use common::*;
+use mlxgate::sim::{self, Behaviour, SimConfig};
+use serde_json::Value;
+
+const MLXGATE: &str = env!("CARGO_BIN_EXE_mlxgate");
+const SIM: &str = env!("CARGO_BIN_EXE_mlxgate-sim");
+
+struct KillOnDrop(Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Starts `mlxgate-sim` with `args`; the process and its base URL.
+fn spawn_sim(args: &[&str]) -> (KillOnDrop, String) {
+    let mut child = Command::new(SIM).args(args).stdout(Stdio::piped()).spawn().expect("sim starts");
+    let stdout = child.stdout.take().expect("stdout");
+    let mut line = String::new();
+    BufReader::new(stdout).read_line(&mut line).expect("address line");
+    let url = line.trim().rsplit(' ').next().expect("url").to_string();
+    (KillOnDrop(child), url)
+}
+
+/// The bench's arguments for one prompt of 100 tokens, once, writing JSON to `json`.
+fn bench_args(url: &str, scenario: &str, json: &std::path::Path) -> Vec<String> {
+    let args = ["bench", "--url", &format!("{url}/v1"), "--model", "x", "--scenario", scenario];
+    let rest = ["--repeats", "1", "--prompt-tokens", "100", "--max-tokens", "64", "--json"];
+    args.iter().chain(&rest).map(|s| s.to_string()).chain([json.display().to_string()]).collect()
+}
+
+/// Runs `mlxgate bench` to its end; its stdout (the table) and the JSON report.
+fn bench(args: &[String]) -> (String, Value) {
+    let json = args.last().expect("json path").clone();
+    let out = Command::new(MLXGATE).args(args).output().expect("bench runs");
+    report_of(out, &json)
+}
+
+fn report_of(out: std::process::Output, json: &str) -> (String, Value) {
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "bench failed: {stderr}\n{stdout}");
+    let report = serde_json::from_str(&std::fs::read_to_string(json).expect("json written")).expect("json");
+    (stdout, report)
+}
+
+/// `value` is within half to twice `expected`.
+fn near(what: &str, value: &Value, expected: f64) -> f64 {
+    let v = value.as_f64().unwrap_or_else(|| panic!("{what}: no figure ({value})"));
+    assert!(v >= expected * 0.5 && v <= expected * 2.0, "{what}: {v}, expected about {expected}");
+    v
+}
+
+#[test]
+fn double_reports_the_simulators_speeds_and_the_batching_speedup() {
+    // 30 tokens at 40 tokens/s after 300 ms; two requests together decode at 1.8× in all
+    // (0.9× each).
+    let (_sim, url) =
+        spawn_sim(&["--ttft-ms", "300", "--tokens-per-second", "40", "--tokens", "30", "--speedup", "1,1.8"]);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (table, report) = bench(&bench_args(&url, "double", &dir.path().join("out.json")));
+    println!("{table}");
+    let size = &report["endpoints"][0]["sizes"][0];
+    let (single, together) = (&size["single"], &size["concurrent"]);
+    assert_eq!((single["requests"].as_u64(), single["failed"].as_u64()), (Some(1), Some(0)), "{report}");
+    assert_eq!((together["requests"].as_u64(), together["failed"].as_u64()), (Some(2), Some(0)), "{report}");
+    assert_eq!(single["completion_tokens"], 30.0, "usage's tokens");
+    assert_eq!(together["completion_tokens"], 30.0);
+    assert_eq!(single["bursts"], 0);
+
+    near("single TTFT", &single["ttft_seconds"], 0.3);
+    near("single decode tokens/s", &single["decode_tokens_per_second"], 40.0);
+    let single_wall = 30.0 / (0.3 + 29.0 / 40.0);
+    near("single wall tokens/s", &single["wall_tokens_per_second"], single_wall);
+    near("together TTFT", &together["ttft_seconds"], 0.3);
+    let each = 40.0 * 1.8 / 2.0;
+    near("together decode tokens/s (each)", &together["decode_tokens_per_second"], each);
+    let aggregate = 60.0 / (0.3 + 29.0 / each);
+    near("together aggregate tokens/s", &together["aggregate_tokens_per_second"], aggregate);
+    let speedup = near("speedup", &size["speedup"], aggregate / single_wall);
+    let sent = near("prompt tokens sent", &size["prompt_tokens_sent"], 100.0);
+    // The simulator's tokens are words: the server's own count is reported beside ours.
+    let words = single["prompt_tokens"].as_f64().expect("usage's prompt tokens");
+    println!("speedup {speedup:.2}; prompt of 100 tokens: {sent} counted here, {words} by the server");
+    assert!(table.contains("×2"), "{table}");
+}
+
+#[test]
+fn tokens_come_from_usage_never_from_frames_and_bursts_give_no_decode_speed() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    // No usage at all: 20 frames of output, and no token count or speed made of them.
+    let (_sim, url) = spawn_sim(&["--tokens", "20", "--tokens-per-second", "200", "--usage", "none"]);
+    let (table, report) = bench(&bench_args(&url, "single", &dir.path().join("none.json")));
+    let single = &report["endpoints"][0]["sizes"][0]["single"];
+    assert_eq!(single["output_frames"], 20.0, "{report}");
+    for figure in
+        ["completion_tokens", "wall_tokens_per_second", "decode_tokens_per_second", "aggregate_tokens_per_second"]
+    {
+        assert!(single[figure].is_null(), "{figure} without usage: {report}");
+    }
+    assert!(table.lines().any(|l| l.contains("single") && l.contains(" - ")), "{table}");
+
+    // Every token held back and sent in one write: a burst, with no decode speed.
+    let (_sim, url) = spawn_sim(&["--tokens", "20", "--tokens-per-second", "200", "--burst", "true"]);
+    let (table, report) = bench(&bench_args(&url, "double", &dir.path().join("burst.json")));
+    let size = &report["endpoints"][0]["sizes"][0];
+    for run in ["single", "concurrent"] {
+        assert_eq!(size[run]["bursts"], size[run]["requests"], "{run}: {report}");
+        assert!(size[run]["decode_tokens_per_second"].is_null(), "{run}: {report}");
+        assert_eq!(size[run]["completion_tokens"], 20.0);
+    }
+    assert!(table.contains("burst"), "{table}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn compare_measures_the_server_directly_and_through_the_gateway() {
+    let defaults =
+        Behaviour { ttft_ms: Some(200), tokens_per_second: Some(40.0), tokens: Some(20), ..Default::default() };
+    let sim = sim::spawn(SimConfig { defaults, speedup: vec![1.0, 1.8], ..Default::default() }).await.expect("sim");
+    let gw = gateway(&one_model_yaml(&sim.url(), 2, 16)).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let json = dir.path().join("compare.json");
+    let mut args = bench_args(&sim.url(), "double", &json);
+    args[4] = "tiny-qwen3".into();
+    args.extend(["--compare".into(), gw.url("/v1"), "--compare-model".into(), "qwen".into()]);
+    let out = tokio::process::Command::new(MLXGATE).args(&args).output().await.expect("bench runs");
+    let (table, report) = report_of(out, &json.display().to_string());
+    println!("{table}");
+    let (direct, through) = (&report["endpoints"][0], &report["endpoints"][1]);
+    assert_eq!(through["url"], gw.url("/v1"));
+    for endpoint in [direct, through] {
+        let size = &endpoint["sizes"][0];
+        assert_eq!(size["concurrent"]["failed"], 0, "{report}");
+        assert_eq!(size["concurrent"]["completion_tokens"], 20.0, "{report}");
+        near("TTFT", &size["single"]["ttft_seconds"], 0.2);
+        near("decode tokens/s", &size["single"]["decode_tokens_per_second"], 40.0);
+    }
+    let ratios = &report["ratios"][0];
+    near("B/A wall tokens/s", &ratios["single"]["wall_tokens_per_second"], 1.0);
+    near("B/A aggregate tokens/s together", &ratios["concurrent"]["aggregate_tokens_per_second"], 1.0);
+    near("B/A speedup", &ratios["speedup"], 1.0);
+    assert!(table.contains("B / A"), "{table}");
+    // Both went to the one server: a warm-up, one alone and two together each.
+    let received = sim_requests(&sim).await;
+    assert_eq!(received.len(), 8, "{received:?}");
+}
