@@ -9,6 +9,7 @@
 //! servers' own `usage.prompt_tokens` is reported beside the size asked for.
 
 use std::collections::HashMap;
+use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -256,12 +257,13 @@ fn rule_count(text: &str) -> usize {
     CHAT_FRAMING + text.split_whitespace().map(piece).sum::<usize>()
 }
 
-/// `tag`, then `words` words drawn with `tag` as the seed, then the ask.
+/// A hash of `tag`, `tag`, then `words` words drawn with `tag` as the seed, then the ask.
 fn compose(tag: &str, words: usize) -> String {
     let mut state = seed(tag);
-    let mut text = String::with_capacity(tag.len() + words * 8 + ASK.len() + 4);
-    text.push_str(tag);
-    text.push('\n');
+    let mut text = String::with_capacity(tag.len() + words * 8 + ASK.len() + 16);
+    // A hash of the tag first: tags that share their start (one run's) still differ within the
+    // prompt's first characters, so a prompt cache holds nothing of another prompt.
+    let _ = write!(text, "{:08x} {tag}\n", state >> 32);
     for i in 0..words {
         // xorshift64*: cheap, and the same words for the same tag on every machine.
         state ^= state >> 12;
@@ -298,7 +300,7 @@ mod tests {
             assert!(b.tokens.abs_diff(target) <= (target / 50).max(6), "{target}: {}", b.tokens);
             assert_ne!(a.text.split_whitespace().nth(3), None);
             let first_difference = a.text.bytes().zip(b.text.bytes()).position(|(x, y)| x != y);
-            assert!(first_difference.is_some_and(|at| at < 16), "distinct from the start");
+            assert!(first_difference.is_some_and(|at| at < 8), "distinct within the leading hash");
         }
         // The same tag gives the same prompt (a re-run is comparable).
         assert_eq!(maker.make(100, "t").text, maker.make(100, "t").text);
