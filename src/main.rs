@@ -54,7 +54,7 @@ enum Command {
     /// tokens/s and the batching speedup, medians over repeats, for each prompt size.
     ///
     /// Each prompt is generated here (no download), sized with the model's tokenizer when one
-    /// is found, and differs from every other from its first token on, so that a server's prompt
+    /// is found, and differs from every other in its first characters, so that a server's prompt
     /// cache does not turn repeats into cache hits. Tokens are the server's usage (asked for with
     /// stream_options.include_usage), never a count of frames; a stream whose tokens arrive
     /// mostly at once is flagged as a burst and gives no decode speed.

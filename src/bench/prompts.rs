@@ -5,7 +5,7 @@
 //! tokenizer and chat template when one is found (`--tokenizer DIR`, else the model's id in the
 //! local Hugging Face cache), else by a rule for these prompts: a token per listed word (each
 //! is one token, with its leading space, in the vocabularies of today's models), mlxgate's
-//! estimate for the other pieces (the tag) and [`CHAT_FRAMING`] for the chat template. The
+//! estimate for the other pieces (the tag) and `CHAT_FRAMING` for the chat template. The
 //! servers' own `usage.prompt_tokens` is reported beside the size asked for.
 
 use std::collections::HashMap;
@@ -263,7 +263,7 @@ fn compose(tag: &str, words: usize) -> String {
     let mut text = String::with_capacity(tag.len() + words * 8 + ASK.len() + 16);
     // A hash of the tag first: tags that share their start (one run's) still differ within the
     // prompt's first characters, so a prompt cache holds nothing of another prompt.
-    let _ = write!(text, "{:08x} {tag}\n", state >> 32);
+    let _ = writeln!(text, "{:08x} {tag}", state >> 32);
     for i in 0..words {
         // xorshift64*: cheap, and the same words for the same tag on every machine.
         state ^= state >> 12;

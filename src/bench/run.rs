@@ -132,7 +132,7 @@ impl Sender {
         let failed = |why: String| Sample::failed(sent.elapsed().as_secs_f64(), why);
         let response = match self.client.request(request).await {
             Ok(r) => r,
-            Err(e) => return failed(format!("cannot send: {e}")),
+            Err(e) => return failed(format!("cannot send: {}", with_causes(&e))),
         };
         let status = response.status();
         let mut body = response.into_body();
@@ -166,6 +166,17 @@ impl Sender {
         });
         Sample::measured(sent, ended, &figures)
     }
+}
+
+/// An error and its causes, `a: b: c` (hyper's own says only "client error (Connect)").
+fn with_causes(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut cause = error.source();
+    while let Some(e) = cause {
+        text.push_str(&format!(": {e}"));
+        cause = e.source();
+    }
+    text
 }
 
 /// Output frames that arrived together: within [`BURST_WINDOW`] of the first read of a run.
