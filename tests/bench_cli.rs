@@ -112,6 +112,9 @@ fn tokens_come_from_usage_never_from_frames_and_bursts_give_no_decode_speed() {
         assert!(single[figure].is_null(), "{figure} without usage: {report}");
     }
     assert!(table.lines().any(|l| l.contains("single") && l.contains(" - ")), "{table}");
+    // Nor a calibration: the prompts were estimated, and the report says so and why.
+    assert_eq!(report["prompt_sizing"]["method"], "estimate", "{report}");
+    assert!(table.lines().next().is_some_and(|l| l.contains("an estimate") && l.contains("no usage")), "{table}");
 
     // Every token held back and sent in one write: a burst, with no decode speed.
     let (_sim, url) = spawn_sim(&["--tokens", "20", "--tokens-per-second", "200", "--burst", "true"]);
@@ -153,7 +156,75 @@ async fn compare_measures_the_server_directly_and_through_the_gateway() {
     near("B/A aggregate tokens/s together", &ratios["concurrent"]["aggregate_tokens_per_second"], 1.0);
     near("B/A speedup", &ratios["speedup"], 1.0);
     assert!(table.contains("B / A"), "{table}");
-    // Both went to the one server: a warm-up, one alone and two together each.
+    // Both went to the one server: a warm-up, one alone and two together each, and the two
+    // calibration prompts to A only (B's prompts are sized by A's count).
     let received = sim_requests(&sim).await;
-    assert_eq!(received.len(), 8, "{received:?}");
+    let tags: Vec<String> = received
+        .iter()
+        .filter_map(|r| r["messages"][0]["content"].as_str())
+        .map(|text| text.split_whitespace().nth(2).unwrap_or_default().to_string())
+        .collect();
+    assert_eq!(tags.len(), 10, "{received:?}");
+    assert_eq!(tags.iter().filter(|t| t.contains("-calibrate-")).count(), 2, "{tags:?}");
+    assert!(tags.iter().filter(|t| t.contains("-calibrate-")).all(|t| t.contains("-A-")), "{tags:?}");
+    assert_eq!(report["prompt_sizing"]["method"], "calibrated", "{report}");
+    // Interleaved, and neither always first: A then B alone, then B's pair before A's.
+    let order: Vec<&str> = tags
+        .iter()
+        .filter(|t| t.contains("-single-") || t.contains("-together-"))
+        .map(|t| if t.contains("-A-") { "A" } else { "B" })
+        .collect();
+    assert_eq!(order, ["A", "B", "B", "B", "A", "A"], "{tags:?}");
+}
+
+#[test]
+fn prompts_are_sized_by_the_servers_own_count() {
+    // No tokenizer for model "x": the sizes come from the simulator's usage.prompt_tokens,
+    // which counts words (a rule of "a token per word plus a chat template" is 10 tokens off).
+    let (_sim, url) = spawn_sim(&["--tokens", "4", "--tokens-per-second", "1000"]);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let json = dir.path().join("sized.json");
+    let mut args = bench_args(&url, "single", &json);
+    let sizes = args.iter().position(|a| a == "--prompt-tokens").expect("sizes") + 1;
+    args[sizes] = "100,1000".into();
+    let (table, report) = bench(&args);
+    println!("{table}");
+    let sizing = &report["prompt_sizing"];
+    assert_eq!(sizing["method"], "calibrated", "{report}");
+    let per_word = sizing["tokens_per_word"].as_f64().expect("tokens per word");
+    assert!((per_word - 1.0).abs() < 0.01, "{sizing}");
+    assert!(table.lines().next().is_some_and(|l| l.contains("calibrated against the server")), "{table}");
+    for (size, target) in report["endpoints"][0]["sizes"].as_array().expect("sizes").iter().zip([100.0, 1000.0]) {
+        let counted = size["single"]["prompt_tokens"].as_f64().expect("the server's count");
+        assert!((counted - target).abs() <= target * 0.02, "{target}: the server counted {counted}");
+        let predicted = size["prompt_tokens_sent"].as_f64().expect("predicted");
+        assert!((predicted - counted).abs() <= 1.0, "{target}: predicted {predicted}, counted {counted}");
+    }
+}
+
+#[test]
+fn failed_requests_are_counted_named_and_fail_the_run() {
+    // Prompts over 500 words are refused: the 1000-token rows fail, the 100-token ones do not.
+    let (_sim, url) = spawn_sim(&["--tokens", "4", "--tokens-per-second", "1000", "--prompt-cap", "500"]);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let json = dir.path().join("failed.json");
+    let mut args = bench_args(&url, "double", &json);
+    let sizes = args.iter().position(|a| a == "--prompt-tokens").expect("sizes") + 1;
+    args[sizes] = "100,1000".into();
+    let out = Command::new(MLXGATE).args(&args).output().expect("bench runs");
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    println!("{stdout}{stderr}");
+    assert_eq!(out.status.code(), Some(1), "a failed request fails the run");
+    assert!(stderr.contains("3 requests failed") && stderr.contains("A at 1000 tokens: HTTP 400"), "{stderr}");
+    let report: Value = serde_json::from_str(&std::fs::read_to_string(&json).expect("json")).expect("json");
+    let [ok, over] = [0, 1].map(|i| report["endpoints"][0]["sizes"][i].clone());
+    assert_eq!((ok["single"]["failed"].as_u64(), ok["concurrent"]["failed"].as_u64()), (Some(0), Some(0)));
+    assert!(ok["speedup"].is_number(), "{ok}");
+    assert_eq!((over["single"]["failed"].as_u64(), over["concurrent"]["failed"].as_u64()), (Some(1), Some(2)));
+    for figure in ["wall_tokens_per_second", "ttft_seconds", "aggregate_tokens_per_second"] {
+        assert!(over["single"][figure].is_null() && over["concurrent"][figure].is_null(), "{figure}: {over}");
+    }
+    assert!(over["speedup"].is_null(), "no speedup from failed requests: {over}");
+    let row = stdout.lines().find(|l| l.trim_start().starts_with("1000") && l.contains("×2")).expect("row");
+    assert_eq!(row.split_whitespace().nth(3), Some("2"), "the failed column: {row}");
 }

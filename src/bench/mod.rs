@@ -105,7 +105,8 @@ pub struct BenchOptions {
     #[arg(long)]
     pub api_key: Option<String>,
     /// The model's directory with tokenizer.json, to size prompts exactly (default: the model
-    /// name as a local directory or a Hugging Face id in the local cache, else an estimate).
+    /// name as a local directory or a Hugging Face id in the local cache; else prompts are sized
+    /// from the first server's usage.prompt_tokens for two calibration prompts; else estimated).
     #[arg(long)]
     pub tokenizer: Option<PathBuf>,
     /// Unmeasured requests sent to each endpoint first (a server may load its model then).
@@ -148,10 +149,10 @@ pub fn main(options: BenchOptions) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    if prompts.source.is_none() {
+    if !prompts.has_tokenizer() {
         eprintln!(
-            "mlxgate bench: no tokenizer found for {:?} (give --tokenizer DIR): prompt sizes are estimated \
-             (a token per word); the servers' usage.prompt_tokens is reported beside them",
+            "mlxgate bench: no tokenizer found for {:?} (give --tokenizer DIR): prompt sizes are \
+             calibrated against the server's own count of two prompts",
             options.model
         );
     }
@@ -173,8 +174,11 @@ pub fn main(options: BenchOptions) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let tokenizer = prompts.source.as_ref().map(|p| p.display().to_string());
-    let report = Report::new(options.scenario.name(), &plan, tokenizer, measured);
+    let sizing = prompts.sizing();
+    if let prompts::Sizing::Estimate { why } = &sizing {
+        eprintln!("mlxgate bench: prompt sizes are estimated (a token per word): {why}");
+    }
+    let report = Report::new(options.scenario.name(), &plan, sizing, measured);
     print!("{}", report.table());
     if let Some(path) = &options.json {
         let written = serde_json::to_string_pretty(&report)

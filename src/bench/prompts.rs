@@ -3,16 +3,19 @@
 //! prompt differs from the others from its first token on and a server's prompt cache cannot
 //! turn a repeat into a cache hit. Each prompt is sized to its target with the model's
 //! tokenizer and chat template when one is found (`--tokenizer DIR`, else the model's id in the
-//! local Hugging Face cache), else by a rule for these prompts: a token per listed word (each
-//! is one token, with its leading space, in the vocabularies of today's models), mlxgate's
-//! estimate for the other pieces (the tag) and `CHAT_FRAMING` for the chat template. The
-//! servers' own `usage.prompt_tokens` is reported beside the size asked for.
+//! local Hugging Face cache); else from the server's own count (a [`Calibration`]: its
+//! `usage.prompt_tokens` for two prompts made here, of different lengths, give the tokens per
+//! word and the fixed tokens around them); else, when the server counts nothing, by a rule: a
+//! token per listed word, mlxgate's estimate for the other pieces (the tag) and
+//! `CHAT_FRAMING` for the chat template (a rule 5× off for a small vocabulary). The servers'
+//! own `usage.prompt_tokens` is reported beside the size asked for.
 
 use std::collections::HashMap;
-use std::fmt::Write as _;
+use std::fmt::{self, Write as _};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use serde::Serialize;
 use serde_json::json;
 
 use crate::tokens::counter::{Counter, Estimate, LoadError, locate};
@@ -164,16 +167,92 @@ const ASK: &str = "Write a long, detailed story that uses as many of the words a
 pub struct Prompt {
     /// The user message's text.
     pub text: String,
-    /// Its tokens as counted here (the chat template included), with the tokenizer or estimate.
+    /// Its tokens (the chat template included) as the tokenizer counts them, as the
+    /// calibration predicts them, or as the rule estimates them.
     pub tokens: usize,
+}
+
+/// How the prompts' sizes are known, as the report states it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(tag = "method", rename_all = "snake_case")]
+pub enum Sizing {
+    /// Counted with the model's tokenizer and chat template, loaded from `path`.
+    Tokenizer { path: String },
+    /// Predicted from the server's own `usage.prompt_tokens` for two prompts made here, of
+    /// different lengths: a line through them gives the tokens of each body word and the fixed
+    /// tokens around the words (the chat template, the tag, the closing request).
+    Calibrated {
+        /// The endpoint measured (`A`).
+        against: String,
+        tokens_per_word: f64,
+        fixed_tokens: f64,
+    },
+    /// The rule for these prompts (a token per listed word), and why nothing better was had.
+    Estimate { why: String },
+}
+
+impl fmt::Display for Sizing {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Sizing::Tokenizer { path } => write!(f, "the tokenizer in {path}"),
+            Sizing::Calibrated { against, tokens_per_word, fixed_tokens } => write!(
+                f,
+                "calibrated against the server ({against}): {tokens_per_word:.2} tokens per word, \
+                 {fixed_tokens:.0} fixed tokens (chat template, tag, request)"
+            ),
+            Sizing::Estimate { why } => write!(f, "an estimate, a token per word ({why})"),
+        }
+    }
+}
+
+/// A server's tokens for the prompts made here: `fixed_tokens + tokens_per_word × words`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Calibration {
+    pub tokens_per_word: f64,
+    pub fixed_tokens: f64,
+}
+
+impl Calibration {
+    /// The line through two prompts' (body words, the server's prompt tokens); an error when
+    /// the longer prompt did not count more tokens (a server that does not count them).
+    pub fn through(short: (usize, u64), long: (usize, u64)) -> Result<Calibration, String> {
+        let words = long.0 as f64 - short.0 as f64;
+        let tokens = long.1 as f64 - short.1 as f64;
+        if words <= 0.0 || tokens <= 0.0 {
+            return Err(format!(
+                "the server counted {} prompt tokens for {} words and {} for {}: no usable calibration",
+                short.1, short.0, long.1, long.0
+            ));
+        }
+        let tokens_per_word = tokens / words;
+        let fixed_tokens = (short.1 as f64 - tokens_per_word * short.0 as f64).max(0.0);
+        Ok(Calibration { tokens_per_word, fixed_tokens })
+    }
+
+    /// Body words for a prompt of `target` tokens (at least one).
+    fn words_for(&self, target: usize) -> usize {
+        ((target as f64 - self.fixed_tokens) / self.tokens_per_word).round().max(1.0) as usize
+    }
+
+    /// The tokens predicted for a prompt of `words` body words.
+    fn tokens(&self, words: usize) -> usize {
+        (self.fixed_tokens + self.tokens_per_word * words as f64).round() as usize
+    }
+}
+
+/// How prompts are sized now.
+enum Sizer {
+    /// The model's tokenizer, and where it was loaded from.
+    Tokenizer { counter: Arc<dyn Count>, dir: PathBuf },
+    /// The server's count, calibrated against endpoint `against`.
+    Calibrated { calibration: Calibration, against: String },
+    /// The rule, and why.
+    Rule { why: String },
 }
 
 /// Makes prompts of a given size in tokens.
 pub struct PromptMaker {
-    /// The model's tokenizer; `None`: the rule for these prompts.
-    counter: Option<Arc<dyn Count>>,
-    /// Where the tokenizer was loaded from; `None`: the estimate.
-    pub source: Option<PathBuf>,
+    sizer: Sizer,
     /// Body words found to give each target size.
     words_for: HashMap<usize, usize>,
 }
@@ -181,7 +260,7 @@ pub struct PromptMaker {
 impl PromptMaker {
     /// Counts with the tokenizer in `tokenizer` (an error when it cannot be loaded: the user
     /// asked for it), else the one of `model` when it is a local directory or a Hugging Face id
-    /// in the local cache, else the estimate.
+    /// in the local cache, else the rule until a calibration replaces it.
     pub fn load(tokenizer: Option<&Path>, model: &str) -> Result<PromptMaker, LoadError> {
         let dir = match tokenizer {
             Some(dir) => Some(dir.to_path_buf()),
@@ -200,8 +279,44 @@ impl PromptMaker {
 
     /// Counts with `counter` (a tokenizer and where it was loaded from), else with the rule.
     pub fn counting_with(counter: Option<(Arc<dyn Count>, PathBuf)>) -> PromptMaker {
-        let (counter, source) = counter.map_or((None, None), |(c, dir)| (Some(c), Some(dir)));
-        PromptMaker { counter, source, words_for: HashMap::new() }
+        let sizer = match counter {
+            Some((counter, dir)) => Sizer::Tokenizer { counter, dir },
+            None => Sizer::Rule { why: "not calibrated".into() },
+        };
+        PromptMaker { sizer, words_for: HashMap::new() }
+    }
+
+    /// Whether the model's tokenizer sizes the prompts (then no calibration is needed).
+    pub fn has_tokenizer(&self) -> bool {
+        matches!(self.sizer, Sizer::Tokenizer { .. })
+    }
+
+    /// Sizes prompts with `calibration` from now on, unless a tokenizer does.
+    pub fn calibrated(&mut self, calibration: Calibration, against: &str) {
+        if !self.has_tokenizer() {
+            self.sizer = Sizer::Calibrated { calibration, against: against.to_string() };
+            self.words_for.clear();
+        }
+    }
+
+    /// Keeps the rule, because of `why` (the calibration could not be made).
+    pub fn uncalibrated(&mut self, why: String) {
+        if let Sizer::Rule { why: reason } = &mut self.sizer {
+            *reason = why;
+        }
+    }
+
+    /// How the prompts are sized, for the report.
+    pub fn sizing(&self) -> Sizing {
+        match &self.sizer {
+            Sizer::Tokenizer { dir, .. } => Sizing::Tokenizer { path: dir.display().to_string() },
+            Sizer::Calibrated { calibration, against } => Sizing::Calibrated {
+                against: against.clone(),
+                tokens_per_word: calibration.tokens_per_word,
+                fixed_tokens: calibration.fixed_tokens,
+            },
+            Sizer::Rule { why } => Sizing::Estimate { why: why.clone() },
+        }
     }
 
     /// A prompt of about `target` tokens that starts with `tag`: its words are drawn with
@@ -210,19 +325,26 @@ impl PromptMaker {
         let words = match self.words_for.get(&target) {
             Some(&words) => words,
             None => {
-                let words = self.calibrate(target, tag);
+                let words = self.body_words(target, tag);
                 self.words_for.insert(target, words);
                 words
             }
         };
         let text = compose(tag, words);
-        let tokens = self.count(&text);
+        let tokens = match &self.sizer {
+            Sizer::Calibrated { calibration, .. } => calibration.tokens(words),
+            _ => self.count(&text),
+        };
         Prompt { text, tokens }
     }
 
-    /// Body words that make a prompt of `target` tokens: from the tokens of an empty body and
-    /// of a trial one, a few corrections (each a count of the whole prompt).
-    fn calibrate(&self, target: usize, tag: &str) -> usize {
+    /// Body words that make a prompt of `target` tokens: from the calibration's line, or, by
+    /// counting, from the tokens of an empty body and of a trial one, a few corrections (each
+    /// a count of the whole prompt).
+    fn body_words(&self, target: usize, tag: &str) -> usize {
+        if let Sizer::Calibrated { calibration, .. } = &self.sizer {
+            return calibration.words_for(target);
+        }
         let base = self.count(&compose(tag, 0));
         let tolerance = (target / 200).max(2);
         let mut words = target.saturating_sub(base).max(1);
@@ -241,13 +363,18 @@ impl PromptMaker {
         words
     }
 
-    /// Tokens of `text` as a one-message chat prompt.
+    /// Tokens of `text` as a one-message chat prompt, with the tokenizer or the rule.
     fn count(&self, text: &str) -> usize {
-        let Some(counter) = &self.counter else { return rule_count(text) };
+        let Sizer::Tokenizer { counter, .. } = &self.sizer else { return rule_count(text) };
         let messages = [json!({"role": "user", "content": text})];
         let prompt = ChatPrompt { messages: &messages, tools: None, template_kwargs: None };
         counter.chat_tokens(prompt).unwrap_or_else(|_| counter.text_tokens(text))
     }
+}
+
+/// The text of a calibration prompt: `tag`, then `words` body words, as every prompt is made.
+pub fn calibration_text(tag: &str, words: usize) -> String {
+    compose(tag, words)
 }
 
 /// Tokens of a prompt made here, without its model's tokenizer: one per listed word, the
@@ -314,5 +441,37 @@ mod tests {
         let others = prompt.text.split_whitespace().filter(|w| !WORDS.contains(w)).map(Estimate::text).sum::<usize>();
         assert_eq!(prompt.tokens, CHAT_FRAMING + words + others);
         assert!(prompt.tokens.abs_diff(1000) <= 5, "{}", prompt.tokens);
+    }
+
+    #[test]
+    fn a_calibration_sizes_prompts_by_the_servers_count() {
+        // A server with a small vocabulary: 5 tokens a word (its tag's too) and 12 of template.
+        let server = |text: &str| 12 + 5 * text.split_whitespace().count() as u64;
+        let tag = |words: usize| format!("Request 1a2b3c-A-calibrate-{words}-0.");
+        let [short, long] = [32, 256].map(|words| (words, server(&calibration_text(&tag(words), words))));
+        let calibration = Calibration::through(short, long).expect("calibrated");
+        assert!((calibration.tokens_per_word - 5.0).abs() < 1e-9, "{calibration:?}");
+        let mut maker = PromptMaker::counting_with(None);
+        maker.make(50, "Warm-up 1a2b3c A 0."); // sized by the rule before the calibration
+        maker.calibrated(calibration, "A");
+        // (Its fixed tokens are 107: the template, the tag, the hash and the ask.)
+        for target in [300, 1000, 10_000] {
+            let prompt = maker.make(target, "Request 1a2b3c-A-single-1000-0.");
+            let counted = server(&prompt.text);
+            assert!(counted.abs_diff(target as u64) <= 5, "{target}: the server counts {counted}");
+            assert!(prompt.tokens.abs_diff(counted as usize) <= 1, "{target}: predicted {}", prompt.tokens);
+        }
+        assert!(matches!(maker.sizing(), Sizing::Calibrated { tokens_per_word, .. } if tokens_per_word == 5.0));
+        assert!(maker.sizing().to_string().contains("5.00 tokens per word"), "{}", maker.sizing());
+        // A server whose count does not grow with the prompt calibrates nothing.
+        assert!(Calibration::through((32, 40), (256, 40)).is_err());
+        maker.uncalibrated("ignored once calibrated".into());
+        assert!(matches!(maker.sizing(), Sizing::Calibrated { .. }));
+        let mut rule = PromptMaker::counting_with(None);
+        rule.uncalibrated("the server reports no usage.prompt_tokens".into());
+        assert_eq!(
+            rule.sizing().to_string(),
+            "an estimate, a token per word (the server reports no usage.prompt_tokens)"
+        );
     }
 }

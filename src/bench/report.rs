@@ -6,6 +6,7 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
+use super::prompts::Sizing;
 use super::run::{Measured, Plan};
 use super::stats::{Group, Summary, median, ratio, speedup, summarize};
 
@@ -18,8 +19,9 @@ pub struct Report {
     pub concurrency: usize,
     pub repeats: usize,
     pub max_tokens: u32,
-    /// The tokenizer directory prompts were sized with; `null`: the estimate.
-    pub tokenizer: Option<String>,
+    /// How the prompts were sized: with the model's tokenizer, calibrated against the
+    /// server's own count, or estimated.
+    pub prompt_sizing: Sizing,
     pub endpoints: Vec<EndpointReport>,
     /// B / A per prompt size, with `--compare`.
     pub ratios: Vec<Ratios>,
@@ -39,13 +41,13 @@ pub struct EndpointReport {
 pub struct SizeReport {
     /// The size asked for.
     pub prompt_tokens_target: usize,
-    /// Median tokens of the prompts sent, as counted here.
+    /// Median tokens of the prompts sent, as counted or predicted here (see `prompt_sizing`).
     pub prompt_tokens_sent: Option<f64>,
     /// The requests sent alone.
     pub single: Summary,
     /// The requests released together (`null` for `single`).
     pub concurrent: Option<Summary>,
-    /// Aggregate tokens/s together over alone.
+    /// Median over repeats of the aggregate tokens/s together over alone (of the same repeat).
     pub speedup: Option<f64>,
     /// Every group as measured.
     pub single_groups: Vec<Group>,
@@ -83,7 +85,7 @@ impl PhaseRatios {
 
 impl Report {
     /// The report of `measured`, run as `plan` says.
-    pub fn new(scenario: String, plan: &Plan, tokenizer: Option<String>, measured: Measured) -> Report {
+    pub fn new(scenario: String, plan: &Plan, prompt_sizing: Sizing, measured: Measured) -> Report {
         let endpoints: Vec<EndpointReport> = plan
             .endpoints
             .iter()
@@ -104,7 +106,7 @@ impl Report {
             concurrency: plan.concurrency,
             repeats: plan.repeats,
             max_tokens: plan.max_tokens,
-            tokenizer,
+            prompt_sizing,
             endpoints,
             ratios,
         }
@@ -136,11 +138,10 @@ impl Report {
     /// The table printed at the end.
     pub fn table(&self) -> String {
         let mut out = String::new();
-        let tokenizer = self.tokenizer.as_deref().unwrap_or("an estimate (a token per word)");
         let _ = writeln!(
             out,
-            "scenario {}, {} repeats, max_tokens {}, prompts sized with {tokenizer}; medians",
-            self.scenario, self.repeats, self.max_tokens
+            "scenario {}, {} repeats, max_tokens {}, prompts sized with {}; medians over repeats",
+            self.scenario, self.repeats, self.max_tokens, self.prompt_sizing
         );
         for endpoint in &self.endpoints {
             let _ = writeln!(out, "\n{}: {} (model {})", endpoint.label, endpoint.url, endpoint.model);
@@ -189,7 +190,7 @@ fn size_report(target: usize, runs: super::run::SizeRuns) -> SizeReport {
     SizeReport {
         prompt_tokens_target: target,
         prompt_tokens_sent: median(runs.prompt_tokens_sent.iter().map(|&t| t as f64)),
-        speedup: concurrent.as_ref().and_then(|c| speedup(c, &single)),
+        speedup: speedup(&runs.concurrent, &runs.single),
         single,
         concurrent,
         single_groups: runs.single,

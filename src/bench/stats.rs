@@ -83,6 +83,8 @@ impl Sample {
 pub struct Group {
     /// From the release to the end of the last body, in seconds.
     pub wall_seconds: f64,
+    /// From the first request sent to the last, in seconds: how simultaneous the release was.
+    pub sent_spread_seconds: f64,
     pub samples: Vec<Sample>,
 }
 
@@ -154,11 +156,16 @@ pub fn summarize(groups: &[Group]) -> Summary {
     }
 }
 
-/// The batching speedup: the concurrent run's aggregate tokens/s over the single run's at the
-/// same prompt size (1.0: batching gained nothing; below 1.0: running together was slower
-/// than one after the other).
-pub fn speedup(concurrent: &Summary, single: &Summary) -> Option<f64> {
-    ratio(concurrent.aggregate_tokens_per_second, single.aggregate_tokens_per_second)
+/// The batching speedup: the median over repeats of the concurrent group's aggregate tokens/s
+/// over the single group's of the same repeat (run just before it, at the same prompt size).
+/// 1.0: batching gained nothing; below 1.0: running together was slower than one after the
+/// other. Repeats where either group failed have no speedup.
+pub fn speedup(concurrent: &[Group], single: &[Group]) -> Option<f64> {
+    let per_repeat = concurrent
+        .iter()
+        .zip(single)
+        .filter_map(|(c, s)| ratio(c.aggregate_tokens_per_second(), s.aggregate_tokens_per_second()));
+    median(per_repeat)
 }
 
 /// `b / a` when both are known and `a` is not zero.
@@ -224,7 +231,7 @@ mod tests {
         // No usage: no tokens and no speed, whatever the frames.
         let s = recorded(&[(100, 1), (200, 1), (300, 1)], None, 300);
         assert_eq!((s.completion_tokens, s.decode_tokens_per_second, s.wall_tokens_per_second()), (None, None, None));
-        let summary = summarize(&[Group { wall_seconds: 0.3, samples: vec![s] }]);
+        let summary = summarize(&[Group { wall_seconds: 0.3, sent_spread_seconds: 0.0, samples: vec![s] }]);
         assert_eq!(summary.completion_tokens, None);
         assert_eq!(summary.aggregate_tokens_per_second, None);
         assert_eq!(summary.output_frames, Some(3.0));
@@ -242,6 +249,7 @@ mod tests {
         assert!(!s.burst);
         let bursts = summarize(&[Group {
             wall_seconds: 0.9,
+            sent_spread_seconds: 0.0,
             samples: vec![recorded(&[(100, 1), (900, 15)], Some(16), 900), s],
         }]);
         assert_eq!(bursts.bursts, 1);
@@ -258,28 +266,41 @@ mod tests {
     }
 
     #[test]
-    fn speedup_is_the_aggregate_over_the_single_runs() {
+    fn speedup_is_the_median_over_repeats_of_the_aggregate_over_the_single_run() {
         let one = |ms: u64| recorded(&[(100, 1), (ms, 1)], Some(20), ms);
-        // Single: 20 tokens in 1 s, in 1.25 s and in 0.8 s: median 20 tokens/s.
-        let single: Vec<Group> = [1000, 1250, 800]
-            .iter()
-            .map(|&ms| Group { wall_seconds: ms as f64 / 1e3, samples: vec![one(ms)] })
-            .collect();
-        // Double: two requests of 20 tokens ending within 1.1 s and 1.0 s: 36.4 and 40 tokens/s.
+        let group = |wall: f64, samples: Vec<Sample>| Group { wall_seconds: wall, sent_spread_seconds: 0.0, samples };
+        // Single: 20 tokens in 1 s, in 2 s and in 0.8 s: 20, 10 and 25 tokens/s.
+        let single: Vec<Group> = [1000, 2000, 800].iter().map(|&ms| group(ms as f64 / 1e3, vec![one(ms)])).collect();
+        // Double: 40 tokens within 1 s, 2 s and 0.8 s: 40, 20 and 50 tokens/s, twice each
+        // single of its repeat (a slow machine in repeat 2 slowed both).
         let double = vec![
-            Group { wall_seconds: 1.1, samples: vec![one(1050), one(1100)] },
-            Group { wall_seconds: 1.0, samples: vec![one(990), one(1000)] },
+            group(1.0, vec![one(990), one(1000)]),
+            group(2.0, vec![one(1900), one(2000)]),
+            group(0.8, vec![one(700), one(800)]),
         ];
-        let (single, double) = (summarize(&single), summarize(&double));
-        assert!(close(single.aggregate_tokens_per_second, 20.0));
-        assert!(close(double.aggregate_tokens_per_second, (40.0 / 1.1 + 40.0) / 2.0));
-        assert!(close(speedup(&double, &single), (40.0 / 1.1 + 40.0) / 2.0 / 20.0));
-        assert_eq!(double.requests, 4);
-        // A failed request takes its group out of the aggregate, not half of it in.
-        let failed = Group { wall_seconds: 0.5, samples: vec![one(500), Sample::failed(0.1, "HTTP 503".into())] };
+        assert!(close(speedup(&double, &single), 2.0), "paired by repeat");
+        let (single_summary, double_summary) = (summarize(&single), summarize(&double));
+        assert!(close(single_summary.aggregate_tokens_per_second, 20.0));
+        assert!(close(double_summary.aggregate_tokens_per_second, 40.0));
+        assert_eq!(double_summary.requests, 6);
+        // The median of the repeats' speedups, not a ratio of medians: singles at 40, 5 and
+        // 12.5 tokens/s, doubles at 40, 10 and 200 give speedups 1, 2 and 16 (median 2) where
+        // the medians' ratio would be 40 / 12.5 = 3.2.
+        let uneven = vec![
+            group(1.0, vec![one(990), one(1000)]),
+            group(4.0, vec![one(3900), one(4000)]),
+            group(0.2, vec![one(150), one(200)]),
+        ];
+        let uneven_single: Vec<Group> =
+            [500, 4000, 1600].iter().map(|&ms| group(ms as f64 / 1e3, vec![one(ms)])).collect();
+        assert!(close(speedup(&uneven, &uneven_single), 2.0), "{:?}", speedup(&uneven, &uneven_single));
+        // A failed request takes its group out of the aggregate, not half of it in, and its
+        // repeat out of the speedup.
+        let failed = group(0.5, vec![one(500), Sample::failed(0.1, "HTTP 503".into())]);
         assert_eq!(failed.aggregate_tokens_per_second(), None);
-        assert_eq!(summarize(&[failed]).failed, 1);
-        assert_eq!(speedup(&double, &Summary::default()), None);
+        assert_eq!(summarize(std::slice::from_ref(&failed)).failed, 1);
+        assert!(close(speedup(&[failed, double[1].clone()], &single[..2]), 2.0));
+        assert_eq!(speedup(&double, &[]), None);
         assert_eq!(ratio(Some(1.0), Some(0.0)), None);
     }
 }
