@@ -191,7 +191,10 @@ pub fn main(options: BenchOptions) -> ExitCode {
     }
     let failed = report.failed();
     if failed > 0 {
-        eprintln!("mlxgate bench: {failed} requests failed:");
+        eprintln!(
+            "mlxgate bench: {failed} requests failed (the figures leave out every request of a group \
+             where one failed):"
+        );
         for line in report.failures(10) {
             eprintln!("  {line}");
         }

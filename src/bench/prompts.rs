@@ -1,7 +1,8 @@
-//! The prompts of `mlxgate bench`, made here (nothing is downloaded): words drawn from a fixed
-//! list by a generator seeded with each prompt's tag, the tag itself first, so that every
-//! prompt differs from the others from its first token on and a server's prompt cache cannot
-//! turn a repeat into a cache hit. Each prompt is sized to its target with the model's
+//! The prompts of `mlxgate bench`, made here (nothing is downloaded): the words of a fixed list,
+//! each run of the list's length the whole list in an order shuffled with each prompt's tag as
+//! the seed, the tag itself first, so that every prompt differs from the others from its first
+//! token on (a server's prompt cache cannot turn a repeat into a cache hit) while its tokens
+//! per word stay the list's. Each prompt is sized to its target with the model's
 //! tokenizer and chat template when one is found (`--tokenizer DIR`, else the model's id in the
 //! local Hugging Face cache); else from the server's own count (a [`Calibration`]: its
 //! `usage.prompt_tokens` for two prompts made here, of different lengths, give the tokens per
@@ -372,6 +373,10 @@ impl PromptMaker {
     }
 }
 
+/// Body words of the two prompts sizes are calibrated with: none (the fixed tokens) and the
+/// whole word list once (its tokens per word, exactly: each run of that many words is the list).
+pub const CALIBRATION_WORDS: [usize; 2] = [0, WORDS.len()];
+
 /// The text of a calibration prompt: `tag`, then `words` body words, as every prompt is made.
 pub fn calibration_text(tag: &str, words: usize) -> String {
     compose(tag, words)
@@ -391,20 +396,33 @@ fn compose(tag: &str, words: usize) -> String {
     // A hash of the tag first: tags that share their start (one run's) still differ within the
     // prompt's first characters, so a prompt cache holds nothing of another prompt.
     let _ = writeln!(text, "{:08x} {tag}", state >> 32);
+    // Every run of `WORDS.len()` words is the whole list, shuffled: a prompt's tokens per word
+    // are the list's (what a calibration measures), not those of a lucky draw.
+    let mut order: Vec<usize> = (0..WORDS.len()).collect();
     for i in 0..words {
-        // xorshift64*: cheap, and the same words for the same tag on every machine.
-        state ^= state >> 12;
-        state ^= state << 25;
-        state ^= state >> 27;
-        let pick = state.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 33;
+        let slot = i % WORDS.len();
+        if slot == 0 {
+            shuffle(&mut order, &mut state);
+        }
         if i > 0 {
             text.push(if i % 16 == 0 { '\n' } else { ' ' });
         }
-        text.push_str(WORDS[(pick % WORDS.len() as u64) as usize]);
+        text.push_str(WORDS[order[slot]]);
     }
     text.push_str("\n\n");
     text.push_str(ASK);
     text
+}
+
+/// Fisher–Yates with xorshift64*: cheap, and the same order for the same seed on every machine.
+fn shuffle(order: &mut [usize], state: &mut u64) {
+    for j in (1..order.len()).rev() {
+        *state ^= *state >> 12;
+        *state ^= *state << 25;
+        *state ^= *state >> 27;
+        let pick = state.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 33;
+        order.swap(j, (pick % (j as u64 + 1)) as usize);
+    }
 }
 
 /// FNV-1a of `tag`, never zero (xorshift's fixed point).
@@ -448,7 +466,7 @@ mod tests {
         // A server with a small vocabulary: 5 tokens a word (its tag's too) and 12 of template.
         let server = |text: &str| 12 + 5 * text.split_whitespace().count() as u64;
         let tag = |words: usize| format!("Request 1a2b3c-A-calibrate-{words}-0.");
-        let [short, long] = [32, 256].map(|words| (words, server(&calibration_text(&tag(words), words))));
+        let [short, long] = CALIBRATION_WORDS.map(|words| (words, server(&calibration_text(&tag(words), words))));
         let calibration = Calibration::through(short, long).expect("calibrated");
         assert!((calibration.tokens_per_word - 5.0).abs() < 1e-9, "{calibration:?}");
         let mut maker = PromptMaker::counting_with(None);
@@ -473,5 +491,19 @@ mod tests {
             rule.sizing().to_string(),
             "an estimate, a token per word (the server reports no usage.prompt_tokens)"
         );
+    }
+
+    #[test]
+    fn each_run_of_the_lists_length_is_the_whole_list() {
+        let text = compose("Request 1a2b3c-A-single-1000-0.", 2 * WORDS.len() + 7);
+        let body: Vec<&str> = text.split_whitespace().skip(3).take(2 * WORDS.len()).collect();
+        for run in body.chunks(WORDS.len()) {
+            let mut sorted = run.to_vec();
+            sorted.sort_unstable();
+            let mut list = WORDS.to_vec();
+            list.sort_unstable();
+            assert_eq!(sorted, list);
+        }
+        assert_ne!(body[..WORDS.len()], body[WORDS.len()..], "each run shuffled anew");
     }
 }

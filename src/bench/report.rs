@@ -143,11 +143,12 @@ impl Report {
             "scenario {}, {} repeats, max_tokens {}, prompts sized with {}; medians over repeats",
             self.scenario, self.repeats, self.max_tokens, self.prompt_sizing
         );
+        let _ = writeln!(out, "srv prompt: the prompt's tokens as the server counted them (usage.prompt_tokens)");
         for endpoint in &self.endpoints {
             let _ = writeln!(out, "\n{}: {} (model {})", endpoint.label, endpoint.url, endpoint.model);
             let _ = writeln!(
                 out,
-                "{:>7} {:>9} {:>6} {:>6} {:>10} {:>8} {:>10} {:>7} {:>10} {:>8}",
+                "{:>7} {:>9} {:>6} {:>6} {:>10} {:>8} {:>10} {:>7} {:>10} {:>8} {:>11}",
                 "prompt",
                 "run",
                 "reqs",
@@ -157,7 +158,8 @@ impl Report {
                 "decode t/s",
                 "bursts",
                 "aggr tok/s",
-                "speedup"
+                "speedup",
+                "srv prompt"
             );
             for size in &endpoint.sizes {
                 row(&mut out, size.prompt_tokens_target, "single", &size.single, None);
@@ -222,7 +224,7 @@ fn row(out: &mut String, prompt: usize, run: &str, s: &Summary, speedup: Option<
     };
     let _ = writeln!(
         out,
-        "{prompt:>7} {run:>9} {:>6} {:>6} {:>10} {:>8} {decode:>10} {:>7} {:>10} {:>8}",
+        "{prompt:>7} {run:>9} {:>6} {:>6} {:>10} {:>8} {decode:>10} {:>7} {:>10} {:>8} {:>11}",
         s.requests,
         s.failed,
         figure(s.wall_tokens_per_second, 1),
@@ -230,6 +232,7 @@ fn row(out: &mut String, prompt: usize, run: &str, s: &Summary, speedup: Option<
         s.bursts,
         figure(s.aggregate_tokens_per_second, 1),
         figure(speedup, 2),
+        figure(s.prompt_tokens, 0),
     );
 }
 

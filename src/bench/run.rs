@@ -18,7 +18,7 @@ use serde_json::json;
 use tokio::net::TcpStream;
 use tokio::sync::Barrier;
 
-use super::prompts::{Calibration, PromptMaker, calibration_text};
+use super::prompts::{CALIBRATION_WORDS, Calibration, PromptMaker, calibration_text};
 use super::stats::{Group, Sample};
 use crate::stream::meter::StreamFigures;
 use crate::stream::sse::SseParser;
@@ -299,10 +299,6 @@ pub fn steps(plan: &Plan) -> u64 {
     let phases = if plan.concurrency > 1 { 2 } else { 1 };
     (plan.endpoints.len() * plan.prompt_sizes.len() * plan.repeats * phases) as u64
 }
-
-/// Body words of the two prompts prompt sizes are calibrated with: the long one stays under
-/// a small model's context of 2048 tokens even at 6 tokens a word.
-pub const CALIBRATION_WORDS: [usize; 2] = [32, 256];
 
 /// Sizes `prompts` from `endpoint`'s own count: two prompts of [`CALIBRATION_WORDS`] body
 /// words, one token generated each, and their `usage.prompt_tokens`. Without a usable count

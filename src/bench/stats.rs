@@ -114,13 +114,18 @@ pub fn median(values: impl IntoIterator<Item = f64>) -> Option<f64> {
     Some(if sorted.len().is_multiple_of(2) { (sorted[mid - 1] + sorted[mid]) / 2.0 } else { sorted[mid] })
 }
 
-/// Medians over the repeats of one run (one scenario, one prompt size, one endpoint).
+/// Medians over the repeats of one run (one scenario, one prompt size, one endpoint). The
+/// figures come from the groups whose every request succeeded: the survivor of a pair whose
+/// other request failed at once ran alone, and would pass a single run's speed off as the
+/// pair's.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct Summary {
     /// Requests sent, and how many of them failed.
     pub requests: usize,
     pub failed: usize,
-    /// Median over successful requests of completion tokens / wall time.
+    /// Successful requests left out of the figures because another of their group failed.
+    pub left_out: usize,
+    /// Median over the measured requests of completion tokens / wall time.
     pub wall_tokens_per_second: Option<f64>,
     /// Median time to first token, seconds.
     pub ttft_seconds: Option<f64>,
@@ -141,10 +146,13 @@ pub struct Summary {
 /// The medians of `groups` (the repeats of one run).
 pub fn summarize(groups: &[Group]) -> Summary {
     let samples = || groups.iter().flat_map(|g| &g.samples);
-    let ok = || samples().filter(|s| s.ok());
+    let complete = || groups.iter().filter(|g| g.samples.iter().all(Sample::ok));
+    let ok = || complete().flat_map(|g| &g.samples);
+    let failed = samples().filter(|s| !s.ok()).count();
     Summary {
         requests: samples().count(),
-        failed: samples().filter(|s| !s.ok()).count(),
+        failed,
+        left_out: samples().count() - failed - ok().count(),
         wall_tokens_per_second: median(ok().filter_map(Sample::wall_tokens_per_second)),
         ttft_seconds: median(ok().filter_map(|s| s.ttft_seconds)),
         decode_tokens_per_second: median(ok().filter_map(|s| s.decode_tokens_per_second)),
@@ -298,7 +306,13 @@ mod tests {
         // repeat out of the speedup.
         let failed = group(0.5, vec![one(500), Sample::failed(0.1, "HTTP 503".into())]);
         assert_eq!(failed.aggregate_tokens_per_second(), None);
-        assert_eq!(summarize(std::slice::from_ref(&failed)).failed, 1);
+        // Nor does its survivor count: it ran alone from 0.1 s on.
+        let with_failure = summarize(&[failed.clone(), double[1].clone()]);
+        assert_eq!((with_failure.requests, with_failure.failed, with_failure.left_out), (4, 1, 1));
+        assert!(
+            close(with_failure.wall_tokens_per_second, (20.0 / 1.9 + 20.0 / 2.0) / 2.0),
+            "the complete pair's only"
+        );
         assert!(close(speedup(&[failed, double[1].clone()], &single[..2]), 2.0));
         assert_eq!(speedup(&double, &[]), None);
         assert_eq!(ratio(Some(1.0), Some(0.0)), None);
