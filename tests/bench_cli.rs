@@ -94,7 +94,12 @@ fn double_reports_the_simulators_speeds_and_the_batching_speedup() {
     let sent = near("prompt tokens sent", &size["prompt_tokens_sent"], 100.0);
     // The simulator's tokens are words: the server's own count is reported beside ours.
     let words = single["prompt_tokens"].as_f64().expect("usage's prompt tokens");
-    println!("speedup {speedup:.2}; prompt of 100 tokens: {sent} counted here, {words} by the server");
+    let spread = size["concurrent_groups"][0]["sent_spread_seconds"].as_f64().expect("the release's spread");
+    println!(
+        "speedup {speedup:.2}; prompt of 100 tokens: {sent} counted here, {words} by the server; \
+         the pair sent {:.0} µs apart",
+        spread * 1e6
+    );
     assert!(table.contains("×2"), "{table}");
 }
 

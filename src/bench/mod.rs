@@ -95,7 +95,7 @@ pub struct BenchOptions {
     #[arg(long)]
     pub json: Option<PathBuf>,
     /// A second base URL (e.g. the same server through mlxgate), run interleaved with the first
-    /// (A, B, A, B…); the table ends with B / A ratios.
+    /// (A B, B A, A B…); the table ends with B / A ratios.
     #[arg(long)]
     pub compare: Option<String>,
     /// The model name sent to --compare (default: --model), e.g. mlxgate's public name.

@@ -1,9 +1,11 @@
-//! The scenarios of `mlxgate bench`, run against one or two endpoints: for each prompt size and
-//! repeat, a request alone (`single`, also the baseline of the speedup), then `N` identical
-//! requests built first and released together through a barrier (`double`, `parallel:N`); with
-//! `--compare` each step runs on A, then on B (interleaved, so that a drift of the machine
-//! falls on both). Each stream is read as it arrives with the gateway's own SSE parser and
-//! figures (`stream::sse`, `stream::meter`), timestamped per read.
+//! The scenarios of `mlxgate bench`, run against one or two endpoints: without a tokenizer, a
+//! calibration of prompt sizes against the first endpoint's own count; then for each prompt
+//! size and repeat, a request alone (`single`, also the baseline of the speedup), then `N`
+//! identical requests, each built and its connection opened first, released together through a
+//! barrier (`double`, `parallel:N`); with `--compare` each step runs on both endpoints, A then
+//! B, then B then A at the next (interleaved, so that a drift of the machine falls on both and
+//! neither always follows the other). Each stream is read as it arrives with the gateway's own
+//! SSE parser and figures (`stream::sse`, `stream::meter`), timestamped per read.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -378,7 +380,7 @@ pub async fn measure(plan: &Plan, prompts: &mut PromptMaker, progress: &Progress
 /// The endpoints' order at `step`: as given on even steps, reversed on odd ones.
 fn endpoint_order(endpoints: usize, step: usize) -> Vec<usize> {
     let order = 0..endpoints;
-    if step % 2 == 0 { order.collect() } else { order.rev().collect() }
+    if step.is_multiple_of(2) { order.collect() } else { order.rev().collect() }
 }
 
 #[cfg(test)]
