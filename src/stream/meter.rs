@@ -32,6 +32,7 @@ use serde_json::Value;
 use tokio::sync::Notify;
 use tokio::sync::futures::OwnedNotified;
 
+use super::frame;
 use super::sse::{Item, SseParser};
 use crate::dispatch::queue::Permit;
 use crate::error::GatewayError;
@@ -138,32 +139,27 @@ impl StreamFigures {
             self.done = true;
             return (true, false);
         }
-        let Ok(value) = serde_json::from_str::<Value>(&event.data) else { return (true, false) };
-        if let Some(error) = value.get("error").filter(|e| !e.is_null()) {
-            let message =
-                error.get("message").and_then(Value::as_str).map_or_else(|| error.to_string(), str::to_string);
+        let Some(seen) = frame::read(&event.data) else { return (true, false) };
+        if let Some(message) = seen.error {
             self.error.get_or_insert(message);
             return (true, false);
         }
-        if let Some(usage) = value.get("usage").filter(|u| u.is_object()) {
+        if let Some(usage) = seen.usage {
             // vllm-mlx sends usage twice: the last one wins, never a sum.
-            self.prompt_tokens = usage.get("prompt_tokens").and_then(Value::as_u64).or(self.prompt_tokens);
-            self.completion_tokens = usage.get("completion_tokens").and_then(Value::as_u64).or(self.completion_tokens);
-            self.cached_tokens = cached_tokens(usage).or(self.cached_tokens);
+            self.prompt_tokens = usage.prompt_tokens.or(self.prompt_tokens);
+            self.completion_tokens = usage.completion_tokens.or(self.completion_tokens);
+            self.cached_tokens = usage.cached_tokens.or(self.cached_tokens);
         }
-        let choices = value.get("choices").and_then(Value::as_array);
-        for choice in choices.into_iter().flatten() {
-            let index = choice.get("index").and_then(Value::as_u64).unwrap_or(0);
-            if !self.choices_seen.contains(&index) {
-                self.choices_seen.push(index);
+        for choice in &seen.choices {
+            if !self.choices_seen.contains(&choice.index) {
+                self.choices_seen.push(choice.index);
             }
-            if choice.get("finish_reason").is_some_and(Value::is_string) && !self.choices_finished.contains(&index) {
-                self.choices_finished.push(index);
+            if choice.finished && !self.choices_finished.contains(&choice.index) {
+                self.choices_finished.push(choice.index);
             }
         }
-        let usage_only = choices.is_some_and(Vec::is_empty) && value.get("usage").is_some_and(Value::is_object);
-        let keepalive = value.get("id").and_then(Value::as_str) == Some("chatcmpl-keepalive");
-        let generated = !keepalive && choices.is_some_and(|c| c.iter().any(carries_output));
+        let usage_only = seen.has_choices && seen.choices.is_empty() && seen.usage.is_some();
+        let generated = !seen.keepalive && seen.choices.iter().any(|c| c.output);
         if generated {
             self.first_token.get_or_insert(now);
             self.last_token = Some(now);
@@ -220,24 +216,6 @@ impl StreamFigures {
             None => false,
         }
     }
-}
-
-/// `prompt_tokens_details.cached_tokens` of a usage object, if it reports it.
-fn cached_tokens(usage: &Value) -> Option<u64> {
-    usage.get("prompt_tokens_details")?.get("cached_tokens")?.as_u64()
-}
-
-/// Whether a choice carries generated output: text, reasoning or a tool call.
-fn carries_output(choice: &Value) -> bool {
-    let non_empty = |v: Option<&Value>| v.and_then(Value::as_str).is_some_and(|s| !s.is_empty());
-    let delta = choice.get("delta");
-    let field = |name: &str| delta.and_then(|d| d.get(name));
-    non_empty(field("content"))
-        || non_empty(field("reasoning_content"))
-        || non_empty(field("reasoning"))
-        || field("tool_calls").and_then(Value::as_array).is_some_and(|t| !t.is_empty())
-        || field("function_call").is_some_and(|f| !f.is_null())
-        || non_empty(choice.get("text"))
 }
 
 pin_project! {
@@ -458,7 +436,7 @@ pub fn figures_of_whole(body: &[u8]) -> Option<StreamFigures> {
         metered: true,
         prompt_tokens: usage.and_then(|u| u.get("prompt_tokens")).and_then(Value::as_u64),
         completion_tokens: usage.and_then(|u| u.get("completion_tokens")).and_then(Value::as_u64),
-        cached_tokens: usage.and_then(cached_tokens),
+        cached_tokens: usage.and_then(|u| u.get("prompt_tokens_details")?.get("cached_tokens")?.as_u64()),
         ..Default::default()
     })
 }

@@ -1,0 +1,311 @@
+//! What the meter reads from one SSE event's JSON: its error, usage, choices (index, finish,
+//! whether it carries output) and whether it is a keep-alive. The fast path borrows raw slices
+//! of the event (`serde_json::value::RawValue`) and skips every other field, building no
+//! `serde_json::Value` (whose maps and strings were most of a frame's cost); an event it cannot
+//! read that way (duplicate keys, odd shapes) is read through `Value`, with the same meaning.
+
+use serde::Deserialize;
+use serde_json::Value;
+use serde_json::value::RawValue;
+
+/// One event, as the meter needs it.
+#[derive(Debug, Default, PartialEq)]
+pub struct Seen {
+    /// The message of a non-null `error`.
+    pub error: Option<String>,
+    /// `usage` when it is an object: prompt, completion and cached tokens.
+    pub usage: Option<UsageSeen>,
+    /// Each choice: its index, whether it has a `finish_reason`, whether it carries output.
+    pub choices: Vec<ChoiceSeen>,
+    /// `choices` is an array (possibly empty).
+    pub has_choices: bool,
+    /// The `id` is mlx-openai-server's fake keep-alive chunk.
+    pub keepalive: bool,
+}
+
+/// A usage object's counts.
+#[derive(Debug, Default, PartialEq, Clone, Copy)]
+pub struct UsageSeen {
+    pub prompt_tokens: Option<u64>,
+    pub completion_tokens: Option<u64>,
+    pub cached_tokens: Option<u64>,
+}
+
+/// One choice of an event.
+#[derive(Debug, PartialEq, Clone, Copy)]
+pub struct ChoiceSeen {
+    pub index: u64,
+    pub finished: bool,
+    pub output: bool,
+}
+
+const KEEPALIVE_ID: &str = "chatcmpl-keepalive";
+
+/// Reads an event's JSON; `None` when it is not a JSON object the meter can read.
+pub fn read(data: &str) -> Option<Seen> {
+    fast(data).or_else(|| slow(data))
+}
+
+#[derive(Deserialize)]
+struct RawFrame<'a> {
+    #[serde(borrow, default)]
+    id: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    error: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    usage: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    choices: Option<&'a RawValue>,
+}
+
+#[derive(Deserialize)]
+struct RawChoice<'a> {
+    #[serde(borrow, default)]
+    index: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    finish_reason: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    delta: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    text: Option<&'a RawValue>,
+}
+
+#[derive(Deserialize)]
+struct RawDelta<'a> {
+    #[serde(borrow, default)]
+    content: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    reasoning_content: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    reasoning: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    tool_calls: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    function_call: Option<&'a RawValue>,
+}
+
+#[derive(Deserialize)]
+struct RawUsage<'a> {
+    #[serde(borrow, default)]
+    prompt_tokens: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    completion_tokens: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    prompt_tokens_details: Option<&'a RawValue>,
+}
+
+#[derive(Deserialize)]
+struct RawDetails<'a> {
+    #[serde(borrow, default)]
+    cached_tokens: Option<&'a RawValue>,
+}
+
+fn is_object(raw: &RawValue) -> bool {
+    raw.get().starts_with('{')
+}
+
+/// A non-empty string (`""` is the only way to write an empty one).
+fn non_empty_string(raw: Option<&RawValue>) -> bool {
+    raw.is_some_and(|r| r.get().starts_with('"') && r.get() != "\"\"")
+}
+
+fn non_empty_array(raw: Option<&RawValue>) -> bool {
+    raw.and_then(|r| r.get().strip_prefix('[')).is_some_and(|rest| !rest.trim_start().starts_with(']'))
+}
+
+/// A JSON number that is a u64 (as `Value::as_u64` reads it: no fraction, no exponent).
+fn as_u64(raw: Option<&RawValue>) -> Option<u64> {
+    raw.and_then(|r| r.get().parse().ok())
+}
+
+fn fast(data: &str) -> Option<Seen> {
+    // Serde would also read a struct from an array: only objects take this path.
+    if !data.trim_start().starts_with('{') {
+        return None;
+    }
+    let frame: RawFrame<'_> = serde_json::from_str(data).ok()?;
+    if frame.error.is_some() {
+        // Rare: its message may be an object, a string, escaped text.
+        return slow(data);
+    }
+    let keepalive = match frame.id {
+        Some(id) if id.get().contains('\\') => serde_json::from_str::<String>(id.get()).ok()? == KEEPALIVE_ID,
+        Some(id) => id.get().strip_prefix('"').and_then(|s| s.strip_suffix('"')) == Some(KEEPALIVE_ID),
+        None => false,
+    };
+    let usage = match frame.usage.filter(|u| is_object(u)) {
+        Some(raw) => {
+            let usage: RawUsage<'_> = serde_json::from_str(raw.get()).ok()?;
+            let cached = match usage.prompt_tokens_details.filter(|d| is_object(d)) {
+                Some(details) => as_u64(serde_json::from_str::<RawDetails<'_>>(details.get()).ok()?.cached_tokens),
+                None => None,
+            };
+            Some(UsageSeen {
+                prompt_tokens: as_u64(usage.prompt_tokens),
+                completion_tokens: as_u64(usage.completion_tokens),
+                cached_tokens: cached,
+            })
+        }
+        None => None,
+    };
+    let mut seen = Seen { usage, keepalive, ..Seen::default() };
+    if let Some(raw) = frame.choices.filter(|c| c.get().starts_with('[')) {
+        seen.has_choices = true;
+        for choice in serde_json::from_str::<Vec<&RawValue>>(raw.get()).ok()? {
+            if !is_object(choice) {
+                return None;
+            }
+            let choice: RawChoice<'_> = serde_json::from_str(choice.get()).ok()?;
+            let delta = match choice.delta.filter(|d| is_object(d)) {
+                Some(d) => Some(serde_json::from_str::<RawDelta<'_>>(d.get()).ok()?),
+                None => None,
+            };
+            let output = delta.as_ref().is_some_and(|d| {
+                non_empty_string(d.content)
+                    || non_empty_string(d.reasoning_content)
+                    || non_empty_string(d.reasoning)
+                    || non_empty_array(d.tool_calls)
+                    || d.function_call.is_some()
+            }) || non_empty_string(choice.text);
+            seen.choices.push(ChoiceSeen {
+                index: as_u64(choice.index).unwrap_or(0),
+                finished: choice.finish_reason.is_some_and(|f| f.get().starts_with('"')),
+                output,
+            });
+        }
+    }
+    Some(seen)
+}
+
+/// The same reading through `serde_json::Value`, for what the fast path declines.
+fn slow(data: &str) -> Option<Seen> {
+    let value = serde_json::from_str::<Value>(data).ok()?;
+    if let Some(error) = value.get("error").filter(|e| !e.is_null()) {
+        let message = error.get("message").and_then(Value::as_str).map_or_else(|| error.to_string(), str::to_string);
+        return Some(Seen { error: Some(message), ..Seen::default() });
+    }
+    let usage = value.get("usage").filter(|u| u.is_object()).map(|usage| UsageSeen {
+        prompt_tokens: usage.get("prompt_tokens").and_then(Value::as_u64),
+        completion_tokens: usage.get("completion_tokens").and_then(Value::as_u64),
+        cached_tokens: usage.get("prompt_tokens_details").and_then(|d| d.get("cached_tokens")).and_then(Value::as_u64),
+    });
+    let choices = value.get("choices").and_then(Value::as_array);
+    let seen_choices = choices
+        .into_iter()
+        .flatten()
+        .map(|choice| ChoiceSeen {
+            index: choice.get("index").and_then(Value::as_u64).unwrap_or(0),
+            finished: choice.get("finish_reason").is_some_and(Value::is_string),
+            output: carries_output(choice),
+        })
+        .collect();
+    Some(Seen {
+        error: None,
+        usage,
+        choices: seen_choices,
+        has_choices: choices.is_some(),
+        keepalive: value.get("id").and_then(Value::as_str) == Some(KEEPALIVE_ID),
+    })
+}
+
+/// Whether a choice carries generated output: text, reasoning or a tool call.
+fn carries_output(choice: &Value) -> bool {
+    let non_empty = |v: Option<&Value>| v.and_then(Value::as_str).is_some_and(|s| !s.is_empty());
+    let delta = choice.get("delta");
+    let field = |name: &str| delta.and_then(|d| d.get(name));
+    non_empty(field("content"))
+        || non_empty(field("reasoning_content"))
+        || non_empty(field("reasoning"))
+        || field("tool_calls").and_then(Value::as_array).is_some_and(|t| !t.is_empty())
+        || field("function_call").is_some_and(|f| !f.is_null())
+        || non_empty(choice.get("text"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// Events in every server's shape (wire facts) and the odd ones.
+    const EVENTS: &[&str] = &[
+        r#"{"id":"chatcmpl-1","object":"chat.completion.chunk","choices":[{"index":0,"finish_reason":null,"delta":{"role":"assistant","content":"\n"}}]}"#,
+        r#"{"id":"x","choices":[{"index":0,"finish_reason":"length","delta":{"role":"assistant"}}]}"#,
+        r#"{"id":"x","object":"chat.completion","choices":[],"usage":{"prompt_tokens":27,"completion_tokens":30,"total_tokens":57,"prompt_tokens_details":{"cached_tokens":26}}}"#,
+        r#"{"id":"x","choices":[{"delta":{},"finish_reason":"stop","index":0}],"usage":{"prompt_tokens":1,"total_tokens":31,"completion_tokens":30,"prompt_tokens_details":{"cached_tokens":26}}}"#,
+        r#"{"id":"x","choices":[{"index":0,"delta":{"content":"try"},"finish_reason":"length"}],"usage":{"prompt_tokens":27,"completion_tokens":30,"total_tokens":57},"generation_metadata":null}"#,
+        r#"{"id":"x","choices":[{"index":0,"delta":{"role":"assistant"},"finish_reason":null}],"usage":null}"#,
+        r#"{"id":"chatcmpl-keepalive","choices":[{"index":0,"delta":{"content":" "}}]}"#,
+        r#"{"id":"chatcmpl\u002dkeepalive","choices":[{"index":0,"delta":{"content":" "}}]}"#,
+        r#"{"choices":[{"index":1,"delta":{"reasoning_content":"hm","content":null}}]}"#,
+        r#"{"choices":[{"index":0,"delta":{"reasoning":"","content":""}}]}"#,
+        r#"{"choices":[{"index":0,"delta":{"tool_calls":[{"id":"t"}]}}]}"#,
+        r#"{"choices":[{"index":0,"delta":{"tool_calls":[ ]}}]}"#,
+        r#"{"choices":[{"index":0,"delta":{"function_call":null}}]}"#,
+        r#"{"choices":[{"index":0,"delta":{"function_call":{"name":"f"}}}]}"#,
+        r#"{"choices":[{"index":0,"text":"completion text","finish_reason":null}]}"#,
+        r#"{"choices":[{"index":2.0,"delta":{"content":"x"}}]}"#,
+        r#"{"choices":[{"index":-1,"delta":"not an object"}]}"#,
+        r#"{"choices":"not an array","usage":5}"#,
+        r#"{"choices":[1,2]}"#,
+        r#"{"error":{"message":"boom","type":"server_error"}}"#,
+        r#"{"error":"plain words"}"#,
+        r#"{"error":null,"choices":[{"index":0,"delta":{"content":"\"quoted\""}}]}"#,
+        r#"{"id":"x","id":"chatcmpl-keepalive","choices":[]}"#,
+        r#"{"usage":{"prompt_tokens":1e3,"completion_tokens":18446744073709551616,"prompt_tokens_details":null}}"#,
+        r#"[1,2,3]"#,
+        r#"["chatcmpl-keepalive"]"#,
+        r#"{"choices":[["x", null, {"content": "y"}]]}"#,
+        r#"not json"#,
+    ];
+
+    #[test]
+    fn the_fast_reading_means_what_the_value_reading_means() {
+        for event in EVENTS {
+            assert_eq!(read(event), slow(event), "{event}");
+        }
+    }
+
+    #[test]
+    fn the_fast_path_reads_the_common_shapes_itself() {
+        for event in &EVENTS[..7] {
+            assert!(fast(event).is_some(), "{event}");
+        }
+        let seen = fast(EVENTS[2]).expect("usage frame");
+        assert_eq!(
+            seen.usage,
+            Some(UsageSeen { prompt_tokens: Some(27), completion_tokens: Some(30), cached_tokens: Some(26) })
+        );
+        assert!(seen.has_choices && seen.choices.is_empty());
+    }
+
+    fn json_leaf() -> impl Strategy<Value = serde_json::Value> {
+        prop_oneof![
+            Just(serde_json::Value::Null),
+            any::<bool>().prop_map(serde_json::Value::from),
+            any::<u32>().prop_map(serde_json::Value::from),
+            (-5i64..5).prop_map(serde_json::Value::from),
+            Just(serde_json::json!(1.5)),
+            "[a-z\" \\\\]{0,4}".prop_map(serde_json::Value::from),
+            Just(serde_json::json!([])),
+            Just(serde_json::json!([{"id": "t"}])),
+        ]
+    }
+
+    proptest! {
+        #[test]
+        fn random_frames_read_alike(
+            index in json_leaf(), finish in json_leaf(), content in json_leaf(), reasoning in json_leaf(),
+            tools in json_leaf(), text in json_leaf(), prompt in json_leaf(), cached in json_leaf(),
+            with_usage in any::<bool>(), id in prop_oneof![Just("chatcmpl-keepalive"), Just("c")],
+        ) {
+            let mut frame = serde_json::json!({"id": id, "choices": [{"index": index, "finish_reason": finish,
+                "delta": {"content": content, "reasoning": reasoning, "tool_calls": tools}, "text": text}]});
+            if with_usage {
+                frame["usage"] = serde_json::json!({"prompt_tokens": prompt, "completion_tokens": 3,
+                    "prompt_tokens_details": {"cached_tokens": cached}});
+            }
+            let data = frame.to_string();
+            prop_assert_eq!(read(&data), slow(&data), "{}", data);
+        }
+    }
+}
