@@ -7,12 +7,25 @@ use prometheus::{
     Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
-/// The gateway's metrics. Cheap to clone (every field is an `Arc` inside).
+/// The gateway's metrics, shared: a clone is one reference count (every request's record
+/// holds one; cloning each of the handles below was 2 % of a saturated gateway's time). Reads
+/// as the [`Declared`] metrics it points to.
 #[derive(Clone)]
-pub struct Metrics {
+pub struct Metrics(std::sync::Arc<Declared>);
+
+impl std::ops::Deref for Metrics {
+    type Target = Declared;
+
+    fn deref(&self) -> &Declared {
+        &self.0
+    }
+}
+
+/// Every metric handle, declared once on one registry.
+pub struct Declared {
     registry: Registry,
     /// The name of every metric family declared, series or not yet.
-    families: std::sync::Arc<Vec<String>>,
+    families: Vec<String>,
     /// Finished requests by model, backend, client (a configured name or `anonymous`) and
     /// `outcome` (`ok` or an error type).
     pub requests: IntCounterVec,
@@ -223,9 +236,9 @@ impl Metrics {
             families.extend(collector.desc().iter().map(|d| d.fq_name.clone()));
             registry.register(collector).expect("metric names are unique");
         }
-        Metrics {
+        Metrics(std::sync::Arc::new(Declared {
             registry,
-            families: std::sync::Arc::new(families),
+            families,
             requests,
             queue_depth,
             inflight,
@@ -248,9 +261,11 @@ impl Metrics {
             context_overflow,
             prompt_count_seconds,
             rate_limited,
-        }
+        }))
     }
+}
 
+impl Declared {
     /// The name of every metric family the gateway declares (a family appears in `/metrics`
     /// from its first series on), for the dashboards' check that every name they use exists.
     pub fn family_names(&self) -> &[String] {
