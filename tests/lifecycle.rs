@@ -530,6 +530,9 @@ async fn during_the_shutdown_grace_a_crash_is_not_restarted_and_waiting_answers_
     gw.stop();
     signal("-9", server);
     let needle = format!("--port {port} ");
+    // The killed server stays listed for a moment while the kernel tears it down: watch for a
+    // restart once it is gone, not for the dying one.
+    eventually("the killed server gone", || async { !servers(SIM, &needle).contains(&server) }).await;
     let watch = ServerWatch::start(SIM, vec![needle]);
     let (status, body) = whole.await.expect("task");
     assert_eq!(status, 503, "{body}");
