@@ -43,20 +43,7 @@ impl Drop for Gateway {
 
 /// Starts the gateway from YAML text (listen is forced to 127.0.0.1:0).
 pub async fn gateway(yaml: &str) -> Gateway {
-    let config = Config::parse(yaml, &|_| None).expect("test config is valid");
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    let (stop, stopped) = oneshot::channel::<()>();
-    let keeper = std::path::PathBuf::from(env!("CARGO_BIN_EXE_mlxgate"));
-    let task = tokio::spawn(mlxgate::serve(
-        config,
-        listener,
-        async move {
-            let _ = stopped.await;
-        },
-        keeper,
-    ));
-    Gateway { addr, stop: Some(stop), task }
+    gateway_on(yaml, SocketAddr::from(([127, 0, 0, 1], 0))).await
 }
 
 /// A simulator with `defaults` and otherwise default settings.
