@@ -113,24 +113,9 @@ fn double_reports_the_simulators_speeds_and_the_batching_speedup() {
 }
 
 #[test]
-fn tokens_come_from_usage_never_from_frames_and_bursts_give_no_decode_speed() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    // No usage at all: 20 frames of output, and no token count or speed made of them.
-    let (_sim, url) = spawn_sim(&["--tokens", "20", "--tokens-per-second", "200", "--usage", "none"]);
-    let (table, report) = bench(&bench_args(&url, "single", &dir.path().join("none.json")));
-    let single = &report["endpoints"][0]["sizes"][0]["single"];
-    assert_eq!(single["output_frames"], 20.0, "{report}");
-    for figure in
-        ["completion_tokens", "wall_tokens_per_second", "decode_tokens_per_second", "aggregate_tokens_per_second"]
-    {
-        assert!(single[figure].is_null(), "{figure} without usage: {report}");
-    }
-    assert!(table.lines().any(|l| l.contains("single") && l.contains(" - ")), "{table}");
-    // Nor a calibration: the prompts were estimated, and the report says so and why.
-    assert_eq!(report["prompt_sizing"]["method"], "estimate", "{report}");
-    assert!(table.lines().next().is_some_and(|l| l.contains("an estimate") && l.contains("no usage")), "{table}");
-
+fn bursts_give_no_decode_speed() {
     // Every token held back and sent in one write: a burst, with no decode speed.
+    let dir = tempfile::tempdir().expect("tempdir");
     let (_sim, url) = spawn_sim(&["--tokens", "20", "--tokens-per-second", "200", "--burst", "true"]);
     let (table, report) = bench(&bench_args(&url, "double", &dir.path().join("burst.json")));
     let size = &report["endpoints"][0]["sizes"][0];
@@ -207,7 +192,7 @@ fn prompts_are_sized_by_the_servers_own_count() {
     assert_eq!(sizing["method"], "calibrated", "{report}");
     let per_word = sizing["tokens_per_word"].as_f64().expect("tokens per word");
     assert!((per_word - 1.0).abs() < 0.01, "{sizing}");
-    assert!(table.lines().next().is_some_and(|l| l.contains("calibrated against the server")), "{table}");
+    assert!(table.lines().next().is_some_and(|l| l.contains("calibration against the server")), "{table}");
     for (size, target) in report["endpoints"][0]["sizes"].as_array().expect("sizes").iter().zip([100.0, 1000.0]) {
         let counted = size["single"]["prompt_tokens"].as_f64().expect("the server's count");
         assert!((counted - target).abs() <= target * 0.02, "{target}: the server counted {counted}");
@@ -253,4 +238,47 @@ fn a_server_that_serves_one_request_at_a_time_shows_no_speedup() {
     println!("{table}");
     let size = &report["endpoints"][0]["sizes"][0];
     within("speedup of a one-at-a-time server", &size["speedup"], 1.0, 0.25);
+}
+
+#[test]
+fn a_server_without_usage_gets_no_tokens_per_second_and_is_told_why() {
+    // No usage even when asked: the bench counts no frames as tokens, says so and exits 1.
+    let (_sim, url) = spawn_sim(&["--tokens", "12", "--tokens-per-second", "500", "--usage", "none"]);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let json = dir.path().join("no-usage.json");
+    let out = Command::new(MLXGATE).args(bench_args(&url, "double", &json)).output().expect("bench runs");
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    println!("{stdout}{stderr}");
+    assert_eq!(out.status.code(), Some(1), "nothing measured is not a success");
+    assert!(stderr.contains("no tokens/s where the server sent no usage.completion_tokens"), "{stderr}");
+    assert!(stderr.contains("A at 100 tokens (single): 1 answers without usage, 12 output frames each"), "{stderr}");
+    assert!(stderr.contains("A at 100 tokens (together): 2 answers without usage"), "{stderr}");
+    let report: Value = serde_json::from_str(&std::fs::read_to_string(&json).expect("json")).expect("json");
+    let single = &report["endpoints"][0]["sizes"][0]["single"];
+    assert_eq!(single["output_frames"], 12.0, "{report}");
+    for figure in
+        ["completion_tokens", "wall_tokens_per_second", "decode_tokens_per_second", "aggregate_tokens_per_second"]
+    {
+        assert!(single[figure].is_null(), "{figure} without usage: frames never stand in for tokens: {report}");
+    }
+    assert!(single["ttft_seconds"].is_number(), "the timing is still measured: {single}");
+    assert!(stdout.lines().any(|l| l.contains("single") && l.contains(" - ")), "{stdout}");
+    // Nor a calibration: the prompts were estimated, and the report says so and why.
+    assert_eq!(report["prompt_sizing"]["method"], "estimate", "{report}");
+    assert!(stdout.lines().next().is_some_and(|l| l.contains("estimate") && l.contains("no usage")), "{stdout}");
+}
+
+#[test]
+fn options_that_would_measure_nothing_are_refused() {
+    let refused = |args: &[&str], why: &str| {
+        let base = ["bench", "--url", "http://127.0.0.1:9/v1", "--model", "m"];
+        let out = Command::new(MLXGATE).args(base.iter().chain(args)).output().expect("bench runs");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.code().is_some_and(|c| c != 0), "{args:?} accepted: {stderr}");
+        assert!(stderr.contains(why), "{args:?}: {stderr}");
+    };
+    refused(&["--scenario", "parallel:1"], "parallel:N (N ≥ 2)");
+    refused(&["--repeats", "0"], "--repeats 0");
+    refused(&["--max-tokens", "0"], "--max-tokens 0");
+    refused(&["--prompt-tokens", "100,0"], "at least 1 token");
 }

@@ -36,7 +36,7 @@ pub enum Scenario {
 }
 
 impl Scenario {
-    /// Parses `single`, `double` or `parallel:N` (N ≥ 1).
+    /// Parses `single`, `double` or `parallel:N` (N ≥ 2: `parallel:1` would be `single`).
     pub fn parse(text: &str) -> Result<Scenario, String> {
         match text {
             "single" => Ok(Scenario::Single),
@@ -44,9 +44,9 @@ impl Scenario {
             other => other
                 .strip_prefix("parallel:")
                 .and_then(|n| n.parse::<usize>().ok())
-                .filter(|n| *n >= 1)
+                .filter(|n| *n >= 2)
                 .map(Scenario::Parallel)
-                .ok_or_else(|| format!("{other:?}: expected single, double or parallel:N (N ≥ 1)")),
+                .ok_or_else(|| format!("{other:?}: expected single, double or parallel:N (N ≥ 2)")),
         }
     }
 
@@ -118,6 +118,20 @@ pub struct BenchOptions {
 }
 
 impl BenchOptions {
+    /// Refuses what would measure nothing (clap checks the types, this the values).
+    fn check(&self) -> Result<(), String> {
+        if self.repeats == 0 {
+            return Err("--repeats 0: nothing would be measured (at least 1)".into());
+        }
+        if self.max_tokens == 0 {
+            return Err("--max-tokens 0: nothing would be generated (at least 1)".into());
+        }
+        if self.prompt_tokens.contains(&0) {
+            return Err("--prompt-tokens: a prompt has at least 1 token".into());
+        }
+        Ok(())
+    }
+
     /// What to send.
     fn plan(&self) -> Plan {
         let base = |url: &str| url.trim_end_matches('/').to_string();
@@ -129,7 +143,7 @@ impl BenchOptions {
         Plan {
             endpoints,
             prompt_sizes: self.prompt_tokens.clone(),
-            repeats: self.repeats.max(1),
+            repeats: self.repeats,
             concurrency: self.scenario.concurrency(),
             max_tokens: self.max_tokens,
             warmup: self.warmup,
@@ -140,8 +154,13 @@ impl BenchOptions {
 }
 
 /// Runs `mlxgate bench`: the table on stdout, the JSON to `--json`. Exit code 1 when any
-/// request failed (the figures are printed all the same) or the run could not start.
+/// request failed or answered without usage (the figures are printed all the same), or the
+/// run could not start.
 pub fn main(options: BenchOptions) -> ExitCode {
+    if let Err(e) = options.check() {
+        eprintln!("mlxgate bench: {e}");
+        return ExitCode::FAILURE;
+    }
     let mut prompts = match PromptMaker::load(options.tokenizer.as_deref(), &options.model) {
         Ok(p) => p,
         Err(e) => {
@@ -189,6 +208,19 @@ pub fn main(options: BenchOptions) -> ExitCode {
             return ExitCode::FAILURE;
         }
     }
+    for line in report.oversized_prompts() {
+        eprintln!("mlxgate bench: {line}");
+    }
+    let without_usage = report.without_usage();
+    if !without_usage.is_empty() {
+        eprintln!(
+            "mlxgate bench: no tokens/s where the server sent no usage.completion_tokens (it was asked \
+             for with stream_options.include_usage; frames are not tokens, so none are counted):"
+        );
+        for line in &without_usage {
+            eprintln!("  {line}");
+        }
+    }
     let failed = report.failed();
     if failed > 0 {
         eprintln!(
@@ -200,7 +232,7 @@ pub fn main(options: BenchOptions) -> ExitCode {
         }
         return ExitCode::FAILURE;
     }
-    ExitCode::SUCCESS
+    if without_usage.is_empty() { ExitCode::SUCCESS } else { ExitCode::FAILURE }
 }
 
 /// A progress bar on stderr when it is a terminal; hidden otherwise (logs, pipes, tests).
@@ -226,6 +258,7 @@ mod tests {
         assert_eq!(Scenario::parse("double").map(Scenario::concurrency), Ok(2));
         assert_eq!(Scenario::parse("parallel:8"), Ok(Scenario::Parallel(8)));
         assert!(Scenario::parse("parallel:0").is_err());
+        assert!(Scenario::parse("parallel:1").is_err(), "that is single");
         assert!(Scenario::parse("triple").is_err());
     }
 }

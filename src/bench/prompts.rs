@@ -195,13 +195,13 @@ pub enum Sizing {
 impl fmt::Display for Sizing {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Sizing::Tokenizer { path } => write!(f, "the tokenizer in {path}"),
+            Sizing::Tokenizer { path } => write!(f, "counting with the tokenizer in {path}"),
             Sizing::Calibrated { against, tokens_per_word, fixed_tokens } => write!(
                 f,
-                "calibrated against the server ({against}): {tokens_per_word:.2} tokens per word, \
+                "calibration against the server ({against}): {tokens_per_word:.2} tokens per word, \
                  {fixed_tokens:.0} fixed tokens (chat template, tag, request)"
             ),
-            Sizing::Estimate { why } => write!(f, "an estimate, a token per word ({why})"),
+            Sizing::Estimate { why } => write!(f, "estimate, a token per word ({why})"),
         }
     }
 }
@@ -487,10 +487,7 @@ mod tests {
         assert!(matches!(maker.sizing(), Sizing::Calibrated { .. }));
         let mut rule = PromptMaker::counting_with(None);
         rule.uncalibrated("the server reports no usage.prompt_tokens".into());
-        assert_eq!(
-            rule.sizing().to_string(),
-            "an estimate, a token per word (the server reports no usage.prompt_tokens)"
-        );
+        assert_eq!(rule.sizing().to_string(), "estimate, a token per word (the server reports no usage.prompt_tokens)");
     }
 
     #[test]

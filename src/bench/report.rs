@@ -8,7 +8,7 @@ use serde::Serialize;
 
 use super::prompts::Sizing;
 use super::run::{Measured, Plan};
-use super::stats::{Group, Summary, median, ratio, speedup, summarize};
+use super::stats::{Group, Sample, Summary, median, paired_ratio, ratio, speedup, speedups, summarize};
 
 /// The whole report.
 #[derive(Debug, Clone, Serialize)]
@@ -23,7 +23,8 @@ pub struct Report {
     /// server's own count, or estimated.
     pub prompt_sizing: Sizing,
     pub endpoints: Vec<EndpointReport>,
-    /// B / A per prompt size, with `--compare`.
+    /// B / A per prompt size, with `--compare`: medians over repeats of the ratio within
+    /// each repeat.
     pub ratios: Vec<Ratios>,
 }
 
@@ -63,7 +64,9 @@ pub struct Ratios {
     pub speedup: Option<f64>,
 }
 
-/// B / A of one phase's medians.
+/// B / A of one phase: for each figure, the median over repeats of B's over A's of the same
+/// repeat (the two ran one right after the other), each side's figure being the median over
+/// the requests of its group.
 #[derive(Debug, Clone, Serialize)]
 pub struct PhaseRatios {
     pub wall_tokens_per_second: Option<f64>,
@@ -73,12 +76,12 @@ pub struct PhaseRatios {
 }
 
 impl PhaseRatios {
-    fn of(b: &Summary, a: &Summary) -> PhaseRatios {
+    fn paired(b: &[Group], a: &[Group]) -> PhaseRatios {
         PhaseRatios {
-            wall_tokens_per_second: ratio(b.wall_tokens_per_second, a.wall_tokens_per_second),
-            ttft_seconds: ratio(b.ttft_seconds, a.ttft_seconds),
-            decode_tokens_per_second: ratio(b.decode_tokens_per_second, a.decode_tokens_per_second),
-            aggregate_tokens_per_second: ratio(b.aggregate_tokens_per_second, a.aggregate_tokens_per_second),
+            wall_tokens_per_second: paired_ratio(b, a, |g| g.median_of(Sample::wall_tokens_per_second)),
+            ttft_seconds: paired_ratio(b, a, |g| g.median_of(|s| s.ttft_seconds)),
+            decode_tokens_per_second: paired_ratio(b, a, |g| g.median_of(|s| s.decode_tokens_per_second)),
+            aggregate_tokens_per_second: paired_ratio(b, a, Group::aggregate_tokens_per_second),
         }
     }
 }
@@ -135,12 +138,57 @@ impl Report {
         seen
     }
 
+    /// One line per endpoint, size and phase whose answers succeeded without
+    /// `usage.completion_tokens`, with the output frames they carried (shown, never counted).
+    pub fn without_usage(&self) -> Vec<String> {
+        let mut lines = Vec::new();
+        for endpoint in &self.endpoints {
+            for size in &endpoint.sizes {
+                let phases = [("single", Some(&size.single)), ("together", size.concurrent.as_ref())];
+                for (phase, summary) in phases {
+                    let Some(s) = summary else { continue };
+                    let answered = s.requests - s.failed - s.left_out;
+                    if answered > 0 && s.completion_tokens.is_none() {
+                        lines.push(format!(
+                            "{} at {} tokens ({phase}): {answered} answers without usage, {} output frames each (median)",
+                            endpoint.label,
+                            size.prompt_tokens_target,
+                            figure(s.output_frames, 0),
+                        ));
+                    }
+                }
+            }
+        }
+        lines
+    }
+
+    /// A line per prompt size whose prompts came out well above the size asked for: the chat
+    /// template, the tag and the closing request alone are more (e.g. `--prompt-tokens 10`).
+    pub fn oversized_prompts(&self) -> Vec<String> {
+        let Some(first) = self.endpoints.first() else { return Vec::new() };
+        first
+            .sizes
+            .iter()
+            .filter_map(|size| {
+                let sent = size.prompt_tokens_sent?;
+                let target = size.prompt_tokens_target as f64;
+                (sent > target * 1.1 + 5.0).then(|| {
+                    format!(
+                        "--prompt-tokens {}: the prompts had {sent:.0} tokens (the chat template, the \
+                         request's tag and its closing ask alone are about that many)",
+                        size.prompt_tokens_target
+                    )
+                })
+            })
+            .collect()
+    }
+
     /// The table printed at the end.
     pub fn table(&self) -> String {
         let mut out = String::new();
         let _ = writeln!(
             out,
-            "scenario {}, {} repeats, max_tokens {}, prompts sized with {}; medians over repeats",
+            "scenario {}, {} repeats, max_tokens {}, prompts sized by {}; medians over repeats",
             self.scenario, self.repeats, self.max_tokens, self.prompt_sizing
         );
         let _ = writeln!(out, "srv prompt: the prompt's tokens as the server counted them (usage.prompt_tokens)");
@@ -169,7 +217,11 @@ impl Report {
             }
         }
         if !self.ratios.is_empty() {
-            let _ = writeln!(out, "\nB / A (above 1: B faster, except TTFT: above 1, B slower to answer)");
+            let _ = writeln!(
+                out,
+                "\nB / A, medians over repeats of the ratio within a repeat (above 1: B faster, except \
+                 TTFT: above 1, B slower to answer)"
+            );
             let _ = writeln!(
                 out,
                 "{:>7} {:>9} {:>10} {:>8} {:>10} {:>10} {:>8}",
@@ -203,12 +255,16 @@ fn size_report(target: usize, runs: super::run::SizeRuns) -> SizeReport {
 fn size_ratios(a: &SizeReport, b: &SizeReport) -> Ratios {
     Ratios {
         prompt_tokens_target: a.prompt_tokens_target,
-        single: PhaseRatios::of(&b.single, &a.single),
-        concurrent: match (&b.concurrent, &a.concurrent) {
-            (Some(b), Some(a)) => Some(PhaseRatios::of(b, a)),
-            _ => None,
-        },
-        speedup: ratio(b.speedup, a.speedup),
+        single: PhaseRatios::paired(&b.single_groups, &a.single_groups),
+        concurrent: (!a.concurrent_groups.is_empty() && !b.concurrent_groups.is_empty())
+            .then(|| PhaseRatios::paired(&b.concurrent_groups, &a.concurrent_groups)),
+        // Per repeat too: B's speedup over A's of the same repeat.
+        speedup: median(
+            speedups(&b.concurrent_groups, &b.single_groups)
+                .into_iter()
+                .zip(speedups(&a.concurrent_groups, &a.single_groups))
+                .filter_map(|(b, a)| ratio(b, a)),
+        ),
     }
 }
 

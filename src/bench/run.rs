@@ -158,20 +158,23 @@ impl Sender {
     /// the instants it was sent and ended.
     async fn send(&self, connection: Connection, request: Request<Full<Bytes>>) -> Timed {
         let sent = Instant::now();
-        let sample = match tokio::time::timeout(self.timeout, read(connection, request, sent)).await {
-            Ok(sample) => sample,
-            Err(_) => Sample::failed(
-                sent.elapsed().as_secs_f64(),
-                format!("no end within {}", humantime::format_duration(self.timeout)),
-            ),
-        };
-        Timed { sent, ended: Instant::now(), sample }
+        match tokio::time::timeout(self.timeout, read(connection, request, sent)).await {
+            Ok((sample, ended)) => Timed { sent, ended, sample },
+            Err(_) => {
+                let why = format!("no end within {}", humantime::format_duration(self.timeout));
+                Timed { sent, ended: Instant::now(), sample: Sample::failed(sent.elapsed().as_secs_f64(), why) }
+            }
+        }
     }
 }
 
-/// Sends `request` and reads its answer, timestamping each read.
-async fn read(mut connection: Connection, request: Request<Full<Bytes>>, sent: Instant) -> Sample {
-    let failed = |why: String| Sample::failed(sent.elapsed().as_secs_f64(), why);
+/// Sends `request` and reads its answer, timestamping each read; the sample and the instant
+/// its answer ended (the same instant ends the sample's wall time and its group's).
+async fn read(mut connection: Connection, request: Request<Full<Bytes>>, sent: Instant) -> (Sample, Instant) {
+    let failed = |why: String| {
+        let ended = Instant::now();
+        (Sample::failed(ended.saturating_duration_since(sent).as_secs_f64(), why), ended)
+    };
     let response = match connection.send_request(request).await {
         Ok(r) => r,
         Err(e) => return failed(format!("cannot send: {}", with_causes(&e))),
@@ -206,7 +209,7 @@ async fn read(mut connection: Connection, request: Request<Full<Bytes>>, sent: I
     parser.feed(b"\n\n", |item, _| {
         figures.watch(&item, ended, true);
     });
-    Sample::measured(sent, ended, &figures)
+    (Sample::measured(sent, ended, &figures), ended)
 }
 
 /// An error and its causes, `a: b: c` (hyper's own says only "client error (Connect)").

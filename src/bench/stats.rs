@@ -101,6 +101,15 @@ impl Group {
         }
         (self.wall_seconds > 0.0 && !self.samples.is_empty()).then(|| tokens as f64 / self.wall_seconds)
     }
+
+    /// The median of `figure` over the group's requests; `None` when any request failed (as
+    /// in [`summarize`], a survivor of a failed group ran alone).
+    pub fn median_of(&self, figure: impl Fn(&Sample) -> Option<f64>) -> Option<f64> {
+        if !self.samples.iter().all(Sample::ok) {
+            return None;
+        }
+        median(self.samples.iter().filter_map(figure))
+    }
 }
 
 /// The median of `values` (the mean of the middle two for an even count); `None` when empty.
@@ -169,11 +178,21 @@ pub fn summarize(groups: &[Group]) -> Summary {
 /// 1.0: batching gained nothing; below 1.0: running together was slower than one after the
 /// other. Repeats where either group failed have no speedup.
 pub fn speedup(concurrent: &[Group], single: &[Group]) -> Option<f64> {
-    let per_repeat = concurrent
-        .iter()
-        .zip(single)
-        .filter_map(|(c, s)| ratio(c.aggregate_tokens_per_second(), s.aggregate_tokens_per_second()));
-    median(per_repeat)
+    median(speedups(concurrent, single).into_iter().flatten())
+}
+
+/// Each repeat's speedup (`None` where either group failed), in the repeats' order.
+pub fn speedups(concurrent: &[Group], single: &[Group]) -> Vec<Option<f64>> {
+    let each = |(c, s): (&Group, &Group)| ratio(c.aggregate_tokens_per_second(), s.aggregate_tokens_per_second());
+    concurrent.iter().zip(single).map(each).collect()
+}
+
+/// The median over repeats of `figure(b) / figure(a)` of the same repeat: repeats that ran
+/// side by side share the machine's state of the moment, so the ratio of a pair is robust to
+/// a drift that a ratio of two medians would take for a difference. Repeats where either
+/// side has no figure are left out.
+pub fn paired_ratio(b: &[Group], a: &[Group], figure: impl Fn(&Group) -> Option<f64>) -> Option<f64> {
+    median(b.iter().zip(a).filter_map(|(b, a)| ratio(figure(b), figure(a))))
 }
 
 /// `b / a` when both are known and `a` is not zero.
@@ -271,6 +290,30 @@ mod tests {
         assert!(!Sample::measured(sent, sent, &cut).ok());
         let error = StreamFigures { done: true, error: Some("boom".into()), ..Default::default() };
         assert_eq!(Sample::measured(sent, sent, &error).error.as_deref(), Some("error event: boom"));
+    }
+
+    #[test]
+    fn paired_ratios_are_taken_within_each_repeat() {
+        // 20 tokens in `ms`: A's repeats at 10, 20 and 40 tokens/s, B's at 12, 30 and 44
+        // (B 1.2, 1.5 and 1.1 times A of the same repeat): the paired figure is 1.2, where the
+        // medians' ratio would be 30 / 20 = 1.5.
+        let alone = |ms: u64| Group {
+            wall_seconds: ms as f64 / 1e3,
+            sent_spread_seconds: 0.0,
+            samples: vec![recorded(&[(10, 1), (ms, 1)], Some(20), ms)],
+        };
+        let a: Vec<Group> = [2000, 1000, 500].map(alone).to_vec();
+        let b: Vec<Group> = [20_000 / 12, 20_000 / 30, 20_000 / 44].map(alone).to_vec();
+        let wall = |g: &Group| g.median_of(Sample::wall_tokens_per_second);
+        let paired = paired_ratio(&b, &a, wall).expect("a ratio");
+        assert!((paired - 1.2).abs() < 0.01, "{paired}");
+        assert!((paired_ratio(&b, &a, Group::aggregate_tokens_per_second).expect("a ratio") - 1.2).abs() < 0.01);
+        // A repeat where one side failed is left out, not counted as a ratio.
+        let mut b_failed = b.clone();
+        b_failed[0].samples.push(Sample::failed(0.1, "HTTP 503".into()));
+        let left = paired_ratio(&b_failed, &a, wall).expect("a ratio");
+        assert!((left - 1.3).abs() < 0.01, "the median of 1.5 and 1.1: {left}");
+        assert_eq!(paired_ratio(&[], &a, wall), None);
     }
 
     #[test]
