@@ -12,7 +12,9 @@ use tracing_subscriber::EnvFilter;
 
 /// mimalloc: glibc's allocator made counting a long prompt (the tokenizer allocates per piece)
 /// twice as slow, most of it in malloc/free; the gateway's small per-request allocations gain
-/// too.
+/// too. Built with `no_thp`: mimalloc 2.3 asks Linux for transparent huge pages on its arenas,
+/// so each segment touched costs 2 MiB pages: 17.6 MiB idle and 68 MiB with 1000 streams,
+/// against 9.4 and 46 MiB without, at the same request rate (measured side by side).
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
