@@ -131,7 +131,7 @@ pub async fn fit(
 ) -> Result<Fitted, GatewayError> {
     let Some(tokens) = tokens else { return Ok(Fitted::Send { transform: None, prompt_tokens: None }) };
     let Some(cap) = tokens.cap else { return Ok(Fitted::Send { transform: None, prompt_tokens: None }) };
-    let body_bytes: usize = fields.iter().map(|(key, value)| key.len() + value.get().len()).sum();
+    let inline = Inline::allows(fields);
     let model = route.model.name.clone();
     let counter = Arc::clone(&tokens.counter);
     let action = tokens.on_overflow;
@@ -155,14 +155,16 @@ pub async fn fit(
             }
             let started = Instant::now();
             let needed = max_tokens.unwrap_or(default_max_tokens);
-            let (plan, request) = blocking(body_bytes, move || {
+            let (plan, request) = blocking(inline, move || {
                 let counter = Lenient { counter };
                 let prompt = request.prompt();
-                // Most prompts fit by far: their bytes bound their tokens, no tokenizing.
-                let plan = match counter.chat_tokens_at_most(prompt) {
-                    Ok(bound) if bound.saturating_add(needed) <= cap => {
-                        let counted = if exact { counter.chat_tokens(prompt).unwrap_or(bound) } else { bound };
-                        Ok(ChatPlan::Fits { prompt_tokens: counted, max_tokens: cap - bound })
+                // Most prompts fit by far: their bytes bound their tokens, no tokenizing. When
+                // the exact count is wanted anyway (a client's tpm), it is the bound, and the
+                // template is rendered once.
+                let measured = if exact { counter.chat_tokens(prompt) } else { counter.chat_tokens_at_most(prompt) };
+                let plan = match measured {
+                    Ok(tokens) if tokens.saturating_add(needed) <= cap => {
+                        Ok(ChatPlan::Fits { prompt_tokens: tokens, max_tokens: cap - tokens })
                     }
                     _ => overflow::plan_chat(&counter, prompt, budget, action),
                 };
@@ -199,7 +201,7 @@ pub async fn fit(
             };
             let prompts = Prompts::read(prompt.get(), "prompt")?;
             let started = Instant::now();
-            let plans = blocking(body_bytes, move || prompts.plan(&*counter, budget, action)).await?;
+            let plans = blocking(inline, move || prompts.plan(&*counter, budget, action)).await?;
             count_timer.observe(started.elapsed().as_secs_f64());
             let mut room = usize::MAX;
             let mut removed = 0;
@@ -248,7 +250,7 @@ pub async fn fit(
             let inputs = Prompts::read(input.get(), "input")?;
             let started = Instant::now();
             let chunk = action == OnOverflow::Chunk;
-            let plan = blocking(body_bytes, move || inputs.split(&*counter, cap)).await?;
+            let plan = blocking(inline, move || inputs.split(&*counter, cap)).await?;
             count_timer.observe(started.elapsed().as_secs_f64());
             let longest = plan.longest;
             if longest <= cap {
@@ -357,21 +359,71 @@ fn counting() -> &'static tokio::sync::Semaphore {
     })
 }
 
-/// Request bodies up to this size are counted on the async thread that read them: the count
-/// of such a prompt (the chat template and a few dozen tokens) takes tens of microseconds,
-/// less than handing it to a blocking thread and back, which cost a features-on gateway
-/// ~25 µs of futex, epoll and context switches per request on one CPU (bench/overhead's
-/// profiles of `mlxgate-full`). Larger bodies go to the blocking threads.
-const INLINE_COUNT_BYTES: usize = 512;
+/// Small, flat request bodies are counted on the async thread that read them: the count of such
+/// a prompt (a template over a few short messages) takes tens of microseconds, less than handing
+/// it to a blocking thread and back, which cost a features-on gateway ~25 µs of futex, epoll and
+/// context switches per request on one CPU (bench/overhead's profiles of `mlxgate-full`).
+///
+/// Both bounds matter: the template, not the body, decides the work, and what a template can
+/// blow up is nesting (Llama 3's renders tools with `tojson(indent=4)`: a 343-byte body of
+/// tools nested 120 deep rendered to 57 KB, ~20 ms of tokenizing). Messages with content parts
+/// are 5 deep (`messages[{content[{text}]}]`); a tool's schema is deeper, and goes to the
+/// blocking threads with every larger body.
+#[derive(Debug, Clone, Copy)]
+struct Inline;
 
-/// Runs CPU work (template rendering, tokenizing) for a body of `body_bytes`: inline when it is
-/// small (see [`INLINE_COUNT_BYTES`]), else off the async threads, one per core at once.
+impl Inline {
+    /// Largest body counted inline (the fields' keys and raw values).
+    const MAX_BYTES: usize = 512;
+    /// Deepest nesting of arrays and objects counted inline, the body's own object included.
+    const MAX_DEPTH: usize = 5;
+
+    /// Whether the body of `fields` is small and flat enough to count inline.
+    fn allows(fields: &RawBody) -> bool {
+        let bytes: usize = fields.iter().map(|(key, value)| key.len() + value.get().len()).sum();
+        bytes <= Self::MAX_BYTES && fields.values().all(|v| 1 + nesting(v.get()) <= Self::MAX_DEPTH)
+    }
+}
+
+/// How deep arrays and objects nest in the JSON text `raw` (0 for a string or a number),
+/// brackets inside strings not counted.
+fn nesting(raw: &str) -> usize {
+    let (mut depth, mut deepest, mut in_string, mut escaped) = (0usize, 0usize, false, false);
+    for byte in raw.bytes() {
+        if in_string {
+            match byte {
+                _ if escaped => escaped = false,
+                b'\\' => escaped = true,
+                b'"' => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match byte {
+            b'"' => in_string = true,
+            b'[' | b'{' => {
+                depth += 1;
+                deepest = deepest.max(depth);
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    deepest
+}
+
+/// Runs CPU work (template rendering, tokenizing): inline when [`Inline::allows`] the body,
+/// else off the async threads, one per core at once. A panic in it (a tokenizer's, a
+/// template's) is an internal error either way, not a dropped connection.
 async fn blocking<T: Send + 'static>(
-    body_bytes: usize,
+    inline: bool,
     work: impl FnOnce() -> T + Send + 'static,
 ) -> Result<T, GatewayError> {
-    if body_bytes <= INLINE_COUNT_BYTES {
-        return Ok(work());
+    if inline {
+        return std::panic::catch_unwind(std::panic::AssertUnwindSafe(work)).map_err(|_| {
+            tracing::error!("counting a prompt panicked");
+            GatewayError::Internal("counting the prompt failed".into())
+        });
     }
     let _permit = counting().acquire().await.map_err(|e| GatewayError::Internal(format!("counting: {e}")))?;
     tokio::task::spawn_blocking(work).await.map_err(|e| {
@@ -633,5 +685,23 @@ mod tests {
         assert_eq!(requested_max_tokens(&fields).unwrap(), None);
         let fields: RawBody = serde_json::from_str(r#"{"max_tokens": -1}"#).unwrap();
         assert!(requested_max_tokens(&fields).is_err());
+    }
+
+    #[test]
+    fn small_flat_bodies_are_counted_inline_and_nested_or_large_ones_are_not() {
+        assert_eq!(nesting(r#""a [string] {with} brackets \" ["#), 0);
+        assert_eq!(nesting(r#"[{"content":[{"type":"text","text":"]]]"}]}]"#), 4);
+        let body = |text: &str| -> RawBody { serde_json::from_str(text).unwrap() };
+        let chat = r#"{"model":"m","messages":[{"role":"user","content":"Say hello in one word."}]}"#;
+        assert!(Inline::allows(&body(chat)));
+        let parts = r#"{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"hi"}]}]}"#;
+        assert!(Inline::allows(&body(parts)), "content parts are 5 deep");
+        // The review's case: tools nested deep in a small body render to tens of KB.
+        let deep = format!(r#"{{"model":"m","messages":[],"tools":{}{}}}"#, "[".repeat(120), "]".repeat(120));
+        assert!(deep.len() <= Inline::MAX_BYTES && !Inline::allows(&body(&deep)));
+        let tool = r#"{"model":"m","messages":[],"tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object","properties":{"x":{"type":"string"}}}}}]}"#;
+        assert!(!Inline::allows(&body(tool)), "a tool's schema is deeper than messages");
+        let long = format!(r#"{{"model":"m","messages":[{{"role":"user","content":"{}"}}]}}"#, "word ".repeat(200));
+        assert!(!Inline::allows(&body(&long)));
     }
 }
