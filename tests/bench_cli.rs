@@ -110,6 +110,7 @@ fn double_reports_the_simulators_speeds_and_the_batching_speedup() {
         spread * 1e6
     );
     assert!(table.contains("×2"), "{table}");
+    assert!(table.lines().any(|l| l.trim_end().ends_with("cached")), "{table}");
 }
 
 #[test]
@@ -231,13 +232,18 @@ fn failed_requests_are_counted_named_and_fail_the_run() {
 #[test]
 fn a_server_that_serves_one_request_at_a_time_shows_no_speedup() {
     // The control of the test above: the simulator generates for one request at a time.
-    let (_sim, url) =
-        spawn_sim(&["--ttft-ms", "100", "--tokens-per-second", "100", "--tokens", "20", "--capacity", "1"]);
+    // Styled as Rapid-MLX, which reports its prompt cache.
+    let sim_args = ["--ttft-ms", "100", "--tokens-per-second", "100", "--tokens", "20", "--capacity", "1"];
+    let (_sim, url) = spawn_sim(&[&sim_args[..], &["--style", "rapid-mlx"]].concat());
     let dir = tempfile::tempdir().expect("tempdir");
     let (table, report) = bench(&bench_args(&url, "double", &dir.path().join("out.json")));
     println!("{table}");
     let size = &report["endpoints"][0]["sizes"][0];
     within("speedup of a one-at-a-time server", &size["speedup"], 1.0, 0.25);
+    // The pair shares its prompt: one of the two found it in the cache, and the report shows
+    // it (a real server's cache would shorten that one's prefill: a speedup that is no batching).
+    let cached = size["concurrent"]["cached_tokens"].as_f64().expect("cached tokens reported");
+    assert!(cached >= 40.0, "half the pair's prompt tokens, at least: {cached}\n{table}");
 }
 
 #[test]
@@ -251,8 +257,11 @@ fn a_server_without_usage_gets_no_tokens_per_second_and_is_told_why() {
     println!("{stdout}{stderr}");
     assert_eq!(out.status.code(), Some(1), "nothing measured is not a success");
     assert!(stderr.contains("no tokens/s where the server sent no usage.completion_tokens"), "{stderr}");
-    assert!(stderr.contains("A at 100 tokens (single): 1 answers without usage, 12 output frames each"), "{stderr}");
-    assert!(stderr.contains("A at 100 tokens (together): 2 answers without usage"), "{stderr}");
+    assert!(
+        stderr.contains("A at 100 tokens (single): 1 of 1 answers without usage, 12 output frames each"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("A at 100 tokens (together): 2 of 2 answers without usage"), "{stderr}");
     let report: Value = serde_json::from_str(&std::fs::read_to_string(&json).expect("json")).expect("json");
     let single = &report["endpoints"][0]["sizes"][0]["single"];
     assert_eq!(single["output_frames"], 12.0, "{report}");
@@ -281,4 +290,6 @@ fn options_that_would_measure_nothing_are_refused() {
     refused(&["--repeats", "0"], "--repeats 0");
     refused(&["--max-tokens", "0"], "--max-tokens 0");
     refused(&["--prompt-tokens", "100,0"], "at least 1 token");
+    refused(&["--compare-model", "b"], "--compare, which is missing");
+    refused(&["--timeout", "0s"], "--timeout 0s");
 }

@@ -126,6 +126,12 @@ impl BenchOptions {
         if self.max_tokens == 0 {
             return Err("--max-tokens 0: nothing would be generated (at least 1)".into());
         }
+        if self.compare_model.is_some() && self.compare.is_none() {
+            return Err("--compare-model names the model of --compare, which is missing".into());
+        }
+        if self.timeout.is_zero() {
+            return Err("--timeout 0s: every request would time out".into());
+        }
         if self.prompt_tokens.contains(&0) {
             return Err("--prompt-tokens: a prompt has at least 1 token".into());
         }

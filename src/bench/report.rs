@@ -147,12 +147,13 @@ impl Report {
                 let phases = [("single", Some(&size.single)), ("together", size.concurrent.as_ref())];
                 for (phase, summary) in phases {
                     let Some(s) = summary else { continue };
-                    let answered = s.requests - s.failed - s.left_out;
-                    if answered > 0 && s.completion_tokens.is_none() {
+                    if s.without_usage > 0 {
+                        let answered = s.requests - s.failed - s.left_out;
                         lines.push(format!(
-                            "{} at {} tokens ({phase}): {answered} answers without usage, {} output frames each (median)",
+                            "{} at {} tokens ({phase}): {} of {answered} answers without usage, {} output frames each (median)",
                             endpoint.label,
                             size.prompt_tokens_target,
+                            s.without_usage,
                             figure(s.output_frames, 0),
                         ));
                     }
@@ -191,12 +192,16 @@ impl Report {
             "scenario {}, {} repeats, max_tokens {}, prompts sized by {}; medians over repeats",
             self.scenario, self.repeats, self.max_tokens, self.prompt_sizing
         );
-        let _ = writeln!(out, "srv prompt: the prompt's tokens as the server counted them (usage.prompt_tokens)");
+        let _ = writeln!(
+            out,
+            "srv prompt: the prompt's tokens as the server counted them (usage.prompt_tokens); cached: \
+             of them, served from its prompt cache (the requests released together share a prompt)"
+        );
         for endpoint in &self.endpoints {
             let _ = writeln!(out, "\n{}: {} (model {})", endpoint.label, endpoint.url, endpoint.model);
             let _ = writeln!(
                 out,
-                "{:>7} {:>9} {:>6} {:>6} {:>10} {:>8} {:>10} {:>7} {:>10} {:>8} {:>11}",
+                "{:>7} {:>9} {:>6} {:>6} {:>10} {:>8} {:>10} {:>7} {:>10} {:>8} {:>11} {:>7}",
                 "prompt",
                 "run",
                 "reqs",
@@ -207,7 +212,8 @@ impl Report {
                 "bursts",
                 "aggr tok/s",
                 "speedup",
-                "srv prompt"
+                "srv prompt",
+                "cached"
             );
             for size in &endpoint.sizes {
                 row(&mut out, size.prompt_tokens_target, "single", &size.single, None);
@@ -280,7 +286,7 @@ fn row(out: &mut String, prompt: usize, run: &str, s: &Summary, speedup: Option<
     };
     let _ = writeln!(
         out,
-        "{prompt:>7} {run:>9} {:>6} {:>6} {:>10} {:>8} {decode:>10} {:>7} {:>10} {:>8} {:>11}",
+        "{prompt:>7} {run:>9} {:>6} {:>6} {:>10} {:>8} {decode:>10} {:>7} {:>10} {:>8} {:>11} {:>7}",
         s.requests,
         s.failed,
         figure(s.wall_tokens_per_second, 1),
@@ -289,6 +295,7 @@ fn row(out: &mut String, prompt: usize, run: &str, s: &Summary, speedup: Option<
         figure(s.aggregate_tokens_per_second, 1),
         figure(speedup, 2),
         figure(s.prompt_tokens, 0),
+        figure(s.cached_tokens, 0),
     );
 }
 

@@ -148,6 +148,12 @@ pub struct Summary {
     pub output_frames: Option<f64>,
     /// Median of usage's prompt tokens.
     pub prompt_tokens: Option<f64>,
+    /// Median of usage's cached prompt tokens, when the server reports them: the requests of
+    /// a group carry the same prompt, so a server that runs them one after the other serves
+    /// the later ones from its prompt cache (a speedup that is not batching).
+    pub cached_tokens: Option<f64>,
+    /// Measured requests that succeeded without `usage.completion_tokens`.
+    pub without_usage: usize,
     /// Median over the groups of all their requests' tokens / the group's wall time.
     pub aggregate_tokens_per_second: Option<f64>,
 }
@@ -169,6 +175,8 @@ pub fn summarize(groups: &[Group]) -> Summary {
         completion_tokens: median(ok().filter_map(|s| s.completion_tokens.map(|t| t as f64))),
         output_frames: median(ok().map(|s| s.output_frames as f64)),
         prompt_tokens: median(ok().filter_map(|s| s.prompt_tokens.map(|t| t as f64))),
+        cached_tokens: median(ok().filter_map(|s| s.cached_tokens.map(|t| t as f64))),
+        without_usage: ok().filter(|s| s.completion_tokens.is_none()).count(),
         aggregate_tokens_per_second: median(groups.iter().filter_map(Group::aggregate_tokens_per_second)),
     }
 }
