@@ -375,13 +375,14 @@ struct Inline;
 impl Inline {
     /// Largest body counted inline (the fields' keys and raw values).
     const MAX_BYTES: usize = 512;
-    /// Deepest nesting of arrays and objects counted inline, the body's own object included.
+    /// Deepest nesting of arrays and objects counted inline, the body's own object included
+    /// (so a field nests less).
     const MAX_DEPTH: usize = 5;
 
     /// Whether the body of `fields` is small and flat enough to count inline.
     fn allows(fields: &RawBody) -> bool {
         let bytes: usize = fields.iter().map(|(key, value)| key.len() + value.get().len()).sum();
-        bytes <= Self::MAX_BYTES && fields.values().all(|v| 1 + nesting(v.get()) <= Self::MAX_DEPTH)
+        bytes <= Self::MAX_BYTES && fields.values().all(|v| nesting(v.get()) < Self::MAX_DEPTH)
     }
 }
 
