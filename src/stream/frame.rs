@@ -269,6 +269,29 @@ mod tests {
     }
 
     #[test]
+    fn what_only_the_fast_reading_accepts_in_skipped_fields_is_metered() {
+        // The documented difference: the Value reading ignores these frames whole, the fast one
+        // reads their output and usage (as Python's and JavaScript's parsers, i.e. clients, do).
+        let deep = format!(
+            r#"{{"x":{}1{},"choices":[{{"index":0,"delta":{{"content":"a"}}}}]}}"#,
+            "[".repeat(200),
+            "]".repeat(200)
+        );
+        let lenient = [
+            r#"{"x":"\udc00","choices":[{"index":0,"delta":{"content":"a"}}]}"#.to_string(),
+            r#"{"x":1e400,"choices":[{"index":0,"delta":{"content":"a"}}]}"#.to_string(),
+            deep,
+        ];
+        for event in &lenient {
+            assert_eq!(slow(event), None, "{event}");
+            let seen = read(event).expect("read by the fast path");
+            assert!(seen.choices.first().is_some_and(|c| c.output), "{event}: {seen:?}");
+        }
+        let usage = r#"{"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":7,"x":-1e999}}"#;
+        assert_eq!(read(usage).and_then(|s| s.usage).and_then(|u| u.completion_tokens), Some(7));
+    }
+
+    #[test]
     fn the_fast_path_reads_the_common_shapes_itself() {
         for event in &EVENTS[..7] {
             assert!(fast(event).is_some(), "{event}");
