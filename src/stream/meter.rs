@@ -191,9 +191,15 @@ impl StreamFigures {
     }
 
     /// Whether most tokens arrived in one read (a detokenizer holding text back, a proxy
-    /// buffering): then the stream's timing says nothing about decode speed.
+    /// buffering): then the stream's timing says nothing about decode speed. One frame that
+    /// carries several of usage's tokens is a burst too (mlx_lm.server held a random model's
+    /// broken UTF-8 back and sent 64 tokens in one frame).
     pub fn is_burst(&self) -> bool {
-        self.token_frames >= 2 && self.max_frames_in_one_read as f64 >= BURST_SHARE * self.token_frames as f64
+        match self.token_frames {
+            0 => false,
+            1 => self.tokens().is_some_and(|tokens| tokens >= 2),
+            frames => self.max_frames_in_one_read as f64 >= BURST_SHARE * frames as f64,
+        }
     }
 
     /// (tokens − 1) / (last token − first token), only for a spread-out stream with known tokens.
@@ -690,6 +696,14 @@ mod tests {
         let (f, _) = figures_of(&[&[TOKEN, TOKEN, TOKEN, TOKEN].concat(), USAGE_ONLY], true);
         assert!(f.is_burst());
         assert_eq!(f.decode_tokens_per_second(), None);
+        // One frame carrying all of usage's tokens is a burst; one frame of one token is not.
+        let (f, _) = figures_of(&[TOKEN, USAGE_ONLY], true);
+        assert_eq!((f.token_frames, f.tokens().is_some_and(|t| t >= 2)), (1, true), "{f:?}");
+        assert!(f.is_burst());
+        let one = "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":4,\"completion_tokens\":1}}\n\n";
+        let (f, _) = figures_of(&[TOKEN, one], true);
+        assert_eq!(f.tokens(), Some(1));
+        assert!(!f.is_burst(), "a one-token answer");
     }
 
     #[test]
