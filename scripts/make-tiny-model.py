@@ -1,12 +1,17 @@
 #!/usr/bin/env python3
 """Generate a tiny Qwen3-style model that real MLX servers load on a Linux CPU.
 
-    python scripts/make-tiny-model.py DIR [--name tiny-qwen3]
+    python scripts/make-tiny-model.py DIR [--hidden-size 64] [--layers 2] [--intermediate-size 128]
+                                          [--heads 4] [--kv-heads 2] [--dtype float32]
 
-Random weights built with mlx_lm.models.qwen3 (2 layers, hidden size 64), a byte-level BPE
-tokenizer trained with `tokenizers` on generated text, and a ChatML chat template in
-tokenizer_config.json. Needs a Python with mlx and mlx-lm (e.g. .venv-mlx-lm). No download.
-Deterministic: the same seed gives the same files.
+Random weights built with mlx_lm.models.qwen3 (by default 2 layers, hidden size 64, float32), a
+byte-level BPE tokenizer trained with `tokenizers` on generated text, and a ChatML chat template
+in tokenizer_config.json. Needs a Python with mlx and mlx-lm (e.g. .venv-mlx-lm). No download.
+Deterministic: the same seed and sizes give the same files.
+
+The size options make bigger random models for benchmarks (bench/servers: one large enough that
+decoding is memory-bound, so that batching two requests shows). The head size is
+hidden size / heads unless --head-dim says otherwise.
 """
 import argparse
 import json
@@ -37,12 +42,33 @@ def corpus(seed):
         yield " ".join(rng.choice(words) for _ in range(rng.randint(4, 16))) + "."
 
 
+def printable_alphabet():
+    """The byte-level characters of tab, newline and the printable ASCII bytes."""
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    text = "\t\n" + "".join(chr(b) for b in range(0x20, 0x7F))
+    return sorted({piece for piece, _ in byte_level.pre_tokenize_str(text) for piece in piece})
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("dir")
     p.add_argument("--vocab-size", type=int, default=1024)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--hidden-size", type=int, default=64)
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--intermediate-size", type=int, default=128)
+    p.add_argument("--heads", type=int, default=4, help="attention heads")
+    p.add_argument("--kv-heads", type=int, default=2, help="key/value heads (grouped-query attention)")
+    p.add_argument("--head-dim", type=int, default=None, help="default: hidden size / heads")
+    p.add_argument("--printable", action="store_true",
+                   help="an alphabet of printable ASCII, tab and newline only: no token decodes to a "
+                        "broken UTF-8 byte, which a server holds back until the stream ends")
+    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32",
+                   help="the weights' type on disk")
     args = p.parse_args()
+    head_dim = args.head_dim or args.hidden_size // args.heads
+    if args.heads % args.kv_heads:
+        p.error(f"--heads {args.heads} is not a multiple of --kv-heads {args.kv_heads}")
     os.makedirs(args.dir, exist_ok=True)
 
     tok = Tokenizer(models.BPE(unk_token=None))
@@ -51,7 +77,7 @@ def main():
     trainer = trainers.BpeTrainer(
         vocab_size=args.vocab_size,
         special_tokens=SPECIAL,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        initial_alphabet=printable_alphabet() if args.printable else pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
     tok.train_from_iterator(corpus(args.seed), trainer=trainer)
@@ -77,22 +103,24 @@ def main():
     config = {
         "model_type": "qwen3",
         "architectures": ["Qwen3ForCausalLM"],
-        "hidden_size": 64,
-        "num_hidden_layers": 2,
-        "intermediate_size": 128,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "head_dim": 16,
+        "hidden_size": args.hidden_size,
+        "num_hidden_layers": args.layers,
+        "intermediate_size": args.intermediate_size,
+        "num_attention_heads": args.heads,
+        "num_key_value_heads": args.kv_heads,
+        "head_dim": head_dim,
         "rms_norm_eps": 1e-6,
         "vocab_size": vocab,
         "max_position_embeddings": 2048,
         "rope_theta": 10000.0,
         "tie_word_embeddings": True,
         "eos_token_id": eos_id,
-        "torch_dtype": "float32",
+        "torch_dtype": args.dtype,
     }
     mx.random.seed(args.seed)
     model = qwen3.Model(qwen3.ModelArgs.from_dict(config))
+    if args.dtype != "float32":
+        model.set_dtype(getattr(mx, args.dtype))
     mx.eval(model.parameters())
     weights = dict(tree_flatten(model.parameters()))
     mx.save_safetensors(os.path.join(args.dir, "model.safetensors"), weights, metadata={"format": "mlx"})
