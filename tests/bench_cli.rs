@@ -6,34 +6,13 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 
 use common::*;
 use mlxgate::sim::{self, Behaviour, SimConfig};
 use serde_json::Value;
 
 const MLXGATE: &str = env!("CARGO_BIN_EXE_mlxgate");
-const SIM: &str = env!("CARGO_BIN_EXE_mlxgate-sim");
-
-struct KillOnDrop(Child);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// Starts `mlxgate-sim` with `args`; the process and its base URL.
-fn spawn_sim(args: &[&str]) -> (KillOnDrop, String) {
-    let mut child = Command::new(SIM).args(args).stdout(Stdio::piped()).spawn().expect("sim starts");
-    let stdout = child.stdout.take().expect("stdout");
-    let mut line = String::new();
-    BufReader::new(stdout).read_line(&mut line).expect("address line");
-    let url = line.trim().rsplit(' ').next().expect("url").to_string();
-    (KillOnDrop(child), url)
-}
 
 /// The bench's arguments for one prompt of 100 tokens, once, writing JSON to `json`.
 fn bench_args(url: &str, scenario: &str, json: &std::path::Path) -> Vec<String> {

@@ -3,14 +3,12 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 
 use common::*;
 use serde_json::json;
 
 const MLXGATE: &str = env!("CARGO_BIN_EXE_mlxgate");
-const SIM: &str = env!("CARGO_BIN_EXE_mlxgate-sim");
 
 fn write_config(dir: &tempfile::TempDir, text: &str) -> std::path::PathBuf {
     let path = dir.path().join("gateway.yaml");
@@ -54,25 +52,6 @@ fn check_names_every_bad_field_and_accepts_the_shipped_file() {
     for kind in missing {
         let named = format!(".venv-{kind} does not exist (build it with: scripts/setup-backends {kind})");
         assert!(stderr.contains(&named), "{stderr}");
-    }
-}
-
-/// Starts `mlxgate-sim` with `args` and returns it with its base URL.
-fn spawn_sim(args: &[&str]) -> (KillOnDrop, String) {
-    let mut child = Command::new(SIM).args(args).stdout(Stdio::piped()).spawn().expect("sim starts");
-    let stdout = child.stdout.take().expect("stdout");
-    let mut line = String::new();
-    BufReader::new(stdout).read_line(&mut line).expect("address line");
-    let url = line.trim().rsplit(' ').next().expect("url").to_string();
-    (KillOnDrop(child), url)
-}
-
-struct KillOnDrop(Child);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
     }
 }
 

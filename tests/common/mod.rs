@@ -459,3 +459,29 @@ fn serve_logged(
 pub async fn sim_requests(sim: &SimHandle) -> Vec<Value> {
     client().get(format!("{}/sim/requests", sim.url())).send().await.expect("requests").json().await.expect("json")
 }
+
+/// A child process killed and reaped when dropped.
+pub struct KillOnDrop(pub std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Starts the `mlxgate-sim` binary with `args` (port 0 unless given); the process and the base
+/// URL it prints.
+pub fn spawn_sim(args: &[&str]) -> (KillOnDrop, String) {
+    use std::io::BufRead;
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_mlxgate-sim"))
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("sim starts");
+    let stdout = child.stdout.take().expect("stdout");
+    let mut line = String::new();
+    std::io::BufReader::new(stdout).read_line(&mut line).expect("address line");
+    let url = line.trim().rsplit(' ').next().expect("url").to_string();
+    (KillOnDrop(child), url)
+}
