@@ -636,7 +636,12 @@ fn validate_backend(name: String, path: &str, b: RawBackend, problems: &mut Vec<
             return None;
         }
         (None, false) => {
-            problem("", "needs url (a running server) or kind (mlx-lm, mlx-openai-server, custom)".into());
+            problem(
+                "",
+                "needs url (a running server) or kind (mlx-lm, mlx-openai-server, vllm-mlx, rapid-mlx, mlx-vlm, \
+                 mlx-omni-server, omlx, higgs, mlx-serve, custom)"
+                    .into(),
+            );
             return None;
         }
         (Some(url), false) => {
@@ -690,10 +695,15 @@ fn validate_backend(name: String, path: &str, b: RawBackend, problems: &mut Vec<
                 }
             };
             let uses_model = template.iter().any(|a| a.contains("{model}"));
-            let model = match (&b.model, uses_model) {
+            let model = match (&b.model, uses_model || kind.model_from_request()) {
                 (Some(m), _) => m.clone(),
                 (None, true) => {
-                    problem("model", "the launch command uses {model}: name a model path or Hugging Face id".into());
+                    let why = if uses_model {
+                        "the launch command uses {model}"
+                    } else {
+                        "this kind loads the model each request names"
+                    };
+                    problem("model", format!("{why}: name a model path or Hugging Face id"));
                     return None;
                 }
                 (None, false) => name.clone(),
@@ -1050,6 +1060,25 @@ models:
         ] {
             assert!(p.iter().any(|l| l.starts_with(expected)), "{expected:?} not in {p:#?}");
         }
+    }
+
+    #[test]
+    fn omni_server_needs_a_model_and_requests_name_its_path() {
+        let c = Config::parse(
+            "backends:\n  omni: {kind: mlx-omni-server, model: .cache/tiny-qwen3, port: 9101}\n\
+             models:\n  q: {backend: omni}\n",
+            &no_env,
+        )
+        .expect("valid");
+        let omni = c.backends["omni"].managed.as_ref().expect("managed");
+        assert_eq!(omni.command, ["mlx-omni-server", "--host", "127.0.0.1", "--port", "9101"]);
+        assert!(omni.warmup, "the warm-up completion is what loads its model");
+        assert_eq!(c.models["q"].upstream_model, ".cache/tiny-qwen3");
+        let p = problems("backends:\n  omni: {kind: mlx-omni-server, port: 9101}\nmodels:\n  q: {backend: omni}\n");
+        assert!(
+            p.iter().any(|l| l.starts_with("backends.omni.model: this kind loads the model each request names")),
+            "{p:#?}"
+        );
     }
 
     #[test]

@@ -15,6 +15,17 @@ pub enum Kind {
     VllmMlx,
     /// `rapid-mlx serve`.
     RapidMlx,
+    /// mlx-vlm's `mlx_vlm.server` (also serves text-only models such as Qwen3).
+    MlxVlm,
+    /// `mlx-omni-server`: no `--model`; it loads the model the request's `model` field names
+    /// (a path or Hugging Face id), so the upstream model name is the configured model path.
+    MlxOmniServer,
+    /// oMLX's `omlx serve` (macOS only): serves every model directory under `--model-dir`.
+    Omlx,
+    /// `higgs serve` (macOS only, a Rust binary).
+    Higgs,
+    /// `mlx-serve` (macOS only, a Zig binary).
+    MlxServe,
     /// Any OpenAI-compatible server; `command` says how to launch it.
     Custom,
 }
@@ -40,17 +51,50 @@ impl Kind {
             ]),
             Kind::VllmMlx => Some(&["vllm-mlx", "serve", "{model}", "--host", "{host}", "--port", "{port}"]),
             Kind::RapidMlx => Some(&["rapid-mlx", "serve", "{model}", "--host", "{host}", "--port", "{port}"]),
+            // Its host defaults to 0.0.0.0, so --host is needed (measured, mlx-vlm 0.7.10).
+            Kind::MlxVlm => Some(&["mlx_vlm.server", "--model", "{model}", "--host", "{host}", "--port", "{port}"]),
+            // No --model: the warm-up completion names {model}, which loads it (mlx-omni-server 0.5.3).
+            Kind::MlxOmniServer => Some(&["mlx-omni-server", "--host", "{host}", "--port", "{port}"]),
+            // Not run here (macOS only). From jundot/omlx's README and omlx/cli.py: `omlx serve
+            // --model-dir DIR` with --host/--port; DIR holds one directory per model, and a
+            // model is requested by its directory's name, so `model` is the parent directory and
+            // the model's `upstream_model` must be set to the subdirectory's name. It writes the
+            // flags to ~/.omlx/settings.json.
+            Kind::Omlx => Some(&["omlx", "serve", "--model-dir", "{model}", "--host", "{host}", "--port", "{port}"]),
+            // Not run here (macOS only). From panbanda/higgs's README and CLI source: `higgs serve
+            // --model M` (a Hugging Face id or a local path) with --host/--port; /health.
+            Kind::Higgs => Some(&["higgs", "serve", "--model", "{model}", "--host", "{host}", "--port", "{port}"]),
+            // Not run here (macOS only). From ddalcu/mlx-serve's docs/cli.md: `mlx-serve --model
+            // PATH --serve --host ADDR --port N` (host defaults to 0.0.0.0); docs/api.md: /health.
+            Kind::MlxServe => {
+                Some(&["mlx-serve", "--model", "{model}", "--serve", "--host", "{host}", "--port", "{port}"])
+            }
             Kind::Custom => None,
         }
     }
 
-    /// The context cap the server enforces by itself, when it has one of its own (omlx's 32768
-    /// arrives with its kind). None of the kinds known today caps prompts: mlx_lm.server,
-    /// mlx-openai-server, vllm-mlx and Rapid-MLX take what the model takes, so the gateway
-    /// falls back to the model's `max_position_embeddings`.
+    /// Whether the server learns its model only from each request's `model` field, so the
+    /// backend needs `model` even though its command does not use it (mlx-omni-server).
+    pub fn model_from_request(self) -> bool {
+        matches!(self, Kind::MlxOmniServer)
+    }
+
+    /// The context cap the server enforces by itself, when it has one of its own: oMLX's
+    /// default `max_context_window` is 32768. The others take what the model takes (Rapid-MLX
+    /// and mlx-vlm check against the model's own length, measured), so the gateway falls back to
+    /// the model's `max_position_embeddings`.
     pub fn context_cap(self) -> Option<usize> {
         match self {
-            Kind::MlxLm | Kind::MlxOpenaiServer | Kind::VllmMlx | Kind::RapidMlx | Kind::Custom => None,
+            Kind::Omlx => Some(32768),
+            Kind::MlxLm
+            | Kind::MlxOpenaiServer
+            | Kind::VllmMlx
+            | Kind::RapidMlx
+            | Kind::MlxVlm
+            | Kind::MlxOmniServer
+            | Kind::Higgs
+            | Kind::MlxServe
+            | Kind::Custom => None,
         }
     }
 
@@ -77,6 +121,11 @@ impl Kind {
             Kind::MlxOpenaiServer => "mlx-openai-server",
             Kind::VllmMlx => "vllm-mlx",
             Kind::RapidMlx => "rapid-mlx",
+            Kind::MlxVlm => "mlx-vlm",
+            Kind::MlxOmniServer => "mlx-omni-server",
+            Kind::Omlx => "omlx",
+            Kind::Higgs => "higgs",
+            Kind::MlxServe => "mlx-serve",
             Kind::Custom => "custom",
         }
     }
@@ -101,5 +150,29 @@ mod tests {
             fill_template(&t, "/m", "127.0.0.1", 8101),
             ["mlx_lm.server", "--model", "/m", "--host", "127.0.0.1", "--port", "8101"]
         );
+    }
+
+    #[test]
+    fn every_managed_kind_has_a_template_with_host_and_port() {
+        for kind in [
+            Kind::MlxLm,
+            Kind::MlxOpenaiServer,
+            Kind::VllmMlx,
+            Kind::RapidMlx,
+            Kind::MlxVlm,
+            Kind::MlxOmniServer,
+            Kind::Omlx,
+            Kind::Higgs,
+            Kind::MlxServe,
+        ] {
+            let t = kind.launch_template().expect("template");
+            assert!(t.contains(&"{host}") && t.contains(&"{port}"), "{}: {t:?}", kind.name());
+            assert!(
+                t.contains(&"{model}") != kind.model_from_request(),
+                "{}: the model comes from the command or from each request",
+                kind.name()
+            );
+        }
+        assert_eq!(Kind::Omlx.context_cap(), Some(32768));
     }
 }
