@@ -18,7 +18,8 @@ pub enum Kind {
     /// mlx-vlm's `mlx_vlm.server` (also serves text-only models such as Qwen3).
     MlxVlm,
     /// `mlx-omni-server`: no `--model`; it loads the model the request's `model` field names
-    /// (a path or Hugging Face id), so the upstream model name is the configured model path.
+    /// (a Hugging Face id, or a path that must be absolute: it looks a relative one up on the
+    /// Hub), so the upstream model name is the configured model path.
     MlxOmniServer,
     /// oMLX's `omlx serve` (macOS only): serves every model directory under `--model-dir`.
     Omlx,
@@ -102,6 +103,8 @@ impl Kind {
     pub fn ready_path(self) -> &'static str {
         match self {
             Kind::RapidMlx => "/health/ready",
+            // It has no /health (404); /v1/models answers 200 (an empty list) once it listens.
+            Kind::MlxOmniServer => "/v1/models",
             _ => "/health",
         }
     }
@@ -112,6 +115,15 @@ impl Kind {
     /// before any token), so every known server is warmed.
     pub fn needs_warmup(self) -> bool {
         !matches!(self, Kind::Custom)
+    }
+
+    /// `max_tokens` of the warm-up completion. mlx-omni-server 0.5.3 answers 500 "No tokens
+    /// generated" to any completion with `max_tokens: 1` (it withholds the last token; measured).
+    pub fn warmup_max_tokens(self) -> u32 {
+        match self {
+            Kind::MlxOmniServer => 2,
+            _ => 1,
+        }
     }
 
     /// The name used in logs and `/admin/backends`.

@@ -650,7 +650,7 @@ async fn wait_ready(upstream: Upstream, config: Arc<BackendConfig>, model: Strin
     let body = serde_json::json!({
         "model": model,
         "messages": [{"role": "user", "content": "Hi"}],
-        "max_tokens": 1,
+        "max_tokens": config.kind.warmup_max_tokens(),
         "stream": false,
     });
     let body = Bytes::from(body.to_string());
