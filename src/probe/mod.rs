@@ -9,7 +9,7 @@
 //! a model other than the one given or served, except in the unknown-model error case, which is
 //! skipped for servers known to unload their model on it (mlx_lm.server, mlx-vlm) and followed
 //! by a request for the right model otherwise. Bounded: every request has a limit, the idle
-//! timeout is waited for at most [`IDLE_LIMIT`], alongside the other checks.
+//! timeout is waited for at most `--idle-wait` (35 s), alongside the other checks.
 
 pub mod checks;
 pub mod report;
@@ -23,10 +23,6 @@ use serde_json::Value;
 use checks::{ErrorCase, chat, prompt};
 use report::{Report, StanzaInput};
 use wire::{Target, exchange};
-
-/// Longest the probe waits for a server to close an idle keep-alive connection (Rapid-MLX's
-/// is 30 s).
-pub const IDLE_LIMIT: Duration = Duration::from_secs(35);
 
 /// `max_tokens` of the streams whose finish reason must be `length`.
 const CUT_AT: i64 = 5;
@@ -45,6 +41,10 @@ pub struct ProbeOptions {
     /// `/v1/models` or the model directory's config.json, else the case is skipped.
     #[arg(long)]
     pub context: Option<u64>,
+    /// Longest to wait for the server to close an idle keep-alive connection (Rapid-MLX's
+    /// closes after 30 s); waited alongside the other checks.
+    #[arg(long, default_value = "35s", value_parser = humantime::parse_duration)]
+    pub idle_wait: Duration,
     /// Print the report as JSON.
     #[arg(long)]
     pub json: bool,
@@ -94,8 +94,8 @@ pub async fn probe(options: &ProbeOptions) -> Result<Report, String> {
     let mut report = Report::default();
     // The idle timeout takes up to IDLE_LIMIT of waiting: measured alongside the rest.
     let idle = tokio::spawn({
-        let target = target.clone();
-        async move { checks::keep_alive(&target, IDLE_LIMIT).await }
+        let (target, limit) = (target.clone(), options.idle_wait);
+        async move { checks::keep_alive(&target, limit).await }
     });
 
     let lead = format!("probe {}", std::process::id());
@@ -152,7 +152,7 @@ pub async fn probe(options: &ProbeOptions) -> Result<Report, String> {
             report.keep_alive = k.keep_alive;
             report.idle_timeout_s = k.idle_timeout.map(|d| (d.as_secs_f64() * 10.0).round() / 10.0);
             if k.keep_alive && k.idle_timeout.is_none() {
-                report.notes.push(format!("an idle connection was still open after {} s", IDLE_LIMIT.as_secs()));
+                report.notes.push(format!("an idle connection was still open after {:?}", options.idle_wait));
             }
         }
         Ok(Err(e)) => report.notes.push(format!("keep-alive: {e}")),
