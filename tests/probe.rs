@@ -13,13 +13,7 @@ use mlxgate::probe::{ProbeOptions, probe, report::Report};
 use mlxgate::sim::{self, Behaviour, Framing, SimConfig, Style};
 
 fn options(url: &str) -> ProbeOptions {
-    ProbeOptions {
-        url: url.to_string(),
-        model: None,
-        context: None,
-        idle_wait: Duration::from_secs(2),
-        json: true,
-    }
+    ProbeOptions { url: url.to_string(), model: None, context: None, idle_wait: Duration::from_secs(2), json: true }
 }
 
 async fn probe_sim(config: SimConfig) -> Report {
@@ -136,9 +130,23 @@ async fn the_command_prints_json_with_the_issue_keys() {
     assert!(out.status.success());
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
     for key in [
-        "http_version", "framing", "keep_alive", "idle_timeout_s", "role_chunk", "keepalive", "usage_placement",
-        "usage_without_include_usage", "done_marker", "reasoning_field", "finish_reason_at_max_tokens",
-        "cached_tokens", "cancels_on_disconnect", "concurrent_streams", "speedup_2", "errors", "profile",
+        "http_version",
+        "framing",
+        "keep_alive",
+        "idle_timeout_s",
+        "role_chunk",
+        "keepalive",
+        "usage_placement",
+        "usage_without_include_usage",
+        "done_marker",
+        "reasoning_field",
+        "finish_reason_at_max_tokens",
+        "cached_tokens",
+        "cancels_on_disconnect",
+        "concurrent_streams",
+        "speedup_2",
+        "errors",
+        "profile",
     ] {
         assert!(v.get(key).is_some(), "missing {key}: {v}");
     }

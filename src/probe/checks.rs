@@ -117,9 +117,10 @@ impl StreamRecord {
     /// `none` otherwise.
     pub fn role_chunk(&self) -> &'static str {
         let deltas: Vec<&Value> = self.data().filter_map(|(j, _, _)| j.pointer("/choices/0/delta")).collect();
-        let first_is_role_only = self.data().find(|(j, _, _)| j.pointer("/choices/0").is_some()).is_some_and(
-            |(j, s, _)| !has_output(s) && j.pointer("/choices/0/delta/role").is_some_and(Value::is_string),
-        );
+        let first_is_role_only =
+            self.data().find(|(j, _, _)| j.pointer("/choices/0").is_some()).is_some_and(|(j, s, _)| {
+                !has_output(s) && j.pointer("/choices/0/delta/role").is_some_and(Value::is_string)
+            });
         let outputs: Vec<&&Value> = deltas.iter().filter(|d| carries_text(d)).collect();
         if first_is_role_only {
             "first"
@@ -181,7 +182,8 @@ impl StreamRecord {
 
     /// The first `finish_reason` string.
     pub fn finish_reason(&self) -> Option<String> {
-        self.data().find_map(|(j, _, _)| j.pointer("/choices/0/finish_reason").and_then(Value::as_str).map(str::to_string))
+        self.data()
+            .find_map(|(j, _, _)| j.pointer("/choices/0/finish_reason").and_then(Value::as_str).map(str::to_string))
     }
 
     /// How many chunks carried a finish reason (mlx-omni-server sends it twice).
@@ -212,7 +214,9 @@ impl StreamRecord {
 }
 
 fn carries_text(delta: &Value) -> bool {
-    ["content", "reasoning_content", "reasoning"].iter().any(|f| delta.get(*f).and_then(Value::as_str).is_some_and(|s| !s.is_empty()))
+    ["content", "reasoning_content", "reasoning"]
+        .iter()
+        .any(|f| delta.get(*f).and_then(Value::as_str).is_some_and(|s| !s.is_empty()))
 }
 
 /// Keep-alive and idle timeout, measured on a connection of its own.
@@ -321,7 +325,12 @@ pub struct Concurrency {
 }
 
 /// Two identical-length streams at once, against `single` (the same request alone).
-pub async fn concurrency(target: &Target, model: &str, single: &StreamRecord, max_tokens: i64) -> std::io::Result<Concurrency> {
+pub async fn concurrency(
+    target: &Target,
+    model: &str,
+    single: &StreamRecord,
+    max_tokens: i64,
+) -> std::io::Result<Concurrency> {
     let a = chat(model, &prompt("concurrent stream one", 24), max_tokens, true, Some(true));
     let b = chat(model, &prompt("concurrent stream two", 24), max_tokens, true, Some(true));
     let started = Instant::now();

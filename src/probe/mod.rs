@@ -178,7 +178,8 @@ async fn stream_ok(target: &Target, body: &Value) -> Result<checks::StreamRecord
 
 /// `/v1/models`' entries (none when it fails or is empty, as mlx_lm.server's can be).
 async fn models(target: &Target) -> Vec<Value> {
-    let Ok(Ok((_, body, _))) = tokio::time::timeout(checks::REQUEST_LIMIT, exchange(target, "GET", "/v1/models", b"")).await
+    let Ok(Ok((_, body, _))) =
+        tokio::time::timeout(checks::REQUEST_LIMIT, exchange(target, "GET", "/v1/models", b"")).await
     else {
         return vec![];
     };

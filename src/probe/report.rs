@@ -123,7 +123,10 @@ impl Report {
                                     "{} {}{}",
                                     status.map_or("-".into(), ToString::to_string),
                                     if answer["openai_shape"] == true { "openai-shaped" } else { "not openai-shaped" },
-                                    answer.get("body").and_then(|b| b.as_str()).map_or(String::new(), |b| format!("  {b}"))
+                                    answer
+                                        .get("body")
+                                        .and_then(|b| b.as_str())
+                                        .map_or(String::new(), |b| format!("  {b}"))
                                 ),
                             };
                             out.push_str(&format!("error {case:<22} {line}\n"));
