@@ -218,12 +218,8 @@ impl Connection {
                         if !self.buffer.is_empty() {
                             let take = (body.left as usize).min(self.buffer.len());
                             body.left -= take as u64;
-                            let piece: Vec<u8> = self.buffer.drain(..take).collect();
-                            if body.left == 0 {
-                                // The chunk's trailing CRLF, read with the next size line.
-                                body.left = 0;
-                            }
-                            return Ok(Some(piece));
+                            // The chunk's trailing CRLF is skipped with the next size line.
+                            return Ok(Some(self.buffer.drain(..take).collect()));
                         }
                     } else if let Some(pos) = memchr::memmem::find(&self.buffer, b"\r\n") {
                         let line: Vec<u8> = self.buffer.drain(..pos + 2).collect();
