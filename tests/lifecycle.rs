@@ -528,6 +528,12 @@ async fn during_the_shutdown_grace_a_crash_is_not_restarted_and_waiting_answers_
     eventually("both at the server", || async { backend_state(&gw, "a").await["in_flight"] == 2 }).await;
     let server = pid_of(&backend_state(&gw, "a").await);
     gw.stop();
+    // The crash must fall inside the shutdown: a crash seen before the gateway took the stop is
+    // restarted, rightly. The listener closes after the backends are told (a full suite's load
+    // once let the kill overtake the stop).
+    let addr = gw.addr;
+    eventually("the gateway stopped accepting", || async move { tokio::net::TcpStream::connect(addr).await.is_err() })
+        .await;
     signal("-9", server);
     let needle = format!("--port {port} ");
     // The killed server stays listed for a moment while the kernel tears it down: watch for a
