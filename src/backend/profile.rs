@@ -1,6 +1,8 @@
 //! What mlxgate knows about each kind of server (DESIGN.md's backend table): how to launch it,
 //! which path says it is up, and whether `/health` can be trusted before the model is loaded.
 
+use std::time::Duration;
+
 use serde::Deserialize;
 
 /// A kind of OpenAI-compatible server.
@@ -143,6 +145,82 @@ impl Kind {
     }
 }
 
+/// What the gateway does about one backend's measured quirks (DESIGN.md's wire facts). Each
+/// field defaults from the backend's kind ([`Kind::normalise`]) and can be switched under the
+/// backend's `normalise:` key; `/admin/backends` lists the ones in force ([`Normalise::active`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Normalise {
+    /// Pooled connections to the backend idle longer than this are not reused. uvicorn closes an
+    /// idle keep-alive connection after 5 s (Rapid-MLX after 30 s): a request sent on one the
+    /// server is closing fails before any answer.
+    pub pool_idle_timeout: Duration,
+    /// `Host: 127.0.0.1:<port>` and no `Origin` towards the backend: Rapid-MLX answers 400 to
+    /// any other Host and 403 to any Origin, so a browser UI in front of the gateway breaks.
+    pub loopback_host: bool,
+    /// At most one request in flight, whatever `max_concurrency` says: vllm-mlx without
+    /// `--continuous-batching` answers a second concurrent stream 200 and then an error event.
+    pub serialize: bool,
+    /// A stream the client abandons is read to its end (bounded) before its slot is freed:
+    /// mlx-openai-server keeps generating after the client leaves, and the next request would
+    /// wait behind it with the wait hidden in its time to first token.
+    pub hold_abandoned: bool,
+    /// `finish_reason: "stop"` on an answer cut at `max_tokens` becomes `"length"`
+    /// (mlx-openai-server, mlx-omni-server say `stop`; agents continue only on `length`).
+    pub finish_length: bool,
+    /// A repeated finish chunk for the same choice is not forwarded (mlx-omni-server sends the
+    /// finish chunk twice, the second with usage).
+    pub single_finish: bool,
+    /// The backend is asked for usage with `stream_options.include_usage` (a server that
+    /// refuses unknown fields gets neither, and its streams are metered without usage).
+    pub stream_options: bool,
+}
+
+/// The idle timeout of pooled connections, below uvicorn's 5 s keep-alive.
+pub const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(4);
+/// Rapid-MLX keeps idle connections for 30 s (measured).
+const RAPID_MLX_POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(25);
+
+impl Kind {
+    /// The kind's normalisations. `command` is a managed backend's command line (vllm-mlx with
+    /// `--continuous-batching` batches and is not serialized); `None` for a `url:` backend.
+    pub fn normalise(self, command: Option<&[String]>) -> Normalise {
+        let batching_flag = command.is_some_and(|c| c.iter().any(|a| a == "--continuous-batching"));
+        Normalise {
+            pool_idle_timeout: match self {
+                Kind::RapidMlx => RAPID_MLX_POOL_IDLE_TIMEOUT,
+                _ => POOL_IDLE_TIMEOUT,
+            },
+            loopback_host: self == Kind::RapidMlx,
+            serialize: self == Kind::VllmMlx && !batching_flag,
+            hold_abandoned: self == Kind::MlxOpenaiServer,
+            finish_length: matches!(self, Kind::MlxOpenaiServer | Kind::MlxOmniServer),
+            single_finish: self == Kind::MlxOmniServer,
+            stream_options: true,
+        }
+    }
+}
+
+impl Normalise {
+    /// The normalisations in force, one line each, as `/admin/backends` and the start-up log
+    /// show them: `key: what it does`.
+    pub fn active(&self) -> Vec<String> {
+        let mut lines = vec![format!(
+            "pool_idle_timeout: pooled connections idle over {} are not reused",
+            humantime::format_duration(self.pool_idle_timeout)
+        )];
+        let switches = [
+            (self.loopback_host, "loopback_host: Host is 127.0.0.1:<port> and Origin is removed"),
+            (self.serialize, "serialize: one request at a time (max_concurrency 1)"),
+            (self.hold_abandoned, "hold_abandoned: an abandoned stream holds its slot until the backend ends it"),
+            (self.finish_length, "finish_length: finish_reason stop at max_tokens becomes length"),
+            (self.single_finish, "single_finish: a repeated finish chunk is dropped"),
+            (!self.stream_options, "stream_options: not sent (the backend refuses it)"),
+        ];
+        lines.extend(switches.iter().filter(|(on, _)| *on).map(|(_, line)| line.to_string()));
+        lines
+    }
+}
+
 /// Replaces `{model}`, `{host}` and `{port}` in each argument.
 pub fn fill_template(template: &[String], model: &str, host: &str, port: u16) -> Vec<String> {
     template
@@ -186,5 +264,22 @@ mod tests {
             );
         }
         assert_eq!(Kind::Omlx.context_cap(), Some(32768));
+    }
+
+    #[test]
+    fn each_kind_gets_the_normalisations_its_wire_facts_call_for() {
+        let cb: Vec<String> = ["vllm-mlx", "serve", "m", "--continuous-batching"].map(String::from).to_vec();
+        assert!(Kind::VllmMlx.normalise(None).serialize);
+        assert!(!Kind::VllmMlx.normalise(Some(&cb)).serialize, "--continuous-batching batches");
+        assert!(Kind::RapidMlx.normalise(None).loopback_host);
+        assert_eq!(Kind::RapidMlx.normalise(None).pool_idle_timeout, Duration::from_secs(25));
+        assert!(Kind::MlxOpenaiServer.normalise(None).hold_abandoned);
+        assert!(Kind::MlxOpenaiServer.normalise(None).finish_length);
+        let omni = Kind::MlxOmniServer.normalise(None);
+        assert!(omni.finish_length && omni.single_finish);
+        let lm = Kind::MlxLm.normalise(None);
+        assert!(!lm.loopback_host && !lm.serialize && !lm.hold_abandoned && !lm.finish_length && lm.stream_options);
+        assert_eq!(lm.active().len(), 1, "{:?}", lm.active());
+        assert!(omni.active().iter().any(|l| l.starts_with("single_finish:")));
     }
 }
