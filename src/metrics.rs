@@ -37,6 +37,9 @@ pub struct Declared {
     pub queue_wait: HistogramVec,
     /// 1 while a managed backend is ready.
     pub backend_up: IntGaugeVec,
+    /// 1 for every configured backend, labelled with its kind (`mlx-lm`, `rapid-mlx`, …): the
+    /// dashboard joins it to the per-backend series to name each backend's server.
+    pub backend_info: IntGaugeVec,
     /// A managed backend's phase, one-hot: 1 for the `state` it is in (stopped, starting, ready,
     /// draining, restarting, failed), 0 for the others.
     pub backend_state: IntGaugeVec,
@@ -123,6 +126,11 @@ impl Metrics {
         let backend_up = IntGaugeVec::new(
             Opts::new("mlxgate_backend_up", "1 while the managed backend is ready, else 0."),
             &["backend"],
+        )
+        .expect("static metric definition");
+        let backend_info = IntGaugeVec::new(
+            Opts::new("mlxgate_backend_info", "1 for each configured backend, labelled with the kind of server it is."),
+            &["backend", "kind"],
         )
         .expect("static metric definition");
         let backend_state = IntGaugeVec::new(
@@ -215,6 +223,7 @@ impl Metrics {
             Box::new(inflight.clone()),
             Box::new(queue_wait.clone()),
             Box::new(backend_up.clone()),
+            Box::new(backend_info.clone()),
             Box::new(backend_state.clone()),
             Box::new(backend_restarts.clone()),
             Box::new(backend_swaps.clone()),
@@ -244,6 +253,7 @@ impl Metrics {
             inflight,
             queue_wait,
             backend_up,
+            backend_info,
             backend_state,
             backend_restarts,
             backend_swaps,
