@@ -122,6 +122,16 @@ pub async fn stream(
     body: &Value,
     leave_after_output: bool,
 ) -> Result<StreamRecord, String> {
+    // On the heap: two of these are joined, and several nest in the cancel check.
+    Box::pin(read_stream(target, budget, body, leave_after_output)).await
+}
+
+async fn read_stream(
+    target: &Target,
+    budget: &Budget,
+    body: &Value,
+    leave_after_output: bool,
+) -> Result<StreamRecord, String> {
     let started = Instant::now();
     let opened = async {
         let mut conn = Connection::open(target).await?;

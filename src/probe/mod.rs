@@ -177,6 +177,11 @@ impl Probe {
 
 /// Probes the server at `options.url`.
 pub async fn probe(options: &ProbeOptions) -> Result<Report, String> {
+    // On the heap: the whole probe's state is too big for a test thread's stack.
+    Box::pin(probe_all(options)).await
+}
+
+async fn probe_all(options: &ProbeOptions) -> Result<Report, String> {
     if let Some(kind) = options.kind.as_deref().filter(|k| !KINDS.contains(k)) {
         return Err(format!("--kind {kind}: one of {}", KINDS.join(", ")));
     }

@@ -178,12 +178,12 @@ impl Connection {
     }
 
     async fn fill(&mut self) -> std::io::Result<usize> {
-        let mut chunk = [0u8; 16 << 10];
-        let n = self.tcp.read(&mut chunk).await?;
+        // Read into the buffer itself: a stack array would sit in every future that reads.
+        self.buffer.reserve(16 << 10);
+        let n = self.tcp.read_buf(&mut self.buffer).await?;
         if n == 0 {
             self.eof = true;
         }
-        self.buffer.extend_from_slice(&chunk[..n]);
         Ok(n)
     }
 
