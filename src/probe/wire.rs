@@ -35,7 +35,11 @@ impl Target {
             return Err(format!("{url}: only http:// URLs can be probed"));
         }
         let host = uri.host().filter(|h| !h.is_empty()).ok_or_else(|| format!("{url}: no host"))?.to_string();
-        let port = uri.port_u16().unwrap_or(80);
+        let written = uri.authority().and_then(|a| a.as_str().rsplit_once(':')).map(|(_, p)| p).filter(|p| !p.contains(']'));
+        let port = match written {
+            Some(p) => p.parse::<u16>().map_err(|_| format!("{url}: bad port {p:?}"))?,
+            None => 80,
+        };
         let path = uri.path().trim_end_matches('/');
         let path = path.strip_suffix("/v1").unwrap_or(if path == "v1" { "" } else { path });
         let prefix = path.trim_end_matches('/').to_string();
