@@ -205,7 +205,9 @@ async fn probe_all(options: &ProbeOptions) -> Result<Report, String> {
     let model = choose_model(options, kind.as_deref(), &listing, &mut report.notes)?;
     let entries = listing.as_ref().map(|l| l.entries.clone()).unwrap_or_default();
     let named_context = options.context.is_some();
-    let context = options.context.or_else(|| model.as_deref().and_then(|m| context_of(m, &entries)));
+    // mlx_lm.server lists its launch model last, as an absolute path: read, never sent.
+    let launch = (kind.as_deref() == Some("mlx-lm")).then(|| entries.last().and_then(|e| e["id"].as_str())).flatten();
+    let context = options.context.or_else(|| model.as_deref().or(launch).and_then(|m| context_of(m, &entries)));
 
     let idle = AbortOnDrop(tokio::spawn({
         let (target, limit) = (target.clone(), options.idle_wait);
