@@ -535,7 +535,11 @@ pub async fn concurrency(
 }
 
 /// How long the abandoned stream of the cancel check should last if nobody cancelled it.
-const ORPHAN_SECONDS: f64 = 5.0;
+const ORPHAN_SECONDS: f64 = 6.0;
+/// The share of that duration a follow-up may wait before the server counts as generating on
+/// (its decode rate measured on a short stream overstates the time; mlx_lm.server takes up to
+/// 0.5 s to notice a disconnect).
+const WAIT_SHARE: f64 = 0.25;
 /// Attempts of the follow-up request when it gets a busy answer.
 const FOLLOW_UP_TRIES: u32 = 4;
 /// Pause before a follow-up is sent again after a busy answer.
@@ -560,8 +564,8 @@ pub fn orphan_tokens(rate: Option<f64>) -> i64 {
 /// generation would take `expected` if nobody stopped it) is left after its first output, and a
 /// short one (`next`) is sent at once. A busy answer to it (an error event, or a non-200 status)
 /// is its own outcome: it is sent again after a short pause. Only a follow-up that produced
-/// output decides, by timing: waiting more than half of `expected` since the disconnect means the
-/// server went on generating for nobody. (A batching server that generates on does not make it
+/// output decides, by timing: waiting more than `WAIT_SHARE` of `expected` since the disconnect
+/// means the server went on generating for nobody. (A batching server that generates on does not make it
 /// wait: it counts as cancelling.)
 pub async fn cancels_on_disconnect(
     target: &Target,
@@ -605,13 +609,16 @@ pub async fn cancels_on_disconnect(
             continue;
         };
         let since_disconnect = left_at.elapsed().saturating_sub(record.ended.saturating_sub(first));
-        let cancels = since_disconnect <= expected / 2;
+        let threshold = expected.mul_f64(WAIT_SHARE);
+        let cancels = since_disconnect <= threshold;
         let busy = if busy.is_empty() { String::new() } else { format!(", after busy answers: {}", busy.join("; ")) };
         return Ok(Cancel {
             cancels: Some(cancels),
             seen: format!(
-                "first output {:.2} s after the disconnect; the abandoned stream would have lasted about {:.1} s{busy}",
+                "first output {:.2} s after the disconnect (cancelling: within {:.2} s); the abandoned stream \
+                 would have lasted about {:.1} s{busy}",
                 since_disconnect.as_secs_f64(),
+                threshold.as_secs_f64(),
                 expected.as_secs_f64()
             ),
         });
@@ -637,7 +644,7 @@ mod tests {
 
     #[test]
     fn the_orphan_lasts_seconds_at_the_measured_rate_within_bounds() {
-        assert_eq!(orphan_tokens(Some(450.0)), 2250);
+        assert_eq!(orphan_tokens(Some(450.0)), 2700);
         assert_eq!(orphan_tokens(Some(10.0)), 256);
         assert_eq!(orphan_tokens(Some(5000.0)), 4096);
         assert_eq!(orphan_tokens(None), 512);
