@@ -389,8 +389,7 @@ fn hub_with_another_model() -> tempfile::TempDir {
 async fn real_mlx_lm_server_matches_the_wire_facts_and_keeps_its_model() {
     let hub = hub_with_another_model();
     let args = ["--model", "{model}", "--host", "127.0.0.1", "--port", "{port}", "--log-level", "DEBUG"];
-    let Some(real) = start_real("mlx-lm", "mlx_lm.server", &args, &[("HF_HUB_CACHE", hub.path())], false).await
-    else {
+    let Some(real) = start_real("mlx-lm", "mlx_lm.server", &args, &[("HF_HUB_CACHE", hub.path())], false).await else {
         return;
     };
     let listed = client().get(format!("{}/v1/models", real.url)).send().await.expect("models");

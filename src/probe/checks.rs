@@ -231,9 +231,9 @@ impl StreamRecord {
 
     /// Decoded tokens per second between the first and the last output.
     pub fn decode_rate(&self) -> Option<f64> {
-        let tokens = self.completion_tokens().or_else(|| {
-            u64::try_from(self.data().filter(|(_, s, _)| has_output(s)).count()).ok()
-        })?;
+        let tokens = self
+            .completion_tokens()
+            .or_else(|| u64::try_from(self.data().filter(|(_, s, _)| has_output(s)).count()).ok())?;
         let span = self.last_output()?.checked_sub(self.first_output()?)?.as_secs_f64();
         (tokens > 1 && span > 0.0).then(|| (tokens - 1) as f64 / span)
     }

@@ -44,8 +44,18 @@ const FOREIGN_HOST: &str = "mlxgate-probe.invalid";
 const BROWSER_ORIGIN: &str = "http://localhost:3000";
 
 /// The kinds `--kind` takes (the gateway's `kind:` names).
-const KINDS: &[&str] =
-    &["mlx-lm", "mlx-openai-server", "vllm-mlx", "rapid-mlx", "mlx-vlm", "mlx-omni-server", "omlx", "higgs", "mlx-serve", "custom"];
+const KINDS: &[&str] = &[
+    "mlx-lm",
+    "mlx-openai-server",
+    "vllm-mlx",
+    "rapid-mlx",
+    "mlx-vlm",
+    "mlx-omni-server",
+    "omlx",
+    "higgs",
+    "mlx-serve",
+    "custom",
+];
 
 /// The command's options.
 #[derive(Debug, Clone, clap::Args)]
@@ -414,8 +424,9 @@ fn choose_model(
     }
     match ids.as_slice() {
         [one] => Ok(Some(one.to_string())),
-        [] => Err("/v1/models lists no model: name one with --model (mlx-omni-server: the model's absolute path)"
-            .into()),
+        [] => {
+            Err("/v1/models lists no model: name one with --model (mlx-omni-server: the model's absolute path)".into())
+        }
         several => Err(format!(
             "/v1/models lists {} models ({}): name the one the server runs with --model; the probe does not guess \
              (a server may load whatever it is asked for)",

@@ -101,7 +101,11 @@ impl Report {
         let switches = [
             ("loopback_host", loopback, "a foreign Host or an Origin was refused".to_string()),
             ("serialize", serialize, "a second concurrent stream got an error event or a busy status".into()),
-            ("hold_abandoned", self.cancels_on_disconnect == Some(false), "it generates on after the client leaves".into()),
+            (
+                "hold_abandoned",
+                self.cancels_on_disconnect == Some(false),
+                "it generates on after the client leaves".into(),
+            ),
             (
                 "finish_length",
                 self.finish_reason_at_max_tokens.as_deref() == Some("stop"),
@@ -126,7 +130,12 @@ impl Report {
             .and_then(|m| m.trim_end_matches('/').rsplit('/').next())
             .filter(|n| !n.is_empty())
             .unwrap_or("model");
-        let _ = writeln!(out, "models:\n  {}:\n    backend: probed\n    upstream_model: {}", quoted(name), quoted(upstream));
+        let _ = writeln!(
+            out,
+            "models:\n  {}:\n    backend: probed\n    upstream_model: {}",
+            quoted(name),
+            quoted(upstream)
+        );
         if input.model.is_none() {
             out.push_str("    # default_model: mlx_lm.server's launch --model (or write that exact string)\n");
         }
@@ -140,7 +149,8 @@ impl Report {
             (true, Some(idle)) => {
                 let below = (idle * 1000.0 * 5.0 / 6.0).max(100.0) as u64;
                 let value = if below >= 2000 { format!("{}s", below / 1000) } else { format!("{below}ms") };
-                let _ = writeln!(out, "      pool_idle_timeout: {value}   # it closed an idle connection after {idle} s");
+                let _ =
+                    writeln!(out, "      pool_idle_timeout: {value}   # it closed an idle connection after {idle} s");
             }
             (true, None) => {
                 out.push_str("      # pool_idle_timeout: the kind's default (no idle close seen within the wait)\n");

@@ -35,7 +35,8 @@ impl Target {
             return Err(format!("{url}: only http:// URLs can be probed"));
         }
         let host = uri.host().filter(|h| !h.is_empty()).ok_or_else(|| format!("{url}: no host"))?.to_string();
-        let written = uri.authority().and_then(|a| a.as_str().rsplit_once(':')).map(|(_, p)| p).filter(|p| !p.contains(']'));
+        let written =
+            uri.authority().and_then(|a| a.as_str().rsplit_once(':')).map(|(_, p)| p).filter(|p| !p.contains(']'));
         let port = match written {
             Some(p) => p.parse::<u16>().map_err(|_| format!("{url}: bad port {p:?}"))?,
             None => 80,
@@ -69,8 +70,7 @@ impl Target {
 /// `localhost`, `127.x.x.x` or `[::1]` (a Host header's host part).
 pub fn is_loopback(host: &str) -> bool {
     let host = host.trim_matches(['[', ']']);
-    host.eq_ignore_ascii_case("localhost")
-        || host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
+    host.eq_ignore_ascii_case("localhost") || host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
 }
 
 /// How a response body is delimited on the wire.

@@ -305,7 +305,8 @@ async fn trusted_hosts(
             _ => host,
         };
         if !crate::probe::wire::is_loopback(name) {
-            return (StatusCode::BAD_REQUEST, [(header::CONTENT_TYPE, "text/plain")], "Invalid host header").into_response();
+            return (StatusCode::BAD_REQUEST, [(header::CONTENT_TYPE, "text/plain")], "Invalid host header")
+                .into_response();
         }
         if request.headers().contains_key(header::ORIGIN) {
             return (StatusCode::FORBIDDEN, [(header::CONTENT_TYPE, "text/plain")], "Cross-origin requests disabled")
