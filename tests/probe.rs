@@ -159,6 +159,8 @@ async fn a_refused_host_is_retried_as_loopback() {
     let port = url.rsplit(':').next().expect("port");
     let r = probe(&options(&format!("http://{ip}:{port}"))).await.expect("probe goes on");
     assert!(r.notes.iter().any(|n| n.contains("went on with Host 127.0.0.1")), "{}", r.text());
+    let origin = r.origin_check.as_ref().expect("origin check");
+    assert_eq!(origin.status, Some(403), "the Origin is checked with the loopback Host: {origin:?}");
     assert!(stanza_backend(&r).normalise.loopback_host, "{}", r.profile);
 }
 

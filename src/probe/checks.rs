@@ -24,6 +24,9 @@ pub const HEAD_LIMIT: Duration = Duration::from_secs(20);
 pub const STALL_LIMIT: Duration = Duration::from_secs(25);
 /// Most events one stream may send before the probe gives up on it.
 pub const MAX_EVENTS: usize = 20_000;
+/// Most bytes one stream may send before the probe gives up on it (an event without end would
+/// otherwise grow the SSE parser's buffer).
+pub const MAX_STREAM_BYTES: usize = 16 << 20;
 
 /// The probe's overall deadline, shared by every request.
 #[derive(Debug, Clone, Copy)]
@@ -157,12 +160,17 @@ async fn read_stream(
     let mut parser = SseParser::new();
     let mut said = Vec::new();
     let mut left = false;
+    let mut bytes = 0usize;
     loop {
         let waiting = format!("the stream stalled after {} events: no byte", said.len());
         let piece = budget.within(STALL_LIMIT, &waiting, conn.next_piece(&mut state)).await?;
         let Some(piece) = piece.map_err(|e| format!("the stream failed after {} events: {e}", said.len()))? else {
             break;
         };
+        bytes += piece.len();
+        if bytes > MAX_STREAM_BYTES {
+            return Err(format!("the stream sent more than {} MiB without an end: left", MAX_STREAM_BYTES >> 20));
+        }
         let at = started.elapsed();
         parser.feed(&piece, |item, _| match item {
             Item::Comment(c) => said.push(Said::Comment(c)),

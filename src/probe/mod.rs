@@ -198,7 +198,12 @@ async fn probe_all(options: &ProbeOptions) -> Result<Report, String> {
     let budget = Budget::new(options.deadline);
     let mut target = Target::parse(&options.url)?;
     let mut report = Report::default();
-    let mut listing = models(&target, &budget).await;
+    // Side by side: a server whose /v1/models hangs costs one head limit, not three.
+    let (mut listing, host_check, mut origin_check) = tokio::join!(
+        models(&target, &budget),
+        checks::header_check(&target, &budget, "Host", FOREIGN_HOST),
+        checks::header_check(&target, &budget, "Origin", BROWSER_ORIGIN)
+    );
     if listing.as_ref().is_ok_and(|l| [400, 403].contains(&l.head.status)) && !target.loopback() {
         report.notes.push(format!(
             "{} refused GET /v1/models with Host {}: the probe went on with Host {}",
@@ -208,9 +213,8 @@ async fn probe_all(options: &ProbeOptions) -> Result<Report, String> {
         ));
         target.host_header = Some(target.loopback_authority());
         listing = models(&target, &budget).await;
+        origin_check = checks::header_check(&target, &budget, "Origin", BROWSER_ORIGIN).await;
     }
-    let host_check = checks::header_check(&target, &budget, "Host", FOREIGN_HOST).await;
-    let origin_check = checks::header_check(&target, &budget, "Origin", BROWSER_ORIGIN).await;
     let mut kind = options.kind.clone().or_else(|| listing.as_ref().ok().and_then(|l| kind_from_head(&l.head)));
     let model = choose_model(options, kind.as_deref(), &listing, &mut report.notes)?;
     let entries = listing.as_ref().map(|l| l.entries.clone()).unwrap_or_default();
