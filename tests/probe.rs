@@ -568,3 +568,30 @@ async fn real_mlx_omni_server_matches_the_wire_facts() {
     );
     assert!(stanza_backend(&r).normalise.single_finish, "{}", r.profile);
 }
+
+/// M5: a server that answers everything with an endless body (1 MiB data lines that never end):
+/// the probe keeps a bounded part and fails, instead of filling memory.
+#[tokio::test]
+async fn an_endless_body_is_capped_and_fails_the_probe() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let url = format!("http://{}", listener.local_addr().expect("addr"));
+    tokio::spawn(async move {
+        while let Ok((mut tcp, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut head = [0u8; 4096];
+                let _ = tcp.read(&mut head).await;
+                let chunk = format!("{:x}\r\n{}\r\n", 1 << 20, "x".repeat(1 << 20));
+                let mut out = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n".to_vec();
+                out.extend_from_slice(b"100000\r\ndata: ");
+                out.extend_from_slice(&[b'x'; (1 << 20) - 6]);
+                out.extend_from_slice(b"\r\n");
+                while tcp.write_all(&out).await.is_ok() {
+                    out = chunk.clone().into_bytes();
+                }
+            });
+        }
+    });
+    let e = probe(&ProbeOptions { model: Some("m".into()), ..options(&url) }).await.expect_err("an endless stream");
+    assert!(e.contains("MiB without an end"), "{e}");
+}
