@@ -121,7 +121,10 @@ async fn vllm_mlx_style_usage_twice() {
 async fn vllm_mlx_simple_mode_error_event_is_serialized_in_the_stanza() {
     let r = probe_sim(style(Style::VllmMlxSimple)).await;
     assert_eq!(r.concurrent_streams.as_deref(), Some("error_event"), "{r:?}");
+    // H4: right after the abandoned stream, the route is still busy for a moment: the follow-up
+    // gets the busy error event, is sent again, and the server counts as cancelling.
     assert_eq!(r.cancels_on_disconnect, Some(true), "{}", r.text());
+    assert!(r.notes.iter().any(|n| n.contains("after busy answers: error event")), "{}", r.text());
     let backend = stanza_backend(&r);
     assert!(backend.normalise.serialize && backend.max_concurrency == 1, "{}", r.profile);
 }

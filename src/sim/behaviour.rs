@@ -113,7 +113,8 @@ pub enum Style {
     /// vllm-mlx: usage on the finish chunk and again in a usage-only chunk.
     VllmMlx,
     /// vllm-mlx in its default "simple mode" (no `--continuous-batching`): as `vllm-mlx`, and a
-    /// second concurrent stream gets 200, a role chunk, an error event and `[DONE]`.
+    /// second concurrent stream gets 200, a role chunk, an error event and `[DONE]`, as does one sent
+    /// within 200 ms of a client abort.
     VllmMlxSimple,
     /// Rapid-MLX: keepalive comments, OpenAI-shaped context_length_exceeded, only a loopback
     /// `Host` and no `Origin` accepted.

@@ -35,6 +35,10 @@ pub use behaviour::{Behaviour, Plan, Style};
 use behaviour::{CapStyle, PromptCache};
 use stream::Job;
 
+/// How long vllm-mlx's serialized route stays busy after a client abort: a request 4 ms later
+/// got the busy error event, one 0.5 s later was served (measured in the probe's review).
+const ABORT_SETTLE: Duration = Duration::from_millis(200);
+
 /// How many received requests `/sim/requests` keeps.
 const RECORDED: usize = 256;
 
@@ -445,7 +449,13 @@ async fn generate(
         let _route = route;
         let _slot = state.generation_slot().await;
         let _active = Active::new(&state);
+        let watch = tx.clone();
         stream::write_stream(&state, &plan, &job, tx).await;
+        let left = watch.is_closed();
+        drop(watch);
+        if left && plan.busy_event {
+            tokio::time::sleep(ABORT_SETTLE).await;
+        }
     });
     let body = futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|write| (write, rx)) });
     Response::builder()
