@@ -1,15 +1,22 @@
 //! `mlxgate probe URL [--model M] [--json]`: measures, with hand-written HTTP/1.1 on raw
 //! sockets, what `wire-facts.md` records of an OpenAI-compatible server — HTTP version and
-//! framing, keep-alive and its idle timeout, the SSE shape (role chunk, keepalives, usage
-//! placement, `[DONE]`, reasoning field, finish reason at `max_tokens`, cached tokens), error
-//! statuses and shapes, what two concurrent streams get and whether a disconnect cancels — and
-//! prints the gateway.yaml backend stanza those facts call for.
+//! framing, keep-alive and its idle timeout, the Host and Origin checks, the SSE shape (role
+//! chunk, keepalives, usage placement, `[DONE]`, reasoning field, finish reason at `max_tokens`,
+//! cached tokens), error statuses and shapes, what two concurrent streams get and whether a
+//! disconnect cancels — and prints the gateway.yaml backend stanza those facts call for.
 //!
-//! `wire` speaks HTTP, `checks` makes each measurement, `report` prints. The probe never names
-//! a model other than the one given or served, except in the unknown-model error case, which is
-//! skipped for servers known to unload their model on it (mlx_lm.server, mlx-vlm) and followed
-//! by a request for the right model otherwise. Bounded: every request has a limit, the idle
-//! timeout is waited for at most `--idle-wait` (35 s), alongside the other checks.
+//! `wire` speaks HTTP, `checks` makes each measurement, `report` prints. Safety of the server
+//! probed comes first:
+//! - the probe never names a model other than the one given or served: mlx_lm.server gets no
+//!   `model` field (its launch model), mlx-vlm the model it lists as loaded, and a server that
+//!   lists several models gets none unless `--model` says which; the unknown-model case is sent
+//!   only to servers recognised as ones that do not unload on it, and followed by a request for
+//!   the right model;
+//! - no request can generate without end: `max_tokens: -1` is sent only to a server seen to
+//!   cancel on disconnect, and left at its head; the over-long prompt only up to
+//!   `OVER_CONTEXT_BOUND` tokens unless `--context` asks, and also left at its head;
+//! - bounded: one deadline (`--deadline`, 90 s) for everything, short head and stall limits, a
+//!   case that runs out of time is skipped with the reason.
 
 pub mod checks;
 pub mod report;
@@ -20,34 +27,80 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use checks::{ErrorCase, chat, prompt};
+use checks::{Budget, ErrorCase, StreamRecord, chat, prompt};
 use report::{Report, StanzaInput};
-use wire::{Target, exchange};
+use wire::{Head, Target, exchange};
 
 /// `max_tokens` of the streams whose finish reason must be `length`.
 const CUT_AT: i64 = 5;
 /// `max_tokens` of the single and concurrent streams compared for the speedup.
 const PAIR_TOKENS: i64 = 32;
+/// The largest context whose over-long prompt is sent without `--context` asking for it: above
+/// it, the servers that do not check (most) would prefill it in full.
+const OVER_CONTEXT_BOUND: u64 = 16_384;
+/// The `Host` sent by the Host check: a name no server trusts.
+const FOREIGN_HOST: &str = "mlxgate-probe.invalid";
+/// The `Origin` sent by the Origin check: a browser UI on the same machine.
+const BROWSER_ORIGIN: &str = "http://localhost:3000";
+
+/// The kinds `--kind` takes (the gateway's `kind:` names).
+const KINDS: &[&str] = &[
+    "mlx-lm",
+    "mlx-openai-server",
+    "vllm-mlx",
+    "rapid-mlx",
+    "mlx-vlm",
+    "mlx-omni-server",
+    "omlx",
+    "higgs",
+    "mlx-serve",
+    "custom",
+];
 
 /// The command's options.
 #[derive(Debug, Clone, clap::Args)]
 pub struct ProbeOptions {
     /// The server's base URL (`http://127.0.0.1:8080`, a trailing `/v1` is fine).
     pub url: String,
-    /// The model to ask for; default: the first one `/v1/models` lists.
+    /// The model to ask for, exactly as the server was launched with it. Default: for
+    /// mlx_lm.server none (it uses its launch model), for mlx-vlm the one it lists as loaded,
+    /// otherwise the only one `/v1/models` lists (several: the probe refuses to guess).
     #[arg(long)]
     pub model: Option<String>,
+    /// The server's kind when its answers do not show it (behind a proxy): `mlx-lm`,
+    /// `mlx-openai-server`, `vllm-mlx`, `rapid-mlx`, `mlx-vlm`, `mlx-omni-server`, … .
+    #[arg(long)]
+    pub kind: Option<String>,
     /// The model's context length in tokens, for the over-long prompt case; default: from
-    /// `/v1/models` or the model directory's config.json, else the case is skipped.
+    /// `/v1/models` or the model directory's config.json (sent only up to 16384 tokens then),
+    /// else the case is skipped.
     #[arg(long)]
     pub context: Option<u64>,
     /// Longest to wait for the server to close an idle keep-alive connection (Rapid-MLX's
-    /// closes after 30 s); waited alongside the other checks.
+    /// closes after 30 s); waited alongside the other checks, within the deadline.
     #[arg(long, default_value = "35s", value_parser = humantime::parse_duration)]
     pub idle_wait: Duration,
+    /// The whole probe's time limit; a check still running then is skipped with the reason.
+    #[arg(long, default_value = "90s", value_parser = humantime::parse_duration)]
+    pub deadline: Duration,
     /// Print the report as JSON.
     #[arg(long)]
     pub json: bool,
+}
+
+impl ProbeOptions {
+    /// Defaults for `url` (as the command line has them).
+    pub fn new(url: &str) -> ProbeOptions {
+        ProbeOptions {
+            url: url.to_string(),
+            model: None,
+            kind: None,
+            context: None,
+            idle_wait: Duration::from_secs(35),
+            deadline: Duration::from_secs(90),
+            json: false,
+        }
+    }
 }
 
 /// Runs the probe and prints its report; 1 when the server could not be probed.
@@ -81,25 +134,103 @@ pub fn main(options: ProbeOptions) -> ExitCode {
     }
 }
 
+/// Aborts the keep-alive measurement when the probe returns early.
+struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
+
+impl<T> Drop for AbortOnDrop<T> {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// The server being probed: where, until when, and what every request carries.
+struct Probe {
+    target: Target,
+    budget: Budget,
+    /// The `model` field; `None` leaves it out (mlx_lm.server then uses its launch model).
+    model: Option<String>,
+    /// The server accepts `stream_options` (it refused it: sent no more).
+    stream_options: bool,
+}
+
+impl Probe {
+    fn chat(&self, prompt: &str, max_tokens: i64, stream: bool, include_usage: Option<bool>) -> Value {
+        chat(self.model.as_deref(), prompt, max_tokens, stream, include_usage.filter(|_| self.stream_options))
+    }
+
+    /// A streamed request that must be answered 200 and end as a stream ends.
+    async fn stream_ok(&self, body: &Value) -> Result<StreamRecord, String> {
+        let record = checks::stream(&self.target, &self.budget, body, false)
+            .await
+            .map_err(|e| format!("a streamed chat request: {e}"))?;
+        self.checked(record)
+    }
+
+    /// `record` when it is a 200 stream that ended as a stream ends.
+    fn checked(&self, record: StreamRecord) -> Result<StreamRecord, String> {
+        if record.head.status != 200 {
+            return Err(format!(
+                "a streamed chat request was answered {}: {}",
+                record.head.status,
+                record.refusal.as_deref().unwrap_or("")
+            ));
+        }
+        if let Some(error) = record.error_event() {
+            return Err(format!("a streamed chat request got an error event: {error}"));
+        }
+        match record.cut() {
+            Some(cut) => Err(format!("a streamed chat request: {cut}")),
+            None => Ok(record),
+        }
+    }
+}
+
 /// Probes the server at `options.url`.
 pub async fn probe(options: &ProbeOptions) -> Result<Report, String> {
-    let target = Target::parse(&options.url)?;
-    let listed = models(&target).await;
-    let model = match (&options.model, listed.first()) {
-        (Some(m), _) => m.clone(),
-        (None, Some(entry)) => entry["id"].as_str().unwrap_or_default().to_string(),
-        (None, None) => return Err("/v1/models lists no model: name one with --model".into()),
-    };
-    let context = options.context.or_else(|| context_of(&model, &listed));
-    let mut report = Report::default();
-    // The idle timeout takes up to IDLE_LIMIT of waiting: measured alongside the rest.
-    let idle = tokio::spawn({
-        let (target, limit) = (target.clone(), options.idle_wait);
-        async move { checks::keep_alive(&target, limit).await }
-    });
+    // On the heap: the whole probe's state is too big for a test thread's stack.
+    Box::pin(probe_all(options)).await
+}
 
+async fn probe_all(options: &ProbeOptions) -> Result<Report, String> {
+    if let Some(kind) = options.kind.as_deref().filter(|k| !KINDS.contains(k)) {
+        return Err(format!("--kind {kind}: one of {}", KINDS.join(", ")));
+    }
+    let budget = Budget::new(options.deadline);
+    let mut target = Target::parse(&options.url)?;
+    let mut report = Report::default();
+    // Side by side: a server whose /v1/models hangs costs one head limit, not three.
+    let (mut listing, host_check, mut origin_check) = tokio::join!(
+        models(&target, &budget),
+        checks::header_check(&target, &budget, "Host", FOREIGN_HOST),
+        checks::header_check(&target, &budget, "Origin", BROWSER_ORIGIN)
+    );
+    if listing.as_ref().is_ok_and(|l| [400, 403].contains(&l.head.status)) && !target.loopback() {
+        report.notes.push(format!(
+            "{} refused GET /v1/models with Host {}: the probe went on with Host {}",
+            target.base_url(),
+            target.host,
+            target.loopback_authority()
+        ));
+        target.host_header = Some(target.loopback_authority());
+        listing = models(&target, &budget).await;
+        origin_check = checks::header_check(&target, &budget, "Origin", BROWSER_ORIGIN).await;
+    }
+    let mut kind = options.kind.clone().or_else(|| listing.as_ref().ok().and_then(|l| kind_from_head(&l.head)));
+    let model = choose_model(options, kind.as_deref(), &listing, &mut report.notes)?;
+    let entries = listing.as_ref().map(|l| l.entries.clone()).unwrap_or_default();
+    let named_context = options.context.is_some();
+    // mlx_lm.server lists its launch model last, as an absolute path: read, never sent.
+    let launch = (kind.as_deref() == Some("mlx-lm")).then(|| entries.last().and_then(|e| e["id"].as_str())).flatten();
+    let context = options.context.or_else(|| model.as_deref().or(launch).and_then(|m| context_of(m, &entries)));
+
+    let idle = AbortOnDrop(tokio::spawn({
+        let (target, limit) = (target.clone(), options.idle_wait);
+        async move { checks::keep_alive(&target, &budget, limit).await }
+    }));
+    let mut p = Probe { target, budget, model, stream_options: true };
     let lead = format!("probe {}", std::process::id());
-    let first = stream_ok(&target, &chat(&model, &prompt(&lead, 24), CUT_AT, true, Some(true))).await?;
+    let first = first_stream(&mut p, &prompt(&lead, 24), &mut report.notes).await?;
+    kind = kind.or_else(|| kind_from_stream(&first).map(str::to_string));
     report.http_version = first.head.version.clone();
     report.framing = first.head.framing.name().to_string();
     report.role_chunk = first.role_chunk().to_string();
@@ -114,76 +245,199 @@ pub async fn probe(options: &ProbeOptions) -> Result<Report, String> {
             first.completion_tokens().unwrap_or(0)
         ));
     }
-    let repeated = stream_ok(&target, &chat(&model, &prompt(&lead, 24), CUT_AT, true, Some(true))).await?;
+    let repeated = p.stream_ok(&p.chat(&prompt(&lead, 24), CUT_AT, true, Some(true))).await?;
     report.cached_tokens = repeated.cached_tokens();
-    let without = stream_ok(&target, &chat(&model, &prompt(&lead, 24), CUT_AT, true, None)).await?;
+    let without = p.stream_ok(&p.chat(&prompt(&lead, 24), CUT_AT, true, None)).await?;
     report.usage_without_include_usage = without.has_usage();
-    let kind = recognise(&first.head);
 
     let mut errors = indexmap::IndexMap::new();
-    errors.insert("unknown_model".to_string(), unknown_model(&target, &model, kind).await);
-    errors.insert("invalid_json".to_string(), checks::error_case(&target, invalid_json(&model).as_bytes()).await);
-    errors.insert("prompt_over_context".to_string(), over_context(&target, &model, context).await);
+    errors.insert("unknown_model".to_string(), unknown_model(&p, kind.as_deref()).await);
+    errors.insert(
+        "invalid_json".to_string(),
+        checks::error_case(&p.target, &p.budget, invalid_json(p.model.as_deref()).as_bytes()).await,
+    );
 
-    let single =
-        stream_ok(&target, &chat(&model, &prompt(&format!("{lead} alone"), 24), PAIR_TOKENS, true, Some(true))).await?;
-    match checks::concurrency(&target, &model, &single, PAIR_TOKENS).await {
+    let rate = concurrency_and_rate(&p, &lead, &mut report).await;
+    cancel_check(&p, &lead, rate, &mut report).await;
+    errors.insert(
+        "prompt_over_context".to_string(),
+        over_context(&p, context, named_context, report.cancels_on_disconnect).await,
+    );
+    errors.insert("negative_max_tokens".to_string(), negative_max_tokens(&p, report.cancels_on_disconnect).await);
+    report.errors = errors;
+
+    idle_timeout(idle, &mut report).await;
+    report.host_check = Some(host_check);
+    report.origin_check = Some(origin_check);
+    let stanza = StanzaInput {
+        base_url: p.target.base_url(),
+        model: p.model.as_deref(),
+        kind: kind.as_deref(),
+        context,
+        finish_chunks: first.finish_chunks(),
+        stream_options: p.stream_options,
+    };
+    report.profile = report.stanza(&stanza);
+    Ok(report)
+}
+
+/// The first stream (`max_tokens` 5, with `include_usage`); a refusal that goes away without
+/// `stream_options` means the server refuses that field: it is not sent again.
+async fn first_stream(p: &mut Probe, text: &str, notes: &mut Vec<String>) -> Result<StreamRecord, String> {
+    let record = checks::stream(&p.target, &p.budget, &p.chat(text, CUT_AT, true, Some(true)), false)
+        .await
+        .map_err(|e| format!("a streamed chat request: {e}"))?;
+    if [400, 422].contains(&record.head.status) {
+        p.stream_options = false;
+        if let Ok(again) = p.stream_ok(&p.chat(text, CUT_AT, true, Some(true))).await {
+            notes.push(format!(
+                "a stream with stream_options was refused ({}), the same without it accepted",
+                record.head.status
+            ));
+            return Ok(again);
+        }
+        p.stream_options = true;
+    }
+    p.checked(record)
+}
+
+/// One stream alone, then two at once; returns the decode rate of the one alone.
+async fn concurrency_and_rate(p: &Probe, lead: &str, report: &mut Report) -> Option<f64> {
+    let single = match p.stream_ok(&p.chat(&prompt(&format!("{lead} alone"), 24), PAIR_TOKENS, true, Some(true))).await
+    {
+        Ok(s) => s,
+        Err(e) => {
+            report.notes.push(format!("one stream alone: {e}"));
+            return None;
+        }
+    };
+    let a = p.chat(&prompt(&format!("{lead} pair one"), 24), PAIR_TOKENS, true, Some(true));
+    let b = p.chat(&prompt(&format!("{lead} pair two"), 24), PAIR_TOKENS, true, Some(true));
+    match checks::concurrency(&p.target, &p.budget, [&a, &b], &single).await {
         Ok(c) => {
             report.concurrent_streams = Some(c.verdict.to_string());
             report.speedup_2 = c.speedup;
         }
         Err(e) => report.notes.push(format!("two concurrent streams: {e}")),
     }
-    let alone = single.first_output().unwrap_or(single.ended);
-    match checks::cancels_on_disconnect(&target, &model, alone).await {
-        Ok(cancels) => report.cancels_on_disconnect = Some(cancels),
+    single.decode_rate()
+}
+
+/// Whether a disconnect stops the generation, with an abandoned stream sized to last seconds.
+async fn cancel_check(p: &Probe, lead: &str, rate: Option<f64>, report: &mut Report) {
+    if p.budget.spent() {
+        report.notes.push(format!("disconnect: {}", p.budget.spent_reason()));
+        return;
+    }
+    let tokens = checks::orphan_tokens(rate);
+    let expected = Duration::from_secs_f64(tokens as f64 / rate.unwrap_or(100.0));
+    let long = p.chat(&prompt(&format!("{lead} a long answer nobody reads"), 24), tokens, true, None);
+    let next = p.chat(&prompt(&format!("{lead} the request after the one that left"), 24), 4, true, None);
+    match checks::cancels_on_disconnect(&p.target, &p.budget, &long, &next, expected).await {
+        Ok(c) => {
+            report.cancels_on_disconnect = c.cancels;
+            report.notes.push(format!("disconnect ({tokens} tokens asked, left after the first): {}", c.seen));
+        }
         Err(e) => report.notes.push(format!("disconnect: {e}")),
     }
-    // Last: a server that takes -1 as "unlimited" generates until EOS.
-    let negative = checks::status_only(&target, &chat(&model, "hello", -1, true, Some(true))).await;
-    if negative.status == Some(200) {
-        report.notes.push("max_tokens -1 was answered 200 (left at once; the server may generate on)".into());
-    }
-    errors.insert("negative_max_tokens".to_string(), negative);
-    report.errors = errors;
+}
 
-    match idle.await {
+/// Keep-alive's result, waited for within the deadline.
+async fn idle_timeout(idle: AbortOnDrop<Result<checks::KeepAlive, String>>, report: &mut Report) {
+    let mut idle = idle;
+    match (&mut idle.0).await {
         Ok(Ok(k)) => {
             report.keep_alive = k.keep_alive;
             report.idle_timeout_s = k.idle_timeout.map(|d| (d.as_secs_f64() * 10.0).round() / 10.0);
             if k.keep_alive && k.idle_timeout.is_none() {
-                report.notes.push(format!("an idle connection was still open after {:?}", options.idle_wait));
+                report.notes.push(format!(
+                    "idle timeout > {:.0} s: an idle connection was still open when the probe stopped waiting",
+                    k.waited.as_secs_f64()
+                ));
             }
         }
         Ok(Err(e)) => report.notes.push(format!("keep-alive: {e}")),
         Err(e) => report.notes.push(format!("keep-alive: {e}")),
     }
-    let stanza = StanzaInput { url: &options.url, model: &model, kind, context, finish_chunks: first.finish_chunks() };
-    report.profile = report.stanza(&stanza);
-    Ok(report)
 }
 
-/// A streamed request that must be answered 200.
-async fn stream_ok(target: &Target, body: &Value) -> Result<checks::StreamRecord, String> {
-    let record = checks::stream(target, body, false).await.map_err(|e| format!("a streamed chat request: {e}"))?;
-    if record.head.status != 200 {
-        return Err(format!(
-            "a streamed chat request was answered {}: {}",
-            record.head.status,
-            record.refusal.as_deref().unwrap_or("")
-        ));
-    }
-    Ok(record)
+/// `/v1/models`' answer.
+struct Listing {
+    head: Head,
+    /// Its `data` entries (none when it had none, or no JSON).
+    entries: Vec<Value>,
+    /// Why the entries could not be read, when they could not.
+    unreadable: Option<String>,
 }
 
-/// `/v1/models`' entries (none when it fails or is empty, as mlx_lm.server's can be).
-async fn models(target: &Target) -> Vec<Value> {
-    let Ok(Ok((_, body, _))) =
-        tokio::time::timeout(checks::REQUEST_LIMIT, exchange(target, "GET", "/v1/models", b"")).await
-    else {
-        return vec![];
+/// `GET /v1/models`; an error says what went wrong (refused connection, time-out).
+async fn models(target: &Target, budget: &Budget) -> Result<Listing, String> {
+    let asked = budget.within(checks::HEAD_LIMIT, "no answer", exchange(target, "GET", "/v1/models", b"")).await;
+    let (head, body, _) = asked
+        .map_err(|e| format!("GET {}/v1/models: {e}", target.base_url()))?
+        .map_err(|e| format!("GET {}/v1/models: {e}", target.base_url()))?;
+    let parsed = serde_json::from_slice::<Value>(&body).ok();
+    let entries = parsed.as_ref().and_then(|v| v["data"].as_array().cloned());
+    let unreadable = match (&entries, head.status) {
+        (Some(_), 200) => None,
+        (_, status) => Some(format!(
+            "GET {}/v1/models answered {status} {}: {:?}",
+            target.base_url(),
+            head.header("content-type").unwrap_or("(no content type)"),
+            String::from_utf8_lossy(&body).chars().take(160).collect::<String>()
+        )),
     };
-    serde_json::from_slice::<Value>(&body).ok().and_then(|v| v["data"].as_array().cloned()).unwrap_or_default()
+    Ok(Listing { head, entries: entries.unwrap_or_default(), unreadable })
+}
+
+/// The `model` every request names: `--model`, none for mlx_lm.server, mlx-vlm's loaded one,
+/// or the only one listed. Refuses to guess among several.
+fn choose_model(
+    options: &ProbeOptions,
+    kind: Option<&str>,
+    listing: &Result<Listing, String>,
+    notes: &mut Vec<String>,
+) -> Result<Option<String>, String> {
+    if let Some(m) = &options.model {
+        return Ok(Some(m.clone()));
+    }
+    if kind == Some("mlx-lm") {
+        notes.push(
+            "mlx_lm.server: requests leave out `model`, so it uses its launch --model (any other name, even the \
+             absolute path it lists, makes it load the model again under another key)"
+                .into(),
+        );
+        return Ok(None);
+    }
+    let listing = listing.as_ref().map_err(Clone::clone)?;
+    if let Some(why) = &listing.unreadable {
+        return Err(format!("{why}: name the model with --model"));
+    }
+    let ids: Vec<&str> = listing.entries.iter().filter_map(|e| e["id"].as_str()).collect();
+    if kind == Some("mlx-vlm") {
+        let loaded: Vec<&str> =
+            listing.entries.iter().filter(|e| e["loaded"] == true).filter_map(|e| e["id"].as_str()).collect();
+        return match loaded.as_slice() {
+            [one] => Ok(Some(one.to_string())),
+            _ => Err(format!(
+                "mlx-vlm lists {} loaded models: name its launch --model with --model (any other name makes it \
+                 unload its model)",
+                loaded.len()
+            )),
+        };
+    }
+    match ids.as_slice() {
+        [one] => Ok(Some(one.to_string())),
+        [] => {
+            Err("/v1/models lists no model: name one with --model (mlx-omni-server: the model's absolute path)".into())
+        }
+        several => Err(format!(
+            "/v1/models lists {} models ({}): name the one the server runs with --model; the probe does not guess \
+             (a server may load whatever it is asked for)",
+            several.len(),
+            several.iter().take(5).copied().collect::<Vec<_>>().join(", ")
+        )),
+    }
 }
 
 /// The context length: a `/v1/models` field, else `max_position_embeddings` of the model's
@@ -200,41 +454,101 @@ fn context_of(model: &str, listed: &[Value]) -> Option<u64> {
 }
 
 /// The server, when its headers say which it is: `mlx-lm` (Python's BaseHTTP) or `mlx-vlm`.
-fn recognise(head: &wire::Head) -> Option<&'static str> {
+fn kind_from_head(head: &Head) -> Option<String> {
     let server = head.header("server").unwrap_or_default();
     if server.contains("BaseHTTP") {
-        Some("mlx-lm")
+        Some("mlx-lm".into())
     } else if server.contains("mlx_vlm") {
-        Some("mlx-vlm")
+        Some("mlx-vlm".into())
     } else {
         None
     }
 }
 
-/// The unknown-model case: skipped for servers that unload their model on it; otherwise sent,
-/// then followed by a request for the right model (so it is loaded again where it was dropped).
-async fn unknown_model(target: &Target, model: &str, kind: Option<&str>) -> ErrorCase {
-    if let Some(kind) = kind.filter(|k| ["mlx-lm", "mlx-vlm"].contains(k)) {
-        return ErrorCase::skipped(format!("{kind} unloads its model when asked for an unknown one"));
+/// The server, when a stream's body shows which (wire-facts.md): mlx-vlm's `timings`,
+/// vllm-mlx's `generation_metadata`, Rapid-MLX's `metrics.time_to_first_token_ms`,
+/// mlx-openai-server's `chatcmpl_` ids with usage on the finish chunk, mlx-omni-server's role on
+/// every delta with a doubled finish chunk.
+fn kind_from_stream(record: &StreamRecord) -> Option<&'static str> {
+    if let Some(kind) = kind_from_head(&record.head) {
+        return ["mlx-lm", "mlx-vlm"].into_iter().find(|k| *k == kind);
     }
-    let body = chat("mlxgate-probe-no-such-model", "hello", 1, false, None);
-    let case = checks::error_case(target, body.to_string().as_bytes()).await;
-    let _ = checks::error_case(target, chat(model, "hello", 1, false, None).to_string().as_bytes()).await;
+    if record.any_has("/timings") {
+        Some("mlx-vlm")
+    } else if record.any_has("/generation_metadata") {
+        Some("vllm-mlx")
+    } else if record.any_has("/metrics/time_to_first_token_ms") {
+        Some("rapid-mlx")
+    } else if record.id().is_some_and(|id| id.starts_with("chatcmpl_")) && record.usage_placement() == "finish" {
+        Some("mlx-openai-server")
+    } else if record.role_chunk() == "every" && record.finish_chunks() > 1 {
+        Some("mlx-omni-server")
+    } else {
+        None
+    }
+}
+
+/// The unknown-model case: sent only to a server recognised as one that does not unload its
+/// model on it, then followed by a request for the right model, which must succeed.
+async fn unknown_model(p: &Probe, kind: Option<&str>) -> ErrorCase {
+    match kind {
+        Some(k @ ("mlx-lm" | "mlx-vlm")) => {
+            return ErrorCase::skipped(format!(
+                "{k} unloads its model when asked for an unknown one (wire-facts: mlx_lm.server 404, mlx-vlm 400)"
+            ));
+        }
+        None => {
+            return ErrorCase::skipped(
+                "the server was not recognised: not sent, as some servers unload their model on it (--kind to say which)",
+            );
+        }
+        Some(_) => {}
+    }
+    let body = chat(Some("mlxgate-probe-no-such-model"), "hello", 2, false, None);
+    let mut case = checks::error_case(&p.target, &p.budget, body.to_string().as_bytes()).await;
+    let again = checks::error_case(&p.target, &p.budget, p.chat("hello", 2, false, None).to_string().as_bytes()).await;
+    if again.status != Some(200) {
+        case.skipped = Some(format!(
+            "after it, a request for the probed model was answered {}: the server may have lost its model",
+            again.status.map_or_else(|| again.skipped.unwrap_or_default(), |s| s.to_string())
+        ));
+    }
     case
 }
 
 /// A chat body cut in the middle.
-fn invalid_json(model: &str) -> String {
-    format!("{{\"model\": \"{model}\", \"messages\": [{{\"role\": \"user\", \"content\": ")
+fn invalid_json(model: Option<&str>) -> String {
+    let model = model.map_or(String::new(), |m| format!("\"model\": {}, ", Value::from(m)));
+    format!("{{{model}\"messages\": [{{\"role\": \"user\", \"content\": ")
 }
 
-/// A prompt of more tokens than the context (each " a" is at least one token), not streamed,
-/// one token asked for.
-async fn over_context(target: &Target, model: &str, context: Option<u64>) -> ErrorCase {
+/// A prompt of more tokens than the context (each " a" is at least one token), streamed with one
+/// token asked for and left at its head (the refusals come before any SSE). Skipped above
+/// `OVER_CONTEXT_BOUND` unless `--context` asked for it: most servers do not check and would
+/// prefill it in full.
+async fn over_context(p: &Probe, context: Option<u64>, named: bool, cancels: Option<bool>) -> ErrorCase {
     let Some(context) = context else {
         return ErrorCase::skipped("context length unknown: pass --context");
     };
+    if context > OVER_CONTEXT_BOUND && !named {
+        return ErrorCase::skipped(format!(
+            "context {context} > {OVER_CONTEXT_BOUND}: a prompt over it could be prefilled in full; pass --context to send it"
+        ));
+    }
+    if cancels == Some(false) && context > 4096 && !named {
+        return ErrorCase::skipped("the server does not cancel on disconnect: it would prefill the whole prompt");
+    }
     let words = usize::try_from(context).unwrap_or(usize::MAX).saturating_add(128);
-    let body = chat(model, &" a".repeat(words), 1, false, None);
-    checks::error_case(target, body.to_string().as_bytes()).await
+    checks::status_only(&p.target, &p.budget, &p.chat(&" a".repeat(words), 1, true, None)).await
+}
+
+/// `max_tokens: -1`, sent only to a server seen to cancel on disconnect (some take -1 as
+/// "unlimited"), and left at its head.
+async fn negative_max_tokens(p: &Probe, cancels: Option<bool>) -> ErrorCase {
+    if cancels != Some(true) {
+        return ErrorCase::skipped(
+            "not sent: the server was not seen to cancel on disconnect, and -1 may generate without end",
+        );
+    }
+    checks::status_only(&p.target, &p.budget, &p.chat("hello", -1, true, None)).await
 }

@@ -1,8 +1,9 @@
 //! Raw HTTP/1.1 over a tokio `TcpStream`, written and read by hand so that what a client
 //! library hides stays visible: the status line's version, how the body is framed (chunked,
 //! `Content-Length` or ended by the close), whether the server keeps the connection open, and
-//! when it closes an idle one. Requests carry `Host: 127.0.0.1`-style loopback hosts as given in
-//! the URL and no `Connection` header, as the wire facts were measured.
+//! when it closes an idle one. Requests carry the URL's host as `Host` (or the loopback host the
+//! probe switched to after a refusal) and no `Connection` header, as the wire facts were measured.
+//! Every body read is capped (`MAX_BODY`): a server that sends without end cannot fill memory.
 
 use std::time::Duration;
 
@@ -11,6 +12,8 @@ use tokio::net::TcpStream;
 
 /// Largest response head read.
 const MAX_HEAD: usize = 64 << 10;
+/// Most of a whole (non-stream) body kept; the rest is not read.
+pub const MAX_BODY: usize = 1 << 20;
 
 /// Where the probed server listens: `http://host:port[/prefix]`.
 #[derive(Debug, Clone)]
@@ -19,31 +22,55 @@ pub struct Target {
     pub port: u16,
     /// The path before `/v1/...` (empty for most servers).
     pub prefix: String,
+    /// The `Host` header sent instead of the URL's authority (a loopback one, for a server that
+    /// refused the URL's host).
+    pub host_header: Option<String>,
 }
 
 impl Target {
     /// Parses an `http://` URL; a trailing `/v1` is dropped (people paste the OpenAI base URL).
     pub fn parse(url: &str) -> Result<Target, String> {
-        let rest = url.strip_prefix("http://").ok_or_else(|| format!("{url}: only http:// URLs can be probed"))?;
-        let (authority, path) = rest.split_once('/').map_or((rest, ""), |(a, p)| (a, p));
-        let (host, port) = match authority.rsplit_once(':') {
-            Some((h, p)) if !h.ends_with(']') || authority.starts_with('[') => {
-                (h.to_string(), p.parse::<u16>().map_err(|_| format!("{url}: bad port {p:?}"))?)
-            }
-            _ => (authority.to_string(), 80),
-        };
-        if host.is_empty() {
-            return Err(format!("{url}: no host"));
+        let uri: http::Uri = url.trim().parse().map_err(|e| format!("{url}: not a URL ({e})"))?;
+        if !uri.scheme_str().is_some_and(|s| s.eq_ignore_ascii_case("http")) {
+            return Err(format!("{url}: only http:// URLs can be probed"));
         }
-        let path = path.trim_end_matches('/');
-        let path = path.strip_suffix("v1").unwrap_or(path).trim_end_matches('/');
-        let prefix = if path.is_empty() { String::new() } else { format!("/{path}") };
-        Ok(Target { host, port, prefix })
+        let host = uri.host().filter(|h| !h.is_empty()).ok_or_else(|| format!("{url}: no host"))?.to_string();
+        let written =
+            uri.authority().and_then(|a| a.as_str().rsplit_once(':')).map(|(_, p)| p).filter(|p| !p.contains(']'));
+        let port = match written {
+            Some(p) => p.parse::<u16>().map_err(|_| format!("{url}: bad port {p:?}"))?,
+            None => 80,
+        };
+        let path = uri.path().trim_end_matches('/');
+        let path = path.strip_suffix("/v1").unwrap_or(if path == "v1" { "" } else { path });
+        let prefix = path.trim_end_matches('/').to_string();
+        Ok(Target { host, port, prefix, host_header: None })
+    }
+
+    /// The URL the gateway's `url:` key takes: `http://host:port[/prefix]`, without `/v1`.
+    pub fn base_url(&self) -> String {
+        format!("http://{}{}", self.authority(), self.prefix)
+    }
+
+    /// Whether the URL's host is a loopback name or address.
+    pub fn loopback(&self) -> bool {
+        is_loopback(&self.host)
+    }
+
+    /// `127.0.0.1:<port>`: the Host a server that checks it accepts.
+    pub fn loopback_authority(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
     }
 
     fn authority(&self) -> String {
         if self.port == 80 { self.host.clone() } else { format!("{}:{}", self.host, self.port) }
     }
+}
+
+/// `localhost`, `127.x.x.x` or `[::1]` (a Host header's host part).
+pub fn is_loopback(host: &str) -> bool {
+    let host = host.trim_matches(['[', ']']);
+    host.eq_ignore_ascii_case("localhost") || host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
 }
 
 /// How a response body is delimited on the wire.
@@ -123,7 +150,28 @@ impl Connection {
 
     /// Writes a request with a JSON (or any) body; `path` is below the target's prefix.
     pub async fn send(&mut self, target: &Target, method: &str, path: &str, body: &[u8]) -> std::io::Result<()> {
-        let mut request = format!("{method} {}{path} HTTP/1.1\r\nHost: {}\r\n", target.prefix, target.authority());
+        self.send_with(target, method, path, body, &[]).await
+    }
+
+    /// `send` with extra headers; a `Host` among them replaces the target's.
+    pub async fn send_with(
+        &mut self,
+        target: &Target,
+        method: &str,
+        path: &str,
+        body: &[u8],
+        extra: &[(&str, &str)],
+    ) -> std::io::Result<()> {
+        let host = extra
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case("host"))
+            .map(|(_, v)| v.to_string())
+            .or_else(|| target.host_header.clone())
+            .unwrap_or_else(|| target.authority());
+        let mut request = format!("{method} {}{path} HTTP/1.1\r\nHost: {host}\r\n", target.prefix);
+        for (name, value) in extra.iter().filter(|(n, _)| !n.eq_ignore_ascii_case("host")) {
+            request.push_str(&format!("{name}: {value}\r\n"));
+        }
         if method == "POST" {
             request.push_str(&format!("Content-Type: application/json\r\nContent-Length: {}\r\n", body.len()));
         }
@@ -134,12 +182,12 @@ impl Connection {
     }
 
     async fn fill(&mut self) -> std::io::Result<usize> {
-        let mut chunk = [0u8; 16 << 10];
-        let n = self.tcp.read(&mut chunk).await?;
+        // Read into the buffer itself: a stack array would sit in every future that reads.
+        self.buffer.reserve(16 << 10);
+        let n = self.tcp.read_buf(&mut self.buffer).await?;
         if n == 0 {
             self.eof = true;
         }
-        self.buffer.extend_from_slice(&chunk[..n]);
         Ok(n)
     }
 
@@ -262,11 +310,15 @@ impl Connection {
         }
     }
 
-    /// Reads the whole rest of the body.
+    /// Reads the rest of the body, at most `MAX_BODY` bytes of it (the rest is left unread).
     pub async fn read_body(&mut self, body: &mut Body) -> std::io::Result<Vec<u8>> {
         let mut all = Vec::new();
         while let Some(piece) = self.next_piece(body).await? {
             all.extend_from_slice(&piece);
+            if all.len() >= MAX_BODY {
+                all.truncate(MAX_BODY);
+                break;
+            }
         }
         Ok(all)
     }
@@ -298,15 +350,27 @@ fn invalid(what: &str) -> std::io::Error {
     std::io::Error::new(std::io::ErrorKind::InvalidData, what.to_string())
 }
 
-/// One request on a fresh connection, its whole response: head, body, and the connection.
+/// One request on a fresh connection, its whole response (capped): head, body, and the
+/// connection.
 pub async fn exchange(
     target: &Target,
     method: &str,
     path: &str,
     body: &[u8],
 ) -> std::io::Result<(Head, Vec<u8>, Connection)> {
+    exchange_with(target, method, path, body, &[]).await
+}
+
+/// `exchange` with extra headers.
+pub async fn exchange_with(
+    target: &Target,
+    method: &str,
+    path: &str,
+    body: &[u8],
+    extra: &[(&str, &str)],
+) -> std::io::Result<(Head, Vec<u8>, Connection)> {
     let mut conn = Connection::open(target).await?;
-    conn.send(target, method, path, body).await?;
+    conn.send_with(target, method, path, body, extra).await?;
     let (head, mut state) = conn.read_head().await?;
     let bytes = conn.read_body(&mut state).await?;
     Ok((head, bytes, conn))
@@ -322,7 +386,16 @@ mod tests {
         assert_eq!((t.host.as_str(), t.port, t.prefix.as_str()), ("127.0.0.1", 8080, ""));
         let t = Target::parse("http://localhost/api/v1").expect("url");
         assert_eq!((t.host.as_str(), t.port, t.prefix.as_str()), ("localhost", 80, "/api"));
+        assert_eq!(t.base_url(), "http://localhost/api");
+        let t = Target::parse("HTTP://[::1]:9000/v1").expect("url");
+        assert_eq!((t.host.as_str(), t.port, t.prefix.as_str()), ("[::1]", 9000, ""));
+        assert!(t.loopback());
+        let t = Target::parse("http://[::1]").expect("url");
+        assert_eq!((t.host.as_str(), t.port), ("[::1]", 80));
+        let t = Target::parse("http://h/apiv1").expect("url");
+        assert_eq!(t.prefix, "/apiv1");
         assert!(Target::parse("https://x").is_err());
+        assert!(Target::parse("http://x:99999").is_err());
     }
 
     #[tokio::test]

@@ -30,7 +30,7 @@ pub type Write = Result<Bytes, std::io::Error>;
 
 /// Sends the body's writes into `tx`; stops early when the client goes away.
 pub async fn write_stream(state: &SimState, plan: &Plan, job: &Job, tx: mpsc::Sender<Write>) {
-    let out = Writer { tx, split: plan.bytes_per_write };
+    let out = Writer { tx, split: plan.bytes_per_write, keep_generating: plan.keep_generating };
     if plan.drop_after == Some(0) {
         out.drop_connection().await;
         return;
@@ -207,6 +207,14 @@ fn finish_chunk(job: &Job, created: u64, plan: &Plan, reason: &str, usage: Optio
     c
 }
 
+/// The answer to a stream that arrives while another generates, in vllm-mlx's simple mode: a
+/// role chunk, an in-band error event, `[DONE]`.
+pub fn busy_body(job: &Job) -> String {
+    let role = chunk(job, super::now_secs(), json!({"role": "assistant"}), None);
+    let error = json!({"error": {"message": "Internal server error", "type": "InternalServerError", "param": null, "code": 500}});
+    format!("data: {role}\n\ndata: {error}\n\ndata: [DONE]\n\n")
+}
+
 /// The text of the `i`-th generated token.
 pub fn token_text(i: u32) -> String {
     format!("t{i} ")
@@ -216,6 +224,8 @@ pub fn token_text(i: u32) -> String {
 struct Writer {
     tx: mpsc::Sender<Write>,
     split: usize,
+    /// A client that left does not stop the generation: writes to nobody count as sent.
+    keep_generating: bool,
 }
 
 impl Writer {
@@ -230,13 +240,13 @@ impl Writer {
     /// Sends `bytes`, as pieces of `split` bytes when splitting (each piece its own write).
     async fn raw(&self, bytes: Bytes) -> bool {
         if self.split == 0 || bytes.len() <= self.split {
-            return self.tx.send(Ok(bytes)).await.is_ok();
+            return self.tx.send(Ok(bytes)).await.is_ok() || self.keep_generating;
         }
         let mut rest = bytes;
         while !rest.is_empty() {
             let piece = rest.split_to(self.split.min(rest.len()));
             if self.tx.send(Ok(piece)).await.is_err() {
-                return false;
+                return self.keep_generating;
             }
             // Give the connection task a turn so the piece leaves as its own write.
             tokio::task::yield_now().await;
@@ -250,8 +260,12 @@ impl Writer {
         let _ = self.tx.send(Err(dropped)).await;
     }
 
-    /// Sleeps `d` unless the client leaves first; false when it left.
+    /// Sleeps `d` unless the client leaves first; false when it left (and the server stops).
     async fn pace(&self, d: Duration) -> bool {
+        if self.keep_generating {
+            tokio::time::sleep(d).await;
+            return true;
+        }
         tokio::select! {
             () = tokio::time::sleep(d) => true,
             () = self.tx.closed() => false,
