@@ -75,6 +75,9 @@ pub struct Declared {
     /// Requests refused with 429, by client (a configured name or `anonymous`) and limit
     /// (`rpm`, `tpm`, `concurrency`).
     pub rate_limited: IntCounterVec,
+    /// Abandoned streams being read to their end while they hold their slot (`hold_abandoned`),
+    /// by backend.
+    pub abandoned_held: IntGaugeVec,
 }
 
 /// TTFT buckets: 10 ms to 30 min (a 52k-token prefill took 31 minutes on one server).
@@ -209,6 +212,14 @@ impl Metrics {
             "Requests refused with 429 by a client's rate limit, by client and limit (rpm, tpm, concurrency).",
             &["client", "limit"],
         );
+        let abandoned_held = IntGaugeVec::new(
+            Opts::new(
+                "mlxgate_abandoned_streams_held",
+                "Streams the client abandoned, read to their end while they hold their slot (hold_abandoned).",
+            ),
+            &["backend"],
+        )
+        .expect("static metric definition");
         for collector in [
             Box::new(requests.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(queue_depth.clone()),
@@ -232,6 +243,7 @@ impl Metrics {
             Box::new(context_overflow.clone()),
             Box::new(prompt_count_seconds.clone()),
             Box::new(rate_limited.clone()),
+            Box::new(abandoned_held.clone()),
         ] {
             families.extend(collector.desc().iter().map(|d| d.fq_name.clone()));
             registry.register(collector).expect("metric names are unique");
@@ -261,6 +273,7 @@ impl Metrics {
             context_overflow,
             prompt_count_seconds,
             rate_limited,
+            abandoned_held,
         }))
     }
 }

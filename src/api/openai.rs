@@ -24,14 +24,17 @@ use super::chunk;
 use super::fit::{self, Endpoint, Fitted};
 use crate::auth::{self, Client};
 use crate::backend::handle::{Answer, Outbound, SendFailure};
+use crate::backend::profile::Kind;
 use crate::backend::upstream::strip_hop_by_hop;
+use crate::config::BackendConfig;
 use crate::dispatch::Route;
 use crate::dispatch::queue::{ClientId, Permit};
 use crate::error::{GatewayError, backend_error_body};
 use crate::limits::body_fingerprint;
 use crate::outcome::{Outcome, RequestRecord};
 use crate::stream::meter::{
-    Cutoff, Mode, RequestInfo, StreamFigures, StreamMeter, figures_of_whole, record_answer, record_whole,
+    Cutoff, Mode, RequestInfo, StreamFigures, StreamMeter, StreamNormalise, figures_of_whole, record_answer,
+    record_whole, stop_to_length,
 };
 use crate::tokens::Count;
 use crate::tokens::counter::Estimate;
@@ -237,7 +240,48 @@ pub(crate) async fn send(
     parsed.transform = transform;
     drop(fields);
     let (permit, answer, queue_wait) = dispatch(state, route, client, &parsed.outbound, sent).await?;
-    Ok(Answered { answer, permit, parsed, queue_wait, idle_timeout: route.backend.config.stream_idle_timeout })
+    let normalise = stream_normalise(&route.backend.config, &parsed);
+    Ok(Answered {
+        answer,
+        permit,
+        parsed,
+        queue_wait,
+        idle_timeout: route.backend.config.stream_idle_timeout,
+        normalise,
+    })
+}
+
+/// The backend's normalisations that act on its answer to this request.
+fn stream_normalise(config: &BackendConfig, parsed: &Parsed) -> StreamNormalise {
+    let on = &config.normalise;
+    let length_at = if on.finish_length && parsed.generates {
+        max_tokens_of(&parsed.outbound.body).map(|max| length_at(config.kind, max))
+    } else {
+        None
+    };
+    StreamNormalise { length_at, single_finish: on.single_finish, hold_abandoned: on.hold_abandoned }
+}
+
+/// The request's `max_completion_tokens`, else its `max_tokens` (the gateway always sends one
+/// to a generation endpoint), read from the body as it goes to the backend.
+fn max_tokens_of(body: &[u8]) -> Option<u64> {
+    #[derive(serde::Deserialize)]
+    struct Limits {
+        max_tokens: Option<u64>,
+        max_completion_tokens: Option<u64>,
+    }
+    let limits: Limits = serde_json::from_slice(body).ok()?;
+    limits.max_completion_tokens.or(limits.max_tokens)
+}
+
+/// The completion tokens a backend reports for an answer cut at `max_tokens`: mlx-omni-server
+/// drops the last token (the one mlx-lm yields with the finish) and counts one less (measured:
+/// 29 for `max_tokens` 30); the others count `max_tokens`.
+fn length_at(kind: Kind, max_tokens: u64) -> u64 {
+    match kind {
+        Kind::MlxOmniServer => max_tokens.saturating_sub(1).max(1),
+        _ => max_tokens,
+    }
 }
 
 /// acquire → send, sent again (up to [`MAX_RETRIES`]) when the managed process that had it is
@@ -340,6 +384,7 @@ pub(crate) struct Answered {
     /// Time spent waiting for slots (every attempt's).
     queue_wait: Duration,
     idle_timeout: Duration,
+    normalise: StreamNormalise,
 }
 
 impl Answered {
@@ -347,7 +392,7 @@ impl Answered {
     /// (which records the outcome at their end); whole answers and the backend's own errors
     /// are read here first.
     pub(crate) async fn into_response(self, record: RequestRecord, cutoff: Arc<Cutoff>) -> Response {
-        let Answered { answer, permit, parsed, queue_wait, idle_timeout } = self;
+        let Answered { answer, permit, parsed, queue_wait, idle_timeout, normalise } = self;
         let Answer { mut head, body, first, sent_at } = answer;
         strip_hop_by_hop(&mut head.headers);
         // Whatever the backend spoke (mlx_lm.server: HTTP/1.0), the client gets HTTP/1.1.
@@ -362,6 +407,7 @@ impl Answered {
             stats_comment: parsed.stats_comment,
             idle_timeout,
             cutoff,
+            normalise,
         };
         if !head.status.is_success() {
             return error_answer(head, body, first, permit, info).await;
@@ -441,8 +487,24 @@ async fn whole_answer(
             headers.insert("x-mlxgate-tokens-per-second", v);
         }
     }
+    let whole = finish_at_length(whole, &figures, info.normalise.length_at);
     record_whole(info.record, &figures, Outcome::Ok);
     Response::from_parts(head, Body::from(whole))
+}
+
+/// `finish_length` on a whole answer: when its usage reached `length_at` (the request's
+/// `max_tokens`), a `stop` finish becomes `length`; the answer is re-encoded only then.
+fn finish_at_length(whole: Vec<u8>, figures: &StreamFigures, length_at: Option<u64>) -> Vec<u8> {
+    let cut = length_at.zip(figures.tokens()).is_some_and(|(at, tokens)| tokens >= at);
+    if !cut {
+        return whole;
+    }
+    let Ok(mut answer) = serde_json::from_slice::<serde_json::Value>(&whole) else { return whole };
+    let one_choice = answer.get("choices").and_then(serde_json::Value::as_array).is_some_and(|c| c.len() == 1);
+    if !one_choice || !stop_to_length(&mut answer) {
+        return whole;
+    }
+    serde_json::to_vec(&answer).unwrap_or(whole)
 }
 
 /// The backend's own error answer (any non-2xx): read (bounded) and given to the client in
