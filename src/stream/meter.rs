@@ -289,10 +289,12 @@ pin_project! {
             let this = this.project();
             // Dropped before its end: the client went away.
             if let Some(info) = this.info.take() {
-                if info.normalise.hold_abandoned && *this.mode == Mode::Sse && !*this.finished {
-                    if let (Some(body), Some(permit)) = (this.inner.take(), this.permit.take()) {
-                        hold_abandoned(body, permit, &info);
-                    }
+                if info.normalise.hold_abandoned
+                    && *this.mode == Mode::Sse
+                    && !*this.finished
+                    && let (Some(body), Some(permit)) = (this.inner.take(), this.permit.take())
+                {
+                    hold_abandoned(body, permit, &info);
                 }
                 record(info, this.figures, Outcome::ClientClosed);
             }
