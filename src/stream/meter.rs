@@ -1073,7 +1073,8 @@ mod tests {
 
 /// Property tests: for generated transcripts in the style of every server in DESIGN.md's table,
 /// split at random, the parser sees the same events, the figures are the same, and the client
-/// gets the same bytes (exactly the backend's, less the usage-only chunk when not asked for).
+/// gets the same bytes (exactly the backend's, less the usage-only chunk when not asked for;
+/// with `finish_length` and `single_finish`, one finish chunk, saying `length`).
 #[cfg(test)]
 mod properties {
     use proptest::prelude::*;
@@ -1130,11 +1131,15 @@ mod properties {
         }
         let mut finish = chunk(serde_json::json!({}));
         finish["choices"][0]["finish_reason"] = "stop".into();
-        if matches!(style, 2 | 6 | 7) {
+        if style == 8 {
+            // mlx-omni-server: the finish, then the same finish with usage.
+            frames.push(data(finish.clone()));
+        }
+        if matches!(style, 2 | 6 | 7 | 8) {
             finish["usage"] = usage.clone();
         }
         frames.push(data(finish));
-        if style != 6 {
+        if !matches!(style, 6 | 8) {
             frames.push(data(serde_json::json!({"id": "chatcmpl-1", "choices": [], "usage": usage})));
         }
         if style != 5 {
@@ -1168,13 +1173,13 @@ mod properties {
     /// Output frames, tokens, error, `[DONE]` seen.
     type Summary = (u64, Option<u64>, Option<String>, bool);
 
-    fn run(chunks: &[Bytes], wants_usage: bool) -> (Vec<Item>, Summary, Vec<u8>) {
+    fn run(chunks: &[Bytes], wants_usage: bool, normalise: StreamNormalise) -> (Vec<Item>, Summary, Vec<u8>) {
         let mut items_parser = SseParser::new();
         let mut items = Vec::new();
         for c in chunks {
             items_parser.feed(c, |i, _| items.push(i));
         }
-        let mut forward = Forward::default();
+        let mut forward = Forward::new(normalise);
         let mut figures = StreamFigures::default();
         for c in chunks {
             forward.observe(&mut figures, c.clone(), wants_usage);
@@ -1193,14 +1198,21 @@ mod properties {
 
         #[test]
         fn any_split_gives_the_same_events_figures_and_bytes(
-            style in 0u8..8,
+            style in 0u8..9,
             n in 0usize..12,
             split_data in any::<bool>(),
             eol in prop_oneof![Just("\n"), Just("\r\n"), Just("\r")],
             cuts in prop::collection::vec(any::<Index>(), 0..24),
             one_byte_reads in prop::bool::weighted(0.1),
             wants_usage in any::<bool>(),
+            normalised in any::<bool>(),
         ) {
+            // finish_length at the answer's length (every transcript is cut at it) and single_finish.
+            let normalise = if normalised {
+                StreamNormalise { length_at: Some(n as u64), single_finish: true, hold_abandoned: false }
+            } else {
+                StreamNormalise::default()
+            };
             let bytes = render(&transcript(style, n, split_data), eol);
             let whole = [Bytes::from(bytes.clone())];
             let chunks = if one_byte_reads {
@@ -1208,13 +1220,19 @@ mod properties {
             } else {
                 split(&bytes, &cuts)
             };
-            let (items, figures, sent) = run(&chunks, wants_usage);
-            let (whole_items, whole_figures, whole_sent) = run(&whole, wants_usage);
+            let (items, figures, sent) = run(&chunks, wants_usage, normalise);
+            let (whole_items, whole_figures, whole_sent) = run(&whole, wants_usage, normalise);
             prop_assert_eq!(&items, &whole_items);
             prop_assert_eq!(&figures, &whole_figures);
             prop_assert_eq!(&sent, &whole_sent);
-            if wants_usage {
+            if wants_usage && !normalised {
                 prop_assert_eq!(&sent, &bytes, "the client gets exactly the backend's bytes");
+            }
+            if normalised {
+                let text = String::from_utf8_lossy(&sent);
+                let finishes = text.matches("\"finish_reason\":\"").count();
+                prop_assert_eq!(finishes, 1, "one finish chunk: {}", text);
+                prop_assert!(text.contains("\"finish_reason\":\"length\""), "cut at max_tokens: {}", text);
             }
             if n > 0 && style != 1 {
                 prop_assert_eq!(figures.0 as usize, n, "one output frame per generated token");
