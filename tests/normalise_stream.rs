@@ -231,3 +231,68 @@ async fn answer_local(gw: &Gateway, body: &Value) -> String {
     assert_eq!(r.status(), 200);
     text_of(r).await
 }
+
+/// A gateway in front of the simulator, one request at a time, with `normalise` switches.
+async fn simulated(sim: &mlxgate::sim::SimHandle, normalise: &str, stream_idle_timeout: &str) -> Gateway {
+    let yaml = format!(
+        "backends:\n  local: {{url: '{}', max_concurrency: 1, stream_idle_timeout: {stream_idle_timeout}, \
+         normalise: {normalise}}}\nmodels:\n  qwen: {{backend: local, upstream_model: tiny-qwen3, max_queue: 4, max_wait: 120s}}\n",
+        sim.url()
+    );
+    gateway(&yaml).await
+}
+
+/// Starts a stream the simulator holds after its first token (until `/sim/release/{key}`),
+/// reads that token and abandons the stream.
+async fn abandon_held_stream(gw: &Gateway, key: &str) {
+    let held = chat(true, json!({"tokens": 4, "hold_after": 1, "hold_key": key}));
+    let mut r = post(gw, "/v1/chat/completions", &held).await;
+    assert_eq!(r.status(), 200);
+    read_until(&mut r, "\"content\"").await;
+}
+
+const HELD_GAUGE: &str = "mlxgate_abandoned_streams_held{backend=\"local\"}";
+const QUEUED: &str = "mlxgate_queue_depth{model=\"qwen\"}";
+
+#[tokio::test]
+async fn an_abandoned_stream_holds_its_slot_until_the_backend_ends_it() {
+    let sim = sim().await;
+    let gw = simulated(&sim, "{hold_abandoned: true}", "60s").await;
+    abandon_held_stream(&gw, "a").await;
+    eventually("the abandoned stream holds its slot", || async { metric(&gw, HELD_GAUGE).await == Some(1.0) }).await;
+    let next = tokio::spawn({
+        let url = gw.url("/v1/chat/completions");
+        async move { client().post(url).json(&chat(true, json!({"tokens": 2}))).send().await.expect("send") }
+    });
+    eventually("the next request waits in the queue", || async { metric(&gw, QUEUED).await == Some(1.0) }).await;
+    assert_eq!(metric(&gw, HELD_GAUGE).await, Some(1.0), "still held while the backend generates");
+    // The backend goes on with the abandoned answer and ends it: the slot is free.
+    let released = client().post(format!("{}/sim/release/a", sim.url())).send().await.expect("release");
+    assert!(released.status().is_success());
+    let text = text_of(next.await.expect("next")).await;
+    assert!(text.contains("data: [DONE]"), "{text}");
+    assert_eq!(metric(&gw, HELD_GAUGE).await, Some(0.0));
+    let closed =
+        "mlxgate_requests_total{backend=\"local\",client=\"anonymous\",model=\"qwen\",outcome=\"client_closed\"}";
+    assert_eq!(metric(&gw, closed).await, Some(1.0), "the abandoned request is the client's close");
+}
+
+#[tokio::test]
+async fn an_abandoned_stream_is_let_go_when_its_backend_stalls_or_the_switch_is_off() {
+    // Held, but the backend never ends it: the slot is freed after the idle timeout (1 s here).
+    let sim = sim().await;
+    let gw = simulated(&sim, "{hold_abandoned: true}", "1s").await;
+    abandon_held_stream(&gw, "never").await;
+    eventually("the abandoned stream holds its slot", || async { metric(&gw, HELD_GAUGE).await == Some(1.0) }).await;
+    let next = async { text_of(post(&gw, "/v1/chat/completions", &chat(true, json!({"tokens": 2}))).await).await };
+    let text = tokio::time::timeout(PATIENCE, next).await.expect("the stalled stream's slot is freed");
+    assert!(text.contains("data: [DONE]"), "served once the stalled stream was let go: {text}");
+    assert_eq!(metric(&gw, HELD_GAUGE).await, Some(0.0));
+
+    // Off: the connection is dropped and the slot freed at once; nothing is held.
+    let gw = simulated(&sim, "{hold_abandoned: false}", "60s").await;
+    abandon_held_stream(&gw, "off").await;
+    let text = text_of(post(&gw, "/v1/chat/completions", &chat(true, json!({"tokens": 2}))).await).await;
+    assert!(text.contains("data: [DONE]"), "{text}");
+    assert_eq!(metric(&gw, HELD_GAUGE).await, None, "no stream held");
+}
