@@ -102,14 +102,22 @@ fn stats_of(text: &str) -> (u64, u64) {
     (field("queue_ms"), field("ttft_ms"))
 }
 
-/// Abandons a long stream after its first content, sends the next request at once and returns
-/// that request's (queue wait, time to first token less the queue wait) in ms.
-async fn next_after_abandoned(gw: &Gateway) -> (u64, u64) {
-    // ~3000 tokens: several seconds of generation on the tiny model (~450 tokens/s here).
-    let mut long = post(gw, "/v1/chat/completions", &ask(true, 3000, false)).await;
-    assert_eq!(long.status(), 200);
-    read_until(&mut long, "\"content\"").await;
-    drop(long);
+/// Abandons a long answer (~3000 tokens: several seconds of generation on the tiny model at
+/// ~450 tokens/s here) — a stream after its first content, a whole answer once it holds its
+/// slot — sends the next request at once and returns that request's (queue wait, time to first
+/// token less the queue wait) in ms.
+async fn next_after_abandoned(gw: &Gateway, stream: bool, abandoned_before: f64) -> (u64, u64) {
+    if stream {
+        let mut long = post(gw, "/v1/chat/completions", &ask(true, 3000, false)).await;
+        assert_eq!(long.status(), 200);
+        read_until(&mut long, "\"content\"").await;
+    } else {
+        let url = gw.url("/v1/chat/completions");
+        let long = tokio::spawn(async move { client().post(url).json(&ask(false, 3000, false)).send().await });
+        let inflight = format!("mlxgate_inflight_requests{{backend=\"{BACKEND}\"}}");
+        eventually("the whole answer holds its slot", || async { metric(gw, &inflight).await == Some(1.0) }).await;
+        long.abort();
+    }
     let next = client()
         .post(gw.url("/v1/chat/completions"))
         .header("x-mlxgate-stats", "1")
@@ -124,7 +132,7 @@ async fn next_after_abandoned(gw: &Gateway) -> (u64, u64) {
     let closed = format!(
         "mlxgate_requests_total{{backend=\"{BACKEND}\",client=\"anonymous\",model=\"m\",outcome=\"client_closed\"}}"
     );
-    assert_eq!(metric(gw, &closed).await, Some(1.0), "the abandoned stream counts as the client's close");
+    assert_eq!(metric(gw, &closed).await, Some(abandoned_before + 1.0), "the abandoned answer is the client's close");
     (queue_ms, ttft_ms.saturating_sub(queue_ms))
 }
 
@@ -136,12 +144,16 @@ async fn mlx_openai_server_abandoned_stream_holds_its_slot_and_stop_at_max_token
     let (finished, whole, _) = finish_at_max_tokens(&gw).await;
     assert_eq!(finished, [("length".to_string(), true)], "one finish, in the usage chunk, corrected");
     assert_eq!(whole, "length");
-    let (queue_ms, after_queue_ms) = next_after_abandoned(&gw).await;
-    eprintln!("hold_abandoned on: next request queue_ms={queue_ms}, ttft less queue={after_queue_ms}");
-    assert!(
-        queue_ms > after_queue_ms,
-        "the wait behind the abandoned stream is in the queue: queue {queue_ms} ms, then {after_queue_ms} ms"
-    );
+    for (stream, before) in [(true, 0.0), (false, 1.0)] {
+        let (queue_ms, after_queue_ms) = next_after_abandoned(&gw, stream, before).await;
+        eprintln!(
+            "hold_abandoned on, stream {stream}: next request queue_ms={queue_ms}, ttft less queue={after_queue_ms}"
+        );
+        assert!(
+            queue_ms > after_queue_ms,
+            "the wait behind the abandoned answer is in the queue: queue {queue_ms} ms, then {after_queue_ms} ms"
+        );
+    }
     assert_eq!(metric(&gw, &held_gauge).await, Some(0.0), "the slot was freed once the backend ended it");
     drop(gw);
 
@@ -151,12 +163,16 @@ async fn mlx_openai_server_abandoned_stream_holds_its_slot_and_stop_at_max_token
     let (finished, whole, _) = finish_at_max_tokens(&gw).await;
     assert_eq!(finished, [("stop".to_string(), true)], "mlx-openai-server says stop at max_tokens");
     assert_eq!(whole, "stop");
-    let (queue_ms, after_queue_ms) = next_after_abandoned(&gw).await;
-    eprintln!("hold_abandoned off: next request queue_ms={queue_ms}, ttft less queue={after_queue_ms}");
-    assert!(
-        after_queue_ms > queue_ms,
-        "the wait is hidden in the time to first token: queue {queue_ms} ms, then {after_queue_ms} ms"
-    );
+    for (stream, before) in [(true, 0.0), (false, 1.0)] {
+        let (queue_ms, after_queue_ms) = next_after_abandoned(&gw, stream, before).await;
+        eprintln!(
+            "hold_abandoned off, stream {stream}: next request queue_ms={queue_ms}, ttft less queue={after_queue_ms}"
+        );
+        assert!(
+            after_queue_ms > queue_ms,
+            "the wait is hidden in the time to first token: queue {queue_ms} ms, then {after_queue_ms} ms"
+        );
+    }
     assert_eq!(metric(&gw, &held_gauge).await, None, "no stream was held");
 }
 
@@ -295,4 +311,28 @@ async fn an_abandoned_stream_is_let_go_when_its_backend_stalls_or_the_switch_is_
     let text = text_of(post(&gw, "/v1/chat/completions", &chat(true, json!({"tokens": 2}))).await).await;
     assert!(text.contains("data: [DONE]"), "{text}");
     assert_eq!(metric(&gw, HELD_GAUGE).await, None, "no stream held");
+}
+
+#[tokio::test]
+async fn an_answer_abandoned_before_its_first_byte_holds_its_slot_until_the_backend_answers() {
+    // The backend never answers: the attempt ends at its first_byte_timeout (2 s here), and only
+    // then is the slot free.
+    let sim = sim().await;
+    let yaml = format!(
+        "backends:\n  local: {{url: '{}', max_concurrency: 1, first_byte_timeout: 2s, \
+         normalise: {{hold_abandoned: true}}}}\nmodels:\n  qwen: {{backend: local, upstream_model: tiny-qwen3, max_queue: 4, max_wait: 120s}}\n",
+        sim.url()
+    );
+    let gw = gateway(&yaml).await;
+    let url = gw.url("/v1/chat/completions");
+    let hung = tokio::spawn(async move { client().post(url).json(&chat(false, json!({"hang": true}))).send().await });
+    let inflight = "mlxgate_inflight_requests{backend=\"local\"}";
+    eventually("the answer holds its slot", || async { metric(&gw, inflight).await == Some(1.0) }).await;
+    hung.abort();
+    eventually("the abandoned answer still holds its slot", || async { metric(&gw, HELD_GAUGE).await == Some(1.0) })
+        .await;
+    let next = async { text_of(post(&gw, "/v1/chat/completions", &chat(true, json!({"tokens": 2}))).await).await };
+    let text = tokio::time::timeout(PATIENCE, next).await.expect("the slot is freed at the first-byte timeout");
+    assert!(text.contains("data: [DONE]"), "{text}");
+    assert_eq!(metric(&gw, HELD_GAUGE).await, Some(0.0));
 }

@@ -33,7 +33,7 @@ use crate::error::{GatewayError, backend_error_body};
 use crate::limits::body_fingerprint;
 use crate::outcome::{Outcome, RequestRecord};
 use crate::stream::meter::{
-    Cutoff, Mode, RequestInfo, StreamFigures, StreamMeter, StreamNormalise, figures_of_whole, record_answer,
+    Cutoff, Mode, RequestInfo, StreamFigures, StreamMeter, StreamNormalise, drain, figures_of_whole, record_answer,
     record_whole, stop_to_length,
 };
 use crate::tokens::Count;
@@ -319,8 +319,8 @@ pub(crate) async fn dispatch(
             }
         };
         sent.store(true, std::sync::atomic::Ordering::SeqCst);
-        match route.backend.send(outbound).await {
-            Ok(answer) => break (permit, answer),
+        match attempt(state, route, outbound, permit).await {
+            Ok((answer, permit)) => break (permit, answer),
             Err(SendFailure::Retry(e)) if retries < MAX_RETRIES => {
                 retries += 1;
                 tracing::warn!(backend = %route.backend.config.name, error = %e, retries, "backend failed before the first byte and its process is gone; sending again");
@@ -333,6 +333,83 @@ pub(crate) async fn dispatch(
     };
     observe_wait(queue_wait);
     Ok((permit, answer, queue_wait))
+}
+
+/// One attempt at the backend, holding `permit`. For a backend that keeps generating for a
+/// client that left (`hold_abandoned`), the attempt runs as its own task: if the client goes
+/// away before the answer's first bytes (a long prefill, a whole answer being generated), the
+/// slot stays held until the backend has answered and its answer has been read to its end, so
+/// the next request waits in the queue rather than, unseen, at the backend.
+async fn attempt(
+    state: &AppState,
+    route: &Route,
+    outbound: &Outbound,
+    permit: Permit,
+) -> Result<(Answer, Permit), SendFailure> {
+    if !route.backend.config.normalise.hold_abandoned {
+        return route.backend.send(outbound).await.map(|answer| (answer, permit));
+    }
+    let backend = route.backend.clone();
+    let copy = Outbound {
+        method: outbound.method.clone(),
+        path_and_query: outbound.path_and_query.clone(),
+        headers: outbound.headers.clone(),
+        body: outbound.body.clone(),
+    };
+    let (metrics, cutoff) = (state.metrics.clone(), Arc::clone(&state.cutoff));
+    let (mut tx, rx) = tokio::sync::oneshot::channel();
+    tokio::spawn(async move {
+        let send = backend.send(&copy);
+        tokio::pin!(send);
+        let answered = tokio::select! {
+            answered = &mut send => answered,
+            () = tx.closed() => return held_for_abandoned(send, permit, &backend, &metrics, &cutoff).await,
+        };
+        // The client may have left in between.
+        if let Err((answered, permit)) = tx.send((answered, permit)) {
+            held_for_abandoned(std::future::ready(answered), permit, &backend, &metrics, &cutoff).await;
+        }
+    });
+    match rx.await {
+        Ok((answered, permit)) => answered.map(|answer| (answer, permit)),
+        Err(_) => {
+            // The attempt's task failed (and its slot went with it).
+            let reason = "the attempt ended without an answer".to_string();
+            Err(SendFailure::Final(GatewayError::Backend { backend: route.backend.config.name.clone(), reason }))
+        }
+    }
+}
+
+/// Holds `permit` for an attempt whose client left before its answer's first bytes: until the
+/// backend has `answered` and its answer has been read to its end (bounded as
+/// [`drain`] is), or the gateway's shutdown.
+async fn held_for_abandoned(
+    answered: impl std::future::Future<Output = Result<Answer, SendFailure>>,
+    permit: Permit,
+    backend: &crate::backend::handle::BackendHandle,
+    metrics: &crate::metrics::Metrics,
+    cutoff: &Cutoff,
+) {
+    let name = &backend.config.name;
+    let held = metrics.abandoned_held.with_label_values(&[name]);
+    held.inc();
+    let started = Instant::now();
+    let notified = cutoff.notified();
+    let shutdown = async {
+        if !cutoff.is_cut() {
+            notified.await;
+        }
+    };
+    let (end, bytes) = tokio::select! {
+        answered = answered => match answered {
+            Ok(answer) => drain(answer.body, backend.config.stream_idle_timeout, cutoff).await,
+            Err(_) => ("failed", 0),
+        },
+        () = shutdown => ("shutdown", 0),
+    };
+    drop(permit);
+    held.dec();
+    tracing::info!(backend = %name, end, bytes, held_for = ?started.elapsed(), "abandoned answer read to its end; its slot is free");
 }
 
 /// Rewrites `model`, asks for usage and an explicit `max_tokens` on generation endpoints, and

@@ -352,9 +352,10 @@ fn hold_abandoned(body: Incoming, permit: Permit, info: &RequestInfo) {
     });
 }
 
-/// Reads `body` to its end, bounded; returns how the reading ended (`finished`, `broken`,
-/// `stalled`, `capped`, `shutdown`) and the bytes it discarded.
-async fn drain(mut body: Incoming, idle_timeout: Duration, cutoff: &Cutoff) -> (&'static str, usize) {
+/// Reads an abandoned answer's `body` to its end, bounded (each read by `idle_timeout`, the whole
+/// by [`MAX_ABANDONED_DRAIN`], and the shutdown's cut); returns how the reading ended
+/// (`finished`, `broken`, `stalled`, `capped`, `shutdown`) and the bytes it discarded.
+pub async fn drain(mut body: Incoming, idle_timeout: Duration, cutoff: &Cutoff) -> (&'static str, usize) {
     use http_body_util::BodyExt;
     let mut shutdown = cutoff.notified();
     let cap = tokio::time::sleep(MAX_ABANDONED_DRAIN);
