@@ -75,8 +75,8 @@ pub struct Declared {
     /// Requests refused with 429, by client (a configured name or `anonymous`) and limit
     /// (`rpm`, `tpm`, `concurrency`).
     pub rate_limited: IntCounterVec,
-    /// Abandoned streams being read to their end while they hold their slot (`hold_abandoned`),
-    /// by backend.
+    /// Answers their clients abandoned, waited for and read to their end while they hold their
+    /// slot (`hold_abandoned`), by backend.
     pub abandoned_held: IntGaugeVec,
 }
 
@@ -215,7 +215,7 @@ impl Metrics {
         let abandoned_held = IntGaugeVec::new(
             Opts::new(
                 "mlxgate_abandoned_streams_held",
-                "Streams the client abandoned, read to their end while they hold their slot (hold_abandoned).",
+                "Answers their clients abandoned, read to their end while they hold their slot (hold_abandoned).",
             ),
             &["backend"],
         )
