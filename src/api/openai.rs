@@ -1,6 +1,8 @@
 //! `/v1/*`: the OpenAI endpoints. The proxy handler parses only what it needs from the body
 //! (`model`; other top-level fields stay raw JSON text), rewrites `model` to the backend's name,
-//! waits for a slot in the model's queue and streams the backend's answer back untouched.
+//! waits for a slot in the model's queue and streams the backend's answer back untouched but for
+//! its backend's normalisations (`finish_length` here for whole answers, the stream's in the
+//! meter; `hold_abandoned` keeps an abandoned answer's slot until the backend has ended it).
 //! The handler reads as its phases: identify → parse → acquire → send → wrap.
 
 use std::net::SocketAddr;
