@@ -170,9 +170,12 @@ timeseries(
     "Requests holding a slot at each backend (from dispatch until their response ends). Flat "
     "at max_concurrency with a growing queue: the backend is the bottleneck. Above 1 on a "
     "server that does not batch (mlx-openai-server, vllm-mlx without --continuous-batching): "
-    "streams share the GPU and each one decodes slower.",
+    "streams share the GPU and each one decodes slower. 'Held by an abandoned stream': slots "
+    "of streams whose client left, kept until the backend ends them (hold_abandoned, "
+    "mlx-openai-server generates on after its client left).",
     grid(0, 24, 6),
-    [(f"sum by (backend) (mlxgate_inflight_requests{{{B}}}) {KIND}", "{{backend}} ({{kind}})")])
+    [(f"sum by (backend) (mlxgate_inflight_requests{{{B}}}) {KIND}", "{{backend}} ({{kind}})"),
+     (f"sum by (backend) (mlxgate_abandoned_streams_held{{{B}}})", "held by an abandoned stream {{backend}}")])
 timeseries(
     "Queue depth per model",
     "Requests waiting for a slot. Requests beyond max_queue get 503 server_overloaded with "

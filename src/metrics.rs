@@ -78,6 +78,9 @@ pub struct Declared {
     /// Requests refused with 429, by client (a configured name or `anonymous`) and limit
     /// (`rpm`, `tpm`, `concurrency`).
     pub rate_limited: IntCounterVec,
+    /// Answers their clients abandoned, waited for and read to their end while they hold their
+    /// slot (`hold_abandoned`), by backend.
+    pub abandoned_held: IntGaugeVec,
 }
 
 /// TTFT buckets: 10 ms to 30 min (a 52k-token prefill took 31 minutes on one server).
@@ -217,6 +220,14 @@ impl Metrics {
             "Requests refused with 429 by a client's rate limit, by client and limit (rpm, tpm, concurrency).",
             &["client", "limit"],
         );
+        let abandoned_held = IntGaugeVec::new(
+            Opts::new(
+                "mlxgate_abandoned_streams_held",
+                "Answers their clients abandoned, read to their end while they hold their slot (hold_abandoned).",
+            ),
+            &["backend"],
+        )
+        .expect("static metric definition");
         for collector in [
             Box::new(requests.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(queue_depth.clone()),
@@ -241,6 +252,7 @@ impl Metrics {
             Box::new(context_overflow.clone()),
             Box::new(prompt_count_seconds.clone()),
             Box::new(rate_limited.clone()),
+            Box::new(abandoned_held.clone()),
         ] {
             families.extend(collector.desc().iter().map(|d| d.fq_name.clone()));
             registry.register(collector).expect("metric names are unique");
@@ -271,6 +283,7 @@ impl Metrics {
             context_overflow,
             prompt_count_seconds,
             rate_limited,
+            abandoned_held,
         }))
     }
 }

@@ -1,6 +1,8 @@
 //! `/v1/*`: the OpenAI endpoints. The proxy handler parses only what it needs from the body
 //! (`model`; other top-level fields stay raw JSON text), rewrites `model` to the backend's name,
-//! waits for a slot in the model's queue and streams the backend's answer back untouched.
+//! waits for a slot in the model's queue and streams the backend's answer back untouched but for
+//! its backend's normalisations (`finish_length` here for whole answers, the stream's in the
+//! meter; `hold_abandoned` keeps an abandoned answer's slot until the backend has ended it).
 //! The handler reads as its phases: identify → parse → acquire → send → wrap.
 
 use std::net::SocketAddr;
@@ -24,14 +26,17 @@ use super::chunk;
 use super::fit::{self, Endpoint, Fitted};
 use crate::auth::{self, Client};
 use crate::backend::handle::{Answer, Outbound, SendFailure};
+use crate::backend::profile::Kind;
 use crate::backend::upstream::strip_hop_by_hop;
+use crate::config::BackendConfig;
 use crate::dispatch::Route;
 use crate::dispatch::queue::{ClientId, Permit};
 use crate::error::{GatewayError, backend_error_body};
 use crate::limits::body_fingerprint;
 use crate::outcome::{Outcome, RequestRecord};
 use crate::stream::meter::{
-    Cutoff, Mode, RequestInfo, StreamFigures, StreamMeter, figures_of_whole, record_answer, record_whole,
+    Cutoff, Mode, RequestInfo, StreamFigures, StreamMeter, StreamNormalise, drain, figures_of_whole, record_answer,
+    record_whole, stop_to_length,
 };
 use crate::tokens::Count;
 use crate::tokens::counter::Estimate;
@@ -237,7 +242,48 @@ pub(crate) async fn send(
     parsed.transform = transform;
     drop(fields);
     let (permit, answer, queue_wait) = dispatch(state, route, client, &parsed.outbound, sent).await?;
-    Ok(Answered { answer, permit, parsed, queue_wait, idle_timeout: route.backend.config.stream_idle_timeout })
+    let normalise = stream_normalise(&route.backend.config, &parsed);
+    Ok(Answered {
+        answer,
+        permit,
+        parsed,
+        queue_wait,
+        idle_timeout: route.backend.config.stream_idle_timeout,
+        normalise,
+    })
+}
+
+/// The backend's normalisations that act on its answer to this request.
+fn stream_normalise(config: &BackendConfig, parsed: &Parsed) -> StreamNormalise {
+    let on = &config.normalise;
+    let length_at = if on.finish_length && parsed.generates {
+        max_tokens_of(&parsed.outbound.body).map(|max| length_at(config.kind, max))
+    } else {
+        None
+    };
+    StreamNormalise { length_at, single_finish: on.single_finish, hold_abandoned: on.hold_abandoned }
+}
+
+/// The request's `max_completion_tokens`, else its `max_tokens` (the gateway always sends one
+/// to a generation endpoint), read from the body as it goes to the backend.
+fn max_tokens_of(body: &[u8]) -> Option<u64> {
+    #[derive(serde::Deserialize)]
+    struct Limits {
+        max_tokens: Option<u64>,
+        max_completion_tokens: Option<u64>,
+    }
+    let limits: Limits = serde_json::from_slice(body).ok()?;
+    limits.max_completion_tokens.or(limits.max_tokens)
+}
+
+/// The completion tokens a backend reports for an answer cut at `max_tokens`: mlx-omni-server
+/// drops the last token (the one mlx-lm yields with the finish) and counts one less (measured:
+/// 29 for `max_tokens` 30); the others count `max_tokens`.
+fn length_at(kind: Kind, max_tokens: u64) -> u64 {
+    match kind {
+        Kind::MlxOmniServer => max_tokens.saturating_sub(1).max(1),
+        _ => max_tokens,
+    }
 }
 
 /// acquire → send, sent again (up to [`MAX_RETRIES`]) when the managed process that had it is
@@ -275,8 +321,8 @@ pub(crate) async fn dispatch(
             }
         };
         sent.store(true, std::sync::atomic::Ordering::SeqCst);
-        match route.backend.send(outbound).await {
-            Ok(answer) => break (permit, answer),
+        match attempt(state, route, outbound, permit).await {
+            Ok((answer, permit)) => break (permit, answer),
             Err(SendFailure::Retry(e)) if retries < MAX_RETRIES => {
                 retries += 1;
                 tracing::warn!(backend = %route.backend.config.name, error = %e, retries, "backend failed before the first byte and its process is gone; sending again");
@@ -289,6 +335,83 @@ pub(crate) async fn dispatch(
     };
     observe_wait(queue_wait);
     Ok((permit, answer, queue_wait))
+}
+
+/// One attempt at the backend, holding `permit`. For a backend that keeps generating for a
+/// client that left (`hold_abandoned`), the attempt runs as its own task: if the client goes
+/// away before the answer's first bytes (a long prefill, a whole answer being generated), the
+/// slot stays held until the backend has answered and its answer has been read to its end, so
+/// the next request waits in the queue rather than, unseen, at the backend.
+async fn attempt(
+    state: &AppState,
+    route: &Route,
+    outbound: &Outbound,
+    permit: Permit,
+) -> Result<(Answer, Permit), SendFailure> {
+    if !route.backend.config.normalise.hold_abandoned {
+        return route.backend.send(outbound).await.map(|answer| (answer, permit));
+    }
+    let backend = route.backend.clone();
+    let copy = Outbound {
+        method: outbound.method.clone(),
+        path_and_query: outbound.path_and_query.clone(),
+        headers: outbound.headers.clone(),
+        body: outbound.body.clone(),
+    };
+    let (metrics, cutoff) = (state.metrics.clone(), Arc::clone(&state.cutoff));
+    let (mut tx, rx) = tokio::sync::oneshot::channel();
+    tokio::spawn(async move {
+        let send = backend.send(&copy);
+        tokio::pin!(send);
+        let answered = tokio::select! {
+            answered = &mut send => answered,
+            () = tx.closed() => return held_for_abandoned(send, permit, &backend, &metrics, &cutoff).await,
+        };
+        // The client may have left in between.
+        if let Err((answered, permit)) = tx.send((answered, permit)) {
+            held_for_abandoned(std::future::ready(answered), permit, &backend, &metrics, &cutoff).await;
+        }
+    });
+    match rx.await {
+        Ok((answered, permit)) => answered.map(|answer| (answer, permit)),
+        Err(_) => {
+            // The attempt's task failed (and its slot went with it).
+            let reason = "the attempt ended without an answer".to_string();
+            Err(SendFailure::Final(GatewayError::Backend { backend: route.backend.config.name.clone(), reason }))
+        }
+    }
+}
+
+/// Holds `permit` for an attempt whose client left before its answer's first bytes: until the
+/// backend has `answered` and its answer has been read to its end (bounded as
+/// [`drain`] is), or the gateway's shutdown.
+async fn held_for_abandoned(
+    answered: impl std::future::Future<Output = Result<Answer, SendFailure>>,
+    permit: Permit,
+    backend: &crate::backend::handle::BackendHandle,
+    metrics: &crate::metrics::Metrics,
+    cutoff: &Cutoff,
+) {
+    let name = &backend.config.name;
+    let held = metrics.abandoned_held.with_label_values(&[name]);
+    held.inc();
+    let started = Instant::now();
+    let notified = cutoff.notified();
+    let shutdown = async {
+        if !cutoff.is_cut() {
+            notified.await;
+        }
+    };
+    let (end, bytes) = tokio::select! {
+        answered = answered => match answered {
+            Ok(answer) => drain(answer.body, backend.config.stream_idle_timeout, cutoff).await,
+            Err(_) => ("failed", 0),
+        },
+        () = shutdown => ("shutdown", 0),
+    };
+    drop(permit);
+    held.dec();
+    tracing::info!(backend = %name, end, bytes, held_for = ?started.elapsed(), "abandoned answer read to its end; its slot is free");
 }
 
 /// Rewrites `model`, asks for usage and an explicit `max_tokens` on generation endpoints, and
@@ -340,6 +463,7 @@ pub(crate) struct Answered {
     /// Time spent waiting for slots (every attempt's).
     queue_wait: Duration,
     idle_timeout: Duration,
+    normalise: StreamNormalise,
 }
 
 impl Answered {
@@ -347,7 +471,7 @@ impl Answered {
     /// (which records the outcome at their end); whole answers and the backend's own errors
     /// are read here first.
     pub(crate) async fn into_response(self, record: RequestRecord, cutoff: Arc<Cutoff>) -> Response {
-        let Answered { answer, permit, parsed, queue_wait, idle_timeout } = self;
+        let Answered { answer, permit, parsed, queue_wait, idle_timeout, normalise } = self;
         let Answer { mut head, body, first, sent_at } = answer;
         strip_hop_by_hop(&mut head.headers);
         // Whatever the backend spoke (mlx_lm.server: HTTP/1.0), the client gets HTTP/1.1.
@@ -362,6 +486,7 @@ impl Answered {
             stats_comment: parsed.stats_comment,
             idle_timeout,
             cutoff,
+            normalise,
         };
         if !head.status.is_success() {
             return error_answer(head, body, first, permit, info).await;
@@ -441,8 +566,24 @@ async fn whole_answer(
             headers.insert("x-mlxgate-tokens-per-second", v);
         }
     }
+    let whole = finish_at_length(whole, &figures, info.normalise.length_at);
     record_whole(info.record, &figures, Outcome::Ok);
     Response::from_parts(head, Body::from(whole))
+}
+
+/// `finish_length` on a whole answer: when its usage reached `length_at` (the request's
+/// `max_tokens`), a `stop` finish becomes `length`; the answer is re-encoded only then.
+fn finish_at_length(whole: Vec<u8>, figures: &StreamFigures, length_at: Option<u64>) -> Vec<u8> {
+    let cut = length_at.zip(figures.tokens()).is_some_and(|(at, tokens)| tokens >= at);
+    if !cut {
+        return whole;
+    }
+    let Ok(mut answer) = serde_json::from_slice::<serde_json::Value>(&whole) else { return whole };
+    let one_choice = answer.get("choices").and_then(serde_json::Value::as_array).is_some_and(|c| c.len() == 1);
+    if !one_choice || !stop_to_length(&mut answer) {
+        return whole;
+    }
+    serde_json::to_vec(&answer).unwrap_or(whole)
 }
 
 /// The backend's own error answer (any non-2xx): read (bounded) and given to the client in

@@ -160,6 +160,8 @@ pub enum RolePlacement {
 pub enum ContentField {
     Content,
     ReasoningContent,
+    /// The same text in both `reasoning_content` and `reasoning` (mlx-vlm's synced aliases).
+    BothReasoning,
     /// No text deltas at all, while usage still counts the tokens.
     None,
 }

@@ -88,6 +88,7 @@ pub async fn write_stream(state: &SimState, plan: &Plan, job: &Job, tx: mpsc::Se
             (false, _) => Some(json!({"text": text})),
             (true, ContentField::Content) => Some(json!({"content": text})),
             (true, ContentField::ReasoningContent) => Some(json!({"reasoning_content": text})),
+            (true, ContentField::BothReasoning) => Some(json!({"reasoning_content": text, "reasoning": text})),
         };
         let Some(mut delta) = delta else { continue };
         if job.chat && plan.role == RolePlacement::Every {
