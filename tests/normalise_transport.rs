@@ -226,7 +226,7 @@ async fn vllm_mlx_serves_concurrent_streams_and_the_request_after_an_abort_real(
         assert_eq!(*status, 200, "{text}");
         assert!(!error && !content.is_empty() && text.contains("data: [DONE]"), "{text}");
     }
-    for round in 0..4 {
+    for round in 0..5 {
         let mut r = post(&gw, "/v1/chat/completions", &ask("m", true, 2000)).await;
         assert_eq!(r.status(), 200);
         // A few tokens in, the client leaves.
