@@ -100,16 +100,16 @@ async fn requests_spaced_at_uvicorns_idle_close_all_succeed_real() {
     let Some(model) = prerequisites(&[KIND, "mlx-lm"]) else { return };
     let normalise = std::env::var("MLXGATE_TEST_POOL_IDLE_TIMEOUT")
         .map_or(String::new(), |t| format!("    normalise: {{pool_idle_timeout: {t}}}\n"));
-    let spacings: Vec<u64> = std::env::var("MLXGATE_TEST_SPACINGS_MS")
+    let spacings: Vec<f64> = std::env::var("MLXGATE_TEST_SPACINGS_MS")
         .ok()
         .map(|s| s.split(',').filter_map(|n| n.trim().parse().ok()).collect())
-        .unwrap_or_else(|| vec![4950, 5000, 5050]);
+        .unwrap_or_else(|| vec![4950.0, 5000.0, 5050.0]);
     let gw = gateway(&config(&[managed("o", KIND, &model, free_port(), &normalise)], &[("m", "o")], "")).await;
     let (status, text) = chat_through(&gw, &ask("m", true, 2), &[]).await;
     assert_eq!(status, 200, "{text}");
     let mut failed = Vec::new();
     for spacing in &spacings {
-        tokio::time::sleep(Duration::from_millis(*spacing)).await;
+        tokio::time::sleep(Duration::from_secs_f64(spacing / 1000.0)).await;
         let (status, text) = chat_through(&gw, &ask("m", true, 2), &[]).await;
         if status != 200 || !text.contains("data: [DONE]") {
             failed.push(format!("after {spacing} ms idle: {status} {text}"));
