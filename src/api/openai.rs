@@ -429,7 +429,7 @@ pub(crate) fn parse(
     if generates {
         let streaming = fields.get("stream").is_some_and(|v| v.get() == "true");
         if streaming {
-            client_wants_usage = ask_for_usage(fields)?;
+            client_wants_usage = ask_for_usage(fields, route.backend.config.normalise.stream_options)?;
         }
         // mlx_lm.server stops at 512 tokens when none is given: say it explicitly.
         if !fields.contains_key("max_tokens") && !fields.contains_key("max_completion_tokens") {
@@ -647,8 +647,11 @@ pub(crate) async fn read_whole(
 }
 
 /// Sets `stream_options.include_usage: true` (mlxgate always wants usage) and returns whether
-/// the client had asked for it itself.
-fn ask_for_usage(fields: &mut RawBody) -> Result<bool, GatewayError> {
+/// the client had asked for it itself. Towards a backend that refuses `stream_options`
+/// (`normalise.stream_options: false`), the field is removed instead, the client's too (the
+/// backend would refuse the client's as it refuses the gateway's): the stream is metered without
+/// usage.
+fn ask_for_usage(fields: &mut RawBody, backend_takes_it: bool) -> Result<bool, GatewayError> {
     let mut options: serde_json::Map<String, serde_json::Value> = match fields.get("stream_options") {
         None => serde_json::Map::new(),
         Some(raw) if raw.get() == "null" => serde_json::Map::new(),
@@ -656,6 +659,10 @@ fn ask_for_usage(fields: &mut RawBody) -> Result<bool, GatewayError> {
             .map_err(|_| GatewayError::invalid("`stream_options` must be an object", Some("stream_options")))?,
     };
     let asked = options.get("include_usage").and_then(serde_json::Value::as_bool).unwrap_or(false);
+    if !backend_takes_it {
+        fields.shift_remove("stream_options");
+        return Ok(asked);
+    }
     options.insert("include_usage".into(), serde_json::Value::Bool(true));
     let raw = serde_json::value::to_raw_value(&options)
         .map_err(|e| GatewayError::invalid(format!("cannot encode stream_options: {e}"), None))?;

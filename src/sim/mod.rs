@@ -10,6 +10,7 @@
 
 pub mod behaviour;
 mod http10;
+mod idle;
 mod stream;
 
 use std::collections::{HashMap, VecDeque};
@@ -57,6 +58,12 @@ pub struct SimConfig {
     /// How responses are framed; `None`: the style's own (HTTP/1.0 close-delimited for
     /// `mlx-lm`, as mlx_lm.server does; HTTP/1.1 chunked otherwise).
     pub framing: Option<Framing>,
+    /// A keep-alive connection idle this long is closed when its next request arrives, without
+    /// an answer (uvicorn closes idle connections after 5 s; this is the race at its worst).
+    pub idle_close: Option<Duration>,
+    /// Refuse any request that carries `stream_options` with 422, as a server whose request
+    /// model forbids unknown fields does.
+    pub refuse_stream_options: bool,
 }
 
 /// How the simulator frames its responses on the wire.
@@ -145,11 +152,19 @@ pub async fn run(listener: TcpListener, state: Arc<SimState>) {
                     Framing::Close => connections.spawn(async move {
                         let _ = http10::serve(tcp, router).await;
                     }),
-                    Framing::Chunked => connections.spawn(async move {
-                        let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
-                            .serve_connection(TokioIo::new(tcp), TowerToHyperService::new(router))
-                            .await;
-                    }),
+                    Framing::Chunked => {
+                        let idle = state.config.idle_close;
+                        connections.spawn(async move {
+                            let service = TowerToHyperService::new(router);
+                            let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+                            let _ = match idle {
+                                Some(idle) => {
+                                    builder.serve_connection(TokioIo::new(idle::IdleClose::new(tcp, idle)), service).await
+                                }
+                                None => builder.serve_connection(TokioIo::new(tcp), service).await,
+                            };
+                        })
+                    }
                 };
             }
             () = state.crashed.notified() => {
@@ -376,6 +391,11 @@ fn admit(state: &SimState, path: &str, headers: &HeaderMap, body: &Bytes) -> Res
             recorded.pop_front();
         }
         recorded.push_back(seen);
+    }
+    if state.config.refuse_stream_options && parsed.get("stream_options").is_some() {
+        let detail = json!([{"type": "extra_forbidden", "loc": ["body", "stream_options"],
+            "msg": "Extra inputs are not permitted"}]);
+        return Err((StatusCode::UNPROCESSABLE_ENTITY, Json(json!({"detail": detail}))));
     }
     let per_request: Behaviour = match parsed.get_mut("sim").map(Value::take) {
         Some(v) => serde_json::from_value(v).map_err(|e| {
