@@ -100,6 +100,7 @@ impl AppState {
 fn declare_series(metrics: &Metrics, config: &Config, limiter: &Limiter) {
     for backend in config.backends.values() {
         metrics.backend_info.with_label_values(&[&backend.name, backend.kind.name()]).set(1);
+        metrics.abandoned_held.with_label_values(&[&backend.name]);
         metrics.stream_bursts.with_label_values(&[&backend.name]);
         metrics.usage_mismatch.with_label_values(&[&backend.name]);
         if backend.managed.is_some() {

@@ -41,6 +41,10 @@ const BUSY_PAUSES: [Duration; 4] =
 /// event (it follows the role chunk at once); a stream still silent then is prefilling.
 const BUSY_WINDOW: Duration = Duration::from_secs(1);
 
+/// The most of a serialized backend's stream read while looking for the busy error event (it
+/// comes within the first few hundred bytes); past it the stream is taken as generating.
+const BUSY_LOOK_BYTES: usize = 64 * 1024;
+
 /// How long a failed attempt waits to see the managed process that had it gone. A crash closes
 /// the connection and ends the process at once (the supervisor sees the exit within
 /// milliseconds); this bounds the wait when the process lives on (no retry then).
@@ -229,6 +233,9 @@ async fn busy(mut answer: Answer) -> (bool, Answer) {
     let verdict = loop {
         if let Some(verdict) = first_event(&seen) {
             break verdict;
+        }
+        if seen.len() > BUSY_LOOK_BYTES {
+            break Event::Generated;
         }
         match tokio::time::timeout_at(deadline, answer.body.frame()).await {
             Ok(Some(Ok(frame))) => {
