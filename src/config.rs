@@ -568,11 +568,38 @@ fn validate(raw: RawConfig, problems: &mut Vec<Problem>) -> Option<Config> {
         }
         // A managed server knows its model by the path it loaded (mlx_lm.server would try to
         // download any other name from the Hub).
-        let managed_model = backends.get(&m.backend).and_then(|b| b.managed.as_ref()).map(|mc| mc.model.clone());
+        let backend = backends.get(&m.backend);
+        let managed_model = backend.and_then(|b| b.managed.as_ref()).map(|mc| mc.model.clone());
+        let upstream_model = match (m.upstream_model, managed_model, backend.map(|b| b.kind)) {
+            (Some(upstream), _, _) => upstream,
+            (None, _, Some(Kind::Omlx)) => {
+                problems.push(Problem {
+                    path: format!("{path}.upstream_model"),
+                    reason: "omlx serves each model directory under its --model-dir by the directory's name: name it"
+                        .into(),
+                });
+                name.clone()
+            }
+            (None, Some(model), _) => model,
+            // mlx_lm.server's own name for the model it was launched with.
+            (None, None, Some(Kind::MlxLm)) => "default_model".to_string(),
+            (None, None, Some(kind @ (Kind::MlxVlm | Kind::MlxOmniServer))) => {
+                problems.push(Problem {
+                    path: format!("{path}.upstream_model"),
+                    reason: format!(
+                        "{} drops its model or looks the name up on the Hub when asked for a model it does not \
+                         serve: name the model exactly as the server loaded it",
+                        kind.name()
+                    ),
+                });
+                name.clone()
+            }
+            (None, None, _) => name.clone(),
+        };
         models.insert(
             name.clone(),
             ModelConfig {
-                upstream_model: m.upstream_model.or(managed_model).unwrap_or_else(|| name.clone()),
+                upstream_model,
                 name,
                 backend: m.backend,
                 max_queue,
@@ -846,12 +873,15 @@ fn normalise_of(
     if normalise.serialize && max_concurrency > 1 {
         problems.push(Problem {
             path: format!("{path}.max_concurrency"),
-            reason: format!(
-                "{} serves one request at a time here (without --continuous-batching a second concurrent stream \
+            reason: if kind == Kind::VllmMlx {
+                "vllm-mlx without --continuous-batching serves one request at a time (a second concurrent stream \
                  gets an error event): leave max_concurrency at 1, or set normalise.serialize: false for a server \
-                 that batches",
-                kind.name()
-            ),
+                 run with --continuous-batching"
+                    .to_string()
+            } else {
+                "normalise.serialize sends one request at a time: leave max_concurrency at 1, or switch serialize off"
+                    .to_string()
+            },
         });
     }
     normalise
@@ -1191,6 +1221,32 @@ models:
     }
 
     #[test]
+    fn a_running_server_of_a_kind_that_drops_unknown_models_is_never_sent_the_public_name() {
+        let c = Config::parse(
+            "backends:\n  lm: {url: 'http://127.0.0.1:9101', kind: mlx-lm}\n  \
+             vlm: {url: 'http://127.0.0.1:9102', kind: mlx-vlm}\n\
+             models:\n  qwen: {backend: lm}\n  v: {backend: vlm, upstream_model: mlx-community/Qwen3-4B}\n",
+            &no_env,
+        )
+        .expect("valid");
+        assert_eq!(c.models["qwen"].upstream_model, "default_model", "mlx_lm.server's name for its launch model");
+        assert_eq!(c.models["v"].upstream_model, "mlx-community/Qwen3-4B");
+        let p = problems(
+            "backends:\n  vlm: {url: 'http://127.0.0.1:9102', kind: mlx-vlm}\n  \
+             omni: {url: 'http://127.0.0.1:9103', kind: mlx-omni-server}\n  \
+             o: {kind: omlx, model: /models, port: 9104}\n\
+             models:\n  a: {backend: vlm}\n  b: {backend: omni}\n  c: {backend: o}\n",
+        );
+        for expected in [
+            "models.a.upstream_model: mlx-vlm drops its model",
+            "models.b.upstream_model: mlx-omni-server drops its model",
+            "models.c.upstream_model: omlx serves each model directory",
+        ] {
+            assert!(p.iter().any(|l| l.starts_with(expected)), "{expected:?} not in {p:#?}");
+        }
+    }
+
+    #[test]
     fn normalise_defaults_come_from_the_kind_and_the_file_switches_them() {
         let c = Config::parse(
             "backends:\n  rapid: {url: 'http://10.0.0.2:8000', kind: rapid-mlx}\n  \
@@ -1217,7 +1273,8 @@ models:
              models:\n  a: {backend: v}\n",
         );
         assert!(
-            p.iter().any(|l| l.starts_with("backends.v.max_concurrency: vllm-mlx serves one request at a time")),
+            p.iter().any(|l| l
+                .starts_with("backends.v.max_concurrency: vllm-mlx without --continuous-batching serves one request")),
             "{p:#?}"
         );
         assert!(p.iter().any(|l| l.starts_with("backends.w: give either url")), "{p:#?}");

@@ -143,6 +143,11 @@ async fn stream_options_are_not_sent_to_a_server_that_refuses_them() {
     assert!(sent.last().is_some_and(|r| r.get("stream_options").is_none()), "{sent:?}");
     let unknown = "mlxgate_generation_tokens_unknown_total{backend=\"strict\",client=\"anonymous\",model=\"s\"}";
     assert_eq!(metric(&gw, unknown).await, Some(1.0), "metered without usage");
+    // A whole answer whose client sends stream_options anyway (some SDKs always do).
+    let mut whole = ask("s", false, 4);
+    whole["stream_options"] = json!({"include_usage": true});
+    let (status, text) = chat_through(&gw, &whole, &[]).await;
+    assert_eq!(status, 200, "stream_options removed from a whole answer's request too: {text}");
     let (status, text) = chat_through(&gw, &ask("l", true, 4), &[]).await;
     assert_eq!(status, 422, "the gateway asks for usage when the switch is on: {text}");
 }
@@ -274,4 +279,34 @@ async fn mlx_lm_only_ever_sees_the_configured_model_name_real() {
     }
     let series = "mlxgate_requests_total{backend=\"n\",client=\"anonymous\",model=\"qwen\",outcome=\"ok\"}";
     assert_eq!(metric(&gw, series).await, Some(3.0));
+}
+
+/// serialize's busy retry sends a request again only when the backend's previous request ended
+/// just before (vllm-mlx's route stays busy ~0.1 s then): on a backend idle since long, the same
+/// error event is a real failure and reaches the client after one attempt.
+#[tokio::test]
+async fn an_error_event_on_an_idle_serialized_backend_is_not_sent_again() {
+    let sim = sim().await;
+    let yaml = format!(
+        "backends:\n  v: {{url: '{}', normalise: {{serialize: true}}}}\nmodels:\n  m: {{backend: v}}\n",
+        sim.url()
+    );
+    let gw = gateway(&yaml).await;
+    let failing = json!({"model": "m", "stream": true, "max_tokens": 4,
+        "messages": [{"role": "user", "content": "hi"}], "sim": {"error_after": 0, "style": "vllm-mlx"}});
+    let total = |stats: serde_json::Value| stats["total"].as_u64().expect("total");
+    // Idle: no request has ended on this backend yet.
+    let text = text_of(post(&gw, "/v1/chat/completions", &failing).await).await;
+    assert!(text.contains("simulated failure"), "{text}");
+    assert_eq!(total(sim_stats(&sim).await), 1, "a real failure is sent once");
+    // Idle for longer than the busy window after a request ended: sent once again.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    text_of(post(&gw, "/v1/chat/completions", &failing).await).await;
+    assert_eq!(total(sim_stats(&sim).await), 2, "a real failure is sent once");
+    // Right after another request ended, the same event reads as busy: sent again, bounded.
+    let ok = json!({"model": "m", "stream": false, "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]});
+    assert_eq!(post(&gw, "/v1/chat/completions", &ok).await.status(), 200);
+    let text = text_of(post(&gw, "/v1/chat/completions", &failing).await).await;
+    assert!(text.contains("simulated failure"), "the last answer reaches the client: {text}");
+    assert_eq!(total(sim_stats(&sim).await), 3 + 5, "one attempt and four more after pauses");
 }

@@ -30,7 +30,7 @@ async fn admin_backends_lists_each_profiles_normalisations_and_metrics_name_the_
          rapid-raw: {{url: '{url}', kind: rapid-mlx, normalise: {{loopback_host: false, pool_idle_timeout: 2s}}}}\n  \
          omni: {{url: '{url}', kind: mlx-omni-server}}\n  \
          plain: {{url: '{url}'}}\n\
-         models:\n  a: {{backend: rapid}}\n  b: {{backend: rapid-raw}}\n  c: {{backend: omni}}\n  d: {{backend: plain}}\n"
+         models:\n  a: {{backend: rapid}}\n  b: {{backend: rapid-raw}}\n  c: {{backend: omni, upstream_model: /models/qwen}}\n  d: {{backend: plain}}\n"
     );
     let gw = gateway(&yaml).await;
     let backends = admin_backends(&gw).await;

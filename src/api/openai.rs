@@ -25,7 +25,7 @@ use super::AppState;
 use super::chunk;
 use super::fit::{self, Endpoint, Fitted};
 use crate::auth::{self, Client};
-use crate::backend::handle::{Answer, Outbound, SendFailure};
+use crate::backend::handle::{Answer, BUSY_AFTER_RELEASE, Outbound, SendFailure};
 use crate::backend::profile::Kind;
 use crate::backend::upstream::strip_hop_by_hop;
 use crate::config::BackendConfig;
@@ -348,8 +348,9 @@ async fn attempt(
     outbound: &Outbound,
     permit: Permit,
 ) -> Result<(Answer, Permit), SendFailure> {
+    let just_after_another = permit.after_release().is_some_and(|d| d < BUSY_AFTER_RELEASE);
     if !route.backend.config.normalise.hold_abandoned {
-        return route.backend.send(outbound).await.map(|answer| (answer, permit));
+        return route.backend.send(outbound, just_after_another).await.map(|answer| (answer, permit));
     }
     let backend = route.backend.clone();
     let copy = Outbound {
@@ -361,7 +362,7 @@ async fn attempt(
     let (metrics, cutoff) = (state.metrics.clone(), Arc::clone(&state.cutoff));
     let (mut tx, rx) = tokio::sync::oneshot::channel();
     tokio::spawn(async move {
-        let send = backend.send(&copy);
+        let send = backend.send(&copy, just_after_another);
         tokio::pin!(send);
         let answered = tokio::select! {
             answered = &mut send => answered,
@@ -387,11 +388,12 @@ async fn attempt(
 /// [`drain`] is), or the gateway's shutdown.
 async fn held_for_abandoned(
     answered: impl std::future::Future<Output = Result<Answer, SendFailure>>,
-    permit: Permit,
+    mut permit: Permit,
     backend: &crate::backend::handle::BackendHandle,
     metrics: &crate::metrics::Metrics,
     cutoff: &Cutoff,
 ) {
+    permit.abandon();
     let name = &backend.config.name;
     let held = metrics.abandoned_held.with_label_values(&[name]);
     held.inc();
@@ -430,6 +432,9 @@ pub(crate) fn parse(
         let streaming = fields.get("stream").is_some_and(|v| v.get() == "true");
         if streaming {
             client_wants_usage = ask_for_usage(fields, route.backend.config.normalise.stream_options)?;
+        } else if !route.backend.config.normalise.stream_options {
+            // Some SDKs send it on every request: a backend that refuses it gets none.
+            fields.shift_remove("stream_options");
         }
         // mlx_lm.server stops at 512 tokens when none is given: say it explicitly.
         if !fields.contains_key("max_tokens") && !fields.contains_key("max_completion_tokens") {

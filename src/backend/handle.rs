@@ -37,6 +37,11 @@ use crate::error::GatewayError;
 const BUSY_PAUSES: [Duration; 4] =
     [Duration::from_millis(100), Duration::from_millis(200), Duration::from_millis(400), Duration::from_millis(800)];
 
+/// A serialized backend is taken to be busy with the previous request only when that request
+/// ended less than this before the new one got its slot: the route stayed busy 47–99 ms after a
+/// client's abort (measured). Later, the same error event is a real failure, never sent again.
+pub const BUSY_AFTER_RELEASE: Duration = Duration::from_secs(1);
+
 /// How long after its first bytes a serialized backend's stream is watched for the busy error
 /// event (it follows the role chunk at once); a stream still silent then is prefilling.
 const BUSY_WINDOW: Duration = Duration::from_secs(1);
@@ -107,12 +112,13 @@ impl BackendHandle {
     }
 
     /// Sends `request`: one attempt, sent again (after a pause, a few times) while a serialized
-    /// backend answers that it is busy.
-    pub async fn send(&self, request: &Outbound) -> Result<Answer, SendFailure> {
+    /// backend answers that it is busy. `just_after_another`: the backend's previous request
+    /// ended within [`BUSY_AFTER_RELEASE`] of this one's slot, the only time it can be busy.
+    pub async fn send(&self, request: &Outbound, just_after_another: bool) -> Result<Answer, SendFailure> {
         let mut pauses = BUSY_PAUSES.iter();
         loop {
             let answer = self.attempt(request).await?;
-            if !self.config.normalise.serialize {
+            if !self.config.normalise.serialize || !just_after_another {
                 return Ok(answer);
             }
             let (busy, answer) = busy(answer).await;
@@ -271,7 +277,7 @@ fn first_event(stream: &[u8]) -> Option<Event> {
             continue;
         }
         let Ok(value) = serde_json::from_str::<serde_json::Value>(&data) else { return Some(Event::Generated) };
-        if value.get("error").is_some() {
+        if value.get("error").is_some_and(|e| !e.is_null()) {
             return Some(Event::Error);
         }
         if !without_output(&value) {
@@ -314,5 +320,7 @@ mod tests {
         assert_eq!(first_event(format!("{ROLE}data: {{\"err").as_bytes()), None, "an event not yet whole");
         let finish = "data: {\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"length\"}]}\n\n";
         assert_eq!(first_event(finish.as_bytes()), Some(Event::Generated));
+        let null_error = "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"a\"}}],\"error\":null}\n\n";
+        assert_eq!(first_event(null_error.as_bytes()), Some(Event::Generated), "error: null is no error");
     }
 }

@@ -337,8 +337,9 @@ impl StreamMeter {
 /// gateway's shutdown): the next request waits for the slot in the queue, where its wait shows,
 /// and not at a backend still busy with the abandoned answer. Without a runtime (a test
 /// dropping a meter outside one) the slot is freed at once.
-fn hold_abandoned(body: Incoming, permit: Permit, info: &RequestInfo) {
+fn hold_abandoned(body: Incoming, mut permit: Permit, info: &RequestInfo) {
     let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
+    permit.abandon();
     let backend = info.backend();
     let held = info.record.metrics().abandoned_held.with_label_values(&[&backend]);
     held.inc();
