@@ -109,7 +109,7 @@ pub(crate) struct Parsed {
 /// What the proxy answers: a backend's answer to wrap, or a response made here (the averaged
 /// vectors of a chunked embedding).
 enum Forwarded {
-    Answered(Answered),
+    Answered(Box<Answered>),
     /// A response made here, with the figures to record (`None`: its body records them).
     Made(Response, Option<StreamFigures>),
 }
@@ -184,7 +184,7 @@ async fn forward(
         }
     }
     let sent = record.sent_flag();
-    send(state, route, &client, &parts, fields, transform, &sent).await.map(Forwarded::Answered)
+    send(state, route, &client, &parts, fields, transform, &sent).await.map(|answered| Forwarded::Answered(Box::new(answered)))
 }
 
 /// limits: admits the request under its client's rate limits, charging `prompt_tokens` up front.
