@@ -109,7 +109,7 @@ pub(crate) struct Parsed {
 /// What the proxy answers: a backend's answer to wrap, or a response made here (the averaged
 /// vectors of a chunked embedding).
 enum Forwarded {
-    Answered(Box<Answered>),
+    Answered(Answered),
     /// A response made here, with the figures to record (`None`: its body records them).
     Made(Response, Option<StreamFigures>),
 }
@@ -184,7 +184,7 @@ async fn forward(
         }
     }
     let sent = record.sent_flag();
-    send(state, route, &client, &parts, fields, transform, &sent).await.map(|answered| Forwarded::Answered(Box::new(answered)))
+    send(state, route, &client, &parts, fields, transform, &sent).await.map(Forwarded::Answered)
 }
 
 /// limits: admits the request under its client's rate limits, charging `prompt_tokens` up front.
@@ -246,7 +246,7 @@ pub(crate) async fn send(
     Ok(Answered {
         answer,
         permit,
-        parsed,
+        parsed: Box::new(parsed),
         queue_wait,
         idle_timeout: route.backend.config.stream_idle_timeout,
         normalise,
@@ -464,7 +464,8 @@ pub(crate) fn parse(
 pub(crate) struct Answered {
     answer: Answer,
     permit: Permit,
-    parsed: Parsed,
+    /// Boxed: the answer is moved through the handler's result, and the request's parts are large.
+    parsed: Box<Parsed>,
     /// Time spent waiting for slots (every attempt's).
     queue_wait: Duration,
     idle_timeout: Duration,
