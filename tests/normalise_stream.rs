@@ -5,7 +5,9 @@
 //!   after an abandoned stream waits for its slot in the gateway's queue, where its wait shows,
 //!   not hidden in its time to first token at the backend;
 //! - `finish_length` (mlx-openai-server, mlx-omni-server say `stop` at `max_tokens`): `length`;
-//! - `single_finish` (mlx-omni-server sends its finish chunk twice): one finish chunk;
+//! - `single_finish` (mlx-omni-server sends its finish chunk twice, a tool call in the first):
+//!   one finish chunk, the first, and the repeat's usage as a usage-only chunk when asked (real
+//!   server, and the simulator for a tool call: the tiny model calls no tool);
 //! - doubled usage (vllm-mlx) counted once, and mlx-vlm's reasoning text sent under both
 //!   `reasoning` and `reasoning_content` counted once (with the simulator: the tiny model has no
 //!   reasoning).
@@ -173,17 +175,26 @@ async fn mlx_openai_server_abandoned_stream_holds_its_slot_and_stop_at_max_token
             "the wait is hidden in the time to first token: queue {queue_ms} ms, then {after_queue_ms} ms"
         );
     }
-    assert_eq!(metric(&gw, &held_gauge).await, None, "no stream was held");
+    assert_eq!(metric(&gw, &held_gauge).await, Some(0.0), "no stream was held (the gauge exists at 0)");
 }
 
 #[tokio::test]
 async fn mlx_omni_server_finishes_once_and_says_length_at_max_tokens() {
     let Some(gw) = managed("mlx-omni-server", "").await else { return };
     let (finished, whole, reported) = finish_at_max_tokens(&gw).await;
-    assert_eq!(finished, [("length".to_string(), true)], "one finish chunk, with usage, corrected");
+    assert_eq!(finished, [("length".to_string(), false)], "one finish chunk (the first), corrected");
     assert_eq!(whole, "length");
     eprintln!("mlx-omni-server: usage reported {reported} tokens, gateway counted {:?}", counted(&gw).await);
     assert_eq!(counted(&gw).await, Some(reported as f64), "the usage of the repeated finish, counted once");
+    // With include_usage, the repeat's usage follows the finish as a usage-only chunk.
+    let text = answer(&gw, &ask(true, 5, true)).await;
+    let usage_only = data_lines(&text)
+        .iter()
+        .filter_map(|d| serde_json::from_str::<Value>(d).ok())
+        .filter(|v| v["usage"].is_object())
+        .map(|v| v["choices"] == json!([]))
+        .collect::<Vec<_>>();
+    assert_eq!(usage_only, [true], "one usage, in a usage-only chunk: {text}");
     // Without include_usage: still one finish chunk, without the usage the client did not ask for.
     let text = answer(&gw, &ask(true, 5, false)).await;
     assert_eq!(finishes(&text), [("length".to_string(), false)], "{text}");
@@ -310,7 +321,7 @@ async fn an_abandoned_stream_is_let_go_when_its_backend_stalls_or_the_switch_is_
     abandon_held_stream(&gw, "off").await;
     let text = text_of(post(&gw, "/v1/chat/completions", &chat(true, json!({"tokens": 2}))).await).await;
     assert!(text.contains("data: [DONE]"), "{text}");
-    assert_eq!(metric(&gw, HELD_GAUGE).await, None, "no stream held");
+    assert_eq!(metric(&gw, HELD_GAUGE).await, Some(0.0), "no stream held (the gauge exists at 0)");
 }
 
 #[tokio::test]
@@ -335,4 +346,54 @@ async fn an_answer_abandoned_before_its_first_byte_holds_its_slot_until_the_back
     let text = tokio::time::timeout(PATIENCE, next).await.expect("the slot is freed at the first-byte timeout");
     assert!(text.contains("data: [DONE]"), "{text}");
     assert_eq!(metric(&gw, HELD_GAUGE).await, Some(0.0));
+}
+
+/// The events of a stream that parse as JSON.
+fn events(text: &str) -> Vec<Value> {
+    data_lines(text).iter().filter_map(|d| serde_json::from_str(d).ok()).collect()
+}
+
+#[tokio::test]
+async fn a_tool_call_in_mlx_omni_servers_first_finish_chunk_reaches_the_client_once() {
+    // mlx-omni-server streams a tool call in its finish chunk, then sends the finish again with
+    // only the role and the usage (the gateway always asks for usage): the review's H1, where
+    // a client that asked for usage got the repeat alone, without the tool call.
+    let sim =
+        sim_with(mlxgate::sim::Behaviour { style: Some(mlxgate::sim::Style::MlxOmni), ..Default::default() }).await;
+    let gw = simulated(&sim, "{single_finish: true, finish_length: true}", "60s").await;
+    for include_usage in [true, false] {
+        let mut body = chat(true, json!({"tokens": 3, "tool_call": true}));
+        if include_usage {
+            body["stream_options"] = json!({"include_usage": true});
+        }
+        let text = answer_local(&gw, &body).await;
+        let events = events(&text);
+        let tool_calls = events
+            .iter()
+            .filter(|e| e["choices"][0]["delta"]["tool_calls"].as_array().is_some_and(|t| !t.is_empty()))
+            .count();
+        assert_eq!(tool_calls, 1, "include_usage {include_usage}: the tool call once: {text}");
+        assert_eq!(finishes(&text), [("tool_calls".to_string(), false)], "one finish chunk: {text}");
+        let usages: Vec<&Value> = events.iter().filter(|e| e["usage"].is_object()).collect();
+        assert_eq!(usages.len(), usize::from(include_usage), "usage only when asked: {text}");
+        for usage in usages {
+            assert_eq!(usage["choices"], json!([]), "a usage-only chunk: {text}");
+            assert_eq!(usage["usage"]["completion_tokens"], 3, "{text}");
+        }
+        assert!(text.trim_end().ends_with("data: [DONE]"), "{text}");
+    }
+    // An answer cut at max_tokens: the first finish says length, judged on the repeat's usage.
+    for include_usage in [true, false] {
+        let mut body = chat(true, json!({"tokens": 10}));
+        body["max_tokens"] = json!(4);
+        if include_usage {
+            body["stream_options"] = json!({"include_usage": true});
+        }
+        let text = answer_local(&gw, &body).await;
+        assert_eq!(finishes(&text), [("length".to_string(), false)], "{text}");
+        let usage = events(&text).into_iter().find(|e| e["usage"].is_object());
+        assert_eq!(usage.map(|u| u["usage"]["completion_tokens"].clone()), include_usage.then(|| json!(4)), "{text}");
+    }
+    let tokens = "mlxgate_generation_tokens_total{backend=\"local\",client=\"anonymous\",model=\"qwen\"}";
+    assert_eq!(metric(&gw, tokens).await, Some(3.0 + 3.0 + 4.0 + 4.0), "every repeat's usage counted once");
 }

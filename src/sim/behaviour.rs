@@ -90,6 +90,10 @@ pub struct Behaviour {
     /// `[DONE]` (vllm-mlx without `--continuous-batching`).
     #[arg(long)]
     pub busy_event: Option<bool>,
+    /// A stream's answer ends in a tool call, carried by its finish chunk (`delta.tool_calls`,
+    /// `finish_reason: "tool_calls"`), as mlx-omni-server streams tool calls.
+    #[arg(long)]
+    pub tool_call: Option<bool>,
     /// Refuse any Host but a loopback one (400 text/plain "Invalid host header") and any
     /// `Origin` (403 "Cross-origin requests disabled"), on every route (Rapid-MLX). Read from the
     /// server's defaults only.
@@ -121,8 +125,8 @@ pub enum Style {
     RapidMlx,
     /// omlx: a fake `chatcmpl-keepalive` data chunk at once and every interval; a 32768 cap.
     Omlx,
-    /// mlx-omni-server: role on every delta, `stop` at max_tokens; an exception ends the stream
-    /// with no `[DONE]`.
+    /// mlx-omni-server: role on every delta, `stop` at max_tokens, the finish chunk sent again
+    /// with the usage; an exception ends the stream with no `[DONE]`.
     MlxOmni,
 }
 
@@ -142,6 +146,8 @@ pub enum UsagePlacement {
     Finish,
     Separate,
     Both,
+    /// The finish chunk again, with only the role and the usage (mlx-omni-server).
+    RepeatFinish,
     None,
 }
 
@@ -230,6 +236,7 @@ pub struct Plan {
     pub keep_generating: bool,
     pub stop_at_max_tokens: bool,
     pub busy_event: bool,
+    pub tool_call: bool,
     pub loopback_only: bool,
     /// From the style: how the prompt cache is reported.
     pub prompt_cache: PromptCache,
@@ -270,6 +277,7 @@ impl Behaviour {
             keep_generating,
             stop_at_max_tokens,
             busy_event,
+            tool_call,
             loopback_only
         )
     }
@@ -305,6 +313,7 @@ impl Behaviour {
             keep_generating: b.keep_generating.unwrap_or(false),
             stop_at_max_tokens: b.stop_at_max_tokens.unwrap_or(false),
             busy_event: b.busy_event.unwrap_or(false),
+            tool_call: b.tool_call.unwrap_or(false),
             loopback_only: b.loopback_only.unwrap_or(false),
             prompt_cache: style.prompt_cache(),
             id_prefix: if style == Style::MlxOpenaiServer { "chatcmpl_" } else { "chatcmpl-" },
@@ -363,6 +372,7 @@ impl Style {
             }
             Style::MlxOmni => {
                 b.role = Some(RolePlacement::Every);
+                b.usage = Some(UsagePlacement::RepeatFinish);
                 b.after_error = Some(AfterError::End);
                 b.stop_at_max_tokens = Some(true);
             }

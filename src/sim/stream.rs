@@ -115,8 +115,21 @@ pub async fn write_stream(state: &SimState, plan: &Plan, job: &Job, tx: mpsc::Se
     }
     let usage = job.include_usage || plan.usage_always;
     let finish_usage = usage && matches!(plan.usage, UsagePlacement::Finish | UsagePlacement::Both);
-    if !out.frame(&finish_chunk(job, created, plan, job.finish_reason, finish_usage.then(|| usage_of(job)))).await {
+    let reason = if plan.tool_call && job.chat { "tool_calls" } else { job.finish_reason };
+    let mut finish = finish_chunk(job, created, plan, reason, finish_usage.then(|| usage_of(job)));
+    if plan.tool_call && job.chat {
+        finish["choices"][0]["delta"]["tool_calls"] = json!([{"id": format!("call_{}", job.id), "type": "function",
+            "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]);
+    }
+    if !out.frame(&finish).await {
         return;
+    }
+    if usage && plan.usage == UsagePlacement::RepeatFinish {
+        // mlx-omni-server: the finish again, its delta the role alone, with the usage.
+        let repeat = finish_chunk(job, created, plan, reason, Some(usage_of(job)));
+        if !out.frame(&repeat).await {
+            return;
+        }
     }
     if usage && matches!(plan.usage, UsagePlacement::Separate | UsagePlacement::Both) {
         let mut only = chunk(job, created, json!({}), Some(usage_of(job)));

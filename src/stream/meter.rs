@@ -13,7 +13,8 @@
 //!   backend has ended the abandoned stream, read to its end in the background (bounded);
 //! - applies the backend's stream-side normalisations (`finish_length`: a `stop` finish at
 //!   `max_tokens` becomes `length`; `single_finish`: a repeated finish chunk reaches the client
-//!   once), re-serialising only the frames they change;
+//!   as the usage it adds, the first with its output as it was), re-serialising only the frames
+//!   they change;
 //! - classifies how the stream ended, once: complete (`[DONE]` or a `finish_reason` seen), an
 //!   error event, or cut — an end of file before the answer's end (HTTP/1.0 bodies end at the
 //!   close, so a crashed mlx_lm.server looks like a normal end), a broken connection, silence
@@ -101,8 +102,9 @@ pub struct StreamNormalise {
     /// `finish_length`: the completion tokens at which the answer counts as cut by its
     /// `max_tokens`, where a `stop` finish becomes `length`; `None` when off.
     pub length_at: Option<u64>,
-    /// `single_finish`: a finish chunk without usage waits for the next event, and only one of
-    /// the two reaches the client when that event is the same finish again.
+    /// `single_finish`: a finish chunk without usage waits for the next event; when that event is
+    /// the same finish again, the first goes on and the repeat becomes a usage-only chunk (for a
+    /// client that asked for usage; else nothing), unless it carries output the first did not.
     pub single_finish: bool,
     /// `hold_abandoned`: a stream the client leaves is read to its end before its slot is freed.
     pub hold_abandoned: bool,
@@ -450,10 +452,16 @@ impl Finish {
         let finishes = finished_choices(seen);
         if let Some((held, indices)) = self.held.take() {
             if finishes.as_ref() == Some(&indices) {
-                // The repeat: one of the two goes on, the one with usage when the client asked
-                // for usage, else the first (the meter has read both).
-                let chosen = if wants_usage { event } else { &held };
-                return Action::Replace(self.render_finish(chosen, figures));
+                // The repeat: the first goes on (with `finish_length` judged on the repeat's
+                // usage, read by now), the repeat as the usage it adds.
+                let mut out = self.render_finish(&held, figures).to_vec();
+                match Repeat::of(&held, event) {
+                    // As the meter treats a usage-only chunk: for a client that asked for usage.
+                    Repeat::Usage(usage) if wants_usage => out.extend_from_slice(&usage),
+                    Repeat::Usage(_) | Repeat::Nothing => {}
+                    Repeat::Output => out.extend_from_slice(&self.render_finish(event, figures)),
+                }
+                return Action::Replace(Bytes::from(out));
             }
             let mut out = self.render_finish(&held, figures).to_vec();
             match self.settle(item, seen, keep, figures, wants_usage) {
@@ -502,6 +510,60 @@ impl Finish {
         let (held, _) = self.held.take()?;
         Some(self.render_finish(&held, figures))
     }
+}
+
+/// What a repeated finish frame (mlx-omni-server: the finish again, with only the role and the
+/// usage) adds to the first.
+#[derive(Debug, PartialEq)]
+enum Repeat {
+    /// Nothing but its usage: it goes on as the usage-only chunk it amounts to, in OpenAI's
+    /// shape (`"choices": []` and its `usage`).
+    Usage(Bytes),
+    /// Nothing at all.
+    Nothing,
+    /// Output the first did not carry (text, reasoning, a tool call): it goes on as it is, and
+    /// the client sees two finish chunks rather than lose output.
+    Output,
+}
+
+impl Repeat {
+    fn of(first: &Event, repeat: &Event) -> Repeat {
+        let (Ok(first_value), Ok(mut value)) =
+            (serde_json::from_str::<Value>(&first.data), serde_json::from_str::<Value>(&repeat.data))
+        else {
+            return Repeat::Output;
+        };
+        let first_choices = first_value.get("choices").and_then(Value::as_array);
+        let choices = value.get("choices").and_then(Value::as_array).into_iter().flatten();
+        let adds = choices.into_iter().any(|choice| {
+            let same = first_choices.into_iter().flatten().find(|c| c.get("index") == choice.get("index"));
+            adds_output(choice, same)
+        });
+        if adds {
+            return Repeat::Output;
+        }
+        if !value.get("usage").is_some_and(Value::is_object) {
+            return Repeat::Nothing;
+        }
+        value["choices"] = Value::Array(Vec::new());
+        Repeat::Usage(render(repeat, &value.to_string()))
+    }
+}
+
+/// Whether a choice carries output its counterpart in an earlier frame did not: a non-empty
+/// `text` or delta field (other than `role`) that differs from the earlier one's.
+fn adds_output(choice: &Value, earlier: Option<&Value>) -> bool {
+    let empty = |v: &Value| v.is_null() || v.as_str() == Some("") || v.as_array().is_some_and(Vec::is_empty);
+    let new_in = |field: Option<&Value>, before: Option<&Value>| {
+        field
+            .into_iter()
+            .filter_map(Value::as_object)
+            .flatten()
+            .any(|(key, v)| key != "role" && !empty(v) && before.and_then(|b| b.get(key)) != Some(v))
+    };
+    let text = choice.get("text").filter(|t| !empty(t));
+    let new_text = text.is_some_and(|t| earlier.and_then(|e| e.get("text")) != Some(t));
+    new_text || new_in(choice.get("delta"), earlier.and_then(|e| e.get("delta")))
 }
 
 /// Turns every `finish_reason: "stop"` of an answer's (or a chunk's) choices into `"length"`;
@@ -1013,14 +1075,17 @@ mod tests {
             .collect()
     }
 
+    /// `OMNI_FINISH_USAGE` as the usage-only chunk it amounts to.
+    const OMNI_USAGE_ONLY: &str = "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":2}}\n\n";
+
     #[test]
-    fn a_repeated_finish_reaches_the_client_once_with_usage_when_asked() {
+    fn a_repeated_finish_reaches_the_client_once_its_usage_when_asked() {
         let omni = StreamNormalise { single_finish: true, ..Default::default() };
         let chunks = [TOKEN, TOKEN, OMNI_FINISH, OMNI_FINISH_USAGE, DONE];
         let sent = same_for_every_split(omni, &chunks, true);
-        assert_eq!(sent, [TOKEN, TOKEN, OMNI_FINISH_USAGE, DONE].concat(), "the one with usage, as it was");
+        assert_eq!(sent, [TOKEN, TOKEN, OMNI_FINISH, OMNI_USAGE_ONLY, DONE].concat(), "the first, then the usage");
         let sent = same_for_every_split(omni, &chunks, false);
-        assert_eq!(finish_reasons(&sent), [("stop".to_string(), false)], "{sent}");
+        assert_eq!(sent, [TOKEN, TOKEN, OMNI_FINISH, DONE].concat(), "the first alone");
         let (f, _) = normalised(omni, &chunks, false);
         assert_eq!((f.tokens(), f.choices_finished.len()), (Some(2), 1), "usage read, one finish");
         // A finish that is not repeated goes on, before what follows it, and at the end.
@@ -1034,6 +1099,49 @@ mod tests {
         assert_eq!(sent, chunks.concat());
     }
 
+    /// mlx-omni-server's tool answer: the tool call rides in the first finish chunk, the repeat
+    /// has only the role and the usage (the review's H1: the tool call was dropped).
+    const OMNI_TOOL_FINISH: &str = "data: {\"choices\": [{\"index\": 0, \"delta\": {\"role\": \"assistant\", \"tool_calls\": [{\"id\": \"call_1\", \"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"arguments\": \"{}\"}}]}, \"finish_reason\": \"tool_calls\"}]}\n\n";
+    const OMNI_TOOL_REPEAT: &str = "data: {\"choices\": [{\"index\": 0, \"delta\": {\"role\": \"assistant\"}, \"finish_reason\": \"tool_calls\"}], \"usage\": {\"prompt_tokens\": 3, \"completion_tokens\": 2}}\n\n";
+
+    #[test]
+    fn a_tool_call_in_the_first_finish_reaches_the_client_once() {
+        let omni = StreamNormalise { length_at: Some(100), single_finish: true, ..Default::default() };
+        let chunks = [ROLE, OMNI_TOOL_FINISH, OMNI_TOOL_REPEAT, DONE];
+        let sent = same_for_every_split(omni, &chunks, true);
+        assert_eq!(sent, [ROLE, OMNI_TOOL_FINISH, OMNI_USAGE_ONLY, DONE].concat());
+        let sent = same_for_every_split(omni, &chunks, false);
+        assert_eq!(sent, [ROLE, OMNI_TOOL_FINISH, DONE].concat());
+        // Cut at max_tokens (usage 2 ≥ 2): the first finish is re-serialised, its tool call kept,
+        // and a `tool_calls` finish stays what it is.
+        let cut = StreamNormalise { length_at: Some(2), ..omni };
+        let sent = same_for_every_split(cut, &chunks, true);
+        assert_eq!(sent.matches("\"get_weather\"").count(), 1, "{sent}");
+        assert_eq!(finish_reasons(&sent), [("tool_calls".to_string(), false)], "{sent}");
+        assert!(sent.ends_with(&[OMNI_USAGE_ONLY, DONE].concat()), "{sent}");
+    }
+
+    #[test]
+    fn a_repeat_carrying_new_output_is_not_dropped() {
+        let omni = StreamNormalise { single_finish: true, ..Default::default() };
+        // Output in the repeat only: both go on, as they were.
+        let chunks = [TOKEN, OMNI_FINISH, OMNI_TOOL_FINISH, DONE];
+        for wants_usage in [true, false] {
+            assert_eq!(same_for_every_split(omni, &chunks, wants_usage), chunks.concat());
+        }
+        // The same output in both: a true repeat, its choices dropped.
+        let with_usage = OMNI_TOOL_FINISH.replacen(
+            "]}\n\n",
+            "], \"usage\": {\"prompt_tokens\": 3, \"completion_tokens\": 2}}\n\n",
+            1,
+        );
+        let sent = same_for_every_split(omni, &[OMNI_TOOL_FINISH, &with_usage, DONE], true);
+        assert_eq!(sent, [OMNI_TOOL_FINISH, OMNI_USAGE_ONLY, DONE].concat());
+        // A repeat without usage or output: nothing.
+        let sent = same_for_every_split(omni, &[TOKEN, OMNI_FINISH, OMNI_FINISH, DONE], true);
+        assert_eq!(sent, [TOKEN, OMNI_FINISH, DONE].concat());
+    }
+
     #[test]
     fn stop_at_max_tokens_becomes_length_and_only_that_frame_changes() {
         let at = |n| StreamNormalise { length_at: Some(n), ..Default::default() };
@@ -1044,11 +1152,13 @@ mod tests {
         assert!(sent.starts_with(&[ROLE, TOKEN, TOKEN].concat()) && sent.ends_with(DONE), "{sent}");
         let sent = same_for_every_split(at(3), &[ROLE, TOKEN, TOKEN, finish, DONE], true);
         assert_eq!(sent, [ROLE, TOKEN, TOKEN, finish, DONE].concat(), "not cut: untouched");
-        // mlx-omni-server: the finish twice, usage in the second.
+        // mlx-omni-server: the finish twice, usage in the second: the first says length (judged
+        // on the second's usage), the usage follows it when asked for.
         let both = StreamNormalise { length_at: Some(2), single_finish: true, ..Default::default() };
         for wants_usage in [true, false] {
             let sent = same_for_every_split(both, &[TOKEN, TOKEN, OMNI_FINISH, OMNI_FINISH_USAGE, DONE], wants_usage);
-            assert_eq!(finish_reasons(&sent), [("length".to_string(), wants_usage)], "{sent}");
+            assert_eq!(finish_reasons(&sent), [("length".to_string(), false)], "{sent}");
+            assert_eq!(sent.contains(OMNI_USAGE_ONLY), wants_usage, "{sent}");
         }
     }
 
