@@ -213,7 +213,10 @@ impl Normalise {
             (self.serialize, "serialize: one request at a time (max_concurrency 1)"),
             (self.hold_abandoned, "hold_abandoned: an abandoned stream holds its slot until the backend ends it"),
             (self.finish_length, "finish_length: finish_reason stop at max_tokens becomes length"),
-            (self.single_finish, "single_finish: a repeated finish chunk is dropped"),
+            (
+                self.single_finish,
+                "single_finish: a repeated finish chunk reaches the client once (its usage as a usage chunk)",
+            ),
             (!self.stream_options, "stream_options: not sent (the backend refuses it)"),
         ];
         lines.extend(switches.iter().filter(|(on, _)| *on).map(|(_, line)| line.to_string()));
