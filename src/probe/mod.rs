@@ -16,7 +16,9 @@
 //!   cancel on disconnect, and left at its head; the over-long prompt only up to
 //!   `OVER_CONTEXT_BOUND` tokens unless `--context` asks, and also left at its head;
 //! - bounded: one deadline (`--deadline`, 90 s) for everything, short head and stall limits, a
-//!   case that runs out of time is skipped with the reason.
+//!   case that runs out of time is skipped with the reason; the disconnect check's abandoned
+//!   stream is sized to end by itself within seconds, and is not started when the deadline could
+//!   cut its check short.
 
 pub mod checks;
 pub mod report;

@@ -1,8 +1,9 @@
 //! What `mlxgate probe` found, as JSON (`--json`, the keys the issue names plus the Host and
 //! Origin checks) or as text (with notes on what was seen and why a case was skipped), and the
 //! gateway.yaml backend stanza those facts call for: `url`, `kind`, `max_concurrency`,
-//! `context_cap` and a `normalise:` map with the field names of
-//! [`crate::backend::profile::Normalise`].
+//! `context_cap`, `tokenizer` and a `normalise:` map with the field names of
+//! [`crate::backend::profile::Normalise`], in which only what a measurement shows the server needs
+//! is written (always as `true`, or `stream_options: false`): the kind's defaults apply to the rest.
 
 use std::fmt::Write as _;
 
@@ -102,9 +103,7 @@ impl Switch {
         let key = self.key;
         match &self.measured {
             Measured::Needed(why) => Some(format!("{key}: true   # {why}")),
-            Measured::NotNeeded(seen) if on => {
-                Some(format!("# {key}: the kind's default (on) stays, although {seen}"))
-            }
+            Measured::NotNeeded(seen) if on => Some(format!("# {key}: the kind's default (on) stays, although {seen}")),
             Measured::NotNeeded(_) => None,
             Measured::Unknown(why) => {
                 Some(format!("# {key}: not measured ({why}): the kind's default ({})", if on { "on" } else { "off" }))
