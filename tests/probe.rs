@@ -131,6 +131,22 @@ async fn an_answer_that_ends_early_is_no_cancel_and_never_switches_hold_abandone
     assert!(backend.normalise.hold_abandoned, "the kind's default: {}", r.profile);
 }
 
+/// L2: with less time left before the deadline than the disconnect check needs, its abandoned
+/// stream is never sent: a server that does not cancel is not left generating after the probe.
+#[tokio::test]
+async fn the_disconnect_check_is_not_started_where_the_deadline_would_cut_it() {
+    let mut config = SimConfig { capacity: 1, ..style(Style::MlxOpenaiServer) };
+    config.defaults.tokens = Some(100_000);
+    let sim = sim::spawn(config).await.expect("sim");
+    // About 6 s of orphan: the check needs 2 × 6 + 5 s, more than the whole deadline.
+    let r = probe(&ProbeOptions { deadline: Duration::from_secs(10), ..options(&sim.url()) }).await.expect("probe");
+    assert_eq!(r.cancels_on_disconnect, None, "{}", r.text());
+    assert!(r.notes.iter().any(|n| n.contains("disconnect: not measured") && n.contains("deadline")), "{}", r.text());
+    let long = sim.state.requests().into_iter().filter(|b| b["max_tokens"].as_i64().is_some_and(|t| t > 32)).count();
+    assert_eq!(long, 0, "no abandoned stream was sent");
+    assert!(stanza_backend(&r).normalise.hold_abandoned, "the kind's default: {}", r.profile);
+}
+
 #[tokio::test]
 async fn vllm_mlx_style_usage_twice() {
     let r = probe_sim(style(Style::VllmMlx)).await;
