@@ -232,14 +232,19 @@ async fn a_server_generating_one_at_a_time_is_serialized_and_a_batching_one_batc
     let r = probe_sim(one_at_a_time).await;
     assert_eq!(r.concurrent_streams.as_deref(), Some("serialized"), "{r:?}");
     assert_eq!(stanza_backend(&r).max_concurrency, 1, "{}", r.profile);
-    let batching = SimConfig { capacity: 2, speedup: vec![1.0, 1.8], ..style(Style::Openai) };
-    let r = probe_sim(batching).await;
+    // Answers of the pair's whole 32 tokens, long enough that request overheads do not count.
+    let paced = |speedup: Vec<f64>| {
+        let mut config = SimConfig { capacity: 2, speedup, ..style(Style::Openai) };
+        config.defaults.tokens = Some(100_000);
+        config.defaults.tokens_per_second = Some(100.0);
+        config
+    };
+    let r = probe_sim(paced(vec![1.0, 1.8])).await;
     assert_eq!(r.concurrent_streams.as_deref(), Some("batched"), "{r:?}");
     assert!(r.speedup_2.is_some_and(|s| s >= 1.3), "{r:?}");
     assert_eq!(stanza_backend(&r).max_concurrency, 2, "{}", r.profile);
     // L6: two at once, but no faster together than one alone: taking turns, not batching.
-    let interleaving = SimConfig { capacity: 2, speedup: vec![1.0, 1.0], ..style(Style::Openai) };
-    let r = probe_sim(interleaving).await;
+    let r = probe_sim(paced(vec![1.0, 1.0])).await;
     assert!(r.speedup_2.is_some_and(|s| s < 1.3), "{r:?}");
     assert_eq!(r.concurrent_streams.as_deref(), Some("serialized"), "{r:?}");
     assert_eq!(stanza_backend(&r).max_concurrency, 1, "{}", r.profile);
