@@ -29,9 +29,13 @@ fn style(style: Style) -> SimConfig {
     SimConfig { defaults: Behaviour { style: Some(style), ..Behaviour::default() }, ..SimConfig::default() }
 }
 
-/// The printed stanza, parsed by the gateway's own config parser: its `probed` backend.
+/// The printed stanza, parsed by the gateway's own config parser: its `probed` backend. No
+/// switch is ever written off (M3): left out, the kind's default applies.
 fn stanza_backend(r: &Report) -> mlxgate::config::BackendConfig {
     let config = Config::parse(&r.profile, &|_| None).unwrap_or_else(|e| panic!("{e:?}\n{}", r.profile));
+    let off = r.profile.lines().filter(|l| !l.trim_start().starts_with('#') && l.contains(": false"));
+    let off: Vec<&str> = off.filter(|l| !l.contains("stream_options: false")).collect();
+    assert!(off.is_empty(), "a switch written off: {off:?}\n{}", r.profile);
     config.backends["probed"].clone()
 }
 
@@ -106,6 +110,41 @@ async fn a_server_that_generates_on_after_a_disconnect_is_reported_and_held() {
     assert!(r.errors["negative_max_tokens"].skipped.as_deref().is_some_and(|s| s.contains("not sent")), "{r:?}");
     let n = stanza_backend(&r).normalise;
     assert!(n.hold_abandoned && n.finish_length, "{}", r.profile);
+    assert!(r.profile.contains("hold_abandoned: true   # it generates on"), "{}", r.profile);
+}
+
+/// M3: a server that generates on after a disconnect, but whose answers end by themselves
+/// early (20 tokens): the follow-up is served at once, which looks like a cancel. The probe
+/// says it could not tell, and the stanza keeps the kind's `hold_abandoned` (never `false`).
+#[tokio::test]
+async fn an_answer_that_ends_early_is_no_cancel_and_never_switches_hold_abandoned_off() {
+    let mut config = SimConfig { capacity: 1, ..style(Style::MlxOpenaiServer) };
+    config.defaults.tokens = Some(20);
+    config.defaults.tokens_per_second = Some(20.0);
+    let r = probe_sim(config).await;
+    assert_eq!(r.cancels_on_disconnect, None, "{}", r.text());
+    assert!(r.notes.iter().any(|n| n.contains("inconclusive") && n.contains("after 20 tokens")), "{}", r.text());
+    assert!(!r.profile.contains("hold_abandoned: false"), "{}", r.profile);
+    assert!(r.profile.contains("# hold_abandoned: not measured"), "{}", r.profile);
+    let backend = stanza_backend(&r);
+    assert_eq!(backend.kind.name(), "mlx-openai-server", "{}", r.profile);
+    assert!(backend.normalise.hold_abandoned, "the kind's default: {}", r.profile);
+}
+
+/// L2: with less time left before the deadline than the disconnect check needs, its abandoned
+/// stream is never sent: a server that does not cancel is not left generating after the probe.
+#[tokio::test]
+async fn the_disconnect_check_is_not_started_where_the_deadline_would_cut_it() {
+    let mut config = SimConfig { capacity: 1, ..style(Style::MlxOpenaiServer) };
+    config.defaults.tokens = Some(100_000);
+    let sim = sim::spawn(config).await.expect("sim");
+    // About 6 s of orphan: the check needs 2 × 6 + 5 s, more than the whole deadline.
+    let r = probe(&ProbeOptions { deadline: Duration::from_secs(10), ..options(&sim.url()) }).await.expect("probe");
+    assert_eq!(r.cancels_on_disconnect, None, "{}", r.text());
+    assert!(r.notes.iter().any(|n| n.contains("disconnect: not measured") && n.contains("deadline")), "{}", r.text());
+    let long = sim.state.requests().into_iter().filter(|b| b["max_tokens"].as_i64().is_some_and(|t| t > 32)).count();
+    assert_eq!(long, 0, "no abandoned stream was sent");
+    assert!(stanza_backend(&r).normalise.hold_abandoned, "the kind's default: {}", r.profile);
 }
 
 #[tokio::test]
@@ -119,7 +158,10 @@ async fn vllm_mlx_style_usage_twice() {
 
 #[tokio::test]
 async fn vllm_mlx_simple_mode_error_event_is_serialized_in_the_stanza() {
-    let r = probe_sim(style(Style::VllmMlxSimple)).await;
+    let mut config = style(Style::VllmMlxSimple);
+    // Answers longer than the abandoned stream: a follow-up served at once is a real cancel.
+    config.defaults.tokens = Some(100_000);
+    let r = probe_sim(config).await;
     assert_eq!(r.concurrent_streams.as_deref(), Some("error_event"), "{r:?}");
     // H4: right after the abandoned stream, the route is still busy for a moment: the follow-up
     // gets the busy error event, is sent again, and the server counts as cancelling.
@@ -127,6 +169,7 @@ async fn vllm_mlx_simple_mode_error_event_is_serialized_in_the_stanza() {
     assert!(r.notes.iter().any(|n| n.contains("after busy answers: error event")), "{}", r.text());
     let backend = stanza_backend(&r);
     assert!(backend.normalise.serialize && backend.max_concurrency == 1, "{}", r.profile);
+    assert!(r.profile.contains("serialize: true   # a second concurrent stream got error event"), "{}", r.profile);
 }
 
 #[tokio::test]
@@ -189,15 +232,29 @@ async fn a_server_generating_one_at_a_time_is_serialized_and_a_batching_one_batc
     let r = probe_sim(one_at_a_time).await;
     assert_eq!(r.concurrent_streams.as_deref(), Some("serialized"), "{r:?}");
     assert_eq!(stanza_backend(&r).max_concurrency, 1, "{}", r.profile);
-    let batching = SimConfig { capacity: 2, speedup: vec![1.0, 1.8], ..style(Style::Openai) };
-    let r = probe_sim(batching).await;
+    // Answers of the pair's whole 32 tokens, long enough that request overheads do not count.
+    let paced = |speedup: Vec<f64>| {
+        let mut config = SimConfig { capacity: 2, speedup, ..style(Style::Openai) };
+        config.defaults.tokens = Some(100_000);
+        config.defaults.tokens_per_second = Some(100.0);
+        config
+    };
+    let r = probe_sim(paced(vec![1.0, 1.8])).await;
     assert_eq!(r.concurrent_streams.as_deref(), Some("batched"), "{r:?}");
-    assert!(r.speedup_2.is_some_and(|s| s > 1.2), "{r:?}");
+    assert!(r.speedup_2.is_some_and(|s| s >= 1.3), "{r:?}");
+    assert_eq!(stanza_backend(&r).max_concurrency, 2, "{}", r.profile);
+    // L6: two at once, but no faster together than one alone: taking turns, not batching.
+    let r = probe_sim(paced(vec![1.0, 1.0])).await;
+    assert!(r.speedup_2.is_some_and(|s| s < 1.3), "{r:?}");
+    assert_eq!(r.concurrent_streams.as_deref(), Some("serialized"), "{r:?}");
+    assert_eq!(stanza_backend(&r).max_concurrency, 1, "{}", r.profile);
 }
 
 #[tokio::test]
 async fn keep_alive_idle_timeout_is_none_when_the_server_keeps_it_and_chunked_framing_is_seen() {
-    let r = probe_sim(SimConfig { framing: Some(Framing::Chunked), ..style(Style::Openai) }).await;
+    let mut config = SimConfig { framing: Some(Framing::Chunked), ..style(Style::Openai) };
+    config.defaults.tokens = Some(100_000);
+    let r = probe_sim(config).await;
     assert!(r.keep_alive);
     assert_eq!(r.idle_timeout_s, None, "the sim never closes an idle connection");
     assert!(r.notes.iter().any(|n| n.contains("idle timeout > 2 s")), "{r:?}");
@@ -521,13 +578,17 @@ async fn real_rapid_mlx_matches_the_wire_facts() {
     assert!(host.body.as_deref().is_some_and(|b| b.contains("Invalid host header")), "{host:?}");
 }
 
-/// mlx-vlm: role on every delta, separate usage, batches, checks the context; the probe names
+/// mlx-vlm: role on every delta, separate usage, batches (near the threshold here), checks the context; the probe names
 /// the model it lists as loaded and never sends it an unknown one.
 #[tokio::test]
 async fn real_mlx_vlm_matches_the_wire_facts() {
     let args = ["--model", "{model}", "--host", "127.0.0.1", "--port", "{port}"];
     let Some(real) = start_real("mlx-vlm", "mlx_vlm.server", &args, &[], true).await else { return };
     let r = probe_real(&real, None, 8).await;
+    // It batches, but its pair measured 1.34–1.52× here (2 shared cores), close to the 1.3 that
+    // counts as batched: either verdict, never an error event.
+    let concurrent = r.concurrent_streams.clone().unwrap_or_default();
+    assert!(["batched", "serialized"].contains(&concurrent.as_str()), "{r:?}");
     assert_row(
         &r,
         &Row {
@@ -537,7 +598,7 @@ async fn real_mlx_vlm_matches_the_wire_facts() {
             usage: ("separate", false),
             finish_at_max: "length",
             cancels: true,
-            concurrent: "batched",
+            concurrent: &concurrent,
             errors: [None, Some(422), Some(400), Some(400)],
             checks: (false, false),
             kind: "mlx-vlm",
@@ -547,7 +608,10 @@ async fn real_mlx_vlm_matches_the_wire_facts() {
 }
 
 /// mlx-omni-server (no --model: the model is the request's absolute path): role on every delta,
-/// finish chunk twice, `stop` at max_tokens, 500 for an unknown model, stops on disconnect.
+/// finish chunk twice, `stop` at max_tokens, 500 for an unknown model, stops on disconnect. Two
+/// streams at once interleave without a gain (L6: speedup 1.04–1.09 measured here, under the
+/// 1.3 that counts as batching). The model is a local directory: the stanza names it as the
+/// tokenizer.
 #[tokio::test]
 async fn real_mlx_omni_server_matches_the_wire_facts() {
     let args = ["--host", "127.0.0.1", "--port", "{port}"];
@@ -563,13 +627,16 @@ async fn real_mlx_omni_server_matches_the_wire_facts() {
             usage: ("finish", false),
             finish_at_max: "stop",
             cancels: true,
-            concurrent: "batched",
+            concurrent: "serialized",
             errors: [Some(500), Some(422), Some(200), Some(200)],
             checks: (false, false),
             kind: "mlx-omni-server",
         },
     );
     assert!(stanza_backend(&r).normalise.single_finish, "{}", r.profile);
+    let config = Config::parse(&r.profile, &|_| None).unwrap_or_else(|e| panic!("{e:?}\n{}", r.profile));
+    let tokenizer = config.models.values().next().and_then(|m| m.tokenizer.clone());
+    assert_eq!(tokenizer.as_deref(), Some(Path::new(&model)), "{}", r.profile);
 }
 
 /// M5: a server that answers everything with an endless body (1 MiB data lines that never end):

@@ -239,9 +239,7 @@ impl StreamRecord {
 
     /// Decoded tokens per second between the first and the last output.
     pub fn decode_rate(&self) -> Option<f64> {
-        let tokens = self
-            .completion_tokens()
-            .or_else(|| u64::try_from(self.data().filter(|(_, s, _)| has_output(s)).count()).ok())?;
+        let tokens = self.tokens()?;
         let span = self.last_output()?.checked_sub(self.first_output()?)?.as_secs_f64();
         (tokens > 1 && span > 0.0).then(|| (tokens - 1) as f64 / span)
     }
@@ -296,6 +294,11 @@ impl StreamRecord {
     /// The stream had usage anywhere.
     pub fn has_usage(&self) -> bool {
         self.data().any(|(_, s, _)| s.usage.is_some())
+    }
+
+    /// Tokens generated: the usage's completion tokens, else the deltas with output.
+    pub fn tokens(&self) -> Option<u64> {
+        self.completion_tokens().or_else(|| u64::try_from(self.data().filter(|(_, s, _)| has_output(s)).count()).ok())
     }
 
     /// The last usage's completion tokens.
@@ -496,10 +499,15 @@ pub async fn header_check(target: &Target, budget: &Budget, name: &str, value: &
     }
 }
 
+/// The least speedup of two concurrent streams over one alone that counts as batching.
+pub const BATCHED_SPEEDUP: f64 = 1.3;
+
 /// What two streams sent at the same instant got.
 #[derive(Debug, Clone)]
 pub struct Concurrency {
-    /// `batched`, `serialized`, `error_event` or `busy_status`.
+    /// `batched` (both generated at once, together at least `BATCHED_SPEEDUP` times the rate
+    /// of one alone), `serialized` (one after the other, or at once without that gain),
+    /// `error_event` or `busy_status`.
     pub verdict: &'static str,
     /// Tokens/s of the pair over tokens/s of one alone.
     pub speedup: Option<f64>,
@@ -527,10 +535,6 @@ pub async fn concurrency(
         return Err(cut);
     }
     let windows = [(ra.first_output(), ra.last_output()), (rb.first_output(), rb.last_output())];
-    let verdict = match windows {
-        [(Some(fa), Some(la)), (Some(fb), Some(lb))] if fa.max(fb) >= la.min(lb) => "serialized",
-        _ => "batched",
-    };
     let speedup = match (single.completion_tokens(), ra.completion_tokens(), rb.completion_tokens()) {
         (Some(one), Some(ta), Some(tb)) if one > 0 && !single.ended.is_zero() && !wall.is_zero() => {
             let alone = one as f64 / single.ended.as_secs_f64();
@@ -538,6 +542,12 @@ pub async fn concurrency(
             Some((pair / alone * 100.0).round() / 100.0)
         }
         _ => None,
+    };
+    let verdict = match windows {
+        [(Some(fa), Some(la)), (Some(fb), Some(lb))] if fa.max(fb) >= la.min(lb) => "serialized",
+        // Interleaved without a gain: two streams on one busy core take turns.
+        _ if speedup.is_some_and(|s| s < BATCHED_SPEEDUP) => "serialized",
+        _ => "batched",
     };
     Ok(Concurrency { verdict, speedup })
 }
@@ -562,10 +572,12 @@ pub struct Cancel {
     pub seen: String,
 }
 
-/// `max_tokens` of an abandoned stream that would last `ORPHAN_SECONDS` at `rate` tokens/s.
-pub fn orphan_tokens(rate: Option<f64>) -> i64 {
-    let tokens = rate.map_or(512.0, |r| r * ORPHAN_SECONDS);
-    (tokens as i64).clamp(256, 4096)
+/// `max_tokens` of an abandoned stream that would last about `ORPHAN_SECONDS` at `rate`
+/// tokens/s (a server that does not cancel generates it for nobody, also after a probe cut
+/// short), and that duration.
+pub fn orphan(rate: f64) -> (i64, Duration) {
+    let tokens = ((rate * ORPHAN_SECONDS) as i64).clamp(64, 4096);
+    (tokens, Duration::from_secs_f64(tokens as f64 / rate.max(f64::MIN_POSITIVE)))
 }
 
 /// Whether the server stops generating when the client leaves: a stream (`long`, whose
@@ -652,9 +664,11 @@ mod tests {
 
     #[test]
     fn the_orphan_lasts_seconds_at_the_measured_rate_within_bounds() {
-        assert_eq!(orphan_tokens(Some(450.0)), 2700);
-        assert_eq!(orphan_tokens(Some(10.0)), 256);
-        assert_eq!(orphan_tokens(Some(5000.0)), 4096);
-        assert_eq!(orphan_tokens(None), 512);
+        assert_eq!(orphan(450.0).0, 2700);
+        assert_eq!(orphan(5000.0).0, 4096);
+        // A slow server: the orphan still ends by itself within seconds.
+        let (tokens, lasts) = orphan(12.0);
+        assert_eq!(tokens, 72);
+        assert!(lasts <= Duration::from_secs(6), "{lasts:?}");
     }
 }

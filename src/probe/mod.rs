@@ -16,7 +16,9 @@
 //!   cancel on disconnect, and left at its head; the over-long prompt only up to
 //!   `OVER_CONTEXT_BOUND` tokens unless `--context` asks, and also left at its head;
 //! - bounded: one deadline (`--deadline`, 90 s) for everything, short head and stall limits, a
-//!   case that runs out of time is skipped with the reason.
+//!   case that runs out of time is skipped with the reason; the disconnect check's abandoned
+//!   stream is sized to end by itself within seconds, and is not started when the deadline could
+//!   cut its check short.
 
 pub mod checks;
 pub mod report;
@@ -222,6 +224,7 @@ async fn probe_all(options: &ProbeOptions) -> Result<Report, String> {
     // mlx_lm.server lists its launch model last, as an absolute path: read, never sent.
     let launch = (kind.as_deref() == Some("mlx-lm")).then(|| entries.last().and_then(|e| e["id"].as_str())).flatten();
     let context = options.context.or_else(|| model.as_deref().or(launch).and_then(|m| context_of(m, &entries)));
+    let tokenizer = model.as_deref().or(launch).filter(|m| local_tokenizer(m)).map(str::to_string);
 
     let idle = AbortOnDrop(tokio::spawn({
         let (target, limit) = (target.clone(), options.idle_wait);
@@ -257,8 +260,8 @@ async fn probe_all(options: &ProbeOptions) -> Result<Report, String> {
         checks::error_case(&p.target, &p.budget, invalid_json(p.model.as_deref()).as_bytes()).await,
     );
 
-    let rate = concurrency_and_rate(&p, &lead, &mut report).await;
-    cancel_check(&p, &lead, rate, &mut report).await;
+    let alone = concurrency_and_rate(&p, &lead, &mut report).await;
+    cancel_check(&p, &lead, &alone, &mut report).await;
     errors.insert(
         "prompt_over_context".to_string(),
         over_context(&p, context, named_context, report.cancels_on_disconnect).await,
@@ -276,6 +279,7 @@ async fn probe_all(options: &ProbeOptions) -> Result<Report, String> {
         context,
         finish_chunks: first.finish_chunks(),
         stream_options: p.stream_options,
+        tokenizer: tokenizer.as_deref(),
     };
     report.profile = report.stanza(&stanza);
     Ok(report)
@@ -301,14 +305,27 @@ async fn first_stream(p: &mut Probe, text: &str, notes: &mut Vec<String>) -> Res
     p.checked(record)
 }
 
-/// One stream alone, then two at once; returns the decode rate of the one alone.
-async fn concurrency_and_rate(p: &Probe, lead: &str, report: &mut Report) -> Option<f64> {
-    let single = match p.stream_ok(&p.chat(&prompt(&format!("{lead} alone"), 24), PAIR_TOKENS, true, Some(true))).await
-    {
+/// What the stream alone showed about the prompt the cancel check abandons.
+struct Alone {
+    /// Its decode rate, tokens/s.
+    rate: Option<f64>,
+    /// The tokens of its answer when that ended by itself (at least two short of `PAIR_TOKENS`:
+    /// mlx-omni-server counts one less at `max_tokens`).
+    ended_by_itself: Option<u64>,
+}
+
+/// The prompt whose answer is measured alone and then abandoned by the cancel check.
+fn long_prompt(lead: &str) -> String {
+    prompt(&format!("{lead} a long answer nobody reads"), 24)
+}
+
+/// One stream alone (the cancel check's prompt), then two at once.
+async fn concurrency_and_rate(p: &Probe, lead: &str, report: &mut Report) -> Alone {
+    let single = match p.stream_ok(&p.chat(&long_prompt(lead), PAIR_TOKENS, true, Some(true))).await {
         Ok(s) => s,
         Err(e) => {
             report.notes.push(format!("one stream alone: {e}"));
-            return None;
+            return Alone { rate: None, ended_by_itself: None };
         }
     };
     let a = p.chat(&prompt(&format!("{lead} pair one"), 24), PAIR_TOKENS, true, Some(true));
@@ -320,23 +337,50 @@ async fn concurrency_and_rate(p: &Probe, lead: &str, report: &mut Report) -> Opt
         }
         Err(e) => report.notes.push(format!("two concurrent streams: {e}")),
     }
-    single.decode_rate()
+    let ended_by_itself = single.tokens().filter(|t| t + 1 < PAIR_TOKENS as u64);
+    Alone { rate: single.decode_rate(), ended_by_itself }
 }
 
+/// Time the cancel check needs beyond twice the abandoned stream's expected duration (the
+/// follow-up's own answer): started with less left before the deadline, a server that does not
+/// cancel would be left generating after the probe ends.
+const CANCEL_CHECK_MARGIN: Duration = Duration::from_secs(5);
+
 /// Whether a disconnect stops the generation, with an abandoned stream sized to last seconds.
-async fn cancel_check(p: &Probe, lead: &str, rate: Option<f64>, report: &mut Report) {
+/// A "cancels" seen on a prompt whose answer ends by itself within `PAIR_TOKENS` is no
+/// measurement: the abandoned answer may simply have ended before the follow-up.
+async fn cancel_check(p: &Probe, lead: &str, alone: &Alone, report: &mut Report) {
     if p.budget.spent() {
         report.notes.push(format!("disconnect: {}", p.budget.spent_reason()));
         return;
     }
-    let tokens = checks::orphan_tokens(rate);
-    let expected = Duration::from_secs_f64(tokens as f64 / rate.unwrap_or(100.0));
-    let long = p.chat(&prompt(&format!("{lead} a long answer nobody reads"), 24), tokens, true, None);
+    let Some(rate) = alone.rate else {
+        report.notes.push("disconnect: not measured: no decode rate to size the abandoned stream by".into());
+        return;
+    };
+    let (tokens, expected) = checks::orphan(rate);
+    let needs = expected * 2 + CANCEL_CHECK_MARGIN;
+    if p.budget.left() < needs {
+        report.notes.push(format!(
+            "disconnect: not measured: {:.1} s left before the deadline, the check needs about {:.0} s",
+            p.budget.left().as_secs_f64(),
+            needs.as_secs_f64()
+        ));
+        return;
+    }
+    let long = p.chat(&long_prompt(lead), tokens, true, None);
     let next = p.chat(&prompt(&format!("{lead} the request after the one that left"), 24), 4, true, None);
     match checks::cancels_on_disconnect(&p.target, &p.budget, &long, &next, expected).await {
         Ok(c) => {
             report.cancels_on_disconnect = c.cancels;
             report.notes.push(format!("disconnect ({tokens} tokens asked, left after the first): {}", c.seen));
+            if let (Some(true), Some(natural)) = (c.cancels, alone.ended_by_itself) {
+                report.cancels_on_disconnect = None;
+                report.notes.push(format!(
+                    "disconnect: inconclusive: this prompt's answer ended by itself after {natural} tokens, so the \
+                     abandoned one may have ended before the follow-up was served"
+                ));
+            }
         }
         Err(e) => report.notes.push(format!("disconnect: {e}")),
     }
@@ -451,6 +495,13 @@ fn context_of(model: &str, listed: &[Value]) -> Option<u64> {
         let text = std::fs::read_to_string(std::path::Path::new(model).join("config.json")).ok()?;
         serde_json::from_str::<Value>(&text).ok()?["max_position_embeddings"].as_u64()
     })
+}
+
+/// Whether `model` is a local model directory (an absolute path: a relative one would be read
+/// against the probe's working directory, not the gateway's) with a `tokenizer.json`.
+fn local_tokenizer(model: &str) -> bool {
+    let dir = std::path::Path::new(model);
+    dir.is_absolute() && dir.join("tokenizer.json").is_file()
 }
 
 /// The server, when its headers say which it is: `mlx-lm` (Python's BaseHTTP) or `mlx-vlm`.
