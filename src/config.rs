@@ -581,14 +581,13 @@ fn validate(raw: RawConfig, problems: &mut Vec<Problem>) -> Option<Config> {
                 name.clone()
             }
             (None, Some(model), _) => model,
-            // mlx_lm.server's own name for the model it was launched with.
-            (None, None, Some(Kind::MlxLm)) => "default_model".to_string(),
-            (None, None, Some(kind @ (Kind::MlxVlm | Kind::MlxOmniServer))) => {
+            (None, None, Some(kind @ (Kind::MlxLm | Kind::MlxVlm | Kind::MlxOmniServer))) => {
+                let how = if kind == Kind::MlxLm { " (its --model, or default_model)" } else { "" };
                 problems.push(Problem {
                     path: format!("{path}.upstream_model"),
                     reason: format!(
                         "{} drops its model or looks the name up on the Hub when asked for a model it does not \
-                         serve: name the model exactly as the server loaded it",
+                         serve: name the model exactly as the server loaded it{how}",
                         kind.name()
                     ),
                 });
@@ -1223,21 +1222,21 @@ models:
     #[test]
     fn a_running_server_of_a_kind_that_drops_unknown_models_is_never_sent_the_public_name() {
         let c = Config::parse(
-            "backends:\n  lm: {url: 'http://127.0.0.1:9101', kind: mlx-lm}\n  \
-             vlm: {url: 'http://127.0.0.1:9102', kind: mlx-vlm}\n\
-             models:\n  qwen: {backend: lm}\n  v: {backend: vlm, upstream_model: mlx-community/Qwen3-4B}\n",
+            "backends:\n  vlm: {url: 'http://127.0.0.1:9102', kind: mlx-vlm}\n\
+             models:\n  v: {backend: vlm, upstream_model: mlx-community/Qwen3-4B}\n",
             &no_env,
         )
         .expect("valid");
-        assert_eq!(c.models["qwen"].upstream_model, "default_model", "mlx_lm.server's name for its launch model");
         assert_eq!(c.models["v"].upstream_model, "mlx-community/Qwen3-4B");
         let p = problems(
-            "backends:\n  vlm: {url: 'http://127.0.0.1:9102', kind: mlx-vlm}\n  \
+            "backends:\n  lm: {url: 'http://127.0.0.1:9101', kind: mlx-lm}\n  \
+             vlm: {url: 'http://127.0.0.1:9102', kind: mlx-vlm}\n  \
              omni: {url: 'http://127.0.0.1:9103', kind: mlx-omni-server}\n  \
              o: {kind: omlx, model: /models, port: 9104}\n\
-             models:\n  a: {backend: vlm}\n  b: {backend: omni}\n  c: {backend: o}\n",
+             models:\n  a: {backend: vlm}\n  b: {backend: omni}\n  c: {backend: o}\n  qwen: {backend: lm}\n",
         );
         for expected in [
+            "models.qwen.upstream_model: mlx-lm drops its model",
             "models.a.upstream_model: mlx-vlm drops its model",
             "models.b.upstream_model: mlx-omni-server drops its model",
             "models.c.upstream_model: omlx serves each model directory",

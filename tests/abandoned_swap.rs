@@ -42,6 +42,8 @@ async fn a_swap_does_not_wait_for_a_slot_held_by_an_abandoned_stream() {
     drop(stream);
     let held = "mlxgate_abandoned_streams_held{backend=\"a\"}";
     eventually("the abandoned stream holds a's slot", || async { metric(&gw, held).await == Some(1.0) }).await;
+    let a = backend_state(&gw, "a").await;
+    assert_eq!((a["in_flight"].as_u64(), a["abandoned"].as_u64()), (Some(1), Some(1)), "{a}");
 
     // b needs the GPU: a is swapped out at once (its only slot is abandoned), not after DRAIN.
     let ask_b =

@@ -123,6 +123,8 @@ pub async fn backends(State(state): State<Arc<AppState>>) -> Json<serde_json::Va
                 "managed": b.managed.is_some(),
                 "max_concurrency": b.max_concurrency,
                 "in_flight": queue.map(|q| q.in_flight),
+                // Of in_flight, the slots held for answers their clients abandoned (hold_abandoned).
+                "abandoned": queue.map(|q| q.abandoned),
                 "queue": queue.map(|q| q.waiting),
                 "normalise": b.normalise.active(),
             });

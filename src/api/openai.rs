@@ -25,7 +25,7 @@ use super::AppState;
 use super::chunk;
 use super::fit::{self, Endpoint, Fitted};
 use crate::auth::{self, Client};
-use crate::backend::handle::{Answer, BUSY_AFTER_RELEASE, Outbound, SendFailure};
+use crate::backend::handle::{Answer, Outbound, SendFailure, busy_retries};
 use crate::backend::profile::Kind;
 use crate::backend::upstream::strip_hop_by_hop;
 use crate::config::BackendConfig;
@@ -331,7 +331,7 @@ pub(crate) async fn dispatch(
             }
         };
         sent.store(true, std::sync::atomic::Ordering::SeqCst);
-        match attempt(state, route, outbound, permit).await {
+        match attempt(state, route, outbound, permit, retries == 0).await {
             Ok((answer, permit)) => break (permit, answer),
             Err(SendFailure::Retry(e)) if retries < MAX_RETRIES => {
                 retries += 1;
@@ -357,10 +357,12 @@ async fn attempt(
     route: &Route,
     outbound: &Outbound,
     permit: Permit,
+    first_attempt: bool,
 ) -> Result<(Answer, Permit), SendFailure> {
-    let just_after_another = permit.after_release().is_some_and(|d| d < BUSY_AFTER_RELEASE);
+    // A request sent again after a restart was its own previous request: no busy retries.
+    let busy_retries = if first_attempt { busy_retries(permit.previous()) } else { 0 };
     if !route.backend.config.normalise.hold_abandoned {
-        return route.backend.send(outbound, just_after_another).await.map(|answer| (answer, permit));
+        return route.backend.send(outbound, busy_retries).await.map(|answer| (answer, permit));
     }
     let backend = route.backend.clone();
     let copy = Outbound {
@@ -372,7 +374,7 @@ async fn attempt(
     let (metrics, cutoff) = (state.metrics.clone(), Arc::clone(&state.cutoff));
     let (mut tx, rx) = tokio::sync::oneshot::channel();
     tokio::spawn(async move {
-        let send = backend.send(&copy, just_after_another);
+        let send = backend.send(&copy, busy_retries);
         tokio::pin!(send);
         let answered = tokio::select! {
             answered = &mut send => answered,
@@ -558,6 +560,10 @@ async fn whole_answer(
             return e.into_response();
         }
     };
+    let mut permit = permit;
+    if head.status.is_success() {
+        permit.finish();
+    }
     drop(permit);
     let Some(figures) = figures_of_whole(&whole) else {
         let e = GatewayError::Backend {

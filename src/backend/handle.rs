@@ -42,6 +42,17 @@ const BUSY_PAUSES: [Duration; 4] =
 /// client's abort (measured). Later, the same error event is a real failure, never sent again.
 pub const BUSY_AFTER_RELEASE: Duration = Duration::from_secs(1);
 
+/// How often a request is sent again to a serialized backend that answers busy: after an
+/// aborted (or failed) request, every pause of [`BUSY_PAUSES`]; after one that ended normally
+/// (busy then was seen once in ten raw-socket tries, never through the gateway), once.
+pub fn busy_retries(previous: Option<crate::dispatch::queue::Previous>) -> usize {
+    match previous {
+        Some(p) if p.ended_ago < BUSY_AFTER_RELEASE && !p.finished => BUSY_PAUSES.len(),
+        Some(p) if p.ended_ago < BUSY_AFTER_RELEASE => 1,
+        _ => 0,
+    }
+}
+
 /// How long after its first bytes a serialized backend's stream is watched for the busy error
 /// event (it follows the role chunk at once); a stream still silent then is prefilling.
 const BUSY_WINDOW: Duration = Duration::from_secs(1);
@@ -111,14 +122,13 @@ impl BackendHandle {
         self.supervisor.as_ref()
     }
 
-    /// Sends `request`: one attempt, sent again (after a pause, a few times) while a serialized
-    /// backend answers that it is busy. `just_after_another`: the backend's previous request
-    /// ended within [`BUSY_AFTER_RELEASE`] of this one's slot, the only time it can be busy.
-    pub async fn send(&self, request: &Outbound, just_after_another: bool) -> Result<Answer, SendFailure> {
-        let mut pauses = BUSY_PAUSES.iter();
+    /// Sends `request`: one attempt, sent again (after a pause, at most `busy_retries` times,
+    /// see [`busy_retries`]) while a serialized backend answers that it is busy.
+    pub async fn send(&self, request: &Outbound, busy_retries: usize) -> Result<Answer, SendFailure> {
+        let mut pauses = BUSY_PAUSES.iter().take(busy_retries);
         loop {
             let answer = self.attempt(request).await?;
-            if !self.config.normalise.serialize || !just_after_another {
+            if !self.config.normalise.serialize || busy_retries == 0 {
                 return Ok(answer);
             }
             let (busy, answer) = busy(answer).await;

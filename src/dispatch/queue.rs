@@ -58,8 +58,8 @@ struct State {
     /// the backend is still busy with them, but nobody waits for them, so a swap or a stop does
     /// not wait for them (stopping the server is what ends them).
     abandoned: usize,
-    /// When a slot was last freed (a request's answer ended or was abandoned).
-    last_release: Option<Instant>,
+    /// When a slot was last freed, and whether its answer had ended normally.
+    last_release: Option<(Instant, bool)>,
     models: Vec<ModelQueue>,
     /// Index of the model whose turn is next when a slot frees.
     next_model: usize,
@@ -95,24 +95,40 @@ pub struct Permit {
     shared: Option<Arc<Shared>>,
     granted: Instant,
     abandoned: bool,
-    /// How long before the grant the backend's previous request ended (`None`: none had).
-    after_release: Option<Duration>,
+    /// Set when the answer ended normally (not abandoned, cut or failed).
+    finished: bool,
+    /// The backend's previous request, as it was when this slot was granted.
+    previous: Option<Previous>,
+}
+
+/// How the backend's previous request ended, seen from a slot's grant.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Previous {
+    /// How long before the grant it ended.
+    pub ended_ago: Duration,
+    /// Whether its answer had ended normally (else: abandoned, cut or failed).
+    pub finished: bool,
 }
 
 impl Drop for Permit {
     fn drop(&mut self) {
         if let Some(shared) = self.shared.take() {
-            shared.release(self.granted.elapsed(), self.abandoned);
+            shared.release(self.granted.elapsed(), self.abandoned, self.finished);
         }
     }
 }
 
 impl Permit {
-    /// How long before this slot was granted the backend's previous request ended: a backend
-    /// that is still busy a moment after a request (vllm-mlx's serialized route) can only be
-    /// busy with that one when this is short.
-    pub fn after_release(&self) -> Option<Duration> {
-        self.after_release
+    /// How the backend's previous request ended, and how long before this slot was granted: a
+    /// backend still busy a moment after a request (vllm-mlx's serialized route, after a client
+    /// aborted a stream) can only be busy with that one when this is short.
+    pub fn previous(&self) -> Option<Previous> {
+        self.previous
+    }
+
+    /// Marks the answer as ended normally (its stream complete, its whole body read).
+    pub fn finish(&mut self) {
+        self.finished = true;
     }
 
     /// Marks the slot as held for an answer its client abandoned: it stays in flight (the
@@ -400,18 +416,18 @@ impl Shared {
     }
 
     fn permit(self: &Arc<Self>) -> Permit {
-        let after_release = self.lock().last_release.map(|t| t.elapsed());
-        Permit { shared: Some(Arc::clone(self)), granted: Instant::now(), abandoned: false, after_release }
+        let previous = self.lock().previous();
+        Permit { shared: Some(Arc::clone(self)), granted: Instant::now(), abandoned: false, finished: false, previous }
     }
 
     /// Frees a slot: hands it to the next waiter in fair order, or returns it to the pool.
-    fn release(self: &Arc<Self>, held: Duration, abandoned: bool) {
+    fn release(self: &Arc<Self>, held: Duration, abandoned: bool, finished: bool) {
         {
             let mut state = self.lock();
             if abandoned {
                 state.abandoned -= 1;
             }
-            state.last_release = Some(Instant::now());
+            state.last_release = Some((Instant::now(), finished));
             state.observe_service(held);
             state.last_activity = Instant::now();
             state.last_progress = Instant::now();
@@ -440,7 +456,7 @@ impl Shared {
     /// Passes one held slot to the next waiter in fair order, or frees it.
     fn hand_over(self: &Arc<Self>) {
         loop {
-            let (next, after_release) = {
+            let (next, previous) = {
                 let mut state = self.lock();
                 let next = if state.open { state.pop_next() } else { None };
                 match next {
@@ -449,7 +465,7 @@ impl Shared {
                             .queue_depth
                             .with_label_values(&[&model])
                             .set(state.models.iter().find(|m| m.name == model).map_or(0, |m| m.waiting as i64));
-                        (waiter, state.last_release.map(|t| t.elapsed()))
+                        (waiter, state.previous())
                     }
                     None => {
                         state.in_flight -= 1;
@@ -459,8 +475,13 @@ impl Shared {
                 }
             };
             // The slot moves to the waiter; `in_flight` is unchanged.
-            let permit =
-                Permit { shared: Some(Arc::clone(self)), granted: Instant::now(), abandoned: false, after_release };
+            let permit = Permit {
+                shared: Some(Arc::clone(self)),
+                granted: Instant::now(),
+                abandoned: false,
+                finished: false,
+                previous,
+            };
             match next.grant.send(permit) {
                 Ok(()) => return,
                 // That waiter is gone; disarm the returned permit and try the next one.
@@ -471,6 +492,11 @@ impl Shared {
 }
 
 impl State {
+    /// The previous request's end, as a slot granted now sees it.
+    fn previous(&self) -> Option<Previous> {
+        self.last_release.map(|(at, finished)| Previous { ended_ago: at.elapsed(), finished })
+    }
+
     /// Next waiter: round robin across models, then across clients within the model.
     fn pop_next(&mut self) -> Option<(Waiter, String)> {
         let n = self.models.len();

@@ -892,7 +892,13 @@ impl Body for StreamMeter {
 /// `stream_error` after an error event), the stats line added when asked for.
 fn end(this: &mut StreamMeterProj<'_>) {
     *this.finished = true;
-    this.permit.take();
+    // An answer that ended with an error event did not end normally (its backend may still be
+    // busy with it: vllm-mlx's serialized route).
+    if let Some(mut permit) = this.permit.take()
+        && this.figures.error.is_none()
+    {
+        permit.finish();
+    }
     if let Some(info) = this.info.take() {
         let outcome = if this.figures.error.is_some() { Outcome::StreamError } else { Outcome::Ok };
         if info.stats_comment {
