@@ -395,11 +395,16 @@ struct Row<'a> {
 
 fn assert_row(r: &Report, row: &Row<'_>) {
     let text = r.text();
-    assert_eq!(
-        (r.http_version.as_str(), r.framing.as_str(), r.keep_alive, r.idle_timeout_s),
-        row.http,
-        "transport: {text}"
-    );
+    let (version, framing, keep_alive, idle) = row.http;
+    assert_eq!((r.http_version.as_str(), r.framing.as_str(), r.keep_alive), (version, framing, keep_alive), "{text}");
+    // The server's idle close, as the probe times it: on a loaded machine its timer fires late
+    // by a tenth of a second or two (measured 5.1 for uvicorn's 5 s), never early.
+    match (r.idle_timeout_s, idle) {
+        (Some(measured), Some(server)) => {
+            assert!((server..=server + 0.5).contains(&measured), "idle timeout {measured} for {server}: {text}")
+        }
+        (measured, server) => assert_eq!(measured, server, "idle timeout: {text}"),
+    }
     assert_eq!((r.role_chunk.as_str(), r.keepalive.as_str()), (row.role_chunk, row.keepalive), "{text}");
     assert_eq!((r.usage_placement.as_str(), r.usage_without_include_usage), row.usage, "usage: {text}");
     assert!(r.done_marker, "{text}");
