@@ -940,14 +940,7 @@ mod tests {
     use super::*;
 
     fn figures_of(chunks: &[&str], wants_usage: bool) -> (StreamFigures, String) {
-        let mut forward = Forward::default();
-        let mut figures = StreamFigures::default();
-        for c in chunks {
-            forward.observe(&mut figures, Bytes::from(c.to_string()), wants_usage);
-        }
-        forward.finish(&mut figures, wants_usage);
-        let sent: Vec<u8> = forward.out.iter().flat_map(|b| b.iter().copied()).collect();
-        (figures, String::from_utf8(sent).expect("utf8"))
+        normalised(StreamNormalise::default(), chunks, wants_usage)
     }
 
     const ROLE: &str = "data: {\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\"}}]}\n\n";
