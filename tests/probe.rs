@@ -131,6 +131,53 @@ async fn an_answer_that_ends_early_is_no_cancel_and_never_switches_hold_abandone
     assert!(backend.normalise.hold_abandoned, "the kind's default: {}", r.profile);
 }
 
+/// M3b: a server in mlx-openai-server's style (generates on after a disconnect, one request at a
+/// time) whose answers end by themselves at 80 tokens, past the 32 of the pair's stream but well
+/// within the follow-up's window (1.5 s at 100 tok/s): the follow-up is served at once. Neither
+/// recognised (its kind takes -1 as unlimited) nor named `custom` with --kind may it get
+/// `max_tokens: -1` or the over-long prompt, and the stanza never writes `hold_abandoned: false`.
+#[tokio::test]
+async fn answers_ending_at_80_tokens_are_no_cancel_and_get_neither_minus_one_nor_an_over_long_prompt() {
+    for kind in [None, Some("custom")] {
+        let mut config = SimConfig { capacity: 1, ..style(Style::MlxOpenaiServer) };
+        config.defaults.tokens = Some(80);
+        config.defaults.tokens_per_second = Some(100.0);
+        let sim = sim::spawn(config).await.expect("sim");
+        let options = ProbeOptions { kind: kind.map(str::to_string), context: Some(100), ..options(&sim.url()) };
+        let r = probe(&options).await.expect("probe");
+        let text = r.text();
+        assert_ne!(r.cancels_on_disconnect, Some(true), "{kind:?}: {text}");
+        assert!(
+            r.notes.iter().any(|n| n.contains("inconclusive") && n.contains("after 80 tokens")),
+            "{kind:?}: {text}"
+        );
+        let requests = sim.state.requests();
+        assert!(requests.iter().any(|b| b["max_tokens"].as_i64().is_some_and(|t| t > 80)), "the check ran: {text}");
+        let minus_one = requests.iter().filter(|b| b["max_tokens"].as_i64().is_some_and(|t| t < 0)).count();
+        assert_eq!(minus_one, 0, "{kind:?}: max_tokens -1 was sent: {text}");
+        let words =
+            |b: &serde_json::Value| b["messages"][0]["content"].as_str().map_or(0, |c| c.split_whitespace().count());
+        let over = requests.iter().filter(|b| words(b) > 100).count();
+        assert_eq!(over, 0, "{kind:?}: the over-long prompt was sent: {text}");
+        for case in ["negative_max_tokens", "prompt_over_context"] {
+            let skipped = r.errors[case].skipped.as_deref().unwrap_or_default();
+            assert!(skipped.starts_with("not sent"), "{kind:?} {case}: {text}");
+        }
+        assert!(!r.profile.contains("hold_abandoned: false"), "{}", r.profile);
+        let backend = stanza_backend(&r);
+        match kind {
+            Some(k) => {
+                assert!(r.profile.contains(&format!("kind: {k}   # kind given with --kind")), "{}", r.profile);
+                assert!(r.profile.contains("# hold_abandoned: not measured"), "{}", r.profile);
+            }
+            None => {
+                assert_eq!(backend.kind.name(), "mlx-openai-server", "{}", r.profile);
+                assert!(backend.normalise.hold_abandoned, "the kind's default: {}", r.profile);
+            }
+        }
+    }
+}
+
 /// L2: with less time left before the deadline than the disconnect check needs, its abandoned
 /// stream is never sent: a server that does not cancel is not left generating after the probe.
 #[tokio::test]
@@ -179,7 +226,10 @@ async fn rapid_mlx_style_comments_context_refusal_and_host_checks() {
     config.defaults.keepalive_ms = Some(100);
     config.defaults.prompt_cap = Some(100);
     let sim = sim::spawn(config).await.expect("sim");
-    let r = probe(&ProbeOptions { context: Some(100), ..options(&sim.url()) }).await.expect("probe");
+    // The sim's streams do not show Rapid-MLX (no `metrics`), and its 100-token cap refuses the
+    // disconnect check's stream: named, the kind is one known to check the length first.
+    let options = ProbeOptions { context: Some(100), kind: Some("rapid-mlx".into()), ..options(&sim.url()) };
+    let r = probe(&options).await.expect("probe");
     assert_eq!(r.keepalive, "comment");
     assert_eq!(r.cached_tokens, Some(26), "Rapid-MLX reports the whole repeated prompt: {r:?}");
     let over = &r.errors["prompt_over_context"];
@@ -523,7 +573,8 @@ async fn real_mlx_openai_server_matches_the_wire_facts() {
             finish_at_max: "stop",
             cancels: false,
             concurrent: "serialized",
-            errors: [Some(200), Some(422), Some(200), None],
+            // M3b: neither the over-long prompt nor -1 (unlimited here) is sent to it.
+            errors: [Some(200), Some(422), None, None],
             checks: (false, false),
             kind: "mlx-openai-server",
         },
@@ -633,7 +684,8 @@ async fn real_mlx_omni_server_matches_the_wire_facts() {
             finish_at_max: "stop",
             cancels: true,
             concurrent: "serialized",
-            errors: [Some(500), Some(422), Some(200), Some(200)],
+            // M3b: -1 is not sent (it generates until EOS on it).
+            errors: [Some(500), Some(422), Some(200), None],
             checks: (false, false),
             kind: "mlx-omni-server",
         },

@@ -12,8 +12,10 @@
 //!   lists several models gets none unless `--model` says which; the unknown-model case is sent
 //!   only to servers recognised as ones that do not unload on it, and followed by a request for
 //!   the right model;
-//! - no request can generate without end: `max_tokens: -1` is sent only to a server seen to
-//!   cancel on disconnect, and left at its head; the over-long prompt only up to
+//! - no request can generate without end: `max_tokens: -1` is sent only to a kind known to
+//!   refuse it, or to an unrecognised server seen to stop an abandoned answer that would have run
+//!   on (never to the kinds known to take it as unlimited), and left at its head; the over-long
+//!   prompt only to a server seen to cancel or a kind known to check the length first, up to
 //!   `OVER_CONTEXT_BOUND` tokens unless `--context` asks, and also left at its head;
 //! - bounded: one deadline (`--deadline`, 90 s) for everything, short head and stall limits, a
 //!   case that runs out of time is skipped with the reason; the disconnect check's abandoned
@@ -44,6 +46,14 @@ const OVER_CONTEXT_BOUND: u64 = 16_384;
 const FOREIGN_HOST: &str = "mlxgate-probe.invalid";
 /// The `Origin` sent by the Origin check: a browser UI on the same machine.
 const BROWSER_ORIGIN: &str = "http://localhost:3000";
+
+/// Kinds known to refuse `max_tokens: -1` before generating (wire-facts §4: mlx_lm 400,
+/// vllm-mlx 422, Rapid-MLX 400, mlx-vlm 400).
+const REFUSE_NEGATIVE: &[&str] = &["mlx-lm", "vllm-mlx", "rapid-mlx", "mlx-vlm"];
+/// Kinds known to take `max_tokens: -1` as unlimited (wire-facts §4: 200, generated until EOS).
+const UNLIMITED_NEGATIVE: &[&str] = &["mlx-openai-server", "mlx-omni-server"];
+/// Kinds known to check the prompt's length before generating (wire-facts §4: 400).
+const CHECK_CONTEXT: &[&str] = &["rapid-mlx", "mlx-vlm"];
 
 /// The kinds `--kind` takes (the gateway's `kind:` names).
 const KINDS: &[&str] = &[
@@ -261,12 +271,15 @@ async fn probe_all(options: &ProbeOptions) -> Result<Report, String> {
     );
 
     let alone = concurrency_and_rate(&p, &lead, &mut report).await;
-    cancel_check(&p, &lead, &alone, &mut report).await;
-    errors.insert(
-        "prompt_over_context".to_string(),
-        over_context(&p, context, named_context, report.cancels_on_disconnect).await,
-    );
-    errors.insert("negative_max_tokens".to_string(), negative_max_tokens(&p, report.cancels_on_disconnect).await);
+    let ran_long = cancel_check(&p, &lead, &alone, &mut report).await;
+    let seen = Seen {
+        kind: kind.as_deref(),
+        cancels: report.cancels_on_disconnect,
+        ran_long,
+        batched: report.concurrent_streams.as_deref() == Some("batched"),
+    };
+    errors.insert("prompt_over_context".to_string(), over_context(&p, context, named_context, &seen).await);
+    errors.insert("negative_max_tokens".to_string(), negative_max_tokens(&p, &seen).await);
     report.errors = errors;
 
     idle_timeout(idle, &mut report).await;
@@ -276,6 +289,7 @@ async fn probe_all(options: &ProbeOptions) -> Result<Report, String> {
         base_url: p.target.base_url(),
         model: p.model.as_deref(),
         kind: kind.as_deref(),
+        kind_given: options.kind.is_some(),
         context,
         finish_chunks: first.finish_chunks(),
         stream_options: p.stream_options,
@@ -341,49 +355,81 @@ async fn concurrency_and_rate(p: &Probe, lead: &str, report: &mut Report) -> Alo
     Alone { rate: single.decode_rate(), ended_by_itself }
 }
 
-/// Time the cancel check needs beyond twice the abandoned stream's expected duration (the
-/// follow-up's own answer): started with less left before the deadline, a server that does not
-/// cancel would be left generating after the probe ends.
+/// Time the cancel check needs beyond two and a half times the abandoned stream's expected
+/// duration (the follow-up's own answer, then the same prompt alone at half the size): started
+/// with less left before the deadline, a server that does not cancel would be left generating
+/// after the probe ends.
 const CANCEL_CHECK_MARGIN: Duration = Duration::from_secs(5);
 
-/// Whether a disconnect stops the generation, with an abandoned stream sized to last seconds.
-/// A "cancels" seen on a prompt whose answer ends by itself within `PAIR_TOKENS` is no
-/// measurement: the abandoned answer may simply have ended before the follow-up.
-async fn cancel_check(p: &Probe, lead: &str, alone: &Alone, report: &mut Report) {
+/// Whether a disconnect stops the generation, with an abandoned stream sized to last seconds;
+/// true when the abandoned prompt's answer, read alone, ran on (see `answer_runs_on`).
+/// A "cancels" is kept only then: a follow-up is counted as cancelling when it is served within
+/// a quarter of the abandoned stream's expected duration, so an abandoned answer that ends by
+/// itself before that looks the same.
+async fn cancel_check(p: &Probe, lead: &str, alone: &Alone, report: &mut Report) -> bool {
     if p.budget.spent() {
         report.notes.push(format!("disconnect: {}", p.budget.spent_reason()));
-        return;
+        return false;
     }
     let Some(rate) = alone.rate else {
         report.notes.push("disconnect: not measured: no decode rate to size the abandoned stream by".into());
-        return;
+        return false;
     };
     let (tokens, expected) = checks::orphan(rate);
-    let needs = expected * 2 + CANCEL_CHECK_MARGIN;
+    let needs = expected.mul_f64(2.5) + CANCEL_CHECK_MARGIN;
     if p.budget.left() < needs {
         report.notes.push(format!(
             "disconnect: not measured: {:.1} s left before the deadline, the check needs about {:.0} s",
             p.budget.left().as_secs_f64(),
             needs.as_secs_f64()
         ));
-        return;
+        return false;
     }
     let long = p.chat(&long_prompt(lead), tokens, true, None);
     let next = p.chat(&prompt(&format!("{lead} the request after the one that left"), 24), 4, true, None);
-    match checks::cancels_on_disconnect(&p.target, &p.budget, &long, &next, expected).await {
-        Ok(c) => {
-            report.cancels_on_disconnect = c.cancels;
-            report.notes.push(format!("disconnect ({tokens} tokens asked, left after the first): {}", c.seen));
-            if let (Some(true), Some(natural)) = (c.cancels, alone.ended_by_itself) {
-                report.cancels_on_disconnect = None;
-                report.notes.push(format!(
-                    "disconnect: inconclusive: this prompt's answer ended by itself after {natural} tokens, so the \
-                     abandoned one may have ended before the follow-up was served"
-                ));
-            }
+    let c = match checks::cancels_on_disconnect(&p.target, &p.budget, &long, &next, expected).await {
+        Ok(c) => c,
+        Err(e) => {
+            report.notes.push(format!("disconnect: {e}"));
+            return false;
         }
-        Err(e) => report.notes.push(format!("disconnect: {e}")),
+    };
+    report.notes.push(format!("disconnect ({tokens} tokens asked, left after the first): {}", c.seen));
+    if c.cancels != Some(true) {
+        report.cancels_on_disconnect = c.cancels;
+        return false;
     }
+    let runs_on = answer_runs_on(p, lead, alone, tokens / 2).await;
+    match &runs_on {
+        Ok(n) => report.notes.push(format!(
+            "disconnect: the same prompt alone ran the {n} tokens asked (half the abandoned stream's): an abandoned \
+             answer would have outlasted the follow-up's wait"
+        )),
+        Err(why) => report.notes.push(format!(
+            "disconnect: inconclusive: {why}, so the abandoned one may have ended before the follow-up was served"
+        )),
+    }
+    report.cancels_on_disconnect = runs_on.is_ok().then_some(true);
+    runs_on.is_ok()
+}
+
+/// Whether the abandoned prompt's answer runs on for `half` (half the abandoned stream's
+/// `max_tokens`, twice what must be left of it when the follow-up decides): streamed alone with
+/// that `max_tokens` at temperature 0 (the same answer) and read to its end. `Ok` with the
+/// tokens when it ran the whole length (mlx-omni-server counts one less at `max_tokens`), else
+/// why not. Not sent when the pair's 32-token stream of the same prompt already ended by itself.
+async fn answer_runs_on(p: &Probe, lead: &str, alone: &Alone, half: i64) -> Result<u64, String> {
+    if let Some(natural) = alone.ended_by_itself {
+        return Err(format!("this prompt's answer ended by itself after {natural} tokens"));
+    }
+    let record = p.stream_ok(&p.chat(&long_prompt(lead), half, true, Some(true))).await.map_err(|e| {
+        format!("the same prompt alone (to see whether its answer runs on for {half} tokens) failed: {e}")
+    })?;
+    let tokens = record.tokens().unwrap_or(0);
+    if tokens + 1 < u64::try_from(half).unwrap_or(u64::MAX) {
+        return Err(format!("this prompt's answer ended by itself after {tokens} tokens ({half} asked)"));
+    }
+    Ok(tokens)
 }
 
 /// Keep-alive's result, waited for within the deadline.
@@ -573,11 +619,58 @@ fn invalid_json(model: Option<&str>) -> String {
     format!("{{{model}\"messages\": [{{\"role\": \"user\", \"content\": ")
 }
 
+/// What the probe knows of the server when it chooses whether to send the cases that a server
+/// may take as work without end: a `max_tokens: -1` or an over-long prompt, left at its head.
+struct Seen<'a> {
+    /// The recognised kind, or the one `--kind` names.
+    kind: Option<&'a str>,
+    /// `cancels_on_disconnect`.
+    cancels: Option<bool>,
+    /// The abandoned prompt's answer, read alone, ran on (so a "cancels" is a measurement).
+    ran_long: bool,
+    /// Two concurrent streams were `batched`: a follow-up is served at once even by a batching
+    /// server that generates on, so its "cancels" does not show the abandoned answer stopped.
+    batched: bool,
+}
+
+impl Seen<'_> {
+    fn kind_in(&self, kinds: &[&str]) -> bool {
+        self.kind.is_some_and(|k| kinds.contains(&k))
+    }
+
+    /// Why `max_tokens: -1` is not sent, or `None` to send it: to a kind known to refuse it, or
+    /// to an unrecognised server seen to stop an answer that would have run on, and not batching.
+    fn no_negative(&self) -> Option<String> {
+        if let Some(k) = self.kind.filter(|k| UNLIMITED_NEGATIVE.contains(k)) {
+            return Some(format!("not sent: {k} takes -1 as unlimited (wire-facts: 200, generates until EOS)"));
+        }
+        if self.kind_in(REFUSE_NEGATIVE) || (self.cancels == Some(true) && self.ran_long && !self.batched) {
+            return None;
+        }
+        Some(
+            "not sent: -1 may mean unlimited, and the server is neither a kind known to refuse it (mlx-lm, vllm-mlx, \
+             rapid-mlx, mlx-vlm: --kind names it) nor one seen to stop an abandoned answer that would have run on \
+             while serving one request at a time"
+                .into(),
+        )
+    }
+
+    /// Why the over-long prompt is not sent, or `None` to send it: to a server seen to cancel on
+    /// disconnect, or a kind known to check the length before generating.
+    fn no_over_context(&self) -> Option<String> {
+        (self.cancels != Some(true) && !self.kind_in(CHECK_CONTEXT)).then(|| {
+            "not sent: the server was not seen to cancel on disconnect, nor is it a kind known to check the length \
+             before generating (rapid-mlx, mlx-vlm): it could prefill the whole prompt for nobody"
+                .into()
+        })
+    }
+}
+
 /// A prompt of more tokens than the context (each " a" is at least one token), streamed with one
-/// token asked for and left at its head (the refusals come before any SSE). Skipped above
-/// `OVER_CONTEXT_BOUND` unless `--context` asked for it: most servers do not check and would
-/// prefill it in full.
-async fn over_context(p: &Probe, context: Option<u64>, named: bool, cancels: Option<bool>) -> ErrorCase {
+/// token asked for and left at its head (the refusals come before any SSE). Sent only as
+/// `Seen::no_over_context` allows, and above `OVER_CONTEXT_BOUND` only when `--context` asked for
+/// it: most servers do not check and would prefill it in full.
+async fn over_context(p: &Probe, context: Option<u64>, named: bool, seen: &Seen<'_>) -> ErrorCase {
     let Some(context) = context else {
         return ErrorCase::skipped("context length unknown: pass --context");
     };
@@ -586,20 +679,58 @@ async fn over_context(p: &Probe, context: Option<u64>, named: bool, cancels: Opt
             "context {context} > {OVER_CONTEXT_BOUND}: a prompt over it could be prefilled in full; pass --context to send it"
         ));
     }
-    if cancels == Some(false) && context > 4096 && !named {
-        return ErrorCase::skipped("the server does not cancel on disconnect: it would prefill the whole prompt");
+    if let Some(why) = seen.no_over_context() {
+        return ErrorCase::skipped(why);
     }
     let words = usize::try_from(context).unwrap_or(usize::MAX).saturating_add(128);
     checks::status_only(&p.target, &p.budget, &p.chat(&" a".repeat(words), 1, true, None)).await
 }
 
-/// `max_tokens: -1`, sent only to a server seen to cancel on disconnect (some take -1 as
+/// `max_tokens: -1`, sent only as `Seen::no_negative` allows (some servers take it as
 /// "unlimited"), and left at its head.
-async fn negative_max_tokens(p: &Probe, cancels: Option<bool>) -> ErrorCase {
-    if cancels != Some(true) {
-        return ErrorCase::skipped(
-            "not sent: the server was not seen to cancel on disconnect, and -1 may generate without end",
-        );
+async fn negative_max_tokens(p: &Probe, seen: &Seen<'_>) -> ErrorCase {
+    if let Some(why) = seen.no_negative() {
+        return ErrorCase::skipped(why);
     }
     checks::status_only(&p.target, &p.budget, &p.chat("hello", -1, true, None)).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn seen(kind: Option<&str>, cancels: Option<bool>, ran_long: bool, batched: bool) -> Seen<'_> {
+        Seen { kind, cancels, ran_long, batched }
+    }
+
+    #[test]
+    fn minus_one_goes_only_to_refusing_kinds_or_a_server_seen_to_stop_a_long_answer() {
+        for kind in REFUSE_NEGATIVE {
+            assert_eq!(seen(Some(kind), None, false, true).no_negative(), None, "{kind}");
+        }
+        for kind in UNLIMITED_NEGATIVE {
+            let why = seen(Some(kind), Some(true), true, false).no_negative();
+            assert!(why.is_some_and(|w| w.contains("unlimited")), "{kind}");
+        }
+        for kind in [None, Some("custom"), Some("omlx")] {
+            assert_eq!(seen(kind, Some(true), true, false).no_negative(), None, "{kind:?}");
+            assert!(seen(kind, Some(true), false, false).no_negative().is_some(), "{kind:?}: ended early");
+            assert!(seen(kind, Some(true), true, true).no_negative().is_some(), "{kind:?}: batching");
+            assert!(seen(kind, None, false, false).no_negative().is_some(), "{kind:?}: not measured");
+            assert!(seen(kind, Some(false), false, false).no_negative().is_some(), "{kind:?}: generates on");
+        }
+    }
+
+    #[test]
+    fn the_over_long_prompt_goes_only_to_a_server_seen_to_cancel_or_a_checking_kind() {
+        for kind in CHECK_CONTEXT {
+            assert_eq!(seen(Some(kind), None, false, false).no_over_context(), None, "{kind}");
+        }
+        assert_eq!(seen(Some("mlx-lm"), Some(true), true, false).no_over_context(), None);
+        for cancels in [None, Some(false)] {
+            for kind in [None, Some("mlx-openai-server"), Some("mlx-lm")] {
+                assert!(seen(kind, cancels, false, false).no_over_context().is_some(), "{kind:?} {cancels:?}");
+            }
+        }
+    }
 }

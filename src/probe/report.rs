@@ -63,8 +63,10 @@ pub struct StanzaInput<'a> {
     pub base_url: String,
     /// The `model` the probe sent (`None`: left out, mlx_lm.server's launch model).
     pub model: Option<&'a str>,
-    /// The recognised kind (a `Kind` name).
+    /// The recognised kind, or the one `--kind` named (a `Kind` name).
     pub kind: Option<&'a str>,
+    /// `kind` was named with `--kind`, not recognised from the server's answers.
+    pub kind_given: bool,
     pub context: Option<u64>,
     pub finish_chunks: usize,
     /// `stream_options` was accepted.
@@ -129,6 +131,7 @@ impl Report {
         let mut out = String::from("backends:\n  probed:\n");
         let _ = writeln!(out, "    url: {}", quoted(&input.base_url));
         let _ = match input.kind {
+            Some(kind) if input.kind_given => writeln!(out, "    kind: {kind}   # kind given with --kind"),
             Some(kind) => writeln!(out, "    kind: {kind}   # recognised from its answers"),
             None => writeln!(out, "    kind: custom   # not recognised (mlxgate probe --kind names it)"),
         };
@@ -218,7 +221,8 @@ impl Report {
         let hold = match self.cancels_on_disconnect {
             Some(false) => Measured::Needed("it generates on after the client leaves".into()),
             Some(true) => Measured::NotNeeded(
-                "a request after a disconnect was served at once; an answer ending early (EOS) looks the same".into(),
+                "a request after a disconnect was served at once; a server that batches and generates on looks the same"
+                    .into(),
             ),
             None => Measured::Unknown("disconnect: see the notes".into()),
         };
@@ -363,6 +367,7 @@ mod tests {
             base_url: "http://127.0.0.1:9/pre".into(),
             model: Some("/m/it's \"quoted\": tiny"),
             kind: Some("vllm-mlx"),
+            kind_given: false,
             context: Some(2048),
             finish_chunks: 2,
             stream_options: false,
@@ -410,6 +415,7 @@ mod tests {
             base_url: "http://127.0.0.1:9".into(),
             model: None,
             kind: Some(kind),
+            kind_given: false,
             context: None,
             finish_chunks: 1,
             stream_options: true,
@@ -421,7 +427,7 @@ mod tests {
     /// measured is never written as a value.
     #[test]
     fn the_stanza_never_switches_a_kinds_default_off() {
-        // mlx-openai-server measured as cancelling (its answer may have ended at EOS).
+        // mlx-openai-server measured as cancelling (a batching server that generates on looks so).
         let cancelling = Report {
             cancels_on_disconnect: Some(true),
             finish_reason_at_max_tokens: Some("length".into()),
@@ -432,7 +438,12 @@ mod tests {
         assert_eq!(config.backends["probed"].normalise, Kind::MlxOpenaiServer.normalise(None), "{stanza}");
         assert!(!stanza.contains(": false"), "{stanza}");
         assert!(stanza.contains("# hold_abandoned: the kind's default (on) stays, although"), "{stanza}");
-        assert!(stanza.contains("ending early (EOS)"), "{stanza}");
+        assert!(stanza.contains("batches and generates on"), "{stanza}");
+        assert!(stanza.contains("kind: mlx-openai-server   # recognised from its answers"), "{stanza}");
+        // L4b: a kind named with --kind says so.
+        let given = cancelling.stanza(&StanzaInput { kind_given: true, ..plain_input("custom") });
+        assert!(given.contains("kind: custom   # kind given with --kind"), "{given}");
+        assert!(!given.contains("recognised"), "{given}");
 
         // vllm-mlx: nothing measured (no concurrency, no disconnect, no header checks).
         let unmeasured = Report::default();
