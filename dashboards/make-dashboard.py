@@ -133,6 +133,8 @@ row("Backends: state, swaps, restarts, load", 17)
 STATES = ["stopped", "starting", "ready", "draining", "restarting", "failed"]
 state_expr = " + ".join(
     f'(max by (backend) (mlxgate_backend_state{{{B}, state="{s}"}}) * {i})' for i, s in enumerate(STATES))
+# Each backend's series joined to mlxgate_backend_info: the legend names the kind of server.
+KIND = "* on (backend) group_left (kind) max by (backend, kind) (mlxgate_backend_info)"
 COLORS = ["#808080", "#FADE2A", "#73BF69", "#5794F2", "#FF9830", "#F2495C"]
 
 
@@ -158,18 +160,22 @@ timeseries(
     "/admin/backends/NAME/restart). Two GPU backends alternating quickly between starting and "
     "stopped are thrashing: raise swap_after or max_wait, or give one of the models its own "
     "machine. Restarting or failed: read GET /admin/backends/NAME/logs for the server's last "
-    "words (out of memory, a missing model file).",
+    "words (out of memory, a missing model file). Each backend is named with its kind of server "
+    "(mlx-lm, mlx-openai-server, …): GET /admin/backends lists what the gateway normalises for it.",
     grid(0, 18, 24, 6),
-    [(state_expr, "{{backend}}")],
+    [(f"({state_expr}) {KIND}", "{{backend}} ({{kind}})")],
     extra=state_timeline)
 timeseries(
     "Requests in flight per backend",
     "Requests holding a slot at each backend (from dispatch until their response ends). Flat "
     "at max_concurrency with a growing queue: the backend is the bottleneck. Above 1 on a "
     "server that does not batch (mlx-openai-server, vllm-mlx without --continuous-batching): "
-    "streams share the GPU and each one decodes slower.",
+    "streams share the GPU and each one decodes slower. 'Held by an abandoned stream': slots "
+    "of streams whose client left, kept until the backend ends them (hold_abandoned, "
+    "mlx-openai-server generates on after its client left).",
     grid(0, 24, 6),
-    [(f"sum by (backend) (mlxgate_inflight_requests{{{B}}})", "{{backend}}")])
+    [(f"sum by (backend) (mlxgate_inflight_requests{{{B}}}) {KIND}", "{{backend}} ({{kind}})"),
+     (f"sum by (backend) (mlxgate_abandoned_streams_held{{{B}}})", "held by an abandoned stream {{backend}}")])
 timeseries(
     "Queue depth per model",
     "Requests waiting for a slot. Requests beyond max_queue get 503 server_overloaded with "

@@ -18,7 +18,7 @@ use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_yaml::Value;
 
-use crate::backend::profile::{Kind, fill_template};
+use crate::backend::profile::{Kind, Normalise, fill_template};
 use crate::tokens::OnOverflow;
 
 pub use clients::{ANONYMOUS, AuthMode, ClientConfig, KeyHash, Limits, RateLimitStore, RedisUrl};
@@ -88,6 +88,9 @@ pub struct BackendConfig {
     /// not written, the gateway takes it from the kind (none of today's kinds has one) or from the model's own
     /// `config.json` (`max_position_embeddings`) at start-up.
     pub context_cap: Option<usize>,
+    /// What the gateway does about this kind of server's quirks (the kind's defaults, then the
+    /// file's `normalise:` switches).
+    pub normalise: Normalise,
 }
 
 /// A backend whose process mlxgate starts, watches, restarts and stops.
@@ -261,6 +264,44 @@ struct RawBackend {
     first_byte_timeout: Option<RawDuration>,
     stream_idle_timeout: Option<RawDuration>,
     context_cap: Option<usize>,
+    normalise: Option<RawNormalise>,
+}
+
+/// A backend's `normalise:` switches; each one left out keeps the kind's default.
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawNormalise {
+    pool_idle_timeout: Option<RawDuration>,
+    loopback_host: Option<bool>,
+    serialize: Option<bool>,
+    hold_abandoned: Option<bool>,
+    finish_length: Option<bool>,
+    single_finish: Option<bool>,
+    stream_options: Option<bool>,
+}
+
+impl RawNormalise {
+    /// The kind's defaults with the file's switches applied.
+    fn apply(self, mut n: Normalise, path: &str, problems: &mut Vec<Problem>) -> Normalise {
+        if let Some(d) = self.pool_idle_timeout {
+            n.pool_idle_timeout =
+                positive(Some(d), n.pool_idle_timeout, &format!("{path}.normalise.pool_idle_timeout"), problems);
+        }
+        let switches = [
+            (self.loopback_host, &mut n.loopback_host),
+            (self.serialize, &mut n.serialize),
+            (self.hold_abandoned, &mut n.hold_abandoned),
+            (self.finish_length, &mut n.finish_length),
+            (self.single_finish, &mut n.single_finish),
+            (self.stream_options, &mut n.stream_options),
+        ];
+        for (set, field) in switches {
+            if let Some(on) = set {
+                *field = on;
+            }
+        }
+        n
+    }
 }
 
 #[derive(Deserialize)]
@@ -367,12 +408,27 @@ impl Config {
                 *tokenizer = base.join(&*tokenizer);
             }
         }
-        for managed in config.backends.values_mut().filter_map(|b| b.managed.as_mut()) {
+        let mut renamed = Vec::new();
+        for backend in config.backends.values_mut() {
+            let kind = backend.kind;
+            let Some(managed) = backend.managed.as_mut() else { continue };
             managed.workdir = base.clone();
             if let Some(venv) = managed.venv.as_mut()
                 && venv.is_relative()
             {
                 *venv = base.join(&*venv);
+            }
+            // mlx-omni-server loads the model each request names, and looks a relative path up
+            // on the Hub: a local model directory is named by its absolute path.
+            let local = base.join(&managed.model);
+            if kind.model_from_request() && Path::new(&managed.model).is_relative() && local.is_dir() {
+                let absolute = std::fs::canonicalize(&local).unwrap_or(local).display().to_string();
+                renamed.push((backend.name.clone(), std::mem::replace(&mut managed.model, absolute.clone()), absolute));
+            }
+        }
+        for (backend, relative, absolute) in renamed {
+            for model in config.models.values_mut().filter(|m| m.backend == backend && m.upstream_model == relative) {
+                model.upstream_model = absolute.clone();
             }
         }
         Ok(config)
@@ -512,11 +568,37 @@ fn validate(raw: RawConfig, problems: &mut Vec<Problem>) -> Option<Config> {
         }
         // A managed server knows its model by the path it loaded (mlx_lm.server would try to
         // download any other name from the Hub).
-        let managed_model = backends.get(&m.backend).and_then(|b| b.managed.as_ref()).map(|mc| mc.model.clone());
+        let backend = backends.get(&m.backend);
+        let managed_model = backend.and_then(|b| b.managed.as_ref()).map(|mc| mc.model.clone());
+        let upstream_model = match (m.upstream_model, managed_model, backend.map(|b| b.kind)) {
+            (Some(upstream), _, _) => upstream,
+            (None, _, Some(Kind::Omlx)) => {
+                problems.push(Problem {
+                    path: format!("{path}.upstream_model"),
+                    reason: "omlx serves each model directory under its --model-dir by the directory's name: name it"
+                        .into(),
+                });
+                name.clone()
+            }
+            (None, Some(model), _) => model,
+            (None, None, Some(kind @ (Kind::MlxLm | Kind::MlxVlm | Kind::MlxOmniServer))) => {
+                let how = if kind == Kind::MlxLm { " (its --model, or default_model)" } else { "" };
+                problems.push(Problem {
+                    path: format!("{path}.upstream_model"),
+                    reason: format!(
+                        "{} drops its model or looks the name up on the Hub when asked for a model it does not \
+                         serve: name the model exactly as the server loaded it{how}",
+                        kind.name()
+                    ),
+                });
+                name.clone()
+            }
+            (None, None, _) => name.clone(),
+        };
         models.insert(
             name.clone(),
             ModelConfig {
-                upstream_model: m.upstream_model.or(managed_model).unwrap_or_else(|| name.clone()),
+                upstream_model,
                 name,
                 backend: m.backend,
                 max_queue,
@@ -625,18 +707,24 @@ fn validate_backend(name: String, path: &str, b: RawBackend, problems: &mut Vec<
         let at = if field.is_empty() { path.to_string() } else { format!("{path}.{field}") };
         problems.push(Problem { path: at, reason });
     };
-    let managed_keys = b.kind.is_some() || b.command.is_some();
+    // With url, the server is already running and `kind` only names its profile; without
+    // url, mlxgate runs it from `kind` or `command`.
+    let managed_keys = b.url.is_none() && b.kind.is_some() || b.command.is_some();
     let (url, managed) = match (&b.url, managed_keys) {
         (Some(_), true) => {
             problem(
                 "",
-                "give either url (a server that is already running) or kind/command (one mlxgate runs), not both"
-                    .into(),
+                "give either url (a server that is already running) or command (one mlxgate runs), not both".into(),
             );
             return None;
         }
         (None, false) => {
-            problem("", "needs url (a running server) or kind (mlx-lm, mlx-openai-server, custom)".into());
+            problem(
+                "",
+                "needs url (a running server) or kind (mlx-lm, mlx-openai-server, vllm-mlx, rapid-mlx, mlx-vlm, \
+                 mlx-omni-server, omlx, higgs, mlx-serve, custom)"
+                    .into(),
+            );
             return None;
         }
         (Some(url), false) => {
@@ -666,7 +754,10 @@ fn validate_backend(name: String, path: &str, b: RawBackend, problems: &mut Vec<
                 (b.health.is_some(), "health"),
             ] {
                 if set {
-                    problem(key, "only for managed backends (kind/command); this one has a url".into());
+                    problem(
+                        key,
+                        "only for managed backends (no url); this one has a url, so mlxgate does not run it".into(),
+                    );
                 }
             }
             (url, None)
@@ -690,10 +781,15 @@ fn validate_backend(name: String, path: &str, b: RawBackend, problems: &mut Vec<
                 }
             };
             let uses_model = template.iter().any(|a| a.contains("{model}"));
-            let model = match (&b.model, uses_model) {
+            let model = match (&b.model, uses_model || kind.model_from_request()) {
                 (Some(m), _) => m.clone(),
                 (None, true) => {
-                    problem("model", "the launch command uses {model}: name a model path or Hugging Face id".into());
+                    let why = if uses_model {
+                        "the launch command uses {model}"
+                    } else {
+                        "this kind loads the model each request names"
+                    };
+                    problem("model", format!("{why}: name a model path or Hugging Face id"));
                     return None;
                 }
                 (None, false) => name.clone(),
@@ -726,6 +822,7 @@ fn validate_backend(name: String, path: &str, b: RawBackend, problems: &mut Vec<
                 health,
             };
             let ready_path = ready.path.unwrap_or_else(|| kind.ready_path().to_string());
+            let normalise = normalise_of(kind, Some(&managed.command), b.normalise, max_concurrency, path, problems);
             return Some(BackendConfig {
                 url: format!("http://{MANAGED_HOST}:{port}"),
                 name,
@@ -738,11 +835,13 @@ fn validate_backend(name: String, path: &str, b: RawBackend, problems: &mut Vec<
                 ready_path: if ready_path.starts_with('/') { ready_path } else { format!("/{ready_path}") },
                 managed: Some(managed),
                 context_cap,
+                normalise,
             });
         }
     };
     let kind = b.kind.unwrap_or(Kind::Custom);
-    let ready_path = b.ready.and_then(|r| r.path).unwrap_or_else(|| "/health".to_string());
+    let ready_path = b.ready.and_then(|r| r.path).unwrap_or_else(|| kind.ready_path().to_string());
+    let normalise = normalise_of(kind, None, b.normalise, max_concurrency, path, problems);
     Some(BackendConfig {
         name,
         url,
@@ -755,7 +854,36 @@ fn validate_backend(name: String, path: &str, b: RawBackend, problems: &mut Vec<
         ready_path,
         managed,
         context_cap,
+        normalise,
     })
+}
+
+/// The kind's normalisations with the file's switches; a serialized backend (vllm-mlx without
+/// `--continuous-batching`) written with `max_concurrency` above 1 is a problem, not a silent cap.
+fn normalise_of(
+    kind: Kind,
+    command: Option<&[String]>,
+    raw: Option<RawNormalise>,
+    max_concurrency: usize,
+    path: &str,
+    problems: &mut Vec<Problem>,
+) -> Normalise {
+    let normalise = raw.unwrap_or_default().apply(kind.normalise(command), path, problems);
+    if normalise.serialize && max_concurrency > 1 {
+        problems.push(Problem {
+            path: format!("{path}.max_concurrency"),
+            reason: if kind == Kind::VllmMlx {
+                "vllm-mlx without --continuous-batching serves one request at a time (a second concurrent stream \
+                 gets an error event): leave max_concurrency at 1, or set normalise.serialize: false for a server \
+                 run with --continuous-batching"
+                    .to_string()
+            } else {
+                "normalise.serialize sends one request at a time: leave max_concurrency at 1, or switch serialize off"
+                    .to_string()
+            },
+        });
+    }
+    normalise
 }
 
 /// A duration that must be longer than zero (zero would refuse or cut everything at once).
@@ -1039,7 +1167,8 @@ models:
 ",
         );
         for expected in [
-            "backends.both: give either url",
+            "backends.both.port: only for managed backends",
+            "backends.both.model: only for managed backends",
             "backends.noport.port: a managed backend needs a port",
             "backends.nocmd.command: kind: custom needs a command",
             "backends.nomodel.model: the launch command uses {model}",
@@ -1050,6 +1179,105 @@ models:
         ] {
             assert!(p.iter().any(|l| l.starts_with(expected)), "{expected:?} not in {p:#?}");
         }
+    }
+
+    #[test]
+    fn omni_server_needs_a_model_and_requests_name_its_path() {
+        let c = Config::parse(
+            "backends:\n  omni: {kind: mlx-omni-server, model: .cache/tiny-qwen3, port: 9101}\n\
+             models:\n  q: {backend: omni}\n",
+            &no_env,
+        )
+        .expect("valid");
+        let omni = c.backends["omni"].managed.as_ref().expect("managed");
+        assert_eq!(omni.command, ["mlx-omni-server", "--host", "127.0.0.1", "--port", "9101"]);
+        assert!(omni.warmup, "the warm-up completion is what loads its model");
+        assert_eq!(c.models["q"].upstream_model, ".cache/tiny-qwen3");
+        let p = problems("backends:\n  omni: {kind: mlx-omni-server, port: 9101}\nmodels:\n  q: {backend: omni}\n");
+        assert!(
+            p.iter().any(|l| l.starts_with("backends.omni.model: this kind loads the model each request names")),
+            "{p:#?}"
+        );
+    }
+
+    #[test]
+    fn omni_server_relative_model_becomes_absolute_when_loaded_from_a_file() {
+        let dir = std::env::temp_dir().join(format!("mlxgate-omni-{}", std::process::id()));
+        std::fs::create_dir_all(dir.join("models/tiny")).expect("dir");
+        let file = dir.join("gateway.yaml");
+        std::fs::write(
+            &file,
+            "backends:\n  omni: {kind: mlx-omni-server, model: models/tiny, port: 9101}\n\
+             models:\n  q: {backend: omni}\n  named: {backend: omni, upstream_model: other}\n",
+        )
+        .expect("write");
+        let c = Config::load(&file).expect("valid");
+        let absolute = std::fs::canonicalize(dir.join("models/tiny")).expect("canonical").display().to_string();
+        assert_eq!(c.backends["omni"].managed.as_ref().expect("managed").model, absolute, "the warm-up names it");
+        assert_eq!(c.models["q"].upstream_model, absolute);
+        assert_eq!(c.models["named"].upstream_model, "other", "a name written in the file is kept");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_running_server_of_a_kind_that_drops_unknown_models_is_never_sent_the_public_name() {
+        let c = Config::parse(
+            "backends:\n  vlm: {url: 'http://127.0.0.1:9102', kind: mlx-vlm}\n\
+             models:\n  v: {backend: vlm, upstream_model: mlx-community/Qwen3-4B}\n",
+            &no_env,
+        )
+        .expect("valid");
+        assert_eq!(c.models["v"].upstream_model, "mlx-community/Qwen3-4B");
+        let p = problems(
+            "backends:\n  lm: {url: 'http://127.0.0.1:9101', kind: mlx-lm}\n  \
+             vlm: {url: 'http://127.0.0.1:9102', kind: mlx-vlm}\n  \
+             omni: {url: 'http://127.0.0.1:9103', kind: mlx-omni-server}\n  \
+             o: {kind: omlx, model: /models, port: 9104}\n\
+             models:\n  a: {backend: vlm}\n  b: {backend: omni}\n  c: {backend: o}\n  qwen: {backend: lm}\n",
+        );
+        for expected in [
+            "models.qwen.upstream_model: mlx-lm drops its model",
+            "models.a.upstream_model: mlx-vlm drops its model",
+            "models.b.upstream_model: mlx-omni-server drops its model",
+            "models.c.upstream_model: omlx serves each model directory",
+        ] {
+            assert!(p.iter().any(|l| l.starts_with(expected)), "{expected:?} not in {p:#?}");
+        }
+    }
+
+    #[test]
+    fn normalise_defaults_come_from_the_kind_and_the_file_switches_them() {
+        let c = Config::parse(
+            "backends:\n  rapid: {url: 'http://10.0.0.2:8000', kind: rapid-mlx}\n  \
+             v: {kind: vllm-mlx, model: m, port: 9101}\n  \
+             cb: {kind: vllm-mlx, model: m, port: 9102, command: [vllm-mlx, serve, m, --continuous-batching], max_concurrency: 4}\n  \
+             o: {kind: mlx-openai-server, model: m, port: 9103, normalise: {hold_abandoned: false, pool_idle_timeout: 2s}}\n\
+             models:\n  a: {backend: rapid}\n",
+            &no_env,
+        )
+        .expect("valid");
+        let rapid = &c.backends["rapid"];
+        assert!(rapid.managed.is_none() && rapid.kind == Kind::RapidMlx, "url + kind: a running server's profile");
+        assert!(rapid.normalise.loopback_host);
+        assert_eq!(rapid.ready_path, "/health/ready");
+        assert!(c.backends["v"].normalise.serialize);
+        assert!(!c.backends["cb"].normalise.serialize);
+        let o = &c.backends["o"].normalise;
+        assert!(!o.hold_abandoned && o.finish_length);
+        assert_eq!(o.pool_idle_timeout, Duration::from_secs(2));
+        let p = problems(
+            "backends:\n  v: {kind: vllm-mlx, model: m, port: 9101, max_concurrency: 2}\n  \
+             w: {url: 'http://x:1', command: [s]}\n  \
+             z: {url: 'http://x:2', normalise: {pool_idle_timeout: 0s, bogus: true}}\n\
+             models:\n  a: {backend: v}\n",
+        );
+        assert!(
+            p.iter().any(|l| l
+                .starts_with("backends.v.max_concurrency: vllm-mlx without --continuous-batching serves one request")),
+            "{p:#?}"
+        );
+        assert!(p.iter().any(|l| l.starts_with("backends.w: give either url")), "{p:#?}");
+        assert!(p.iter().any(|l| l.contains("bogus")), "{p:#?}");
     }
 
     #[test]

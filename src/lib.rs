@@ -16,6 +16,7 @@ pub mod limits;
 pub mod log_throttle;
 pub mod metrics;
 pub mod outcome;
+pub mod probe;
 pub mod reload;
 pub mod sim;
 pub mod stream;

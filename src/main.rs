@@ -61,6 +61,9 @@ enum Command {
     /// stream_options.include_usage), never a count of frames; a stream whose tokens arrive
     /// mostly at once is flagged as a burst and gives no decode speed.
     Bench(Box<mlxgate::bench::BenchOptions>),
+    /// Measure an OpenAI-compatible server's wire behaviour (framing, keep-alive, SSE shape,
+    /// errors, concurrency, cancellation) and print the gateway.yaml backend stanza for it.
+    Probe(mlxgate::probe::ProbeOptions),
     /// Internal: run COMMAND and stop its process group when standard input closes (the gateway
     /// runs each managed server this way so that none outlives it).
     #[command(hide = true)]
@@ -102,6 +105,7 @@ fn main() -> ExitCode {
         },
         Command::Reload { config, pid } => reload(config, pid),
         Command::Bench(options) => mlxgate::bench::main(*options),
+        Command::Probe(options) => mlxgate::probe::main(options),
         Command::Serve { config } => {
             let loaded = match load(&config) {
                 Ok(c) => c,

@@ -37,6 +37,9 @@ pub struct Declared {
     pub queue_wait: HistogramVec,
     /// 1 while a managed backend is ready.
     pub backend_up: IntGaugeVec,
+    /// 1 for every configured backend, labelled with its kind (`mlx-lm`, `rapid-mlx`, …): the
+    /// dashboard joins it to the per-backend series to name each backend's server.
+    pub backend_info: IntGaugeVec,
     /// A managed backend's phase, one-hot: 1 for the `state` it is in (stopped, starting, ready,
     /// draining, restarting, failed), 0 for the others.
     pub backend_state: IntGaugeVec,
@@ -75,6 +78,9 @@ pub struct Declared {
     /// Requests refused with 429, by client (a configured name or `anonymous`) and limit
     /// (`rpm`, `tpm`, `concurrency`).
     pub rate_limited: IntCounterVec,
+    /// Answers their clients abandoned, waited for and read to their end while they hold their
+    /// slot (`hold_abandoned`), by backend.
+    pub abandoned_held: IntGaugeVec,
 }
 
 /// TTFT buckets: 10 ms to 30 min (a 52k-token prefill took 31 minutes on one server).
@@ -123,6 +129,11 @@ impl Metrics {
         let backend_up = IntGaugeVec::new(
             Opts::new("mlxgate_backend_up", "1 while the managed backend is ready, else 0."),
             &["backend"],
+        )
+        .expect("static metric definition");
+        let backend_info = IntGaugeVec::new(
+            Opts::new("mlxgate_backend_info", "1 for each configured backend, labelled with the kind of server it is."),
+            &["backend", "kind"],
         )
         .expect("static metric definition");
         let backend_state = IntGaugeVec::new(
@@ -209,12 +220,21 @@ impl Metrics {
             "Requests refused with 429 by a client's rate limit, by client and limit (rpm, tpm, concurrency).",
             &["client", "limit"],
         );
+        let abandoned_held = IntGaugeVec::new(
+            Opts::new(
+                "mlxgate_abandoned_streams_held",
+                "Answers their clients abandoned, read to their end while they hold their slot (hold_abandoned).",
+            ),
+            &["backend"],
+        )
+        .expect("static metric definition");
         for collector in [
             Box::new(requests.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(queue_depth.clone()),
             Box::new(inflight.clone()),
             Box::new(queue_wait.clone()),
             Box::new(backend_up.clone()),
+            Box::new(backend_info.clone()),
             Box::new(backend_state.clone()),
             Box::new(backend_restarts.clone()),
             Box::new(backend_swaps.clone()),
@@ -232,6 +252,7 @@ impl Metrics {
             Box::new(context_overflow.clone()),
             Box::new(prompt_count_seconds.clone()),
             Box::new(rate_limited.clone()),
+            Box::new(abandoned_held.clone()),
         ] {
             families.extend(collector.desc().iter().map(|d| d.fq_name.clone()));
             registry.register(collector).expect("metric names are unique");
@@ -244,6 +265,7 @@ impl Metrics {
             inflight,
             queue_wait,
             backend_up,
+            backend_info,
             backend_state,
             backend_restarts,
             backend_swaps,
@@ -261,6 +283,7 @@ impl Metrics {
             context_overflow,
             prompt_count_seconds,
             rate_limited,
+            abandoned_held,
         }))
     }
 }

@@ -400,6 +400,7 @@ impl World {
             queue: QueueView {
                 waiting: b.waiting.len(),
                 in_flight: b.in_flight.len(),
+                abandoned: 0,
                 oldest_wait: b.waiting.iter().map(|&id| since(self.case.requests[id].arrival)).max(),
                 idle_for: since(b.last_activity),
                 since_progress: since(b.last_progress),

@@ -107,7 +107,8 @@ pub async fn require_metrics_access(State(state): State<Arc<AppState>>, request:
     require_admin(State(state), request, next).await
 }
 
-/// GET `/admin/backends`: every backend's state, process and queue.
+/// GET `/admin/backends`: every backend's kind, state, process, queue and the normalisations
+/// its profile has in force (one line each: `key: what the gateway does`).
 pub async fn backends(State(state): State<Arc<AppState>>) -> Json<serde_json::Value> {
     let list: Vec<serde_json::Value> = state
         .config
@@ -122,7 +123,10 @@ pub async fn backends(State(state): State<Arc<AppState>>) -> Json<serde_json::Va
                 "managed": b.managed.is_some(),
                 "max_concurrency": b.max_concurrency,
                 "in_flight": queue.map(|q| q.in_flight),
+                // Of in_flight, the slots held for answers their clients abandoned (hold_abandoned).
+                "abandoned": queue.map(|q| q.abandoned),
                 "queue": queue.map(|q| q.waiting),
+                "normalise": b.normalise.active(),
             });
             match (state.dispatch.supervisors.get(&b.name), &b.managed) {
                 (Some(supervisor), Some(managed)) => {

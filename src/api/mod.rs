@@ -99,6 +99,8 @@ impl AppState {
 /// 429 shows in its panel. Bounded by the configuration, as every label is.
 fn declare_series(metrics: &Metrics, config: &Config, limiter: &Limiter) {
     for backend in config.backends.values() {
+        metrics.backend_info.with_label_values(&[&backend.name, backend.kind.name()]).set(1);
+        metrics.abandoned_held.with_label_values(&[&backend.name]);
         metrics.stream_bursts.with_label_values(&[&backend.name]);
         metrics.usage_mismatch.with_label_values(&[&backend.name]);
         if backend.managed.is_some() {

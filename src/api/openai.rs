@@ -1,6 +1,8 @@
 //! `/v1/*`: the OpenAI endpoints. The proxy handler parses only what it needs from the body
 //! (`model`; other top-level fields stay raw JSON text), rewrites `model` to the backend's name,
-//! waits for a slot in the model's queue and streams the backend's answer back untouched.
+//! waits for a slot in the model's queue and streams the backend's answer back untouched but for
+//! its backend's normalisations (`finish_length` here for whole answers, the stream's in the
+//! meter; `hold_abandoned` keeps an abandoned answer's slot until the backend has ended it).
 //! The handler reads as its phases: identify → parse → acquire → send → wrap.
 
 use std::net::SocketAddr;
@@ -23,15 +25,18 @@ use super::AppState;
 use super::chunk;
 use super::fit::{self, Endpoint, Fitted};
 use crate::auth::{self, Client};
-use crate::backend::handle::{Answer, Outbound, SendFailure};
+use crate::backend::handle::{Answer, Outbound, SendFailure, busy_retries};
+use crate::backend::profile::Kind;
 use crate::backend::upstream::strip_hop_by_hop;
+use crate::config::BackendConfig;
 use crate::dispatch::Route;
 use crate::dispatch::queue::{ClientId, Permit};
 use crate::error::{GatewayError, backend_error_body};
 use crate::limits::body_fingerprint;
 use crate::outcome::{Outcome, RequestRecord};
 use crate::stream::meter::{
-    Cutoff, Mode, RequestInfo, StreamFigures, StreamMeter, figures_of_whole, record_answer, record_whole,
+    Cutoff, Mode, RequestInfo, StreamFigures, StreamMeter, StreamNormalise, drain, figures_of_whole, record_answer,
+    record_whole, stop_to_length,
 };
 use crate::tokens::Count;
 use crate::tokens::counter::Estimate;
@@ -237,7 +242,58 @@ pub(crate) async fn send(
     parsed.transform = transform;
     drop(fields);
     let (permit, answer, queue_wait) = dispatch(state, route, client, &parsed.outbound, sent).await?;
-    Ok(Answered { answer, permit, parsed, queue_wait, idle_timeout: route.backend.config.stream_idle_timeout })
+    let normalise = stream_normalise(&route.backend.config, &parsed);
+    Ok(Answered {
+        answer,
+        permit,
+        parsed: Box::new(parsed),
+        queue_wait,
+        idle_timeout: route.backend.config.stream_idle_timeout,
+        normalise,
+    })
+}
+
+/// The backend's normalisations that act on its answer to this request.
+fn stream_normalise(config: &BackendConfig, parsed: &Parsed) -> StreamNormalise {
+    let on = &config.normalise;
+    let length_at = if on.finish_length && parsed.generates {
+        max_tokens_of(config.kind, &parsed.outbound.body).map(|max| length_at(config.kind, max))
+    } else {
+        None
+    };
+    StreamNormalise { length_at, single_finish: on.single_finish, hold_abandoned: on.hold_abandoned }
+}
+
+/// The token limit the backend applies to the request, read from the body as it goes to the
+/// backend (the gateway always sends one to a generation endpoint). When the body carries both
+/// `max_tokens` and `max_completion_tokens`, the servers differ (read in their sources):
+/// mlx-openai-server 1.6.3 takes `max_tokens` unless it is null (`app/models/mlx_lm.py`),
+/// mlx-omni-server 0.5.3 `max_completion_tokens or max_tokens` (a 0 or null falls through,
+/// `openai_adapter.py`). Any other kind: the larger of the two. Its precedence is unknown, and
+/// the larger can only miss a cut (the server's own `stop`, as without `finish_length`), where
+/// the smaller could turn a finished answer into `length` (and agents continue it).
+fn max_tokens_of(kind: Kind, body: &[u8]) -> Option<u64> {
+    #[derive(serde::Deserialize)]
+    struct Limits {
+        max_tokens: Option<u64>,
+        max_completion_tokens: Option<u64>,
+    }
+    let Limits { max_tokens, max_completion_tokens } = serde_json::from_slice(body).ok()?;
+    match kind {
+        Kind::MlxOpenaiServer => max_tokens.or(max_completion_tokens),
+        Kind::MlxOmniServer => max_completion_tokens.filter(|&n| n > 0).or(max_tokens),
+        _ => max_tokens.max(max_completion_tokens),
+    }
+}
+
+/// The completion tokens a backend reports for an answer cut at `max_tokens`: mlx-omni-server
+/// drops the last token (the one mlx-lm yields with the finish) and counts one less (measured:
+/// 29 for `max_tokens` 30); the others count `max_tokens`.
+fn length_at(kind: Kind, max_tokens: u64) -> u64 {
+    match kind {
+        Kind::MlxOmniServer => max_tokens.saturating_sub(1).max(1),
+        _ => max_tokens,
+    }
 }
 
 /// acquire → send, sent again (up to [`MAX_RETRIES`]) when the managed process that had it is
@@ -275,8 +331,8 @@ pub(crate) async fn dispatch(
             }
         };
         sent.store(true, std::sync::atomic::Ordering::SeqCst);
-        match route.backend.send(outbound).await {
-            Ok(answer) => break (permit, answer),
+        match attempt(state, route, outbound, permit, retries == 0).await {
+            Ok((answer, permit)) => break (permit, answer),
             Err(SendFailure::Retry(e)) if retries < MAX_RETRIES => {
                 retries += 1;
                 tracing::warn!(backend = %route.backend.config.name, error = %e, retries, "backend failed before the first byte and its process is gone; sending again");
@@ -289,6 +345,87 @@ pub(crate) async fn dispatch(
     };
     observe_wait(queue_wait);
     Ok((permit, answer, queue_wait))
+}
+
+/// One attempt at the backend, holding `permit`. For a backend that keeps generating for a
+/// client that left (`hold_abandoned`), the attempt runs as its own task: if the client goes
+/// away before the answer's first bytes (a long prefill, a whole answer being generated), the
+/// slot stays held until the backend has answered and its answer has been read to its end, so
+/// the next request waits in the queue rather than, unseen, at the backend.
+async fn attempt(
+    state: &AppState,
+    route: &Route,
+    outbound: &Outbound,
+    permit: Permit,
+    first_attempt: bool,
+) -> Result<(Answer, Permit), SendFailure> {
+    // A request sent again after a restart was its own previous request: no busy retries.
+    let busy_retries = if first_attempt { busy_retries(permit.previous()) } else { 0 };
+    if !route.backend.config.normalise.hold_abandoned {
+        return route.backend.send(outbound, busy_retries).await.map(|answer| (answer, permit));
+    }
+    let backend = route.backend.clone();
+    let copy = Outbound {
+        method: outbound.method.clone(),
+        path_and_query: outbound.path_and_query.clone(),
+        headers: outbound.headers.clone(),
+        body: outbound.body.clone(),
+    };
+    let (metrics, cutoff) = (state.metrics.clone(), Arc::clone(&state.cutoff));
+    let (mut tx, rx) = tokio::sync::oneshot::channel();
+    tokio::spawn(async move {
+        let send = backend.send(&copy, busy_retries);
+        tokio::pin!(send);
+        let answered = tokio::select! {
+            answered = &mut send => answered,
+            () = tx.closed() => return held_for_abandoned(send, permit, &backend, &metrics, &cutoff).await,
+        };
+        // The client may have left in between.
+        if let Err((answered, permit)) = tx.send((answered, permit)) {
+            held_for_abandoned(std::future::ready(answered), permit, &backend, &metrics, &cutoff).await;
+        }
+    });
+    match rx.await {
+        Ok((answered, permit)) => answered.map(|answer| (answer, permit)),
+        Err(_) => {
+            // The attempt's task failed (and its slot went with it).
+            let reason = "the attempt ended without an answer".to_string();
+            Err(SendFailure::Final(GatewayError::Backend { backend: route.backend.config.name.clone(), reason }))
+        }
+    }
+}
+
+/// Holds `permit` for an attempt whose client left before its answer's first bytes: until the
+/// backend has `answered` and its answer has been read to its end (bounded as
+/// [`drain`] is), or the gateway's shutdown.
+async fn held_for_abandoned(
+    answered: impl std::future::Future<Output = Result<Answer, SendFailure>>,
+    mut permit: Permit,
+    backend: &crate::backend::handle::BackendHandle,
+    metrics: &crate::metrics::Metrics,
+    cutoff: &Cutoff,
+) {
+    permit.abandon();
+    let name = &backend.config.name;
+    let held = metrics.abandoned_held.with_label_values(&[name]);
+    held.inc();
+    let started = Instant::now();
+    let notified = cutoff.notified();
+    let shutdown = async {
+        if !cutoff.is_cut() {
+            notified.await;
+        }
+    };
+    let (end, bytes) = tokio::select! {
+        answered = answered => match answered {
+            Ok(answer) => drain(answer.body, backend.config.stream_idle_timeout, cutoff).await,
+            Err(_) => ("failed", 0),
+        },
+        () = shutdown => ("shutdown", 0),
+    };
+    drop(permit);
+    held.dec();
+    tracing::info!(backend = %name, end, bytes, held_for = ?started.elapsed(), "abandoned answer read to its end; its slot is free");
 }
 
 /// Rewrites `model`, asks for usage and an explicit `max_tokens` on generation endpoints, and
@@ -306,7 +443,10 @@ pub(crate) fn parse(
     if generates {
         let streaming = fields.get("stream").is_some_and(|v| v.get() == "true");
         if streaming {
-            client_wants_usage = ask_for_usage(fields)?;
+            client_wants_usage = ask_for_usage(fields, route.backend.config.normalise.stream_options)?;
+        } else if !route.backend.config.normalise.stream_options {
+            // Some SDKs send it on every request: a backend that refuses it gets none.
+            fields.shift_remove("stream_options");
         }
         // mlx_lm.server stops at 512 tokens when none is given: say it explicitly.
         if !fields.contains_key("max_tokens") && !fields.contains_key("max_completion_tokens") {
@@ -336,10 +476,12 @@ pub(crate) fn parse(
 pub(crate) struct Answered {
     answer: Answer,
     permit: Permit,
-    parsed: Parsed,
+    /// Boxed: the answer is moved through the handler's result, and the request's parts are large.
+    parsed: Box<Parsed>,
     /// Time spent waiting for slots (every attempt's).
     queue_wait: Duration,
     idle_timeout: Duration,
+    normalise: StreamNormalise,
 }
 
 impl Answered {
@@ -347,7 +489,7 @@ impl Answered {
     /// (which records the outcome at their end); whole answers and the backend's own errors
     /// are read here first.
     pub(crate) async fn into_response(self, record: RequestRecord, cutoff: Arc<Cutoff>) -> Response {
-        let Answered { answer, permit, parsed, queue_wait, idle_timeout } = self;
+        let Answered { answer, permit, parsed, queue_wait, idle_timeout, normalise } = self;
         let Answer { mut head, body, first, sent_at } = answer;
         strip_hop_by_hop(&mut head.headers);
         // Whatever the backend spoke (mlx_lm.server: HTTP/1.0), the client gets HTTP/1.1.
@@ -362,6 +504,7 @@ impl Answered {
             stats_comment: parsed.stats_comment,
             idle_timeout,
             cutoff,
+            normalise,
         };
         if !head.status.is_success() {
             return error_answer(head, body, first, permit, info).await;
@@ -417,6 +560,10 @@ async fn whole_answer(
             return e.into_response();
         }
     };
+    let mut permit = permit;
+    if head.status.is_success() {
+        permit.finish();
+    }
     drop(permit);
     let Some(figures) = figures_of_whole(&whole) else {
         let e = GatewayError::Backend {
@@ -441,8 +588,24 @@ async fn whole_answer(
             headers.insert("x-mlxgate-tokens-per-second", v);
         }
     }
+    let whole = finish_at_length(whole, &figures, info.normalise.length_at);
     record_whole(info.record, &figures, Outcome::Ok);
     Response::from_parts(head, Body::from(whole))
+}
+
+/// `finish_length` on a whole answer: when its usage reached `length_at` (the request's
+/// `max_tokens`), a `stop` finish becomes `length`; the answer is re-encoded only then.
+fn finish_at_length(whole: Vec<u8>, figures: &StreamFigures, length_at: Option<u64>) -> Vec<u8> {
+    let cut = length_at.zip(figures.tokens()).is_some_and(|(at, tokens)| tokens >= at);
+    if !cut {
+        return whole;
+    }
+    let Ok(mut answer) = serde_json::from_slice::<serde_json::Value>(&whole) else { return whole };
+    let one_choice = answer.get("choices").and_then(serde_json::Value::as_array).is_some_and(|c| c.len() == 1);
+    if !one_choice || !stop_to_length(&mut answer) {
+        return whole;
+    }
+    serde_json::to_vec(&answer).unwrap_or(whole)
 }
 
 /// The backend's own error answer (any non-2xx): read (bounded) and given to the client in
@@ -506,8 +669,11 @@ pub(crate) async fn read_whole(
 }
 
 /// Sets `stream_options.include_usage: true` (mlxgate always wants usage) and returns whether
-/// the client had asked for it itself.
-fn ask_for_usage(fields: &mut RawBody) -> Result<bool, GatewayError> {
+/// the client had asked for it itself. Towards a backend that refuses `stream_options`
+/// (`normalise.stream_options: false`), the field is removed instead, the client's too (the
+/// backend would refuse the client's as it refuses the gateway's): the stream is metered without
+/// usage.
+fn ask_for_usage(fields: &mut RawBody, backend_takes_it: bool) -> Result<bool, GatewayError> {
     let mut options: serde_json::Map<String, serde_json::Value> = match fields.get("stream_options") {
         None => serde_json::Map::new(),
         Some(raw) if raw.get() == "null" => serde_json::Map::new(),
@@ -515,6 +681,10 @@ fn ask_for_usage(fields: &mut RawBody) -> Result<bool, GatewayError> {
             .map_err(|_| GatewayError::invalid("`stream_options` must be an object", Some("stream_options")))?,
     };
     let asked = options.get("include_usage").and_then(serde_json::Value::as_bool).unwrap_or(false);
+    if !backend_takes_it {
+        fields.shift_remove("stream_options");
+        return Ok(asked);
+    }
     options.insert("include_usage".into(), serde_json::Value::Bool(true));
     let raw = serde_json::value::to_raw_value(&options)
         .map_err(|e| GatewayError::invalid(format!("cannot encode stream_options: {e}"), None))?;
@@ -603,4 +773,32 @@ fn client_id(parts: &axum::http::request::Parts, caller: &Client) -> ClientId {
     }
     let peer = parts.extensions.get::<ConnectInfo<SocketAddr>>().map(|c| c.0.ip().to_string());
     ClientId(format!("ip:{}", peer.unwrap_or_else(|| "unknown".into())))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finish_length_reads_the_limit_the_server_applies() {
+        let both = br#"{"model":"m","max_tokens":8,"max_completion_tokens":200}"#;
+        let reversed = br#"{"model":"m","max_tokens":200,"max_completion_tokens":8}"#;
+        // mlx-openai-server: max_tokens first (measured: cut at 8 with both 8 and 200).
+        assert_eq!(max_tokens_of(Kind::MlxOpenaiServer, both), Some(8));
+        assert_eq!(max_tokens_of(Kind::MlxOpenaiServer, reversed), Some(200));
+        // mlx-omni-server: max_completion_tokens first, a 0 falls through (Python's `or`).
+        assert_eq!(max_tokens_of(Kind::MlxOmniServer, both), Some(200));
+        assert_eq!(max_tokens_of(Kind::MlxOmniServer, reversed), Some(8));
+        let zero = br#"{"max_tokens":30,"max_completion_tokens":0}"#;
+        assert_eq!(max_tokens_of(Kind::MlxOmniServer, zero), Some(30));
+        // Unknown precedence: the larger, which never calls a finished answer cut.
+        assert_eq!(max_tokens_of(Kind::Custom, both), Some(200));
+        assert_eq!(max_tokens_of(Kind::Custom, reversed), Some(200));
+        // One of them, whichever it is, for every kind.
+        for kind in [Kind::MlxOpenaiServer, Kind::MlxOmniServer, Kind::Custom] {
+            assert_eq!(max_tokens_of(kind, br#"{"max_tokens":5}"#), Some(5), "{kind:?}");
+            assert_eq!(max_tokens_of(kind, br#"{"max_completion_tokens":6,"max_tokens":null}"#), Some(6), "{kind:?}");
+            assert_eq!(max_tokens_of(kind, br#"{"model":"m"}"#), None, "{kind:?}");
+        }
+    }
 }

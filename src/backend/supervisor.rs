@@ -537,11 +537,13 @@ impl Task {
         }
     }
 
-    /// Lets in-flight requests finish, up to `drain_timeout` (or until the process exits).
+    /// Lets in-flight requests finish, up to `drain_timeout` (or until the process exits). Slots
+    /// held for abandoned answers are not waited for: nobody reads them, and the stop ends them.
     async fn drain(&mut self, process: &mut ServerProcess) {
         self.set(|s| s.phase = Phase::Draining);
         let deadline = Instant::now() + self.managed.drain_timeout;
-        while self.queue.view().in_flight > 0 && Instant::now() < deadline {
+        let working = |view: crate::dispatch::queue::QueueView| view.in_flight > view.abandoned;
+        while working(self.queue.view()) && Instant::now() < deadline {
             tokio::select! {
                 _ = process.wait() => return,
                 () = tokio::time::sleep(Duration::from_millis(50)) => {}
@@ -650,7 +652,7 @@ async fn wait_ready(upstream: Upstream, config: Arc<BackendConfig>, model: Strin
     let body = serde_json::json!({
         "model": model,
         "messages": [{"role": "user", "content": "Hi"}],
-        "max_tokens": 1,
+        "max_tokens": config.kind.warmup_max_tokens(),
         "stream": false,
     });
     let body = Bytes::from(body.to_string());

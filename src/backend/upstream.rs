@@ -1,11 +1,23 @@
-//! The HTTP client side: one pooled, kept-alive hyper client shared by every backend, with
-//! TCP_NODELAY (a small SSE frame must not wait 40 ms for Nagle), a connect timeout and a
-//! response-header timeout per backend. Transport failures are told apart here
-//! ([`UpstreamError`]): whether anything can have reached the backend decides a retry.
+//! The HTTP client side: pooled, kept-alive hyper clients, one per pool idle timeout in use
+//! (each backend's `normalise.pool_idle_timeout`, below the server's own keep-alive so that a
+//! connection the server is closing is never reused), with TCP_NODELAY (a small SSE frame must
+//! not wait 40 ms for Nagle), a connect timeout and a response-header timeout per backend. The
+//! transport normalisations act here: `loopback_host` (Host `127.0.0.1:<port>`, no `Origin`).
+//! Transport failures are told apart here ([`UpstreamError`]): whether anything can have reached
+//! the backend decides a retry.
+//!
+//! A request that fails on a reused connection is sent again only when hyper knows nothing of
+//! it was written (its `retry_canceled_requests`, on by default: the connection was found closed
+//! at checkout or before the first byte went out). Once written, a POST may have been read by the
+//! backend (a server that accepted it and then dropped the connection looks the same on the wire
+//! as one that was closing the idle connection), so it is never sent again here: the pool idle
+//! timeout is what keeps stale connections out.
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, header};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, Uri, header};
 use bytes::Bytes;
 use http_body_util::Full;
 use hyper::body::Incoming;
@@ -29,10 +41,14 @@ pub enum UpstreamError {
     Timeout(Duration),
 }
 
-/// Pooled HTTP/1.1 client to the backends.
+/// A pooled HTTP/1.1 client.
+type Pooled = Client<HttpConnector, Full<Bytes>>;
+
+/// Pooled HTTP/1.1 clients to the backends, one per pool idle timeout (made on first use).
 #[derive(Clone)]
 pub struct Upstream {
-    client: Client<HttpConnector, Full<Bytes>>,
+    connect_timeout: Duration,
+    clients: Arc<Mutex<HashMap<Duration, Pooled>>>,
 }
 
 /// Headers that belong to one connection and must not be forwarded (RFC 9110 §7.6.1), plus
@@ -63,17 +79,28 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
 }
 
 impl Upstream {
-    /// One client for all backends; `connect_timeout` is the shortest configured one.
+    /// Clients with `connect_timeout`; each backend's requests go through the one with its
+    /// pool idle timeout.
     pub fn new(connect_timeout: Duration) -> Self {
-        let mut connector = HttpConnector::new();
-        connector.set_nodelay(true);
-        connector.set_connect_timeout(Some(connect_timeout));
-        connector.set_keepalive(Some(Duration::from_secs(60)));
-        let client = Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(Duration::from_secs(90))
-            .pool_max_idle_per_host(64)
-            .build(connector);
-        Upstream { client }
+        Upstream { connect_timeout, clients: Arc::default() }
+    }
+
+    /// The client whose pooled connections idle at most `idle_timeout` before they are dropped.
+    fn client(&self, idle_timeout: Duration) -> Pooled {
+        let mut clients = self.clients.lock().unwrap_or_else(|p| p.into_inner());
+        clients
+            .entry(idle_timeout)
+            .or_insert_with(|| {
+                let mut connector = HttpConnector::new();
+                connector.set_nodelay(true);
+                connector.set_connect_timeout(Some(self.connect_timeout));
+                connector.set_keepalive(Some(Duration::from_secs(60)));
+                Client::builder(TokioExecutor::new())
+                    .pool_idle_timeout(idle_timeout)
+                    .pool_max_idle_per_host(64)
+                    .build(connector)
+            })
+            .clone()
     }
 
     /// Sends `body` to `backend` at `path_and_query` with the client's end-to-end headers, and
@@ -101,11 +128,13 @@ impl Upstream {
             if !body.is_empty() {
                 headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
             }
+            address_loopback(backend, headers);
         }
         let request = builder
             .body(Full::new(body))
             .map_err(|e| UpstreamError::Connect(format!("cannot build a request to {uri}: {e}")))?;
-        match tokio::time::timeout(backend.response_timeout, self.client.request(request)).await {
+        let client = self.client(backend.normalise.pool_idle_timeout);
+        match tokio::time::timeout(backend.response_timeout, client.request(request)).await {
             Ok(Ok(response)) => Ok(response),
             Ok(Err(e)) if e.is_connect() => Err(UpstreamError::Connect(describe(&e, &uri))),
             Ok(Err(e)) => Err(UpstreamError::Broken(describe(&e, &uri))),
@@ -116,14 +145,37 @@ impl Upstream {
     /// A short GET used by `/ready`: true when the backend answers 2xx within `timeout`.
     pub async fn probe(&self, backend: &BackendConfig, path: &str, timeout: Duration) -> Result<(), String> {
         let uri = format!("{}{}", backend.url, path);
-        let request = Request::get(&uri).body(Full::new(Bytes::new())).map_err(|e| e.to_string())?;
-        match tokio::time::timeout(timeout, self.client.request(request)).await {
+        let mut request = Request::get(&uri).body(Full::new(Bytes::new())).map_err(|e| e.to_string())?;
+        address_loopback(backend, request.headers_mut());
+        let client = self.client(backend.normalise.pool_idle_timeout);
+        match tokio::time::timeout(timeout, client.request(request)).await {
             Ok(Ok(r)) if r.status().is_success() => Ok(()),
             Ok(Ok(r)) => Err(format!("GET {path} answered {}", r.status())),
             Ok(Err(e)) => Err(describe(&e, &uri)),
             Err(_) => Err(format!("GET {path} gave no answer within {}s", timeout.as_secs())),
         }
     }
+}
+
+/// With `loopback_host`, the request is addressed as a local one whatever name the backend's URL
+/// uses: `Host: 127.0.0.1:<the URL's port>`, and no `Origin` (Rapid-MLX answers 400 to a Host
+/// that is not localhost, 127.0.0.1 or [::1], and 403 to any `Origin` not of its own address).
+/// `Referer` is kept: Rapid-MLX's `BrowserSecurityMiddleware` reads only Host and Origin.
+fn address_loopback(backend: &BackendConfig, headers: &mut HeaderMap) {
+    if !backend.normalise.loopback_host {
+        return;
+    }
+    headers.remove(header::ORIGIN);
+    if let Some(host) = loopback_host(&backend.url) {
+        headers.insert(header::HOST, host);
+    }
+}
+
+/// `127.0.0.1:<port>` for a backend URL (its scheme's default port when it names none).
+fn loopback_host(url: &str) -> Option<HeaderValue> {
+    let uri: Uri = url.parse().ok()?;
+    let port = uri.port_u16().unwrap_or(if uri.scheme_str() == Some("https") { 443 } else { 80 });
+    HeaderValue::from_str(&format!("127.0.0.1:{port}")).ok()
 }
 
 /// Request headers the gateway never forwards: its own connection's framing, the gateway's
@@ -175,5 +227,12 @@ mod tests {
             assert!(is_dropped_request_header(&name), "{name}");
         }
         assert!(!is_dropped_request_header(&header::CONTENT_TYPE));
+    }
+
+    #[test]
+    fn loopback_host_names_the_urls_port() {
+        assert_eq!(loopback_host("http://vm:8104").expect("host"), "127.0.0.1:8104");
+        assert_eq!(loopback_host("http://[::1]:9").expect("host"), "127.0.0.1:9");
+        assert_eq!(loopback_host("http://studio.local").expect("host"), "127.0.0.1:80");
     }
 }

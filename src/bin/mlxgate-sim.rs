@@ -24,6 +24,13 @@ struct Cli {
     /// Response framing; default: the style's (`close`, HTTP/1.0, for mlx-lm; else `chunked`).
     #[arg(long, value_enum)]
     framing: Option<Framing>,
+    /// Close a keep-alive connection idle this many milliseconds when its next request arrives,
+    /// unanswered (the idle-close race of uvicorn's 5 s keep-alive, at its worst).
+    #[arg(long)]
+    idle_close_ms: Option<u64>,
+    /// Answer 422 to any request carrying `stream_options`.
+    #[arg(long)]
+    refuse_stream_options: bool,
     #[command(flatten)]
     defaults: Behaviour,
 }
@@ -48,6 +55,8 @@ async fn main() -> std::process::ExitCode {
         speedup: cli.speedup,
         models: cli.models,
         framing: cli.framing,
+        idle_close: cli.idle_close_ms.map(std::time::Duration::from_millis),
+        refuse_stream_options: cli.refuse_stream_options,
     });
     // `run` returns only when a request's exit_after crashes the server.
     run(listener, state).await;

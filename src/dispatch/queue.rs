@@ -54,6 +54,12 @@ struct State {
     /// Last time a slot was handed out or freed, or the gate opened (for stalled backends).
     last_progress: Instant,
     in_flight: usize,
+    /// Of `in_flight`, the slots held for answers their clients abandoned (`hold_abandoned`):
+    /// the backend is still busy with them, but nobody waits for them, so a swap or a stop does
+    /// not wait for them (stopping the server is what ends them).
+    abandoned: usize,
+    /// When a slot was last freed, and whether its answer had ended normally.
+    last_release: Option<(Instant, bool)>,
     models: Vec<ModelQueue>,
     /// Index of the model whose turn is next when a slot frees.
     next_model: usize,
@@ -88,12 +94,53 @@ pub struct ModelSlot {
 pub struct Permit {
     shared: Option<Arc<Shared>>,
     granted: Instant,
+    abandoned: bool,
+    /// Set when the answer ended normally (not abandoned, cut or failed).
+    finished: bool,
+    /// The backend's previous request, as it was when this slot was granted.
+    previous: Option<Previous>,
+}
+
+/// How the backend's previous request ended, seen from a slot's grant.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Previous {
+    /// How long before the grant it ended.
+    pub ended_ago: Duration,
+    /// Whether its answer had ended normally (else: abandoned, cut or failed).
+    pub finished: bool,
 }
 
 impl Drop for Permit {
     fn drop(&mut self) {
         if let Some(shared) = self.shared.take() {
-            shared.release(self.granted.elapsed());
+            shared.release(self.granted.elapsed(), self.abandoned, self.finished);
+        }
+    }
+}
+
+impl Permit {
+    /// How the backend's previous request ended, and how long before this slot was granted: a
+    /// backend still busy a moment after a request (vllm-mlx's serialized route, after a client
+    /// aborted a stream) can only be busy with that one when this is short.
+    pub fn previous(&self) -> Option<Previous> {
+        self.previous
+    }
+
+    /// Marks the answer as ended normally (its stream complete, its whole body read).
+    pub fn finish(&mut self) {
+        self.finished = true;
+    }
+
+    /// Marks the slot as held for an answer its client abandoned: it stays in flight (the
+    /// backend is busy with it) but is no work anybody waits for ([`QueueView::abandoned`]).
+    pub fn abandon(&mut self) {
+        if self.abandoned {
+            return;
+        }
+        self.abandoned = true;
+        if let Some(shared) = &self.shared {
+            shared.lock().abandoned += 1;
+            shared.changed.notify_one();
         }
     }
 }
@@ -103,6 +150,8 @@ impl Drop for Permit {
 pub struct QueueView {
     pub waiting: usize,
     pub in_flight: usize,
+    /// Of `in_flight`, the slots held for abandoned answers (see [`Permit::abandon`]).
+    pub abandoned: usize,
     /// How long the oldest waiting request has waited.
     pub oldest_wait: Option<Duration>,
     /// Time since the last arrival or release.
@@ -130,6 +179,8 @@ impl BackendQueue {
                     last_activity: Instant::now(),
                     last_progress: Instant::now(),
                     in_flight: 0,
+                    abandoned: 0,
+                    last_release: None,
                     models: Vec::new(),
                     next_model: 0,
                     next_waiter_id: 0,
@@ -221,6 +272,7 @@ impl BackendQueue {
         QueueView {
             waiting: state.models.iter().map(|m| m.waiting).sum(),
             in_flight: state.in_flight,
+            abandoned: state.abandoned,
             oldest_wait: oldest.map(|t| t.elapsed()),
             idle_for: state.last_activity.elapsed(),
             since_progress: state.last_progress.elapsed(),
@@ -364,13 +416,18 @@ impl Shared {
     }
 
     fn permit(self: &Arc<Self>) -> Permit {
-        Permit { shared: Some(Arc::clone(self)), granted: Instant::now() }
+        let previous = self.lock().previous();
+        Permit { shared: Some(Arc::clone(self)), granted: Instant::now(), abandoned: false, finished: false, previous }
     }
 
     /// Frees a slot: hands it to the next waiter in fair order, or returns it to the pool.
-    fn release(self: &Arc<Self>, held: Duration) {
+    fn release(self: &Arc<Self>, held: Duration, abandoned: bool, finished: bool) {
         {
             let mut state = self.lock();
+            if abandoned {
+                state.abandoned -= 1;
+            }
+            state.last_release = Some((Instant::now(), finished));
             state.observe_service(held);
             state.last_activity = Instant::now();
             state.last_progress = Instant::now();
@@ -399,7 +456,7 @@ impl Shared {
     /// Passes one held slot to the next waiter in fair order, or frees it.
     fn hand_over(self: &Arc<Self>) {
         loop {
-            let next = {
+            let (next, previous) = {
                 let mut state = self.lock();
                 let next = if state.open { state.pop_next() } else { None };
                 match next {
@@ -408,7 +465,7 @@ impl Shared {
                             .queue_depth
                             .with_label_values(&[&model])
                             .set(state.models.iter().find(|m| m.name == model).map_or(0, |m| m.waiting as i64));
-                        waiter
+                        (waiter, state.previous())
                     }
                     None => {
                         state.in_flight -= 1;
@@ -418,7 +475,13 @@ impl Shared {
                 }
             };
             // The slot moves to the waiter; `in_flight` is unchanged.
-            let permit = Permit { shared: Some(Arc::clone(self)), granted: Instant::now() };
+            let permit = Permit {
+                shared: Some(Arc::clone(self)),
+                granted: Instant::now(),
+                abandoned: false,
+                finished: false,
+                previous,
+            };
             match next.grant.send(permit) {
                 Ok(()) => return,
                 // That waiter is gone; disarm the returned permit and try the next one.
@@ -429,6 +492,11 @@ impl Shared {
 }
 
 impl State {
+    /// The previous request's end, as a slot granted now sees it.
+    fn previous(&self) -> Option<Previous> {
+        self.last_release.map(|(at, finished)| Previous { ended_ago: at.elapsed(), finished })
+    }
+
     /// Next waiter: round robin across models, then across clients within the model.
     fn pop_next(&mut self) -> Option<(Waiter, String)> {
         let n = self.models.len();

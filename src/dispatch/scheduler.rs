@@ -54,8 +54,10 @@ pub struct BackendView {
 }
 
 impl BackendView {
+    /// Requests wait or run. Slots held for abandoned answers are not work: nobody waits for
+    /// them, and stopping the server is what ends them.
     fn has_work(&self) -> bool {
-        self.queue.waiting > 0 || self.queue.in_flight > 0
+        self.queue.waiting > 0 || self.queue.in_flight > self.queue.abandoned
     }
 }
 
@@ -279,6 +281,7 @@ mod tests {
             queue: QueueView {
                 waiting,
                 in_flight,
+                abandoned: 0,
                 oldest_wait: oldest_secs.map(Duration::from_secs),
                 idle_for: Duration::ZERO,
                 since_progress: Duration::ZERO,

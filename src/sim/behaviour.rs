@@ -78,6 +78,27 @@ pub struct Behaviour {
     /// The name a held request waits on.
     #[arg(long)]
     pub hold_key: Option<String>,
+    /// Go on generating (holding the generation slot) after the client leaves, to the end of
+    /// the answer (mlx-openai-server).
+    #[arg(long)]
+    pub keep_generating: Option<bool>,
+    /// Say `finish_reason: "stop"` on an answer cut at `max_tokens` (mlx-openai-server,
+    /// mlx-omni-server).
+    #[arg(long)]
+    pub stop_at_max_tokens: Option<bool>,
+    /// A stream that arrives while another generates gets 200, a role chunk, an error event and
+    /// `[DONE]` (vllm-mlx without `--continuous-batching`).
+    #[arg(long)]
+    pub busy_event: Option<bool>,
+    /// A stream's answer ends in a tool call, carried by its finish chunk (`delta.tool_calls`,
+    /// `finish_reason: "tool_calls"`), as mlx-omni-server streams tool calls.
+    #[arg(long)]
+    pub tool_call: Option<bool>,
+    /// Refuse any Host but a loopback one (400 text/plain "Invalid host header") and any
+    /// `Origin` (403 "Cross-origin requests disabled"), on every route (Rapid-MLX). Read from the
+    /// server's defaults only.
+    #[arg(long)]
+    pub loopback_only: Option<bool>,
 }
 
 /// A real server whose quirks the simulator reproduces.
@@ -86,18 +107,26 @@ pub struct Behaviour {
 pub enum Style {
     /// Plain OpenAI: role in the first chunk, a usage-only chunk when asked.
     Openai,
-    /// mlx_lm.server: `: keepalive N/M` comments during prefill, usage chunk with `choices: []`.
+    /// mlx_lm.server: `: keepalive N/M` comments during prefill, `role` on every delta, usage
+    /// chunk with `choices: []`.
     MlxLm,
-    /// mlx-openai-server: role-only first chunk, usage always on the finish chunk, an error
-    /// event followed by a normal stop and `[DONE]`.
+    /// mlx-openai-server: role-only first chunk, usage always on the finish chunk, `chatcmpl_`
+    /// ids, `stop` at max_tokens, generation goes on after the client leaves, an error event
+    /// followed by a normal stop and `[DONE]`.
     MlxOpenaiServer,
     /// vllm-mlx: usage on the finish chunk and again in a usage-only chunk.
     VllmMlx,
-    /// Rapid-MLX: keepalive comments, OpenAI-shaped context_length_exceeded.
+    /// vllm-mlx in its default "simple mode" (no `--continuous-batching`): as `vllm-mlx`, and a
+    /// second concurrent stream gets 200, a role chunk, an error event and `[DONE]`, as does one sent
+    /// within 200 ms of a client abort.
+    VllmMlxSimple,
+    /// Rapid-MLX: keepalive comments, OpenAI-shaped context_length_exceeded, only a loopback
+    /// `Host` and no `Origin` accepted.
     RapidMlx,
     /// omlx: a fake `chatcmpl-keepalive` data chunk at once and every interval; a 32768 cap.
     Omlx,
-    /// mlx-omni-server: role on every delta; an exception ends the stream with no `[DONE]`.
+    /// mlx-omni-server: role on every delta, `stop` at max_tokens, the finish chunk sent again
+    /// with the usage; an exception ends the stream with no `[DONE]`.
     MlxOmni,
 }
 
@@ -117,6 +146,8 @@ pub enum UsagePlacement {
     Finish,
     Separate,
     Both,
+    /// The finish chunk again, with only the role and the usage (mlx-omni-server).
+    RepeatFinish,
     None,
 }
 
@@ -135,6 +166,8 @@ pub enum RolePlacement {
 pub enum ContentField {
     Content,
     ReasoningContent,
+    /// The same text in both `reasoning_content` and `reasoning` (mlx-vlm's synced aliases).
+    BothReasoning,
     /// No text deltas at all, while usage still counts the tokens.
     None,
 }
@@ -200,8 +233,15 @@ pub struct Plan {
     pub fail_status: Option<u16>,
     pub hold_after: Option<u32>,
     pub hold_key: String,
+    pub keep_generating: bool,
+    pub stop_at_max_tokens: bool,
+    pub busy_event: bool,
+    pub tool_call: bool,
+    pub loopback_only: bool,
     /// From the style: how the prompt cache is reported.
     pub prompt_cache: PromptCache,
+    /// From the style: the id's prefix (`chatcmpl-`, mlx-openai-server's `chatcmpl_`).
+    pub id_prefix: &'static str,
 }
 
 impl Behaviour {
@@ -233,7 +273,12 @@ impl Behaviour {
             cap_style,
             fail_status,
             hold_after,
-            hold_key
+            hold_key,
+            keep_generating,
+            stop_at_max_tokens,
+            busy_event,
+            tool_call,
+            loopback_only
         )
     }
 
@@ -265,7 +310,13 @@ impl Behaviour {
             fail_status: b.fail_status,
             hold_after: b.hold_after,
             hold_key: b.hold_key.unwrap_or_default(),
+            keep_generating: b.keep_generating.unwrap_or(false),
+            stop_at_max_tokens: b.stop_at_max_tokens.unwrap_or(false),
+            busy_event: b.busy_event.unwrap_or(false),
+            tool_call: b.tool_call.unwrap_or(false),
+            loopback_only: b.loopback_only.unwrap_or(false),
             prompt_cache: style.prompt_cache(),
+            id_prefix: if style == Style::MlxOpenaiServer { "chatcmpl_" } else { "chatcmpl-" },
         }
     }
 }
@@ -276,7 +327,7 @@ impl Style {
         match self {
             Style::MlxLm | Style::MlxOpenaiServer | Style::MlxOmni => PromptCache::LessLastToken,
             Style::RapidMlx => PromptCache::Whole,
-            Style::Openai | Style::VllmMlx | Style::Omlx => PromptCache::Unreported,
+            Style::Openai | Style::VllmMlx | Style::VllmMlxSimple | Style::Omlx => PromptCache::Unreported,
         }
     }
 
@@ -288,21 +339,29 @@ impl Style {
             Style::MlxLm => {
                 b.keepalive = Some(Keepalive::Comment);
                 b.usage = Some(UsagePlacement::Separate);
-                b.role = Some(RolePlacement::None);
+                // Measured: every delta, the finish chunk's too, carries "role": "assistant".
+                b.role = Some(RolePlacement::Every);
             }
             Style::MlxOpenaiServer => {
                 b.role = Some(RolePlacement::First);
                 b.usage = Some(UsagePlacement::Finish);
                 b.usage_always = Some(true);
                 b.after_error = Some(AfterError::StopAndDone);
+                b.stop_at_max_tokens = Some(true);
+                b.keep_generating = Some(true);
             }
             Style::VllmMlx => {
                 b.usage = Some(UsagePlacement::Both);
+            }
+            Style::VllmMlxSimple => {
+                b.usage = Some(UsagePlacement::Both);
+                b.busy_event = Some(true);
             }
             Style::RapidMlx => {
                 b.keepalive = Some(Keepalive::Comment);
                 b.cap_style = Some(CapStyle::Openai);
                 b.usage = Some(UsagePlacement::Finish);
+                b.loopback_only = Some(true);
             }
             Style::Omlx => {
                 b.keepalive = Some(Keepalive::Omlx);
@@ -313,7 +372,9 @@ impl Style {
             }
             Style::MlxOmni => {
                 b.role = Some(RolePlacement::Every);
+                b.usage = Some(UsagePlacement::RepeatFinish);
                 b.after_error = Some(AfterError::End);
+                b.stop_at_max_tokens = Some(true);
             }
         }
         b

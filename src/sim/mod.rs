@@ -10,11 +10,12 @@
 
 pub mod behaviour;
 mod http10;
+mod idle;
 mod stream;
 
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -35,6 +36,10 @@ pub use behaviour::{Behaviour, Plan, Style};
 use behaviour::{CapStyle, PromptCache};
 use stream::Job;
 
+/// How long vllm-mlx's serialized route stays busy after a client abort: a request 4 ms later
+/// got the busy error event, one 0.5 s later was served (measured in the probe's review).
+const ABORT_SETTLE: Duration = Duration::from_millis(200);
+
 /// How many received requests `/sim/requests` keeps.
 const RECORDED: usize = 256;
 
@@ -53,6 +58,12 @@ pub struct SimConfig {
     /// How responses are framed; `None`: the style's own (HTTP/1.0 close-delimited for
     /// `mlx-lm`, as mlx_lm.server does; HTTP/1.1 chunked otherwise).
     pub framing: Option<Framing>,
+    /// A keep-alive connection idle this long is closed when its next request arrives, without
+    /// an answer (uvicorn closes idle connections after 5 s; this is the race at its worst).
+    pub idle_close: Option<Duration>,
+    /// Refuse any request that carries `stream_options` with 422, as a server whose request
+    /// model forbids unknown fields does.
+    pub refuse_stream_options: bool,
 }
 
 /// How the simulator frames its responses on the wire.
@@ -88,6 +99,8 @@ pub struct SimState {
     crashed: Notify,
     /// The previous prompt's tokens: the server's prompt cache.
     cached_prompt: Mutex<Vec<String>>,
+    /// A request is generating on the one serialized route (`busy_event`).
+    route_busy: AtomicBool,
 }
 
 /// A simulator running in this process (tests); dropping it stops it.
@@ -139,11 +152,19 @@ pub async fn run(listener: TcpListener, state: Arc<SimState>) {
                     Framing::Close => connections.spawn(async move {
                         let _ = http10::serve(tcp, router).await;
                     }),
-                    Framing::Chunked => connections.spawn(async move {
-                        let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
-                            .serve_connection(TokioIo::new(tcp), TowerToHyperService::new(router))
-                            .await;
-                    }),
+                    Framing::Chunked => {
+                        let idle = state.config.idle_close;
+                        connections.spawn(async move {
+                            let service = TowerToHyperService::new(router);
+                            let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+                            let _ = match idle {
+                                Some(idle) => {
+                                    builder.serve_connection(TokioIo::new(idle::IdleClose::new(tcp, idle)), service).await
+                                }
+                                None => builder.serve_connection(TokioIo::new(tcp), service).await,
+                            };
+                        })
+                    }
                 };
             }
             () = state.crashed.notified() => {
@@ -170,6 +191,7 @@ impl SimState {
             holds: Mutex::new(HashMap::new()),
             crashed: Notify::new(),
             cached_prompt: Mutex::new(Vec::new()),
+            route_busy: AtomicBool::new(false),
         })
     }
 
@@ -250,6 +272,23 @@ impl SimState {
     }
 }
 
+/// Holds the serialized route (vllm-mlx's simple mode) while alive.
+struct Route(Arc<SimState>);
+
+impl Route {
+    /// The route, unless another request holds it.
+    fn claim(state: &Arc<SimState>) -> Option<Route> {
+        let free = state.route_busy.compare_exchange(false, true, Ordering::SeqCst, Ordering::SeqCst).is_ok();
+        free.then(|| Route(Arc::clone(state)))
+    }
+}
+
+impl Drop for Route {
+    fn drop(&mut self) {
+        self.0.route_busy.store(false, Ordering::SeqCst);
+    }
+}
+
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
@@ -271,6 +310,31 @@ impl Drop for Active<'_> {
     }
 }
 
+/// Rapid-MLX's checks (`loopback_only`): a Host other than localhost / 127.0.0.1 / [::1] gets
+/// 400, any Origin 403, both as text/plain.
+async fn trusted_hosts(
+    State(state): State<Arc<SimState>>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    if state.config.defaults.plan().loopback_only {
+        let host = request.headers().get(header::HOST).and_then(|v| v.to_str().ok()).unwrap_or("127.0.0.1");
+        let name = match host.rsplit_once(':') {
+            Some((h, port)) if !port.contains(']') => h,
+            _ => host,
+        };
+        if !crate::probe::wire::is_loopback(name) {
+            return (StatusCode::BAD_REQUEST, [(header::CONTENT_TYPE, "text/plain")], "Invalid host header")
+                .into_response();
+        }
+        if request.headers().contains_key(header::ORIGIN) {
+            return (StatusCode::FORBIDDEN, [(header::CONTENT_TYPE, "text/plain")], "Cross-origin requests disabled")
+                .into_response();
+        }
+    }
+    next.run(request).await
+}
+
 fn router(state: Arc<SimState>) -> Router {
     Router::new()
         .route("/v1/chat/completions", post(generate))
@@ -281,6 +345,7 @@ fn router(state: Arc<SimState>) -> Router {
         .route("/sim/requests", get(|State(s): State<Arc<SimState>>| async move { Json(s.requests()) }))
         .route("/sim/stats", get(stats))
         .route("/sim/release/{key}", post(release))
+        .layer(axum::middleware::from_fn_with_state(Arc::clone(&state), trusted_hosts))
         .with_state(state)
 }
 
@@ -326,6 +391,11 @@ fn admit(state: &SimState, path: &str, headers: &HeaderMap, body: &Bytes) -> Res
             recorded.pop_front();
         }
         recorded.push_back(seen);
+    }
+    if state.config.refuse_stream_options && parsed.get("stream_options").is_some() {
+        let detail = json!([{"type": "extra_forbidden", "loc": ["body", "stream_options"],
+            "msg": "Extra inputs are not permitted"}]);
+        return Err((StatusCode::UNPROCESSABLE_ENTITY, Json(json!({"detail": detail}))));
     }
     let per_request: Behaviour = match parsed.get_mut("sim").map(Value::take) {
         Some(v) => serde_json::from_value(v).map_err(|e| {
@@ -374,31 +444,58 @@ async fn generate(
         Some(m) => plan.tokens.min(u32::try_from(m).unwrap_or(u32::MAX)),
         None => plan.tokens,
     };
+    let cut = max_tokens.is_some_and(|m| m < plan.tokens as u64);
     let job = Job {
-        id: format!("chatcmpl-sim{}", state.total.load(Ordering::SeqCst)),
+        id: format!("{}sim{}", plan.id_prefix, state.total.load(Ordering::SeqCst)),
         model: request.get("model").and_then(Value::as_str).unwrap_or("sim").to_string(),
         chat,
         prompt_tokens,
         cached_tokens,
         completion_tokens,
-        finish_reason: if max_tokens.is_some_and(|m| m < plan.tokens as u64) { "length" } else { "stop" },
+        finish_reason: if cut && !plan.stop_at_max_tokens { "length" } else { "stop" },
         include_usage: request.pointer("/stream_options/include_usage").and_then(Value::as_bool).unwrap_or(false),
     };
     let streaming = request.get("stream").and_then(Value::as_bool).unwrap_or(false);
+    let route = if plan.busy_event { Route::claim(&state).map(Some) } else { Some(None) };
+    let Some(route) = route else {
+        return busy(streaming, &job);
+    };
     if !streaming {
+        let _route = route;
         return complete(&state, &plan, &job).await;
     }
     let (tx, rx) = mpsc::channel::<stream::Write>(16);
     tokio::spawn(async move {
+        let _route = route;
         let _slot = state.generation_slot().await;
         let _active = Active::new(&state);
+        let watch = tx.clone();
         stream::write_stream(&state, &plan, &job, tx).await;
+        let left = watch.is_closed();
+        drop(watch);
+        if left && plan.busy_event {
+            tokio::time::sleep(ABORT_SETTLE).await;
+        }
     });
     let body = futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|write| (write, rx)) });
     Response::builder()
         .header(header::CONTENT_TYPE, "text/event-stream")
         .header(header::CACHE_CONTROL, "no-cache")
         .body(Body::from_stream(body))
+        .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response())
+}
+
+/// vllm-mlx's simple mode, busy: a stream gets 200 and an in-band error event, a whole answer
+/// 503 (measured).
+fn busy(streaming: bool, job: &Job) -> Response {
+    if !streaming {
+        let detail = json!({"detail": {"error": "text_generation_busy",
+            "message": "SimpleEngine serialized route is busy; retry later"}});
+        return (StatusCode::SERVICE_UNAVAILABLE, Json(detail)).into_response();
+    }
+    Response::builder()
+        .header(header::CONTENT_TYPE, "text/event-stream")
+        .body(Body::from(stream::busy_body(job)))
         .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response())
 }
 

@@ -30,7 +30,7 @@ pub type Write = Result<Bytes, std::io::Error>;
 
 /// Sends the body's writes into `tx`; stops early when the client goes away.
 pub async fn write_stream(state: &SimState, plan: &Plan, job: &Job, tx: mpsc::Sender<Write>) {
-    let out = Writer { tx, split: plan.bytes_per_write };
+    let out = Writer { tx, split: plan.bytes_per_write, keep_generating: plan.keep_generating };
     if plan.drop_after == Some(0) {
         out.drop_connection().await;
         return;
@@ -88,6 +88,7 @@ pub async fn write_stream(state: &SimState, plan: &Plan, job: &Job, tx: mpsc::Se
             (false, _) => Some(json!({"text": text})),
             (true, ContentField::Content) => Some(json!({"content": text})),
             (true, ContentField::ReasoningContent) => Some(json!({"reasoning_content": text})),
+            (true, ContentField::BothReasoning) => Some(json!({"reasoning_content": text, "reasoning": text})),
         };
         let Some(mut delta) = delta else { continue };
         if job.chat && plan.role == RolePlacement::Every {
@@ -114,8 +115,21 @@ pub async fn write_stream(state: &SimState, plan: &Plan, job: &Job, tx: mpsc::Se
     }
     let usage = job.include_usage || plan.usage_always;
     let finish_usage = usage && matches!(plan.usage, UsagePlacement::Finish | UsagePlacement::Both);
-    if !out.frame(&finish_chunk(job, created, plan, job.finish_reason, finish_usage.then(|| usage_of(job)))).await {
+    let reason = if plan.tool_call && job.chat { "tool_calls" } else { job.finish_reason };
+    let mut finish = finish_chunk(job, created, plan, reason, finish_usage.then(|| usage_of(job)));
+    if plan.tool_call && job.chat {
+        finish["choices"][0]["delta"]["tool_calls"] = json!([{"id": format!("call_{}", job.id), "type": "function",
+            "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]);
+    }
+    if !out.frame(&finish).await {
         return;
+    }
+    if usage && plan.usage == UsagePlacement::RepeatFinish {
+        // mlx-omni-server: the finish again, its delta the role alone, with the usage.
+        let repeat = finish_chunk(job, created, plan, reason, Some(usage_of(job)));
+        if !out.frame(&repeat).await {
+            return;
+        }
     }
     if usage && matches!(plan.usage, UsagePlacement::Separate | UsagePlacement::Both) {
         let mut only = chunk(job, created, json!({}), Some(usage_of(job)));
@@ -207,6 +221,14 @@ fn finish_chunk(job: &Job, created: u64, plan: &Plan, reason: &str, usage: Optio
     c
 }
 
+/// The answer to a stream that arrives while another generates, in vllm-mlx's simple mode: a
+/// role chunk, an in-band error event, `[DONE]`.
+pub fn busy_body(job: &Job) -> String {
+    let role = chunk(job, super::now_secs(), json!({"role": "assistant"}), None);
+    let error = json!({"error": {"message": "Internal server error", "type": "InternalServerError", "param": null, "code": 500}});
+    format!("data: {role}\n\ndata: {error}\n\ndata: [DONE]\n\n")
+}
+
 /// The text of the `i`-th generated token.
 pub fn token_text(i: u32) -> String {
     format!("t{i} ")
@@ -216,6 +238,8 @@ pub fn token_text(i: u32) -> String {
 struct Writer {
     tx: mpsc::Sender<Write>,
     split: usize,
+    /// A client that left does not stop the generation: writes to nobody count as sent.
+    keep_generating: bool,
 }
 
 impl Writer {
@@ -230,13 +254,13 @@ impl Writer {
     /// Sends `bytes`, as pieces of `split` bytes when splitting (each piece its own write).
     async fn raw(&self, bytes: Bytes) -> bool {
         if self.split == 0 || bytes.len() <= self.split {
-            return self.tx.send(Ok(bytes)).await.is_ok();
+            return self.tx.send(Ok(bytes)).await.is_ok() || self.keep_generating;
         }
         let mut rest = bytes;
         while !rest.is_empty() {
             let piece = rest.split_to(self.split.min(rest.len()));
             if self.tx.send(Ok(piece)).await.is_err() {
-                return false;
+                return self.keep_generating;
             }
             // Give the connection task a turn so the piece leaves as its own write.
             tokio::task::yield_now().await;
@@ -250,8 +274,12 @@ impl Writer {
         let _ = self.tx.send(Err(dropped)).await;
     }
 
-    /// Sleeps `d` unless the client leaves first; false when it left.
+    /// Sleeps `d` unless the client leaves first; false when it left (and the server stops).
     async fn pace(&self, d: Duration) -> bool {
+        if self.keep_generating {
+            tokio::time::sleep(d).await;
+            return true;
+        }
         tokio::select! {
             () = tokio::time::sleep(d) => true,
             () = self.tx.closed() => false,

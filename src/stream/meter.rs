@@ -8,7 +8,13 @@
 //!   `chatcmpl-keepalive`), inter-token latency and decode speed, tokens from the backend's last
 //!   `usage` (never from the frame count), bursts, usage that disagrees with the stream, and an
 //!   `{"error": …}` event as a failure whatever `finish_reason` follows;
-//! - holds the request's queue [`Permit`] until the body ends or the client goes away;
+//! - holds the request's queue [`Permit`] until the body ends or the client goes away — or,
+//!   for a backend that keeps generating after its client left (`hold_abandoned`), until the
+//!   backend has ended the abandoned stream, read to its end in the background (bounded);
+//! - applies the backend's stream-side normalisations (`finish_length`: a `stop` finish at
+//!   `max_tokens` becomes `length`; `single_finish`: a repeated finish chunk reaches the client
+//!   as the usage it adds, the first with its output as it was), re-serialising only the frames
+//!   they change;
 //! - classifies how the stream ended, once: complete (`[DONE]` or a `finish_reason` seen), an
 //!   error event, or cut — an end of file before the answer's end (HTTP/1.0 bodies end at the
 //!   close, so a crashed mlx_lm.server looks like a normal end), a broken connection, silence
@@ -32,8 +38,8 @@ use serde_json::Value;
 use tokio::sync::Notify;
 use tokio::sync::futures::OwnedNotified;
 
-use super::frame;
-use super::sse::{Item, SseParser};
+use super::frame::{self, Seen};
+use super::sse::{Event, Item, SseParser};
 use crate::dispatch::queue::Permit;
 use crate::error::GatewayError;
 use crate::metrics::Metrics;
@@ -86,7 +92,36 @@ pub struct RequestInfo {
     pub idle_timeout: Duration,
     /// The gateway's shutdown cut.
     pub cutoff: Arc<Cutoff>,
+    /// The backend's stream-side normalisations.
+    pub normalise: StreamNormalise,
 }
+
+/// The stream-side normalisations in force for one answer (from its backend's `normalise:`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StreamNormalise {
+    /// `finish_length`: the completion tokens at which the answer counts as cut by its
+    /// `max_tokens`, where a `stop` finish becomes `length`; `None` when off.
+    pub length_at: Option<u64>,
+    /// `single_finish`: a finish chunk without usage waits for the next event; when that event is
+    /// the same finish again, the first goes on and the repeat becomes a usage-only chunk (for a
+    /// client that asked for usage; else nothing), unless it carries output the first did not.
+    pub single_finish: bool,
+    /// `hold_abandoned`: a stream the client leaves is read to its end before its slot is freed.
+    pub hold_abandoned: bool,
+}
+
+impl StreamNormalise {
+    /// Whether any frame may be rewritten, held or dropped by a normalisation.
+    fn rewrites(&self) -> bool {
+        self.length_at.is_some() || self.single_finish
+    }
+}
+
+/// The longest an abandoned stream is read for before its slot is freed whatever the backend
+/// does. Each read is also bounded by the backend's `stream_idle_timeout`. Ten minutes covers
+/// any answer the servers here generate on a Mac (tens of thousands of tokens at 50+ tokens/s),
+/// while a backend that never ends a stream cannot keep the slot for more than that.
+pub const MAX_ABANDONED_DRAIN: Duration = Duration::from_secs(600);
 
 impl RequestInfo {
     fn backend(&self) -> String {
@@ -134,15 +169,22 @@ impl StreamFigures {
     /// Looks at one SSE item; returns (whether it goes to the client, whether it carried
     /// generated output).
     pub fn watch(&mut self, item: &Item, now: Instant, client_wants_usage: bool) -> (bool, bool) {
-        let Item::Event(event) = item else { return (true, false) };
+        let (keep, generated, _) = self.look(item, now, client_wants_usage);
+        (keep, generated)
+    }
+
+    /// As [`Self::watch`], with what the event said (`None` for comments, `[DONE]`, errors and
+    /// what is not JSON).
+    fn look(&mut self, item: &Item, now: Instant, client_wants_usage: bool) -> (bool, bool, Option<Seen>) {
+        let Item::Event(event) = item else { return (true, false, None) };
         if event.data == "[DONE]" {
             self.done = true;
-            return (true, false);
+            return (true, false, None);
         }
-        let Some(seen) = frame::read(&event.data) else { return (true, false) };
-        if let Some(message) = seen.error {
+        let Some(mut seen) = frame::read(&event.data) else { return (true, false, None) };
+        if let Some(message) = seen.error.take() {
             self.error.get_or_insert(message);
-            return (true, false);
+            return (true, false, None);
         }
         if let Some(usage) = seen.usage {
             // vllm-mlx sends usage twice: the last one wins, never a sum.
@@ -165,7 +207,7 @@ impl StreamFigures {
             self.last_token = Some(now);
             self.token_frames += 1;
         }
-        (!usage_only || client_wants_usage, generated)
+        (!usage_only || client_wants_usage, generated, Some(seen))
     }
 
     /// Whether the stream showed its end: `[DONE]`, or a `finish_reason` for every choice it
@@ -228,8 +270,8 @@ pin_project! {
     /// Wraps the backend's streaming body for the client.
     #[project = StreamMeterProj]
     pub struct StreamMeter {
-        #[pin]
-        inner: Incoming,
+        // The backend's body; taken by the reading of an abandoned stream (`hold_abandoned`).
+        inner: Option<Incoming>,
         mode: Mode,
         forward: Forward,
         figures: StreamFigures,
@@ -249,6 +291,13 @@ pin_project! {
             let this = this.project();
             // Dropped before its end: the client went away.
             if let Some(info) = this.info.take() {
+                if info.normalise.hold_abandoned
+                    && *this.mode == Mode::Sse
+                    && !*this.finished
+                    && let (Some(body), Some(permit)) = (this.inner.take(), this.permit.take())
+                {
+                    hold_abandoned(body, permit, &info);
+                }
                 record(info, this.figures, Outcome::ClientClosed);
             }
         }
@@ -262,9 +311,9 @@ impl StreamMeter {
         let idle = Box::pin(tokio::time::sleep(info.idle_timeout));
         let shutdown = info.cutoff.notified();
         let mut meter = StreamMeter {
-            inner,
+            inner: Some(inner),
             mode,
-            forward: Forward::default(),
+            forward: Forward::new(info.normalise),
             figures: StreamFigures { metered: mode == Mode::Sse, ..Default::default() },
             info: Some(info),
             permit: Some(permit),
@@ -285,8 +334,56 @@ impl StreamMeter {
     }
 }
 
+/// Reads the rest of a stream its client abandoned, discarding it, and frees its slot when the
+/// backend ends it (or stalls past its idle timeout, or after [`MAX_ABANDONED_DRAIN`], or at the
+/// gateway's shutdown): the next request waits for the slot in the queue, where its wait shows,
+/// and not at a backend still busy with the abandoned answer. Without a runtime (a test
+/// dropping a meter outside one) the slot is freed at once.
+fn hold_abandoned(body: Incoming, mut permit: Permit, info: &RequestInfo) {
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
+    permit.abandon();
+    let backend = info.backend();
+    let held = info.record.metrics().abandoned_held.with_label_values(&[&backend]);
+    held.inc();
+    let (idle_timeout, cutoff) = (info.idle_timeout, Arc::clone(&info.cutoff));
+    runtime.spawn(async move {
+        let started = Instant::now();
+        let (end, bytes) = drain(body, idle_timeout, &cutoff).await;
+        drop(permit);
+        held.dec();
+        tracing::info!(backend = %backend, end, bytes, held_for = ?started.elapsed(), "abandoned stream read to its end; its slot is free");
+    });
+}
+
+/// Reads an abandoned answer's `body` to its end, bounded (each read by `idle_timeout`, the whole
+/// by [`MAX_ABANDONED_DRAIN`], and the shutdown's cut); returns how the reading ended
+/// (`finished`, `broken`, `stalled`, `capped`, `shutdown`) and the bytes it discarded.
+pub async fn drain(mut body: Incoming, idle_timeout: Duration, cutoff: &Cutoff) -> (&'static str, usize) {
+    use http_body_util::BodyExt;
+    let mut shutdown = cutoff.notified();
+    let cap = tokio::time::sleep(MAX_ABANDONED_DRAIN);
+    tokio::pin!(cap);
+    let mut bytes = 0;
+    loop {
+        if cutoff.is_cut() {
+            return ("shutdown", bytes);
+        }
+        tokio::select! {
+            () = shutdown.as_mut() => return ("shutdown", bytes),
+            () = &mut cap => return ("capped", bytes),
+            read = tokio::time::timeout(idle_timeout, body.frame()) => match read {
+                Err(_) => return ("stalled", bytes),
+                Ok(None) => return ("finished", bytes),
+                Ok(Some(Err(_))) => return ("broken", bytes),
+                Ok(Some(Ok(frame))) => bytes += frame.data_ref().map_or(0, Bytes::len),
+            },
+        }
+    }
+}
+
 /// Turns the backend's reads into the client's: complete frames only, in order, as zero-copy
-/// slices of the backend's bytes, less the frames that must not be forwarded.
+/// slices of the backend's bytes, less the frames that must not be forwarded, and the frames a
+/// normalisation changes re-serialised.
 #[derive(Default)]
 struct Forward {
     parser: SseParser,
@@ -297,6 +394,207 @@ struct Forward {
     /// How the previous read ended: on an item's line end, kept or dropped. The `\n` of that
     /// line's `\r\n` may open the next read, and goes (or not) with that item.
     tail: Tail,
+    /// The normalisations' state.
+    finish: Finish,
+}
+
+/// What becomes of one SSE item on its way to the client.
+#[derive(Debug, PartialEq)]
+enum Action {
+    /// The backend's bytes, as they are.
+    Keep,
+    /// Nothing.
+    Drop,
+    /// These bytes instead: the item re-serialised, after a held finish frame it releases.
+    Replace(Bytes),
+}
+
+impl Action {
+    fn of(keep: bool) -> Self {
+        if keep { Action::Keep } else { Action::Drop }
+    }
+}
+
+/// The finish-frame normalisations of one stream (`finish_length`, `single_finish`).
+#[derive(Default)]
+struct Finish {
+    normalise: StreamNormalise,
+    /// A finish frame without usage, waiting for the next event (`single_finish`), with the
+    /// choices it finishes.
+    held: Option<(Event, Vec<u64>)>,
+}
+
+/// The choices an event finishes, when it is a finish frame: every choice it carries has a
+/// `finish_reason`.
+fn finished_choices(seen: Option<&Seen>) -> Option<Vec<u64>> {
+    let seen = seen?;
+    if seen.choices.is_empty() || !seen.choices.iter().all(|c| c.finished) {
+        return None;
+    }
+    let mut indices: Vec<u64> = seen.choices.iter().map(|c| c.index).collect();
+    indices.sort_unstable();
+    Some(indices)
+}
+
+impl Finish {
+    /// What becomes of one item, once the figures have seen it (`keep`: whether it goes to the
+    /// client as far as the meter is concerned).
+    fn settle(
+        &mut self,
+        item: &Item,
+        seen: Option<&Seen>,
+        keep: bool,
+        figures: &StreamFigures,
+        wants_usage: bool,
+    ) -> Action {
+        // Comments and blank lines pass; a held finish waits for an event.
+        let Item::Event(event) = item else { return Action::of(keep) };
+        let finishes = finished_choices(seen);
+        if let Some((held, indices)) = self.held.take() {
+            if finishes.as_ref() == Some(&indices) {
+                // The repeat: the first goes on (with `finish_length` judged on the repeat's
+                // usage, read by now), the repeat as the usage it adds.
+                let mut out = self.render_finish(&held, figures).to_vec();
+                match Repeat::of(&held, event) {
+                    // As the meter treats a usage-only chunk: for a client that asked for usage.
+                    Repeat::Usage(usage) if wants_usage => out.extend_from_slice(&usage),
+                    Repeat::Usage(_) | Repeat::Nothing => {}
+                    Repeat::Output => out.extend_from_slice(&self.render_finish(event, figures)),
+                }
+                return Action::Replace(Bytes::from(out));
+            }
+            let mut out = self.render_finish(&held, figures).to_vec();
+            match self.settle(item, seen, keep, figures, wants_usage) {
+                Action::Keep => out.extend_from_slice(&render(event, &event.data)),
+                Action::Drop => {}
+                Action::Replace(bytes) => out.extend_from_slice(&bytes),
+            }
+            return Action::Replace(Bytes::from(out));
+        }
+        let Some(indices) = finishes else { return Action::of(keep) };
+        if self.normalise.single_finish && seen.is_some_and(|s| s.usage.is_none()) {
+            self.held = Some((event.clone(), indices));
+            return Action::Drop;
+        }
+        if self.cut_by_max_tokens(figures) && keep {
+            return Action::Replace(self.render_finish(event, figures));
+        }
+        Action::of(keep)
+    }
+
+    /// Whether the answer reached its `max_tokens`: the backend's last usage says so, or, before
+    /// any usage, the output frames shown (one token each on the servers here). Only for an
+    /// answer of one choice: usage counts every choice's tokens, `max_tokens` limits each.
+    fn cut_by_max_tokens(&self, figures: &StreamFigures) -> bool {
+        let generated = figures.completion_tokens.unwrap_or(figures.token_frames);
+        self.normalise.length_at.is_some_and(|at| generated >= at) && figures.choices_seen.len() <= 1
+    }
+
+    /// A finish frame as the client gets it: `stop` made `length` when the answer was cut by
+    /// `max_tokens`, else as it was.
+    fn render_finish(&self, event: &Event, figures: &StreamFigures) -> Bytes {
+        if !self.cut_by_max_tokens(figures) {
+            return render(event, &event.data);
+        }
+        match serde_json::from_str::<Value>(&event.data) {
+            Ok(mut value) => {
+                stop_to_length(&mut value);
+                render(event, &value.to_string())
+            }
+            Err(_) => render(event, &event.data),
+        }
+    }
+
+    /// The end of the stream: a finish still held goes to the client.
+    fn release(&mut self, figures: &StreamFigures) -> Option<Bytes> {
+        let (held, _) = self.held.take()?;
+        Some(self.render_finish(&held, figures))
+    }
+}
+
+/// What a repeated finish frame (mlx-omni-server: the finish again, with only the role and the
+/// usage) adds to the first.
+#[derive(Debug, PartialEq)]
+enum Repeat {
+    /// Nothing but its usage: it goes on as the usage-only chunk it amounts to, in OpenAI's
+    /// shape (`"choices": []` and its `usage`).
+    Usage(Bytes),
+    /// Nothing at all.
+    Nothing,
+    /// Output the first did not carry (text, reasoning, a tool call): it goes on as it is, and
+    /// the client sees two finish chunks rather than lose output.
+    Output,
+}
+
+impl Repeat {
+    fn of(first: &Event, repeat: &Event) -> Repeat {
+        let (Ok(first_value), Ok(mut value)) =
+            (serde_json::from_str::<Value>(&first.data), serde_json::from_str::<Value>(&repeat.data))
+        else {
+            return Repeat::Output;
+        };
+        let first_choices = first_value.get("choices").and_then(Value::as_array);
+        let choices = value.get("choices").and_then(Value::as_array).into_iter().flatten();
+        let adds = choices.into_iter().any(|choice| {
+            let same = first_choices.into_iter().flatten().find(|c| c.get("index") == choice.get("index"));
+            adds_output(choice, same)
+        });
+        if adds {
+            return Repeat::Output;
+        }
+        if !value.get("usage").is_some_and(Value::is_object) {
+            return Repeat::Nothing;
+        }
+        value["choices"] = Value::Array(Vec::new());
+        Repeat::Usage(render(repeat, &value.to_string()))
+    }
+}
+
+/// Whether a choice carries output its counterpart in an earlier frame did not: a non-empty
+/// `text` or delta field (other than `role`) that differs from the earlier one's.
+fn adds_output(choice: &Value, earlier: Option<&Value>) -> bool {
+    let empty = |v: &Value| v.is_null() || v.as_str() == Some("") || v.as_array().is_some_and(Vec::is_empty);
+    let new_in = |field: Option<&Value>, before: Option<&Value>| {
+        field
+            .into_iter()
+            .filter_map(Value::as_object)
+            .flatten()
+            .any(|(key, v)| key != "role" && !empty(v) && before.and_then(|b| b.get(key)) != Some(v))
+    };
+    let text = choice.get("text").filter(|t| !empty(t));
+    let new_text = text.is_some_and(|t| earlier.and_then(|e| e.get("text")) != Some(t));
+    new_text || new_in(choice.get("delta"), earlier.and_then(|e| e.get("delta")))
+}
+
+/// Turns every `finish_reason: "stop"` of an answer's (or a chunk's) choices into `"length"`;
+/// returns whether any was.
+pub fn stop_to_length(value: &mut Value) -> bool {
+    let mut changed = false;
+    for choice in value.get_mut("choices").and_then(Value::as_array_mut).into_iter().flatten() {
+        if let Some(reason) = choice.get_mut("finish_reason").filter(|r| r.as_str() == Some("stop")) {
+            *reason = Value::from("length");
+            changed = true;
+        }
+    }
+    changed
+}
+
+/// One SSE event written anew, with `data` as its data (one `data:` line per line of it).
+fn render(event: &Event, data: &str) -> Bytes {
+    let mut out = String::with_capacity(data.len() + 16);
+    if let Some(name) = &event.event {
+        out.push_str(&format!("event: {name}\n"));
+    }
+    if let Some(id) = &event.id {
+        out.push_str(&format!("id: {id}\n"));
+    }
+    for line in data.split('\n') {
+        out.push_str("data: ");
+        out.push_str(line);
+        out.push('\n');
+    }
+    out.push('\n');
+    Bytes::from(out)
 }
 
 #[derive(Default, Clone, Copy, PartialEq, Eq)]
@@ -309,6 +607,10 @@ enum Tail {
 }
 
 impl Forward {
+    fn new(normalise: StreamNormalise) -> Self {
+        Forward { finish: Finish { normalise, held: None }, ..Forward::default() }
+    }
+
     /// Parses one read, queues the complete frames to forward and keeps the unfinished tail.
     fn observe(&mut self, figures: &mut StreamFigures, data: Bytes, client_wants_usage: bool) {
         let now = Instant::now();
@@ -323,17 +625,24 @@ impl Forward {
                 Tail::Open => {}
             }
         }
-        let mut cuts: Vec<(usize, bool)> = Vec::new();
+        let mut cuts: Vec<(usize, Action)> = Vec::new();
         let mut generated_here = 0u64;
+        let finish = &mut self.finish;
         self.parser.feed(&data, |item, end| {
-            let (keep, generated) = figures.watch(&item, now, client_wants_usage);
+            let (keep, generated, seen) = figures.look(&item, now, client_wants_usage);
             generated_here += u64::from(generated);
-            cuts.push((end, keep));
+            let action = if finish.normalise.rewrites() {
+                finish.settle(&item, seen.as_ref(), keep, figures, client_wants_usage)
+            } else {
+                Action::of(keep)
+            };
+            cuts.push((end, action));
         });
         figures.max_frames_in_one_read = figures.max_frames_in_one_read.max(generated_here);
         let mut run_start: Option<usize> = None;
         let mut last_kept = None;
-        for (end, keep) in cuts {
+        for (end, action) in cuts {
+            let keep = action == Action::Keep;
             if keep {
                 if run_start.is_none() {
                     self.out.extend(self.partial.drain(..));
@@ -344,6 +653,9 @@ impl Forward {
                     self.out.push_back(data.slice(start..from));
                 }
                 self.partial.clear();
+                if let Action::Replace(bytes) = action {
+                    self.out.push_back(bytes);
+                }
             }
             last_kept = Some(keep);
             from = end;
@@ -364,13 +676,28 @@ impl Forward {
     /// The end of the stream: a last event without its blank line still counts (its end is
     /// implied) and goes to the client.
     fn finish(&mut self, figures: &mut StreamFigures, client_wants_usage: bool) {
+        let mut last = Action::Keep;
         if !self.partial.is_empty() {
             let now = Instant::now();
+            let finish = &mut self.finish;
             self.parser.feed(b"\n\n", |item, _| {
-                figures.watch(&item, now, client_wants_usage);
+                let (keep, _, seen) = figures.look(&item, now, client_wants_usage);
+                if finish.normalise.rewrites() && item != Item::Blank {
+                    last = finish.settle(&item, seen.as_ref(), keep, figures, client_wants_usage);
+                }
             });
         }
-        self.out.extend(self.partial.drain(..));
+        match last {
+            Action::Keep => self.out.extend(self.partial.drain(..)),
+            Action::Drop => self.partial.clear(),
+            Action::Replace(bytes) => {
+                self.partial.clear();
+                self.out.push_back(bytes);
+            }
+        }
+        if let Some(held) = self.finish.release(figures) {
+            self.out.push_back(held);
+        }
     }
 
     /// Bytes held back for an event that has not ended yet.
@@ -501,7 +828,11 @@ impl Body for StreamMeter {
                 cut(&mut this, |_| GatewayError::ShuttingDown);
                 continue;
             }
-            match this.inner.as_mut().poll_frame(cx) {
+            let polled = match this.inner.as_mut() {
+                Some(inner) => Pin::new(inner).poll_frame(cx),
+                None => return Poll::Ready(None),
+            };
+            match polled {
                 Poll::Pending => {
                     if this.shutdown.as_mut().poll(cx).is_ready() {
                         cut(&mut this, |_| GatewayError::ShuttingDown);
@@ -561,7 +892,13 @@ impl Body for StreamMeter {
 /// `stream_error` after an error event), the stats line added when asked for.
 fn end(this: &mut StreamMeterProj<'_>) {
     *this.finished = true;
-    this.permit.take();
+    // An answer that ended with an error event did not end normally (its backend may still be
+    // busy with it: vllm-mlx's serialized route).
+    if let Some(mut permit) = this.permit.take()
+        && this.figures.error.is_none()
+    {
+        permit.finish();
+    }
     if let Some(info) = this.info.take() {
         let outcome = if this.figures.error.is_some() { Outcome::StreamError } else { Outcome::Ok };
         if info.stats_comment {
@@ -603,14 +940,7 @@ mod tests {
     use super::*;
 
     fn figures_of(chunks: &[&str], wants_usage: bool) -> (StreamFigures, String) {
-        let mut forward = Forward::default();
-        let mut figures = StreamFigures::default();
-        for c in chunks {
-            forward.observe(&mut figures, Bytes::from(c.to_string()), wants_usage);
-        }
-        forward.finish(&mut figures, wants_usage);
-        let sent: Vec<u8> = forward.out.iter().flat_map(|b| b.iter().copied()).collect();
-        (figures, String::from_utf8(sent).expect("utf8"))
+        normalised(StreamNormalise::default(), chunks, wants_usage)
     }
 
     const ROLE: &str = "data: {\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\"}}]}\n\n";
@@ -706,6 +1036,140 @@ mod tests {
         assert!(!f.is_burst(), "a one-token answer");
     }
 
+    fn normalised(normalise: StreamNormalise, chunks: &[&str], wants_usage: bool) -> (StreamFigures, String) {
+        let mut forward = Forward::new(normalise);
+        let mut figures = StreamFigures::default();
+        for c in chunks {
+            forward.observe(&mut figures, Bytes::from(c.to_string()), wants_usage);
+        }
+        forward.finish(&mut figures, wants_usage);
+        let sent: Vec<u8> = forward.out.iter().flat_map(|b| b.iter().copied()).collect();
+        (figures, String::from_utf8(sent).expect("utf8"))
+    }
+
+    /// Every split of `chunks`' bytes in two gives the same output as the whole.
+    fn same_for_every_split(normalise: StreamNormalise, chunks: &[&str], wants_usage: bool) -> String {
+        let all = chunks.concat();
+        let (_, whole) = normalised(normalise, &[&all], wants_usage);
+        for cut in 0..=all.len() {
+            let (_, sent) = normalised(normalise, &[&all[..cut], &all[cut..]], wants_usage);
+            assert_eq!(sent, whole, "cut at {cut}");
+        }
+        whole
+    }
+
+    const OMNI_FINISH: &str =
+        "data: {\"choices\": [{\"index\": 0, \"delta\": {\"role\": \"assistant\"}, \"finish_reason\": \"stop\"}]}\n\n";
+    const OMNI_FINISH_USAGE: &str = "data: {\"choices\": [{\"index\": 0, \"delta\": {\"role\": \"assistant\"}, \"finish_reason\": \"stop\"}], \"usage\": {\"prompt_tokens\": 3, \"completion_tokens\": 2}}\n\n";
+    const DONE: &str = "data: [DONE]\n\n";
+
+    fn finish_reasons(sent: &str) -> Vec<(String, bool)> {
+        sent.lines()
+            .filter_map(|l| l.strip_prefix("data: "))
+            .filter_map(|d| serde_json::from_str::<Value>(d).ok())
+            .filter_map(|v| {
+                let reason = v["choices"][0]["finish_reason"].as_str()?.to_string();
+                Some((reason, v["usage"].is_object()))
+            })
+            .collect()
+    }
+
+    /// `OMNI_FINISH_USAGE` as the usage-only chunk it amounts to.
+    const OMNI_USAGE_ONLY: &str = "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":2}}\n\n";
+
+    #[test]
+    fn a_repeated_finish_reaches_the_client_once_its_usage_when_asked() {
+        let omni = StreamNormalise { single_finish: true, ..Default::default() };
+        let chunks = [TOKEN, TOKEN, OMNI_FINISH, OMNI_FINISH_USAGE, DONE];
+        let sent = same_for_every_split(omni, &chunks, true);
+        assert_eq!(sent, [TOKEN, TOKEN, OMNI_FINISH, OMNI_USAGE_ONLY, DONE].concat(), "the first, then the usage");
+        let sent = same_for_every_split(omni, &chunks, false);
+        assert_eq!(sent, [TOKEN, TOKEN, OMNI_FINISH, DONE].concat(), "the first alone");
+        let (f, _) = normalised(omni, &chunks, false);
+        assert_eq!((f.tokens(), f.choices_finished.len()), (Some(2), 1), "usage read, one finish");
+        // A finish that is not repeated goes on, before what follows it, and at the end.
+        let sent = same_for_every_split(omni, &[TOKEN, OMNI_FINISH, DONE], true);
+        assert_eq!(finish_reasons(&sent).len(), 1);
+        assert!(sent.ends_with(DONE), "{sent}");
+        let sent = same_for_every_split(omni, &[TOKEN, OMNI_FINISH], true);
+        assert_eq!(finish_reasons(&sent).len(), 1, "{sent}");
+        // Off: both go on.
+        let (_, sent) = normalised(StreamNormalise::default(), &chunks, true);
+        assert_eq!(sent, chunks.concat());
+    }
+
+    /// mlx-omni-server's tool answer: the tool call rides in the first finish chunk, the repeat
+    /// has only the role and the usage (the review's H1: the tool call was dropped).
+    const OMNI_TOOL_FINISH: &str = "data: {\"choices\": [{\"index\": 0, \"delta\": {\"role\": \"assistant\", \"tool_calls\": [{\"id\": \"call_1\", \"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"arguments\": \"{}\"}}]}, \"finish_reason\": \"tool_calls\"}]}\n\n";
+    const OMNI_TOOL_REPEAT: &str = "data: {\"choices\": [{\"index\": 0, \"delta\": {\"role\": \"assistant\"}, \"finish_reason\": \"tool_calls\"}], \"usage\": {\"prompt_tokens\": 3, \"completion_tokens\": 2}}\n\n";
+
+    #[test]
+    fn a_tool_call_in_the_first_finish_reaches_the_client_once() {
+        let omni = StreamNormalise { length_at: Some(100), single_finish: true, ..Default::default() };
+        let chunks = [ROLE, OMNI_TOOL_FINISH, OMNI_TOOL_REPEAT, DONE];
+        let sent = same_for_every_split(omni, &chunks, true);
+        assert_eq!(sent, [ROLE, OMNI_TOOL_FINISH, OMNI_USAGE_ONLY, DONE].concat());
+        let sent = same_for_every_split(omni, &chunks, false);
+        assert_eq!(sent, [ROLE, OMNI_TOOL_FINISH, DONE].concat());
+        // Cut at max_tokens (usage 2 ≥ 2): the first finish is re-serialised, its tool call kept,
+        // and a `tool_calls` finish stays what it is.
+        let cut = StreamNormalise { length_at: Some(2), ..omni };
+        let sent = same_for_every_split(cut, &chunks, true);
+        assert_eq!(sent.matches("\"get_weather\"").count(), 1, "{sent}");
+        assert_eq!(finish_reasons(&sent), [("tool_calls".to_string(), false)], "{sent}");
+        assert!(sent.ends_with(&[OMNI_USAGE_ONLY, DONE].concat()), "{sent}");
+    }
+
+    #[test]
+    fn a_repeat_carrying_new_output_is_not_dropped() {
+        let omni = StreamNormalise { single_finish: true, ..Default::default() };
+        // Output in the repeat only: both go on, as they were.
+        let chunks = [TOKEN, OMNI_FINISH, OMNI_TOOL_FINISH, DONE];
+        for wants_usage in [true, false] {
+            assert_eq!(same_for_every_split(omni, &chunks, wants_usage), chunks.concat());
+        }
+        // The same output in both: a true repeat, its choices dropped.
+        let with_usage = OMNI_TOOL_FINISH.replacen(
+            "]}\n\n",
+            "], \"usage\": {\"prompt_tokens\": 3, \"completion_tokens\": 2}}\n\n",
+            1,
+        );
+        let sent = same_for_every_split(omni, &[OMNI_TOOL_FINISH, &with_usage, DONE], true);
+        assert_eq!(sent, [OMNI_TOOL_FINISH, OMNI_USAGE_ONLY, DONE].concat());
+        // A repeat without usage or output: nothing.
+        let sent = same_for_every_split(omni, &[TOKEN, OMNI_FINISH, OMNI_FINISH, DONE], true);
+        assert_eq!(sent, [TOKEN, OMNI_FINISH, DONE].concat());
+    }
+
+    #[test]
+    fn stop_at_max_tokens_becomes_length_and_only_that_frame_changes() {
+        let at = |n| StreamNormalise { length_at: Some(n), ..Default::default() };
+        // mlx-openai-server: usage in the finish chunk.
+        let finish = "data: {\"choices\":[{\"delta\":{},\"finish_reason\":\"stop\",\"index\":0}],\"usage\":{\"prompt_tokens\":1,\"completion_tokens\":2}}\n\n";
+        let sent = same_for_every_split(at(2), &[ROLE, TOKEN, TOKEN, finish, DONE], true);
+        assert_eq!(finish_reasons(&sent), [("length".to_string(), true)]);
+        assert!(sent.starts_with(&[ROLE, TOKEN, TOKEN].concat()) && sent.ends_with(DONE), "{sent}");
+        let sent = same_for_every_split(at(3), &[ROLE, TOKEN, TOKEN, finish, DONE], true);
+        assert_eq!(sent, [ROLE, TOKEN, TOKEN, finish, DONE].concat(), "not cut: untouched");
+        // mlx-omni-server: the finish twice, usage in the second: the first says length (judged
+        // on the second's usage), the usage follows it when asked for.
+        let both = StreamNormalise { length_at: Some(2), single_finish: true, ..Default::default() };
+        for wants_usage in [true, false] {
+            let sent = same_for_every_split(both, &[TOKEN, TOKEN, OMNI_FINISH, OMNI_FINISH_USAGE, DONE], wants_usage);
+            assert_eq!(finish_reasons(&sent), [("length".to_string(), false)], "{sent}");
+            assert_eq!(sent.contains(OMNI_USAGE_ONLY), wants_usage, "{sent}");
+        }
+    }
+
+    #[test]
+    fn a_whole_answer_at_max_tokens_says_length() {
+        let whole = br#"{"choices":[{"index":0,"message":{"content":"x"},"finish_reason":"stop"}],"usage":{"completion_tokens":5}}"#;
+        let mut value: Value = serde_json::from_slice(whole).expect("json");
+        assert!(stop_to_length(&mut value));
+        assert_eq!(value["choices"][0]["finish_reason"], "length");
+        assert!(!stop_to_length(&mut value), "nothing left to change");
+    }
+
     #[test]
     fn usage_without_any_output_frame_is_a_mismatch() {
         let (f, _) = figures_of(&[ROLE, USAGE_ONLY], true);
@@ -720,7 +1184,8 @@ mod tests {
 
 /// Property tests: for generated transcripts in the style of every server in DESIGN.md's table,
 /// split at random, the parser sees the same events, the figures are the same, and the client
-/// gets the same bytes (exactly the backend's, less the usage-only chunk when not asked for).
+/// gets the same bytes (exactly the backend's, less the usage-only chunk when not asked for;
+/// with `finish_length` and `single_finish`, one finish chunk, saying `length`).
 #[cfg(test)]
 mod properties {
     use proptest::prelude::*;
@@ -777,11 +1242,15 @@ mod properties {
         }
         let mut finish = chunk(serde_json::json!({}));
         finish["choices"][0]["finish_reason"] = "stop".into();
-        if matches!(style, 2 | 6 | 7) {
+        if style == 8 {
+            // mlx-omni-server: the finish, then the same finish with usage.
+            frames.push(data(finish.clone()));
+        }
+        if matches!(style, 2 | 6 | 7 | 8) {
             finish["usage"] = usage.clone();
         }
         frames.push(data(finish));
-        if style != 6 {
+        if !matches!(style, 6 | 8) {
             frames.push(data(serde_json::json!({"id": "chatcmpl-1", "choices": [], "usage": usage})));
         }
         if style != 5 {
@@ -815,13 +1284,13 @@ mod properties {
     /// Output frames, tokens, error, `[DONE]` seen.
     type Summary = (u64, Option<u64>, Option<String>, bool);
 
-    fn run(chunks: &[Bytes], wants_usage: bool) -> (Vec<Item>, Summary, Vec<u8>) {
+    fn run(chunks: &[Bytes], wants_usage: bool, normalise: StreamNormalise) -> (Vec<Item>, Summary, Vec<u8>) {
         let mut items_parser = SseParser::new();
         let mut items = Vec::new();
         for c in chunks {
             items_parser.feed(c, |i, _| items.push(i));
         }
-        let mut forward = Forward::default();
+        let mut forward = Forward::new(normalise);
         let mut figures = StreamFigures::default();
         for c in chunks {
             forward.observe(&mut figures, c.clone(), wants_usage);
@@ -840,14 +1309,21 @@ mod properties {
 
         #[test]
         fn any_split_gives_the_same_events_figures_and_bytes(
-            style in 0u8..8,
+            style in 0u8..9,
             n in 0usize..12,
             split_data in any::<bool>(),
             eol in prop_oneof![Just("\n"), Just("\r\n"), Just("\r")],
             cuts in prop::collection::vec(any::<Index>(), 0..24),
             one_byte_reads in prop::bool::weighted(0.1),
             wants_usage in any::<bool>(),
+            normalised in any::<bool>(),
         ) {
+            // finish_length at the answer's length (every transcript is cut at it) and single_finish.
+            let normalise = if normalised {
+                StreamNormalise { length_at: Some(n as u64), single_finish: true, hold_abandoned: false }
+            } else {
+                StreamNormalise::default()
+            };
             let bytes = render(&transcript(style, n, split_data), eol);
             let whole = [Bytes::from(bytes.clone())];
             let chunks = if one_byte_reads {
@@ -855,13 +1331,19 @@ mod properties {
             } else {
                 split(&bytes, &cuts)
             };
-            let (items, figures, sent) = run(&chunks, wants_usage);
-            let (whole_items, whole_figures, whole_sent) = run(&whole, wants_usage);
+            let (items, figures, sent) = run(&chunks, wants_usage, normalise);
+            let (whole_items, whole_figures, whole_sent) = run(&whole, wants_usage, normalise);
             prop_assert_eq!(&items, &whole_items);
             prop_assert_eq!(&figures, &whole_figures);
             prop_assert_eq!(&sent, &whole_sent);
-            if wants_usage {
+            if wants_usage && !normalised {
                 prop_assert_eq!(&sent, &bytes, "the client gets exactly the backend's bytes");
+            }
+            if normalised {
+                let text = String::from_utf8_lossy(&sent);
+                let finishes = text.matches("\"finish_reason\":\"").count();
+                prop_assert_eq!(finishes, 1, "one finish chunk: {}", text);
+                prop_assert!(text.contains("\"finish_reason\":\"length\""), "cut at max_tokens: {}", text);
             }
             if n > 0 && style != 1 {
                 prop_assert_eq!(figures.0 as usize, n, "one output frame per generated token");

@@ -256,9 +256,11 @@ pub fn prerequisites(servers: &[&str]) -> Option<PathBuf> {
 }
 
 pub fn backend(name: &str, kind: &str, model: &Path, port: u16, extra: &str) -> String {
+    // vllm-mlx without --continuous-batching serves one request at a time (its profile refuses more).
+    let max_concurrency = if kind == "vllm-mlx" { 1 } else { 2 };
     format!(
         "  {name}:\n    kind: {kind}\n    model: '{}'\n    venv: '{ROOT}/.venv-{kind}'\n    port: {port}\n    \
-         max_concurrency: 2\n    stop_timeout: 10s\n    ready: {{timeout: 180s}}\n{extra}",
+         max_concurrency: {max_concurrency}\n    stop_timeout: 10s\n    ready: {{timeout: 180s}}\n{extra}",
         model.display()
     )
 }
