@@ -12,6 +12,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use common::*;
+use mlxgate::backend::profile::{Kind, fill_template};
 use mlxgate::config::Config;
 use mlxgate::probe::{ProbeOptions, probe, report::Report};
 use mlxgate::sim::{self, Behaviour, Framing, SimConfig, Style};
@@ -388,15 +389,19 @@ struct Real {
     model: String,
 }
 
-/// Starts `program` (in `.venv-{venv}/bin`) with `args` (`{model}`, `{port}` filled) and waits
-/// until `GET /v1/models` answers and a completion succeeds (`warm` names the model or not).
-async fn start_real(venv: &str, program: &str, args: &[&str], env: &[(&str, &Path)], warm_model: bool) -> Option<Real> {
+/// Starts the real server of `kind` as mlxgate launches it (the kind's own template, from
+/// `.venv-{kind}`), with `extra` arguments after it, and waits until a completion succeeds
+/// (`warm_model`: it names the model).
+async fn start_real(kind: Kind, extra: &[&str], env: &[(&str, &Path)], warm_model: bool) -> Option<Real> {
+    let venv = kind.name();
     let model = prerequisites(&[venv, "mlx-lm"])?.display().to_string();
-    let port = free_port().to_string();
+    let port = free_port();
     let log = tempfile::NamedTempFile::new().expect("log file");
-    let args: Vec<String> = args.iter().map(|a| a.replace("{model}", &model).replace("{port}", &port)).collect();
+    let template: Vec<String> = kind.launch_template().expect("a managed kind").iter().map(|a| a.to_string()).collect();
+    let launch = fill_template(&template, &model, "127.0.0.1", port);
+    let (program, args) = launch.split_first().expect("a program");
     let mut command = Command::new(format!("{ROOT}/.venv-{venv}/bin/{program}"));
-    command.args(&args).stdin(Stdio::null()).stdout(Stdio::null()).stderr(log.reopen().expect("log"));
+    command.args(args).args(extra).stdin(Stdio::null()).stdout(Stdio::null()).stderr(log.reopen().expect("log"));
     for (k, v) in env {
         command.env(k, v);
     }
@@ -505,8 +510,8 @@ fn hub_with_another_model() -> tempfile::TempDir {
 #[tokio::test]
 async fn real_mlx_lm_server_matches_the_wire_facts_and_keeps_its_model() {
     let hub = hub_with_another_model();
-    let args = ["--model", "{model}", "--host", "127.0.0.1", "--port", "{port}", "--log-level", "DEBUG"];
-    let Some(real) = start_real("mlx-lm", "mlx_lm.server", &args, &[("HF_HUB_CACHE", hub.path())], false).await else {
+    let Some(real) = start_real(Kind::MlxLm, &["--log-level", "DEBUG"], &[("HF_HUB_CACHE", hub.path())], false).await
+    else {
         return;
     };
     let listed = client().get(format!("{}/v1/models", real.url)).send().await.expect("models");
@@ -549,19 +554,7 @@ async fn real_mlx_lm_server_matches_the_wire_facts_and_keeps_its_model() {
 /// max_tokens, generates on after a disconnect, queues a second stream.
 #[tokio::test]
 async fn real_mlx_openai_server_matches_the_wire_facts() {
-    let args = [
-        "launch",
-        "--model-path",
-        "{model}",
-        "--model-type",
-        "lm",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        "{port}",
-        "--no-log-file",
-    ];
-    let Some(real) = start_real("mlx-openai-server", "mlx-openai-server", &args, &[], true).await else { return };
+    let Some(real) = start_real(Kind::MlxOpenaiServer, &[], &[], true).await else { return };
     let r = probe_real(&real, None, 8).await;
     assert_row(
         &r,
@@ -585,8 +578,7 @@ async fn real_mlx_openai_server_matches_the_wire_facts() {
 /// disconnect (a busy answer right after it is retried, not read as "generates on").
 #[tokio::test]
 async fn real_vllm_mlx_matches_the_wire_facts() {
-    let args = ["serve", "{model}", "--host", "127.0.0.1", "--port", "{port}"];
-    let Some(real) = start_real("vllm-mlx", "vllm-mlx", &args, &[], true).await else { return };
+    let Some(real) = start_real(Kind::VllmMlx, &[], &[], true).await else { return };
     let r = probe_real(&real, None, 8).await;
     assert_row(
         &r,
@@ -611,8 +603,7 @@ async fn real_vllm_mlx_matches_the_wire_facts() {
 /// Host (400) and any Origin (403).
 #[tokio::test]
 async fn real_rapid_mlx_matches_the_wire_facts() {
-    let args = ["serve", "{model}", "--host", "127.0.0.1", "--port", "{port}"];
-    let Some(real) = start_real("rapid-mlx", "rapid-mlx", &args, &[], true).await else { return };
+    let Some(real) = start_real(Kind::RapidMlx, &[], &[], true).await else { return };
     let r = probe_real(&real, None, 35).await;
     assert_row(
         &r,
@@ -638,8 +629,7 @@ async fn real_rapid_mlx_matches_the_wire_facts() {
 /// the model it lists as loaded and never sends it an unknown one.
 #[tokio::test]
 async fn real_mlx_vlm_matches_the_wire_facts() {
-    let args = ["--model", "{model}", "--host", "127.0.0.1", "--port", "{port}"];
-    let Some(real) = start_real("mlx-vlm", "mlx_vlm.server", &args, &[], true).await else { return };
+    let Some(real) = start_real(Kind::MlxVlm, &[], &[], true).await else { return };
     let r = probe_real(&real, None, 8).await;
     // It batches, but its pair measured 1.34–1.52× here (2 shared cores), close to the 1.3 that
     // counts as batched: either verdict, never an error event.
@@ -670,8 +660,7 @@ async fn real_mlx_vlm_matches_the_wire_facts() {
 /// tokenizer.
 #[tokio::test]
 async fn real_mlx_omni_server_matches_the_wire_facts() {
-    let args = ["--host", "127.0.0.1", "--port", "{port}"];
-    let Some(real) = start_real("mlx-omni-server", "mlx-omni-server", &args, &[], true).await else { return };
+    let Some(real) = start_real(Kind::MlxOmniServer, &[], &[], true).await else { return };
     let model = real.model.clone();
     let r = probe_real(&real, Some(&model), 8).await;
     assert_row(

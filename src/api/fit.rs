@@ -692,7 +692,7 @@ mod tests {
     fn small_flat_bodies_are_counted_inline_and_nested_or_large_ones_are_not() {
         assert_eq!(nesting(r#""a [string] {with} brackets \" ["#), 0);
         assert_eq!(nesting(r#"[{"content":[{"type":"text","text":"]]]"}]}]"#), 4);
-        let body = |text: &str| -> RawBody { serde_json::from_str(text).unwrap() };
+        let body = |text: &str| -> RawBody { serde_json::from_str(text).expect("a JSON object") };
         let chat = r#"{"model":"m","messages":[{"role":"user","content":"Say hello in one word."}]}"#;
         assert!(Inline::allows(&body(chat)));
         let parts = r#"{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"hi"}]}]}"#;
