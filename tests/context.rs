@@ -121,7 +121,8 @@ async fn a_max_tokens_over_the_room_left_is_cut_to_it_not_refused() {
         assert_eq!(seen.last().expect("sent")[field], room, "the backend got the room left in {field}");
     }
     // A limit that fits is sent as it is, without the header.
-    let response = post(&gw, "/v1/chat/completions", &json!({"model": "qwen", "messages": small, "max_tokens": 50})).await;
+    let response =
+        post(&gw, "/v1/chat/completions", &json!({"model": "qwen", "messages": small, "max_tokens": 50})).await;
     assert_eq!(response.status(), 200);
     assert!(response.headers().get("x-mlxgate-transform").is_none());
     assert_eq!(sim_requests(&sim).await.last().expect("sent")["max_tokens"], 50);
