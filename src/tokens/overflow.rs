@@ -1477,8 +1477,12 @@ mod tests {
                 }
                 other => panic!("expected chunk, got {other:?}"),
             }
-            match plan_text(&counter, &text("lorem", 500), budget_room(500 + BOS + 1, max_tokens, 256), OnOverflow::Chunk)
-            {
+            match plan_text(
+                &counter,
+                &text("lorem", 500),
+                budget_room(500 + BOS + 1, max_tokens, 256),
+                OnOverflow::Chunk,
+            ) {
                 TextPlan::MiddleOut { max_tokens, .. } => assert!(max_tokens >= 125, "{max_tokens}"),
                 other => panic!("expected middle-out, got {other:?}"),
             }
@@ -1868,7 +1872,8 @@ mod tests {
             *kinds.entry(check_case(&case).unwrap()).or_default() += 1;
         }
         println!("plans over 400 random cases: {kinds:?}");
-        for kind in ["fits", "fits_cut", "reject", "middle_out", "middle_out_cut", "chunk", "chunk_with_earlier_turns"] {
+        for kind in ["fits", "fits_cut", "reject", "middle_out", "middle_out_cut", "chunk", "chunk_with_earlier_turns"]
+        {
             assert!(kinds.get(kind).copied().unwrap_or(0) >= 10, "{kind} is rare: {kinds:?}");
         }
     }
