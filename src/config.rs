@@ -152,6 +152,10 @@ pub struct ModelConfig {
     pub default_max_tokens: u32,
     /// What to do with a prompt over the backend's context cap.
     pub on_overflow: OnOverflow,
+    /// The least room under the cap a prompt must leave for its answer; less, and the prompt is
+    /// over the cap (`on_overflow`). A client's `max_tokens` larger than the room left is cut to
+    /// it, never refused.
+    pub min_room: u32,
     /// A directory with the model's `tokenizer.json` (and chat template), when the backend's
     /// model is not a local directory or a Hugging Face id in the local cache.
     pub tokenizer: Option<PathBuf>,
@@ -204,6 +208,8 @@ const DEFAULT_BODY_READ_TIMEOUT: Duration = Duration::from_secs(60);
 const DEFAULT_MAX_QUEUE: usize = 64;
 const DEFAULT_MAX_WAIT: Duration = Duration::from_secs(120);
 const DEFAULT_MAX_TOKENS: u32 = 4096;
+/// The least room for an answer a prompt must leave under the cap (`min_room`).
+const DEFAULT_MIN_ROOM: u32 = 256;
 const DEFAULT_SWAP_AFTER: Duration = Duration::from_secs(10);
 const DEFAULT_READY_TIMEOUT: Duration = Duration::from_secs(300);
 const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(60);
@@ -329,6 +335,7 @@ struct RawModel {
     max_queue: Option<usize>,
     max_wait: Option<RawDuration>,
     on_overflow: Option<OnOverflow>,
+    min_room: Option<u32>,
     tokenizer: Option<String>,
 }
 
@@ -566,6 +573,12 @@ fn validate(raw: RawConfig, problems: &mut Vec<Problem>) -> Option<Config> {
                 ),
             });
         }
+        if m.min_room == Some(0) {
+            problems.push(Problem {
+                path: format!("{path}.min_room"),
+                reason: "must be at least 1: a prompt that leaves no room for its answer is over the cap".into(),
+            });
+        }
         // A managed server knows its model by the path it loaded (mlx_lm.server would try to
         // download any other name from the Hub).
         let backend = backends.get(&m.backend);
@@ -605,6 +618,7 @@ fn validate(raw: RawConfig, problems: &mut Vec<Problem>) -> Option<Config> {
                 default_max_tokens: m.default_max_tokens.unwrap_or(DEFAULT_MAX_TOKENS),
                 max_wait,
                 on_overflow: m.on_overflow.unwrap_or_default(),
+                min_room: m.min_room.unwrap_or(DEFAULT_MIN_ROOM),
                 tokenizer: m.tokenizer.map(PathBuf::from),
             },
         );

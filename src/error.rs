@@ -10,6 +10,7 @@ use bytes::Bytes;
 use serde_json::json;
 
 use crate::limits::{Denied, Limit};
+use crate::tokens::overflow::Requested;
 
 /// A request's failure, as the client sees it.
 #[derive(Debug, thiserror::Error)]
@@ -23,13 +24,12 @@ pub enum GatewayError {
     /// The body did not arrive within `body_read_timeout` of the headers.
     #[error("The request body did not arrive within {}s.", after.as_secs())]
     BodyTimeout { after: Duration },
-    /// The prompt and the requested `max_tokens` do not fit the backend's context cap. OpenAI's
-    /// own wording (Aider and LiteLLM recognise it by this text and the code).
-    #[error(
-        "This model's maximum context length is {cap} tokens. However, your {what} resulted in {requested} tokens. \
-         Please reduce the length of the {what}."
-    )]
-    ContextLengthExceeded { cap: usize, requested: usize, what: PromptPart },
+    /// The prompt leaves too little room under the backend's context cap. OpenAI's own two
+    /// wordings (Aider and LiteLLM recognise them by this text and the code): "your messages
+    /// resulted in N tokens" when the prompt alone is over, "you requested N tokens (P in the
+    /// messages, C in the completion)" when the completion is counted.
+    #[error("{}", context_length_message(*cap, *requested, *what))]
+    ContextLengthExceeded { cap: usize, requested: Requested, what: PromptPart },
     /// A bug or a broken invariant inside the gateway (logged).
     #[error("The gateway failed on this request: {0}")]
     Internal(String),
@@ -172,6 +172,22 @@ impl GatewayError {
     /// The final SSE event sent when a stream fails after it began.
     pub fn sse_event(&self) -> Bytes {
         Bytes::from(format!("data: {}\n\n", self.body()))
+    }
+}
+
+/// OpenAI's text for a prompt over the cap, in its two forms.
+fn context_length_message(cap: usize, requested: Requested, what: PromptPart) -> String {
+    let Requested { prompt, completion } = requested;
+    match completion {
+        None => format!(
+            "This model's maximum context length is {cap} tokens. However, your {what} resulted in {prompt} tokens. \
+             Please reduce the length of the {what}."
+        ),
+        Some(completion) => format!(
+            "This model's maximum context length is {cap} tokens. However, you requested {} tokens ({prompt} in the \
+             {what}, {completion} in the completion). Please reduce the length of the {what} or completion.",
+            requested.total()
+        ),
     }
 }
 

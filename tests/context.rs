@@ -45,10 +45,10 @@ fn chat_tokens(counter: &Counter, messages: &[Value]) -> usize {
 }
 
 #[tokio::test]
-async fn reject_gives_openai_body_and_nothing_reaches_the_backend() {
+async fn reject_gives_openai_body_in_both_wordings_and_nothing_reaches_the_backend() {
     let Some(model) = prerequisites(&[]) else { return };
     let sim = sim().await;
-    let gw = gateway(&yaml(&sim.url(), &model, "reject", "")).await;
+    let gw = gateway(&yaml(&sim.url(), &model, "reject", ", min_room: 64")).await;
     let tok = counter(&model);
     let messages = vec![json!({"role": "user", "content": words(400, 0)})];
     let prompt = chat_tokens(&tok, &messages);
@@ -57,29 +57,39 @@ async fn reject_gives_openai_body_and_nothing_reaches_the_backend() {
         post(&gw, "/v1/chat/completions", &json!({"model": "qwen", "messages": messages, "max_tokens": 10})).await;
     assert_eq!(response.status(), 400);
     let body: Value = response.json().await.expect("json");
+    // The messages alone are over: OpenAI's first wording, the completion not counted.
     assert_eq!(
         body,
         json!({"error": {
-            "message": format!("This model's maximum context length is {CAP} tokens. However, your messages resulted in {} tokens. Please reduce the length of the messages.", prompt + 10),
+            "message": format!("This model's maximum context length is {CAP} tokens. However, your messages resulted in {prompt} tokens. Please reduce the length of the messages."),
             "type": "invalid_request_error", "param": "messages", "code": "context_length_exceeded"}})
     );
     assert!(!body.to_string().to_lowercase().contains("rate limit"));
 
-    // max_tokens alone over the cap: same wording, whatever the prompt.
-    let small = vec![json!({"role": "user", "content": "hello"})];
-    let small_tokens = chat_tokens(&tok, &small);
+    // Under the cap but leaving less than min_room (64): OpenAI's second wording, with the
+    // client's max_tokens as the completion.
+    let near = vec![json!({"role": "user", "content": words(215, 3)})];
+    let near_tokens = chat_tokens(&tok, &near);
+    assert!(near_tokens < CAP && CAP - near_tokens < 64, "{near_tokens} must leave less than min_room");
     let response =
-        post(&gw, "/v1/chat/completions", &json!({"model": "qwen", "messages": small, "max_tokens": CAP})).await;
+        post(&gw, "/v1/chat/completions", &json!({"model": "qwen", "messages": near, "max_tokens": 100})).await;
     assert_eq!(response.status(), 400);
     let body: Value = response.json().await.expect("json");
-    assert_eq!(body["error"]["code"], "context_length_exceeded");
-    assert!(
-        body["error"]["message"].as_str().unwrap().contains(&format!("resulted in {} tokens", small_tokens + CAP)),
-        "{body}"
+    assert_eq!(
+        body,
+        json!({"error": {
+            "message": format!("This model's maximum context length is {CAP} tokens. However, you requested {} tokens ({near_tokens} in the messages, 100 in the completion). Please reduce the length of the messages or completion.", near_tokens + 100),
+            "type": "invalid_request_error", "param": "messages", "code": "context_length_exceeded"}})
     );
+    // Without max_tokens, the completion is the room the gateway keeps (min_room).
+    let response = post(&gw, "/v1/chat/completions", &json!({"model": "qwen", "messages": near})).await;
+    assert_eq!(response.status(), 400);
+    let body: Value = response.json().await.expect("json");
+    let message = body["error"]["message"].as_str().expect("a message");
+    assert!(message.contains(&format!("({near_tokens} in the messages, 64 in the completion)")), "{message}");
 
     assert_eq!(sim_stats(&sim).await["total"], 0, "the backend saw nothing");
-    assert_eq!(metric(&gw, "mlxgate_context_overflow_total{action=\"reject\",model=\"qwen\"}").await, Some(2.0));
+    assert_eq!(metric(&gw, "mlxgate_context_overflow_total{action=\"reject\",model=\"qwen\"}").await, Some(3.0));
     assert_eq!(
         metric(&gw, "mlxgate_queue_wait_seconds_count{model=\"qwen\"}").await.unwrap_or(0.0),
         0.0,
@@ -89,11 +99,45 @@ async fn reject_gives_openai_body_and_nothing_reaches_the_backend() {
     assert_eq!(models["data"][0]["context_length"], CAP);
 }
 
+/// OpenCode sends `max_tokens: 32000`, Qwen Code 8000, on any model: a prompt that fits is
+/// served with its limit cut to the room left, and the header says so.
+#[tokio::test]
+async fn a_max_tokens_over_the_room_left_is_cut_to_it_not_refused() {
+    let Some(model) = prerequisites(&[]) else { return };
+    let sim = sim().await;
+    let gw = gateway(&yaml(&sim.url(), &model, "reject", ", min_room: 64")).await;
+    let tok = counter(&model);
+    let small = vec![json!({"role": "user", "content": "hello"})];
+    let small_tokens = chat_tokens(&tok, &small);
+    for (field, stream) in [("max_tokens", false), ("max_completion_tokens", true)] {
+        let body = json!({"model": "qwen", "messages": small, field: 32000, "stream": stream});
+        let response = post(&gw, "/v1/chat/completions", &body).await;
+        assert_eq!(response.status(), 200, "{field}");
+        let room = CAP - small_tokens;
+        assert_eq!(response.headers()["x-mlxgate-transform"], format!("max_tokens={room}").as_str());
+        let text = text_of(response).await;
+        assert!(!text.contains("error"), "{text}");
+        let seen = sim_requests(&sim).await;
+        assert_eq!(seen.last().expect("sent")[field], room, "the backend got the room left in {field}");
+    }
+    // A limit that fits is sent as it is, without the header.
+    let response =
+        post(&gw, "/v1/chat/completions", &json!({"model": "qwen", "messages": small, "max_tokens": 50})).await;
+    assert_eq!(response.status(), 200);
+    assert!(response.headers().get("x-mlxgate-transform").is_none());
+    assert_eq!(sim_requests(&sim).await.last().expect("sent")["max_tokens"], 50);
+    // The answer that reaches the cut says `length` (the sim generates max_tokens tokens).
+    let body = json!({"model": "qwen", "messages": small, "max_tokens": 32000, "sim": {"tokens": 100000}});
+    let answer: Value = post(&gw, "/v1/chat/completions", &body).await.json().await.expect("json");
+    assert_eq!(answer["choices"][0]["finish_reason"], "length", "{answer}");
+    assert_eq!(answer["usage"]["completion_tokens"], CAP - small_tokens);
+}
+
 #[tokio::test]
 async fn a_prompt_that_fits_without_max_tokens_gets_the_room_that_is_left() {
     let Some(model) = prerequisites(&[]) else { return };
     let sim = sim().await;
-    let gw = gateway(&yaml(&sim.url(), &model, "reject", "")).await;
+    let gw = gateway(&yaml(&sim.url(), &model, "reject", ", min_room: 16")).await;
     let tok = counter(&model);
     let messages = vec![json!({"role": "user", "content": words(220, 1)})];
     let prompt = chat_tokens(&tok, &messages);

@@ -176,9 +176,8 @@ async fn mlx_lm_server_behind_a_small_cap() {
     assert_eq!(
         body["error"]["message"],
         format!(
-            "This model's maximum context length is {CAP} tokens. However, your messages resulted in {} tokens. \
-             Please reduce the length of the messages.",
-            prompt + 10
+            "This model's maximum context length is {CAP} tokens. However, your messages resulted in {prompt} tokens. \
+             Please reduce the length of the messages."
         )
     );
     let (base, content) = (gw.url("/v1"), words(300, 0));
@@ -207,6 +206,27 @@ async fn mlx_lm_server_behind_a_small_cap() {
     assert!(sent + 8 <= CAP, "{sent} + 8 over {CAP}");
     assert_eq!(answer["usage"]["prompt_tokens"], sent, "mlx_lm.server counted the prompt as the gateway did");
 
+    // An agent's max_tokens (OpenCode: 32000) on a small prompt: served, the limit cut to the
+    // room left; the real server stops there and says `length`, with usage to match.
+    let gw = gateway(&yaml(&s, "reject", CAP)).await;
+    let hello = vec![json!({"role": "user", "content": words(5, 3)})];
+    let small = counter.chat_tokens(ChatPrompt { messages: &hello, tools: None, template_kwargs: None }).unwrap();
+    let body = json!({"model": "qwen", "messages": hello, "max_tokens": 32000, "temperature": 0});
+    let response = post(&gw, "/v1/chat/completions", &body).await;
+    assert_eq!(response.status(), 200);
+    let room = CAP - small;
+    assert_eq!(response.headers()["x-mlxgate-transform"], format!("max_tokens={room}").as_str());
+    let answer: Value = response.json().await.expect("json");
+    let bodies = s.recorder.bodies();
+    assert_eq!(bodies.last().expect("sent")["max_tokens"], room, "mlx_lm.server got the room left");
+    let generated = answer["usage"]["completion_tokens"].as_u64().expect("usage") as usize;
+    assert!(generated <= room, "{answer}");
+    if generated == room {
+        assert_eq!(answer["choices"][0]["finish_reason"], "length", "{answer}");
+    }
+    assert_eq!(answer["usage"]["prompt_tokens"], small, "mlx_lm.server counted the prompt as the gateway did");
+    let cut_requests = bodies.len();
+
     // chunk: every request the server got fits; the streamed reduce ends with [DONE].
     // Map-reduce needs room for the partial answers in the reduce prompt: a larger cap.
     const CHUNK_CAP: usize = 1024;
@@ -230,8 +250,8 @@ async fn mlx_lm_server_behind_a_small_cap() {
     let text = text_of(response).await;
     assert!(text.contains("[DONE]"), "{text}");
     let bodies = s.recorder.bodies();
-    assert_eq!(bodies.len(), 1 + pieces + 1, "the middle-out request, P maps and the reduce");
-    for body in &bodies[1..] {
+    assert_eq!(bodies.len(), cut_requests + pieces + 1, "the earlier requests, P maps and the reduce");
+    for body in &bodies[cut_requests..] {
         let sent = tokens_of(&counter, body);
         let max_tokens = body["max_tokens"].as_u64().unwrap() as usize;
         assert!(sent + max_tokens <= CHUNK_CAP, "a request over the cap reached the server: {sent} + {max_tokens}");

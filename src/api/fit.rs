@@ -18,7 +18,7 @@ use crate::dispatch::Route;
 use crate::error::{GatewayError, PromptPart};
 use crate::metrics::Metrics;
 use crate::tokens::counter::Estimate;
-use crate::tokens::overflow::{self, Budget, ChatPlan, ChunkPlan, TextPlan};
+use crate::tokens::overflow::{self, Budget, ChatPlan, ChunkPlan, Requested, TextPlan};
 use crate::tokens::registry::ModelTokens;
 use crate::tokens::{ChatPrompt, Count, OnOverflow};
 
@@ -137,12 +137,13 @@ pub async fn fit(
     let action = tokens.on_overflow;
     let default_max_tokens = route.model.default_max_tokens as usize;
     let max_tokens = requested_max_tokens(fields)?;
-    let budget = Budget { cap, max_tokens };
+    let budget = Budget { cap, max_tokens, min_room: route.model.min_room as usize };
     let count_timer = metrics.prompt_count_seconds.with_label_values(&[&model]);
     let overflowed = |action: &str| metrics.context_overflow.with_label_values(&[&model, action]).inc();
-    let reject = |requested: usize, what: PromptPart| {
+    let reject = |requested: Requested, what: PromptPart| {
         overflowed(OnOverflow::Reject.label());
-        tracing::info!(model = %model, cap, requested, "prompt over the context cap: rejected");
+        let (prompt, completion) = (requested.prompt, requested.completion);
+        tracing::info!(model = %model, cap, prompt, ?completion, "prompt over the context cap: rejected");
         GatewayError::ContextLengthExceeded { cap, requested, what }
     };
     match endpoint {
@@ -176,16 +177,16 @@ pub async fn fit(
             count_timer.observe(started.elapsed().as_secs_f64());
             match plan {
                 ChatPlan::Fits { max_tokens: room, prompt_tokens } => {
-                    set_max_tokens(fields, max_tokens, room, default_max_tokens)?;
-                    Ok(Fitted::Send { transform: None, prompt_tokens: Some(prompt_tokens) })
+                    let transform = set_max_tokens(fields, max_tokens, room, default_max_tokens)?;
+                    Ok(Fitted::Send { transform, prompt_tokens: Some(prompt_tokens) })
                 }
-                ChatPlan::Reject { requested } => Err(reject(requested, PromptPart::Messages)),
+                ChatPlan::Reject(requested) => Err(reject(requested, PromptPart::Messages)),
                 ChatPlan::MiddleOut { messages, removed_tokens, max_tokens: room, prompt_tokens } => {
                     overflowed(OnOverflow::MiddleOut.label());
                     tracing::info!(model = %model, cap, removed_tokens, "prompt over the context cap: middle-out");
                     fields.insert("messages".into(), raw(&restore.apply(messages))?);
-                    set_max_tokens(fields, max_tokens, room, default_max_tokens)?;
-                    let transform = Some(format!("middle-out; removed_tokens={removed_tokens}"));
+                    let cut = set_max_tokens(fields, max_tokens, room, default_max_tokens)?;
+                    let transform = Some(transforms(format!("middle-out; removed_tokens={removed_tokens}"), cut));
                     Ok(Fitted::Send { transform, prompt_tokens: Some(prompt_tokens) })
                 }
                 ChatPlan::Chunk(plan) => {
@@ -210,7 +211,7 @@ pub async fn fit(
             let mut rewritten = Vec::with_capacity(plans.len());
             for plan in plans {
                 match plan {
-                    PromptPlan::Text(TextPlan::Reject { requested }) | PromptPlan::Ids(Err(requested)) => {
+                    PromptPlan::Text(TextPlan::Reject(requested)) | PromptPlan::Ids(Err(requested)) => {
                         return Err(reject(requested, PromptPart::Prompt));
                     }
                     PromptPlan::Text(TextPlan::Fits { max_tokens, prompt_tokens }) => {
@@ -231,15 +232,15 @@ pub async fn fit(
                     }
                 }
             }
-            set_max_tokens(fields, max_tokens, room, default_max_tokens)?;
+            let cut = set_max_tokens(fields, max_tokens, room, default_max_tokens)?;
             if removed == 0 {
-                return Ok(Fitted::Send { transform: None, prompt_tokens: counted });
+                return Ok(Fitted::Send { transform: cut, prompt_tokens: counted });
             }
             overflowed(OnOverflow::MiddleOut.label());
             let prompt = Prompts::read(fields.get("prompt").map_or("null", |p| p.get()), "prompt")?;
             fields.insert("prompt".into(), raw(&prompt.rewrite(rewritten))?);
             Ok(Fitted::Send {
-                transform: Some(format!("middle-out; removed_tokens={removed}")),
+                transform: Some(transforms(format!("middle-out; removed_tokens={removed}"), cut)),
                 prompt_tokens: counted,
             })
         }
@@ -257,7 +258,7 @@ pub async fn fit(
                 return Ok(Fitted::Send { transform: None, prompt_tokens: None });
             }
             if !chunk {
-                return Err(reject(longest, PromptPart::Input));
+                return Err(reject(Requested { prompt: longest, completion: None }, PromptPart::Input));
             }
             overflowed(OnOverflow::Chunk.label());
             Ok(Fitted::Embed(plan.plan))
@@ -449,15 +450,40 @@ fn requested_max_tokens(fields: &RawBody) -> Result<Option<usize>, GatewayError>
     Ok(None)
 }
 
-/// When the client gave no `max_tokens`, sends the model's default cut to the room the prompt
-/// leaves under the cap (a 30k-token prompt on a 32k cap gets the 2k that fit, not a 400).
-fn set_max_tokens(fields: &mut RawBody, given: Option<usize>, room: usize, default: usize) -> Result<(), GatewayError> {
-    if given.is_some() {
-        return Ok(());
+/// Sets the limit the backend gets to the room the plan left: when the client gave none, the
+/// model's default cut to that room (a 30k-token prompt on a 32k cap gets the 2k that fit, not
+/// a 400); when the client's is larger than the room (OpenCode sends `max_tokens: 32000`), the
+/// room, in each of `max_tokens` and `max_completion_tokens` that the client sent. Returns the
+/// `x-mlxgate-transform` entry of a cut client limit (`max_tokens=N`).
+fn set_max_tokens(
+    fields: &mut RawBody,
+    given: Option<usize>,
+    room: usize,
+    default: usize,
+) -> Result<Option<String>, GatewayError> {
+    let Some(given) = given else {
+        let max_tokens = default.min(room).max(1);
+        fields.insert("max_tokens".into(), raw(&max_tokens)?);
+        return Ok(None);
+    };
+    if given <= room {
+        return Ok(None);
     }
-    let max_tokens = default.min(room).max(1);
-    fields.insert("max_tokens".into(), raw(&max_tokens)?);
-    Ok(())
+    for key in ["max_tokens", "max_completion_tokens"] {
+        if fields.get(key).is_some_and(|v| v.get() != "null") {
+            fields.insert(key.into(), raw(&room)?);
+        }
+    }
+    Ok(Some(format!("max_tokens={room}")))
+}
+
+/// The `x-mlxgate-transform` value of a prompt transform and, when it was also cut, the
+/// client's limit (`middle-out; removed_tokens=K, max_tokens=N`).
+fn transforms(transform: String, cut: Option<String>) -> String {
+    match cut {
+        Some(cut) => format!("{transform}, {cut}"),
+        None => transform,
+    }
 }
 
 pub(crate) fn raw<T: serde::Serialize + ?Sized>(value: &T) -> Result<Box<RawValue>, GatewayError> {
@@ -520,7 +546,7 @@ enum PromptItem {
 /// are never rewritten).
 enum PromptPlan {
     Text(TextPlan),
-    Ids(Result<usize, usize>),
+    Ids(Result<usize, Requested>),
 }
 
 /// The embedding inputs split where needed, and the longest input's tokens.
@@ -627,14 +653,10 @@ impl Prompts {
     }
 }
 
-/// A token-array prompt: `Ok(room for max_tokens)` or `Err(requested)`.
-fn fit_ids(len: usize, budget: Budget) -> Result<usize, usize> {
-    match budget.max_tokens {
-        Some(m) if len.saturating_add(m) > budget.cap => Err(len.saturating_add(m)),
-        Some(m) => Ok(m),
-        None if len >= budget.cap => Err(len),
-        None => Ok(budget.cap - len),
-    }
+/// A token-array prompt: `Ok(max_tokens to send)` or `Err(what a rejection reports)`, by the
+/// rule of every prompt ([`Budget::fitting`]).
+fn fit_ids(len: usize, budget: Budget) -> Result<usize, Requested> {
+    budget.fitting(len).ok_or_else(|| budget.requested(len))
 }
 
 #[cfg(test)]
@@ -671,11 +693,20 @@ mod tests {
     }
 
     #[test]
-    fn token_arrays_fit_or_are_rejected_with_prompt_plus_max_tokens() {
-        assert_eq!(fit_ids(10, Budget { cap: 100, max_tokens: Some(90) }), Ok(90));
-        assert_eq!(fit_ids(10, Budget { cap: 100, max_tokens: Some(91) }), Err(101));
-        assert_eq!(fit_ids(10, Budget { cap: 100, max_tokens: None }), Ok(90));
-        assert_eq!(fit_ids(100, Budget { cap: 100, max_tokens: None }), Err(100));
+    fn token_arrays_get_the_room_left_or_are_rejected_in_openais_two_wordings() {
+        let budget = |max_tokens| Budget { cap: 100, max_tokens, min_room: 20 };
+        assert_eq!(fit_ids(10, budget(Some(90))), Ok(90));
+        // Over the cap with the completion: cut to the room left, not refused.
+        assert_eq!(fit_ids(10, budget(Some(91))), Ok(90));
+        assert_eq!(fit_ids(10, budget(None)), Ok(90));
+        // Less than min_room left: refused, the completion counted (the room the gateway keeps
+        // when the client gave none).
+        assert_eq!(fit_ids(85, budget(Some(91))), Err(Requested { prompt: 85, completion: Some(91) }));
+        assert_eq!(fit_ids(85, budget(None)), Err(Requested { prompt: 85, completion: Some(20) }));
+        // A client asking for fewer tokens than min_room needs only those.
+        assert_eq!(fit_ids(85, budget(Some(15))), Ok(15));
+        // The prompt alone over the cap: "your prompt resulted in N tokens".
+        assert_eq!(fit_ids(101, budget(Some(1))), Err(Requested { prompt: 101, completion: None }));
     }
 
     #[test]

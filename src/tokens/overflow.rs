@@ -23,8 +23,8 @@ pub const CUT_MARKER: &str = "\n…\n";
 const MIN_KEPT_TOKENS: usize = 32;
 /// Full counts a middle-out may spend verifying before it gives up (reject).
 const MAX_VERIFICATIONS: usize = 4;
-/// Room kept for the answer by a transform when the client gave no `max_tokens`: at most this,
-/// and at most a quarter of the cap.
+/// Room a transform makes for the answer: at most this, and at most a quarter of the cap (see
+/// [`Budget::reserve`]).
 const DEFAULT_ROOM: usize = 1024;
 /// The overlap between consecutive chunk pieces: at most this many tokens, and at most
 /// [`OVERLAP_PERCENT`] of a piece.
@@ -48,21 +48,57 @@ const WIDEST_PART_LABEL: usize = 9999;
 /// How many tokens a cut may move to land on a character boundary.
 const MAX_BOUNDARY_SHIFT: usize = 4;
 
-/// The tokens a request may use: the backend's cap and what the client asked to generate.
+/// The tokens a request may use: the backend's cap, what the client asked to generate and the
+/// least room for an answer that makes a prompt worth sending.
+///
+/// A prompt under the cap is never refused for its `max_tokens`: when prompt + `max_tokens` is
+/// over the cap, the answer gets the room left ([`Budget::fitting`]). Only a prompt that leaves
+/// less than [`Budget::needed`] is over the cap, and goes to the model's `on_overflow`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Budget {
     /// The backend's context cap (prompt + generated tokens).
     pub cap: usize,
     /// The client's `max_tokens` / `max_completion_tokens`; `None` when not given.
     pub max_tokens: Option<usize>,
+    /// The model's `min_room`: the least room a prompt must leave for its answer (a client that
+    /// asked for fewer tokens needs only those). Used as at most half the cap, at least 1.
+    pub min_room: usize,
+}
+
+/// What a refusal reports, in OpenAI's two wordings: "your messages resulted in N tokens" (the
+/// prompt alone is over the cap) or "you requested N tokens (P in the messages, C in the
+/// completion)".
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Requested {
+    /// The prompt's tokens.
+    pub prompt: usize,
+    /// The completion counted with the prompt: `None` when the prompt alone is over the cap;
+    /// else the client's `max_tokens`, or when it gave none the room the gateway keeps.
+    pub completion: Option<usize>,
+}
+
+impl Requested {
+    /// Prompt and completion together, saturating.
+    pub fn total(&self) -> usize {
+        self.prompt.saturating_add(self.completion.unwrap_or(0))
+    }
 }
 
 impl Budget {
-    /// The room a transform keeps for the answer: the client's `max_tokens`, or when not given
-    /// `min(1024, cap / 4)` (at least 1). The plan's `max_tokens` is then the room actually
-    /// left, which the handler caps by the model's default.
+    /// The least room a prompt must leave for its answer: the model's `min_room` (at most half
+    /// the cap), or the client's `max_tokens` when smaller; at least 1.
+    pub fn needed(&self) -> usize {
+        let min_room = self.min_room.min(self.cap / 2);
+        min_room.min(self.max_tokens.unwrap_or(usize::MAX)).max(1)
+    }
+
+    /// The room a transform (middle-out, chunk) makes for the answer: what the answer is likely
+    /// to need, not what the client allowed (agents send `max_tokens: 32000` on a 32k model,
+    /// which would leave nothing of the prompt): `min(1024, cap / 4)`, at least
+    /// [`Budget::needed`], at most the client's `max_tokens`.
     pub fn reserve(&self) -> usize {
-        self.max_tokens.unwrap_or_else(|| DEFAULT_ROOM.min(self.cap / 4).max(1))
+        let target = DEFAULT_ROOM.min(self.cap / 4).max(self.needed());
+        target.min(self.max_tokens.unwrap_or(usize::MAX))
     }
 
     /// The largest prompt a transform may produce.
@@ -70,38 +106,30 @@ impl Budget {
         self.cap.saturating_sub(self.reserve())
     }
 
-    /// The `max_tokens` to send with a prompt of `prompt_tokens` when it fits as it is under
-    /// `action`. With `max_tokens`: prompt + `max_tokens` ≤ cap (computed without overflow: a
-    /// client may send `u64::MAX`). Without: for `reject`, any room left (≥ 1) is sent; for a
-    /// transform (`middle_out`, `chunk`), the room left must be at least [`Budget::reserve`],
-    /// otherwise the prompt is treated as over the cap (a silent one-token answer helps no one).
-    fn fitting(&self, prompt_tokens: usize, action: OnOverflow) -> Option<usize> {
-        match (self.max_tokens, action) {
-            (Some(max), _) => prompt_tokens.checked_add(max).is_some_and(|total| total <= self.cap).then_some(max),
-            (None, OnOverflow::Reject) => self.room_left(prompt_tokens),
-            (None, _) => self.room_left(prompt_tokens).filter(|room| *room >= self.reserve()),
+    /// The `max_tokens` to send with a prompt of `prompt_tokens` as it is, or `None` when it is
+    /// over the cap (it leaves less than [`Budget::needed`]). The client's `max_tokens` when
+    /// prompt + `max_tokens` fits (computed without overflow: a client may send `u64::MAX`), else
+    /// the room left; without `max_tokens`, the room left (the handler caps it by the model's
+    /// default).
+    pub fn fitting(&self, prompt_tokens: usize) -> Option<usize> {
+        let room = self.cap.checked_sub(prompt_tokens)?;
+        match self.max_tokens {
+            Some(max) if max <= room => Some(max),
+            _ => (room >= self.needed()).then_some(room),
         }
     }
 
-    /// The room left after a prompt of `prompt_tokens`, when there is any.
-    fn room_left(&self, prompt_tokens: usize) -> Option<usize> {
-        (prompt_tokens < self.cap).then(|| self.cap - prompt_tokens)
+    /// What a rejection of a prompt of `prompt_tokens` reports.
+    pub fn requested(&self, prompt_tokens: usize) -> Requested {
+        let completion = (prompt_tokens <= self.cap).then(|| self.max_tokens.unwrap_or_else(|| self.needed()));
+        Requested { prompt: prompt_tokens, completion }
     }
 
-    /// What a rejection reports: prompt + `max_tokens` (the prompt alone when not given),
-    /// saturating at `usize::MAX`.
-    fn requested(&self, prompt_tokens: usize) -> usize {
-        prompt_tokens.saturating_add(self.max_tokens.unwrap_or(0))
-    }
-
-    /// Whether `max_tokens` alone leaves no room for any prompt (rejected whatever the action).
-    fn max_tokens_alone_over(&self) -> bool {
-        self.max_tokens.is_some_and(|max| max >= self.cap)
-    }
-
-    /// The `max_tokens` to send after a transform: the client's, or the room left.
+    /// The `max_tokens` to send after a transform left a prompt of `prompt_tokens`: the room
+    /// left, at most the client's `max_tokens`.
     fn after_transform(&self, prompt_tokens: usize) -> usize {
-        self.max_tokens.unwrap_or_else(|| self.cap.saturating_sub(prompt_tokens).max(1))
+        let room = self.cap.saturating_sub(prompt_tokens).max(1);
+        room.min(self.max_tokens.unwrap_or(usize::MAX))
     }
 }
 
@@ -110,9 +138,8 @@ impl Budget {
 pub enum ChatPlan {
     /// Send it as it is, with this `max_tokens` (when the client gave none: the room left).
     Fits { prompt_tokens: usize, max_tokens: usize },
-    /// 400 `context_length_exceeded`; `requested` = prompt tokens + `max_tokens` (the prompt
-    /// alone when not given) is the "M tokens" of the message.
-    Reject { requested: usize },
+    /// 400 `context_length_exceeded`, reporting what was requested.
+    Reject(Requested),
     /// Send these messages instead (middle-out), with this `max_tokens`.
     MiddleOut {
         messages: Vec<Value>,
@@ -148,7 +175,7 @@ pub struct ChunkPlan {
     /// `max_tokens` for each map request: the reduce prompt with every partial answer this long
     /// still fits with `reduce_max_tokens`.
     pub map_max_tokens: usize,
-    /// `max_tokens` for the reduce request: the client's, or when not given the room left.
+    /// `max_tokens` for the reduce request: the room left, at most the client's.
     pub reduce_max_tokens: usize,
     /// Tokens of the original message that was split.
     pub message_tokens: usize,
@@ -199,19 +226,18 @@ pub enum TextPlan {
     /// Send it as it is, with this `max_tokens`.
     Fits { prompt_tokens: usize, max_tokens: usize },
     /// 400 `context_length_exceeded` (see [`ChatPlan::Reject`]).
-    Reject { requested: usize },
+    Reject(Requested),
     /// Send this text instead: the head and tail of the prompt around [`CUT_MARKER`].
     MiddleOut { text: String, prompt_tokens: usize, removed_tokens: usize, max_tokens: usize },
 }
 
 /// Decides what to do with a chat prompt under `budget`.
 ///
-/// - `max_tokens` ≥ cap: reject whatever the action.
-/// - fits: [`ChatPlan::Fits`]. With `max_tokens`: prompt + `max_tokens` ≤ cap. Without: for
-///   `reject`, prompt < cap (the room left, at least 1, is the plan's `max_tokens`); for
-///   `middle_out` and `chunk`, the room left must be at least [`Budget::reserve`], otherwise the
-///   prompt is transformed so that the reserve fits (and sent as it is, with the room left,
-///   only when no transform can make that room).
+/// - fits ([`Budget::fitting`]): [`ChatPlan::Fits`], whatever the action. The client's
+///   `max_tokens` when prompt + `max_tokens` ≤ cap, else the room left — as long as the prompt
+///   leaves [`Budget::needed`] (the model's `min_room`): a prompt is never refused or cut for
+///   its `max_tokens` alone.
+/// - over the cap (less room left than that), by the action:
 /// - `reject`: [`ChatPlan::Reject`].
 /// - `middle_out`: keep system/developer messages, the first user message, the last user
 ///   message (the latest instruction) and the last message; remove the others oldest first in
@@ -232,11 +258,7 @@ pub fn plan_chat(
     action: OnOverflow,
 ) -> Result<ChatPlan, CountError> {
     let prompt_tokens = counter.chat_tokens(prompt)?;
-    let reject = ChatPlan::Reject { requested: budget.requested(prompt_tokens) };
-    if budget.max_tokens_alone_over() {
-        return Ok(reject);
-    }
-    if let Some(max_tokens) = budget.fitting(prompt_tokens, action) {
+    if let Some(max_tokens) = budget.fitting(prompt_tokens) {
         return Ok(ChatPlan::Fits { prompt_tokens, max_tokens });
     }
     let transformed = match action {
@@ -247,36 +269,25 @@ pub fn plan_chat(
             None => middle_out(counter, prompt, budget, prompt_tokens)?,
         },
     };
-    // A transform that can not make room for the reserve leaves a prompt under the cap as it is.
-    let as_it_is = || {
-        budget.fitting(prompt_tokens, OnOverflow::Reject).map(|max_tokens| ChatPlan::Fits { prompt_tokens, max_tokens })
-    };
-    Ok(transformed.or_else(as_it_is).unwrap_or(reject))
+    Ok(transformed.unwrap_or(ChatPlan::Reject(budget.requested(prompt_tokens))))
 }
 
 /// Decides what to do with a `/v1/completions` text prompt under `budget`.
 ///
 /// `chunk` has no meaning for a text to be continued (a continuation of each piece is not a
 /// continuation of the whole), so a `chunk` model middle-outs completion prompts: the head and
-/// the tail, which the continuation depends on most, are kept. `reject` rejects; `max_tokens`
-/// ≥ cap rejects whatever the action.
+/// the tail, which the continuation depends on most, are kept. `reject` rejects. A prompt that
+/// leaves [`Budget::needed`] fits as it is, with its `max_tokens` cut to the room left.
 pub fn plan_text(counter: &dyn Count, text: &str, budget: Budget, action: OnOverflow) -> TextPlan {
     let prompt_tokens = counter.text_tokens(text);
-    let reject = TextPlan::Reject { requested: budget.requested(prompt_tokens) };
-    if budget.max_tokens_alone_over() {
-        return reject;
-    }
-    if let Some(max_tokens) = budget.fitting(prompt_tokens, action) {
+    if let Some(max_tokens) = budget.fitting(prompt_tokens) {
         return TextPlan::Fits { prompt_tokens, max_tokens };
     }
     let transformed = match action {
         OnOverflow::Reject => None,
         OnOverflow::MiddleOut | OnOverflow::Chunk => middle_out_text(counter, text, budget, prompt_tokens),
     };
-    let as_it_is = || {
-        budget.fitting(prompt_tokens, OnOverflow::Reject).map(|max_tokens| TextPlan::Fits { prompt_tokens, max_tokens })
-    };
-    transformed.or_else(as_it_is).unwrap_or(reject)
+    transformed.unwrap_or(TextPlan::Reject(budget.requested(prompt_tokens)))
 }
 
 /// Splits an embedding input into pieces at token boundaries, each fitting `cap` as the server
@@ -723,9 +734,8 @@ impl Split<'_> {
                 continue;
             }
             // `parts * (map_max + PARTIAL_SLACK) <= answers`: the reduce keeps the reserve.
-            let reduce_max_tokens = self.budget.max_tokens.unwrap_or_else(|| {
-                cap.saturating_sub(reduce_base + REDUCE_SLACK + parts * (map_max + PARTIAL_SLACK)).max(1)
-            });
+            let room_left = cap.saturating_sub(reduce_base + REDUCE_SLACK + parts * (map_max + PARTIAL_SLACK)).max(1);
+            let reduce_max_tokens = room_left.min(self.budget.max_tokens.unwrap_or(usize::MAX));
             return Ok(Some(ChunkPlan {
                 pieces,
                 map_max_tokens: map_max,
@@ -1112,8 +1122,13 @@ mod tests {
         ChatPrompt { messages, tools: None, template_kwargs: None }
     }
 
+    /// A budget that needs 1 token of room (the smallest `min_room`).
     fn budget(cap: usize, max_tokens: Option<usize>) -> Budget {
-        Budget { cap, max_tokens }
+        Budget { cap, max_tokens, min_room: 1 }
+    }
+
+    fn budget_room(cap: usize, max_tokens: Option<usize>, min_room: usize) -> Budget {
+        Budget { cap, max_tokens, min_room }
     }
 
     fn count(counter: &Words, messages: &[Value]) -> usize {
@@ -1121,15 +1136,42 @@ mod tests {
     }
 
     #[test]
-    fn fits_up_to_the_cap_with_max_tokens_and_rejects_one_over() {
+    fn fits_up_to_the_cap_with_max_tokens_and_cuts_max_tokens_to_the_room_left_beyond() {
         let counter = Words::default();
         let messages = [msg("user", text("u", 10))];
         let prompt = count(&counter, &messages);
         assert_eq!(prompt, 10 + PER_MESSAGE + GENERATION_PROMPT);
-        let fits = plan_chat(&counter, chat(&messages), budget(prompt + 50, Some(50)), OnOverflow::Reject).unwrap();
-        assert_eq!(fits, ChatPlan::Fits { prompt_tokens: prompt, max_tokens: 50 });
-        let over = plan_chat(&counter, chat(&messages), budget(prompt + 49, Some(50)), OnOverflow::Reject).unwrap();
-        assert_eq!(over, ChatPlan::Reject { requested: prompt + 50 });
+        for action in [OnOverflow::Reject, OnOverflow::MiddleOut, OnOverflow::Chunk] {
+            let fits = plan_chat(&counter, chat(&messages), budget(prompt + 50, Some(50)), action).unwrap();
+            assert_eq!(fits, ChatPlan::Fits { prompt_tokens: prompt, max_tokens: 50 });
+            // One over: the answer gets the room left, whatever the action (no transform).
+            let cut = plan_chat(&counter, chat(&messages), budget_room(prompt + 49, Some(50), 49), action).unwrap();
+            assert_eq!(cut, ChatPlan::Fits { prompt_tokens: prompt, max_tokens: 49 });
+            // OpenCode's `max_tokens: 32000` on a 32k model.
+            let agent = plan_chat(&counter, chat(&messages), budget_room(prompt + 1000, Some(32000), 256), action);
+            assert_eq!(agent.unwrap(), ChatPlan::Fits { prompt_tokens: prompt, max_tokens: 1000 });
+        }
+        // Less than min_room left: over the cap, the completion counted in the refusal.
+        // (min_room is at most half the cap: 13 here.)
+        let over = plan_chat(&counter, chat(&messages), budget_room(prompt + 10, Some(50), 50), OnOverflow::Reject);
+        assert_eq!(over.unwrap(), ChatPlan::Reject(Requested { prompt, completion: Some(50) }));
+        // A client asking for fewer tokens than min_room needs only those.
+        let small = plan_chat(&counter, chat(&messages), budget_room(prompt + 10, Some(10), 256), OnOverflow::Reject);
+        assert_eq!(small.unwrap(), ChatPlan::Fits { prompt_tokens: prompt, max_tokens: 10 });
+    }
+
+    #[test]
+    fn min_room_is_at_most_half_the_cap_and_at_least_one() {
+        assert_eq!(budget_room(100, None, 256).needed(), 50);
+        assert_eq!(budget_room(32768, None, 256).needed(), 256);
+        assert_eq!(budget_room(32768, Some(100), 256).needed(), 100);
+        assert_eq!(budget_room(1, None, 256).needed(), 1);
+        assert_eq!(budget_room(32768, Some(0), 256).needed(), 1);
+        // A transform makes room for what an answer is likely to need, not for max_tokens.
+        assert_eq!(budget_room(32768, Some(32000), 256).reserve(), 1024);
+        assert_eq!(budget_room(32768, Some(500), 256).reserve(), 500);
+        assert_eq!(budget_room(2048, None, 256).reserve(), 512);
+        assert_eq!(budget_room(2048, None, 900).reserve(), 900);
     }
 
     #[test]
@@ -1140,18 +1182,21 @@ mod tests {
         let fits = plan_chat(&counter, chat(&messages), budget(prompt + 1, None), OnOverflow::Reject).unwrap();
         assert_eq!(fits, ChatPlan::Fits { prompt_tokens: prompt, max_tokens: 1 });
         let full = plan_chat(&counter, chat(&messages), budget(prompt, None), OnOverflow::Reject).unwrap();
-        assert_eq!(full, ChatPlan::Reject { requested: prompt });
+        assert_eq!(full, ChatPlan::Reject(Requested { prompt, completion: Some(1) }));
+        let over = plan_chat(&counter, chat(&messages), budget(prompt - 1, None), OnOverflow::Reject).unwrap();
+        assert_eq!(over, ChatPlan::Reject(Requested { prompt, completion: None }));
     }
 
     #[test]
-    fn max_tokens_alone_at_the_cap_is_rejected_whatever_the_action() {
+    fn max_tokens_alone_at_the_cap_is_cut_to_the_room_left_whatever_the_action() {
         let counter = Words::default();
         let messages = [msg("user", "hi".into())];
+        let prompt = count(&counter, &messages);
         for action in [OnOverflow::Reject, OnOverflow::MiddleOut, OnOverflow::Chunk] {
-            let plan = plan_chat(&counter, chat(&messages), budget(100, Some(100)), action).unwrap();
-            assert_eq!(plan, ChatPlan::Reject { requested: count(&counter, &messages) + 100 });
-            let text = plan_text(&counter, "hi", budget(100, Some(100)), action);
-            assert_eq!(text, TextPlan::Reject { requested: 1 + BOS + 100 });
+            let plan = plan_chat(&counter, chat(&messages), budget_room(100, Some(100), 20), action).unwrap();
+            assert_eq!(plan, ChatPlan::Fits { prompt_tokens: prompt, max_tokens: 100 - prompt });
+            let text = plan_text(&counter, "hi", budget_room(100, Some(100), 20), action);
+            assert_eq!(text, TextPlan::Fits { prompt_tokens: 1 + BOS, max_tokens: 100 - 1 - BOS });
         }
     }
 
@@ -1230,7 +1275,7 @@ mod tests {
         let counter = Words::default();
         let messages = [msg("system", text("s", 500)), msg("user", text("u", 500))];
         let plan = plan_chat(&counter, chat(&messages), budget(400, Some(10)), OnOverflow::MiddleOut).unwrap();
-        assert_eq!(plan, ChatPlan::Reject { requested: count(&counter, &messages) + 10 });
+        assert_eq!(plan, ChatPlan::Reject(Requested { prompt: count(&counter, &messages), completion: None }));
     }
 
     #[test]
@@ -1320,9 +1365,12 @@ mod tests {
     fn chunk_rejects_when_partial_answers_would_get_too_few_tokens() {
         let counter = Words::default();
         let messages = [msg("user", text("doc", 20_000))];
-        // 600 tokens for the client's answer leave too little for dozens of partial answers.
-        let plan = plan_chat(&counter, chat(&messages), budget(1000, Some(600)), OnOverflow::Chunk).unwrap();
-        assert_eq!(plan, ChatPlan::Reject { requested: count(&counter, &messages) + 600 });
+        // 500 tokens kept for the client's answer (min_room 600, at most half the cap) leave too
+        // little for dozens of partial answers.
+        let budget = budget_room(1000, Some(600), 600);
+        assert_eq!(budget.reserve(), 500);
+        let plan = plan_chat(&counter, chat(&messages), budget, OnOverflow::Chunk).unwrap();
+        assert_eq!(plan, ChatPlan::Reject(Requested { prompt: count(&counter, &messages), completion: None }));
     }
 
     /// Review issue 1: a `<doc>…</doc> QUESTION: …` message split in pieces; every map request
@@ -1372,7 +1420,8 @@ mod tests {
         ];
         let total = count(&counter, &messages);
         let plan =
-            plan_chat(&counter, chat(&messages), budget(total - 5 + 100, Some(100)), OnOverflow::MiddleOut).unwrap();
+            plan_chat(&counter, chat(&messages), budget_room(total - 5 + 100, Some(100), 100), OnOverflow::MiddleOut)
+                .unwrap();
         let ChatPlan::MiddleOut { messages: kept, prompt_tokens, removed_tokens, .. } = plan else {
             panic!("expected middle-out, got {plan:?}");
         };
@@ -1404,50 +1453,55 @@ mod tests {
         assert!(words(ask).len() > 600, "the last user message keeps all the room left: {}", words(ask).len());
     }
 
-    /// Review issue 3: without `max_tokens`, a prompt just under the cap must not go out with
-    /// `max_tokens: 1` on a transforming model.
+    /// Review issue 3: a prompt just under the cap must not go out with `max_tokens: 1`: less
+    /// than `min_room` left is over the cap, and a transform makes room for the reserve.
     #[test]
-    fn without_max_tokens_a_transform_makes_room_for_the_reserve() {
+    fn a_prompt_that_leaves_less_than_min_room_is_transformed_to_make_room_for_the_reserve() {
         let counter = Words::default();
         let messages = [msg("user", text("lorem", 500))];
         let total = count(&counter, &messages);
-        let budget = budget(total + 1, None);
-        let reserve = budget.reserve();
-        assert!(reserve > 100);
-        match plan_chat(&counter, chat(&messages), budget, OnOverflow::MiddleOut).unwrap() {
-            ChatPlan::MiddleOut { prompt_tokens, max_tokens, .. } => {
-                assert!(max_tokens >= reserve && prompt_tokens + max_tokens <= total + 1, "{max_tokens}");
+        for max_tokens in [None, Some(32000)] {
+            let budget = budget_room(total + 1, max_tokens, 256);
+            let reserve = budget.reserve();
+            assert!(reserve > 100);
+            match plan_chat(&counter, chat(&messages), budget, OnOverflow::MiddleOut).unwrap() {
+                ChatPlan::MiddleOut { prompt_tokens, max_tokens, .. } => {
+                    assert!(max_tokens >= reserve && prompt_tokens + max_tokens <= total + 1, "{max_tokens}");
+                }
+                other => panic!("expected middle-out, got {other:?}"),
             }
-            other => panic!("expected middle-out, got {other:?}"),
-        }
-        match plan_chat(&counter, chat(&messages), budget, OnOverflow::Chunk).unwrap() {
-            ChatPlan::Chunk(plan) => {
-                check_chunk(&counter, &messages, None, budget, &plan);
-                assert!(plan.reduce_max_tokens >= reserve);
+            match plan_chat(&counter, chat(&messages), budget, OnOverflow::Chunk).unwrap() {
+                ChatPlan::Chunk(plan) => {
+                    check_chunk(&counter, &messages, None, budget, &plan);
+                    assert!(plan.reduce_max_tokens >= reserve);
+                }
+                other => panic!("expected chunk, got {other:?}"),
             }
-            other => panic!("expected chunk, got {other:?}"),
+            match plan_text(
+                &counter,
+                &text("lorem", 500),
+                budget_room(500 + BOS + 1, max_tokens, 256),
+                OnOverflow::Chunk,
+            ) {
+                TextPlan::MiddleOut { max_tokens, .. } => assert!(max_tokens >= 125, "{max_tokens}"),
+                other => panic!("expected middle-out, got {other:?}"),
+            }
+            // Reject models refuse it, the room kept for the answer counted.
+            let completion = Some(max_tokens.unwrap_or(budget.needed()));
+            assert_eq!(
+                plan_chat(&counter, chat(&messages), budget, OnOverflow::Reject).unwrap(),
+                ChatPlan::Reject(Requested { prompt: total, completion })
+            );
         }
-        match plan_text(
-            &counter,
-            &text("lorem", 500),
-            Budget { cap: 500 + BOS + 1, max_tokens: None },
-            OnOverflow::Chunk,
-        ) {
-            TextPlan::MiddleOut { max_tokens, .. } => assert!(max_tokens >= 125, "{max_tokens}"),
-            other => panic!("expected middle-out, got {other:?}"),
-        }
-        // Reject models keep the room left, and so does a transform that can not make room.
+        // With min_room 1, the one token left is room enough: sent as it is.
         let fits = ChatPlan::Fits { prompt_tokens: total, max_tokens: 1 };
-        assert_eq!(plan_chat(&counter, chat(&messages), budget, OnOverflow::Reject).unwrap(), fits);
+        assert_eq!(plan_chat(&counter, chat(&messages), budget(total + 1, None), OnOverflow::MiddleOut).unwrap(), fits);
+        // A transform that can not make room (the system message is what is long): refused.
         let instructions = [msg("system", text("s", 500)), msg("user", "hi".into())];
         let total = count(&counter, &instructions);
-        let plan = plan_chat(
-            &counter,
-            chat(&instructions),
-            Budget { cap: total + 10, max_tokens: None },
-            OnOverflow::MiddleOut,
-        );
-        assert_eq!(plan.unwrap(), ChatPlan::Fits { prompt_tokens: total, max_tokens: 10 });
+        let budget = budget_room(total + 10, None, 256);
+        let plan = plan_chat(&counter, chat(&instructions), budget, OnOverflow::MiddleOut);
+        assert_eq!(plan.unwrap(), ChatPlan::Reject(Requested { prompt: total, completion: Some(budget.needed()) }));
     }
 
     /// Review issues 4 and 5: a client's `max_tokens: u64::MAX` (or a huge cap) must not
@@ -1462,16 +1516,28 @@ mod tests {
             let huge = budget(32768, Some(usize::MAX));
             assert_eq!(
                 plan_chat(&counter, chat(&messages), huge, action).unwrap(),
-                ChatPlan::Reject { requested: usize::MAX }
+                ChatPlan::Fits { prompt_tokens: total, max_tokens: 32768 - total }
             );
-            assert_eq!(plan_text(&counter, &prompt, huge, action), TextPlan::Reject { requested: usize::MAX });
-            // prompt + max_tokens overflows usize: over the cap, never a wrapped "fits".
+            assert_eq!(
+                plan_text(&counter, &prompt, huge, action),
+                TextPlan::Fits { prompt_tokens: 300 + BOS, max_tokens: 32768 - 300 - BOS }
+            );
+            // prompt + max_tokens overflows usize: the room left, never a wrapped sum.
             let almost = budget(usize::MAX, Some(usize::MAX - 1));
             assert_eq!(
                 plan_chat(&counter, chat(&messages), almost, action).unwrap(),
-                ChatPlan::Reject { requested: usize::MAX }
+                ChatPlan::Fits { prompt_tokens: total, max_tokens: usize::MAX - total }
             );
-            assert_eq!(plan_text(&counter, &prompt, almost, action), TextPlan::Reject { requested: usize::MAX });
+            assert_eq!(
+                plan_text(&counter, &prompt, almost, action),
+                TextPlan::Fits { prompt_tokens: 300 + BOS, max_tokens: usize::MAX - 300 - BOS }
+            );
+            // Refused, the completion's u64::MAX saturates the total.
+            let full = budget_room(total + 10, Some(usize::MAX), 20);
+            let Ok(ChatPlan::Reject(requested)) = plan_chat(&counter, chat(&messages), full, OnOverflow::Reject) else {
+                panic!("expected a refusal");
+            };
+            assert_eq!(requested.total(), usize::MAX);
             let open = budget(usize::MAX, None);
             let plan = plan_chat(&counter, chat(&messages), open, action).unwrap();
             assert_eq!(plan, ChatPlan::Fits { prompt_tokens: total, max_tokens: usize::MAX - total });
@@ -1493,7 +1559,7 @@ mod tests {
         );
         assert_eq!(
             plan_text(&counter, &prompt, budget(500, Some(10)), OnOverflow::Reject),
-            TextPlan::Reject { requested: 1000 + BOS + 10 }
+            TextPlan::Reject(Requested { prompt: 1000 + BOS, completion: None })
         );
         for action in [OnOverflow::MiddleOut, OnOverflow::Chunk] {
             let TextPlan::MiddleOut { text, prompt_tokens, removed_tokens, max_tokens } =
@@ -1596,9 +1662,7 @@ mod tests {
             "reduce {reduce_tokens} + {}",
             plan.reduce_max_tokens
         );
-        if let Some(max) = budget.max_tokens {
-            assert_eq!(plan.reduce_max_tokens, max);
-        }
+        assert!(plan.reduce_max_tokens <= budget.max_tokens.unwrap_or(usize::MAX));
     }
 
     // -----------------------------------------------------------------------------------------
@@ -1725,16 +1789,16 @@ mod tests {
             1..400usize,
             prop::collection::vec(step(), 0..12),
             prop_oneof![Just(0usize), 1..300usize, 300..6000usize],
-            (60..4000usize, prop::option::of(0..1500usize)),
+            (60..4000usize, prop::option::of(prop_oneof![4 => 0..1500usize, 1 => 1500..40000usize]), 1..400usize),
             any::<bool>(),
             action(),
         )
-            .prop_map(|(system, first, steps, last, (cap, max_tokens), with_tools, action)| Case {
+            .prop_map(|(system, first, steps, last, (cap, max_tokens, min_room), with_tools, action)| Case {
                 system,
                 first,
                 steps,
                 last,
-                budget: Budget { cap, max_tokens },
+                budget: Budget { cap, max_tokens, min_room },
                 with_tools,
                 action,
             })
@@ -1751,32 +1815,34 @@ mod tests {
         let (cap, max_tokens) = (budget.cap, budget.max_tokens);
         let original = counter.chat_tokens(prompt).unwrap();
         let plan = plan_chat(&counter, prompt, budget, action).unwrap();
-        let fits_as_is = max_tokens.map_or(original < cap, |max| max < cap && original + max <= cap);
-        // Without max_tokens, a transform keeps the reserve free.
-        let fits =
-            fits_as_is && (max_tokens.is_some() || action == OnOverflow::Reject || original + budget.reserve() <= cap);
+        // Under the cap with at least min_room (or the client's smaller max_tokens) left: sent as
+        // it is, whatever the action and however large max_tokens is.
+        let room = cap.checked_sub(original);
+        let fits_as_is = room.is_some_and(|room| room >= budget.needed() || max_tokens.is_some_and(|m| m <= room));
+        let max = max_tokens.unwrap_or(usize::MAX);
         Ok(match plan {
             ChatPlan::Fits { prompt_tokens, max_tokens: send } => {
-                // Under the cap with less room than the reserve: sent as it is when no transform fits.
                 prop_assert!(fits_as_is);
                 prop_assert_eq!(prompt_tokens, original);
-                prop_assert!(prompt_tokens + send <= cap && send >= max_tokens.map_or(1, |_| 0));
-                "fits"
+                prop_assert!(prompt_tokens + send <= cap && send <= max);
+                // The client's max_tokens when it fits, else all the room left.
+                prop_assert_eq!(send, max.min(cap - original));
+                if send < max { "fits_cut" } else { "fits" }
             }
-            ChatPlan::Reject { requested } => {
+            ChatPlan::Reject(requested) => {
                 prop_assert!(!fits_as_is);
-                prop_assert_eq!(requested, original + max_tokens.unwrap_or(0));
+                prop_assert_eq!(requested.prompt, original);
+                let completion = (original <= cap).then(|| max_tokens.unwrap_or(budget.needed()));
+                prop_assert_eq!(requested.completion, completion);
                 "reject"
             }
             ChatPlan::MiddleOut { messages: kept, prompt_tokens, removed_tokens, max_tokens: send } => {
-                prop_assert!(!fits && action != OnOverflow::Reject);
+                prop_assert!(!fits_as_is && action != OnOverflow::Reject);
                 let counted = counter.chat_tokens(ChatPrompt { messages: &kept, ..prompt }).unwrap();
                 prop_assert_eq!(counted, prompt_tokens);
-                prop_assert!(prompt_tokens + send <= cap && send >= budget.reserve());
+                prop_assert!(prompt_tokens + send <= cap && send >= budget.reserve() && send <= max);
+                prop_assert_eq!(send, max.min(cap - prompt_tokens));
                 prop_assert_eq!(removed_tokens, original - prompt_tokens);
-                if let Some(max) = max_tokens {
-                    prop_assert_eq!(send, max);
-                }
                 check_middle_out(&messages, &kept);
                 if kept.iter().any(|m| m["content"].to_string().contains('…')) {
                     "middle_out_cut"
@@ -1785,9 +1851,9 @@ mod tests {
                 }
             }
             ChatPlan::Chunk(plan) => {
-                prop_assert!(!fits && action == OnOverflow::Chunk);
+                prop_assert!(!fits_as_is && action == OnOverflow::Chunk);
                 check_chunk(&counter, &messages, tools, budget, &plan);
-                prop_assert!(plan.reduce_max_tokens >= budget.reserve());
+                prop_assert!(plan.reduce_max_tokens >= budget.reserve() && plan.reduce_max_tokens <= max);
                 if plan.reduce_context.iter().any(|m| !is_instruction(m)) {
                     "chunk_with_earlier_turns"
                 } else {
@@ -1806,7 +1872,8 @@ mod tests {
             *kinds.entry(check_case(&case).unwrap()).or_default() += 1;
         }
         println!("plans over 400 random cases: {kinds:?}");
-        for kind in ["fits", "reject", "middle_out", "middle_out_cut", "chunk", "chunk_with_earlier_turns"] {
+        for kind in ["fits", "fits_cut", "reject", "middle_out", "middle_out_cut", "chunk", "chunk_with_earlier_turns"]
+        {
             assert!(kinds.get(kind).copied().unwrap_or(0) >= 10, "{kind} is rare: {kinds:?}");
         }
     }
@@ -1824,21 +1891,22 @@ mod tests {
             words in 0..3000usize,
             cap in 40..2000usize,
             max_tokens in prop::option::of(0..500usize),
+            min_room in 1..300usize,
             action in prop_oneof![Just(OnOverflow::Reject), Just(OnOverflow::MiddleOut), Just(OnOverflow::Chunk)],
         ) {
             let counter = Words::default();
             let input = text("w", words);
-            match plan_text(&counter, &input, Budget { cap, max_tokens }, action) {
+            let budget = Budget { cap, max_tokens, min_room };
+            match plan_text(&counter, &input, budget, action) {
                 TextPlan::Fits { prompt_tokens, max_tokens: send } | TextPlan::MiddleOut { prompt_tokens, max_tokens: send, .. } => {
                     prop_assert!(prompt_tokens + send <= cap);
+                    prop_assert!(send <= max_tokens.unwrap_or(usize::MAX));
                 }
-                TextPlan::Reject { requested } => {
-                    prop_assert_eq!(requested, words + BOS + max_tokens.unwrap_or(0));
-                    let budget = Budget { cap, max_tokens };
+                TextPlan::Reject(requested) => {
+                    prop_assert_eq!(requested, budget.requested(words + BOS));
+                    prop_assert!(budget.fitting(words + BOS).is_none());
                     let room_to_keep = cap.saturating_sub(budget.reserve() + BOS + 1);
-                    prop_assert!(action == OnOverflow::Reject
-                        || max_tokens.is_some_and(|m| m >= cap)
-                        || room_to_keep < MIN_KEPT_TOKENS.min(words));
+                    prop_assert!(action == OnOverflow::Reject || room_to_keep < MIN_KEPT_TOKENS.min(words));
                 }
             }
             let pieces = split_for_embedding(&counter, &input, cap);
