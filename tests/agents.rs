@@ -275,6 +275,14 @@ async fn opencode_runs_a_turn_with_its_bash_tool() {
         }},
         "permission": {"bash": "allow", "edit": "allow"}
     });
+    // At start OpenCode runs `npm install @opencode-ai/plugin` (types for plugins) in the background in
+    // each config directory unless it finds node_modules and a package.json + lock naming it.
+    let config_dir = rig.home().join(".config/opencode");
+    std::fs::create_dir_all(config_dir.join("node_modules")).expect("mkdir");
+    let plugin = json!({"@opencode-ai/plugin": "1.18.33"});
+    std::fs::write(config_dir.join("package.json"), json!({"dependencies": plugin}).to_string()).expect("write");
+    let lock = json!({"lockfileVersion": 3, "packages": {"": {"dependencies": plugin}}});
+    std::fs::write(config_dir.join("package-lock.json"), lock.to_string()).expect("write");
     let home = rig.home().display().to_string();
     let env = [
         ("OPENCODE_CONFIG_CONTENT", config.to_string()),
@@ -354,9 +362,11 @@ async fn codex_runs_a_turn_with_its_exec_tool_over_the_responses_api() {
         "model = \"qwen\"\nmodel_provider = \"mlxgate\"\ncheck_for_update_on_startup = false\n\n\
          [model_providers.mlxgate]\nname = \"mlxgate\"\nbase_url = \"{}\"\nwire_api = \"responses\"\n\
          env_key = \"MLXGATE_API_KEY\"\nrequest_max_retries = 0\nstream_max_retries = 0\n\n\
-         [analytics]\nenabled = false\n",
+         [analytics]\nenabled = false\n\n\
+         [features]\nplugins = false\nremote_plugin = false\napps = false\n",
         rig.base_url()
     );
+    // Its plugins, remote plugins and apps reach github.com and chatgpt.com at start: off.
     std::fs::write(codex_home.join("config.toml"), config).expect("config");
     let env = [("CODEX_HOME", codex_home.display().to_string()), ("MLXGATE_API_KEY", "sk-codex-test".into())];
     let args = [
