@@ -287,3 +287,20 @@ async fn a_bad_script_stops_the_simulator_with_a_message() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("bad script in --script-json"), "{stderr}");
 }
+
+#[tokio::test]
+async fn posts_to_unknown_paths_get_404_and_are_recorded() {
+    let s = sim().await;
+    let body = json!({"model": "m", "input": "hi", "store": false});
+    let r =
+        client().post(format!("{}/v1/responses", s.url())).bearer_auth("sk-x").json(&body).send().await.expect("send");
+    assert_eq!(r.status(), 404);
+    let r = client().get(format!("{}/v1/nothing", s.url())).send().await.expect("send");
+    assert_eq!(r.status(), 404);
+    let seen = sim_requests(&s).await;
+    assert_eq!(seen.len(), 1, "the POST only: {seen:?}");
+    assert_eq!(seen[0]["_path"], "/v1/responses");
+    assert_eq!(seen[0]["input"], "hi");
+    assert_eq!(seen[0]["_authorization"], "Bearer sk-x");
+    assert_eq!(sim_stats(&s).await["total"], 0, "not counted as a generation request");
+}

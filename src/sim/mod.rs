@@ -8,7 +8,8 @@
 //! With a server-level script (`script.rs`), chat answers follow it: tool calls streamed as real
 //! servers stream them, then text after the tool results; side requests get plain text or JSON.
 //!
-//! Inspection endpoints for tests: `GET /sim/requests` (the last bodies and headers received),
+//! Inspection endpoints for tests: `GET /sim/requests` (the last bodies and headers received,
+//! POSTs to unknown paths included),
 //! `GET /sim/stats` (active, peak, held and total requests), `POST /sim/release/{key}`.
 
 pub mod behaviour;
@@ -246,6 +247,18 @@ impl SimState {
         }
     }
 
+    /// Keeps `body` (with `_path` and `_authorization` added) for `/sim/requests`.
+    fn record(&self, body: Value, path: &str, headers: &HeaderMap) {
+        let mut seen = if body.is_object() { body } else { json!({"_body": body}) };
+        seen["_path"] = json!(path);
+        seen["_authorization"] = json!(headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()));
+        let mut recorded = lock(&self.recorded);
+        if recorded.len() == RECORDED {
+            recorded.pop_front();
+        }
+        recorded.push_back(seen);
+    }
+
     fn crash(&self) {
         self.crashed.notify_one();
     }
@@ -353,8 +366,26 @@ fn router(state: Arc<SimState>) -> Router {
         .route("/sim/requests", get(|State(s): State<Arc<SimState>>| async move { Json(s.requests()) }))
         .route("/sim/stats", get(stats))
         .route("/sim/release/{key}", post(release))
+        .fallback(unknown)
         .layer(axum::middleware::from_fn_with_state(Arc::clone(&state), trusted_hosts))
         .with_state(state)
+}
+
+/// Any other path: 404, as a server without that route answers; a POST's JSON body is still
+/// recorded, so that `/sim/requests` shows what a client sent to a path the server lacks (an
+/// agent pointed straight at the simulator, e.g. Codex's `POST /v1/responses`).
+async fn unknown(
+    State(state): State<Arc<SimState>>,
+    method: axum::http::Method,
+    uri: axum::http::Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> StatusCode {
+    if method == axum::http::Method::POST {
+        let parsed = serde_json::from_slice(&body).unwrap_or_else(|_| json!(String::from_utf8_lossy(&body)));
+        state.record(parsed, uri.path(), &headers);
+    }
+    StatusCode::NOT_FOUND
 }
 
 async fn models(State(state): State<Arc<SimState>>) -> Json<Value> {
@@ -390,16 +421,7 @@ fn admit(state: &SimState, path: &str, headers: &HeaderMap, body: &Bytes) -> Res
             Json(json!({"error": {"message": format!("invalid JSON: {e}"), "type": "invalid_request_error"}})),
         )
     })?;
-    let mut seen = parsed.clone();
-    seen["_path"] = json!(path);
-    seen["_authorization"] = json!(headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()));
-    {
-        let mut recorded = lock(&state.recorded);
-        if recorded.len() == RECORDED {
-            recorded.pop_front();
-        }
-        recorded.push_back(seen);
-    }
+    state.record(parsed.clone(), path, headers);
     if state.config.refuse_stream_options && parsed.get("stream_options").is_some() {
         let detail = json!([{"type": "extra_forbidden", "loc": ["body", "stream_options"],
             "msg": "Extra inputs are not permitted"}]);
