@@ -5,12 +5,17 @@
 //! prompt, reported as `cached_tokens` in the styles that report it) and a batching capacity
 //! with a speedup curve. Never used by `mlxgate serve`.
 //!
-//! Inspection endpoints for tests: `GET /sim/requests` (the last bodies and headers received),
+//! With a server-level script (`script.rs`), chat answers follow it: tool calls streamed as real
+//! servers stream them, then text after the tool results; side requests get plain text or JSON.
+//!
+//! Inspection endpoints for tests: `GET /sim/requests` (the last bodies and headers received,
+//! POSTs to unknown paths included),
 //! `GET /sim/stats` (active, peak, held and total requests), `POST /sim/release/{key}`.
 
 pub mod behaviour;
 mod http10;
 mod idle;
+pub mod script;
 mod stream;
 
 use std::collections::{HashMap, VecDeque};
@@ -34,6 +39,7 @@ use tokio::task::JoinSet;
 
 pub use behaviour::{Behaviour, Plan, Style};
 use behaviour::{CapStyle, PromptCache};
+pub use script::Script;
 use stream::Job;
 
 /// How long vllm-mlx's serialized route stays busy after a client abort: a request 4 ms later
@@ -64,6 +70,9 @@ pub struct SimConfig {
     /// Refuse any request that carries `stream_options` with 422, as a server whose request
     /// model forbids unknown fields does.
     pub refuse_stream_options: bool,
+    /// Scripted turns for chat requests (the simulator playing an agent's backend): tool calls,
+    /// then text once the results are back (see `script`). `None`: the generated `t0 t1 …`.
+    pub script: Option<Script>,
 }
 
 /// How the simulator frames its responses on the wire.
@@ -238,6 +247,18 @@ impl SimState {
         }
     }
 
+    /// Keeps `body` (with `_path` and `_authorization` added) for `/sim/requests`.
+    fn record(&self, body: Value, path: &str, headers: &HeaderMap) {
+        let mut seen = if body.is_object() { body } else { json!({"_body": body}) };
+        seen["_path"] = json!(path);
+        seen["_authorization"] = json!(headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()));
+        let mut recorded = lock(&self.recorded);
+        if recorded.len() == RECORDED {
+            recorded.pop_front();
+        }
+        recorded.push_back(seen);
+    }
+
     fn crash(&self) {
         self.crashed.notify_one();
     }
@@ -345,8 +366,26 @@ fn router(state: Arc<SimState>) -> Router {
         .route("/sim/requests", get(|State(s): State<Arc<SimState>>| async move { Json(s.requests()) }))
         .route("/sim/stats", get(stats))
         .route("/sim/release/{key}", post(release))
+        .fallback(unknown)
         .layer(axum::middleware::from_fn_with_state(Arc::clone(&state), trusted_hosts))
         .with_state(state)
+}
+
+/// Any other path: 404, as a server without that route answers; a POST's JSON body is still
+/// recorded, so that `/sim/requests` shows what a client sent to a path the server lacks (an
+/// agent pointed straight at the simulator, e.g. Codex's `POST /v1/responses`).
+async fn unknown(
+    State(state): State<Arc<SimState>>,
+    method: axum::http::Method,
+    uri: axum::http::Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> StatusCode {
+    if method == axum::http::Method::POST {
+        let parsed = serde_json::from_slice(&body).unwrap_or_else(|_| json!(String::from_utf8_lossy(&body)));
+        state.record(parsed, uri.path(), &headers);
+    }
+    StatusCode::NOT_FOUND
 }
 
 async fn models(State(state): State<Arc<SimState>>) -> Json<Value> {
@@ -382,16 +421,7 @@ fn admit(state: &SimState, path: &str, headers: &HeaderMap, body: &Bytes) -> Res
             Json(json!({"error": {"message": format!("invalid JSON: {e}"), "type": "invalid_request_error"}})),
         )
     })?;
-    let mut seen = parsed.clone();
-    seen["_path"] = json!(path);
-    seen["_authorization"] = json!(headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()));
-    {
-        let mut recorded = lock(&state.recorded);
-        if recorded.len() == RECORDED {
-            recorded.pop_front();
-        }
-        recorded.push_back(seen);
-    }
+    state.record(parsed.clone(), path, headers);
     if state.config.refuse_stream_options && parsed.get("stream_options").is_some() {
         let detail = json!([{"type": "extra_forbidden", "loc": ["body", "stream_options"],
             "msg": "Extra inputs are not permitted"}]);
@@ -440,11 +470,14 @@ async fn generate(
         }
     }
     let cached_tokens = state.cache_prompt(prompt, plan.prompt_cache);
-    let completion_tokens = match max_tokens {
-        Some(m) => plan.tokens.min(u32::try_from(m).unwrap_or(u32::MAX)),
-        None => plan.tokens,
+    let scripted = state.config.script.as_ref().filter(|_| chat).map(|s| stream::Scripted::of(s.reply(&request)));
+    let completion_tokens = match (&scripted, max_tokens) {
+        (Some(s), _) => s.completion_tokens(),
+        (None, Some(m)) => plan.tokens.min(u32::try_from(m).unwrap_or(u32::MAX)),
+        (None, None) => plan.tokens,
     };
-    let cut = max_tokens.is_some_and(|m| m < plan.tokens as u64);
+    // A scripted answer is sent whole whatever max_tokens says.
+    let cut = scripted.is_none() && max_tokens.is_some_and(|m| m < plan.tokens as u64);
     let job = Job {
         id: format!("{}sim{}", plan.id_prefix, state.total.load(Ordering::SeqCst)),
         model: request.get("model").and_then(Value::as_str).unwrap_or("sim").to_string(),
@@ -454,6 +487,7 @@ async fn generate(
         completion_tokens,
         finish_reason: if cut && !plan.stop_at_max_tokens { "length" } else { "stop" },
         include_usage: request.pointer("/stream_options/include_usage").and_then(Value::as_bool).unwrap_or(false),
+        scripted,
     };
     let streaming = request.get("stream").and_then(Value::as_bool).unwrap_or(false);
     let route = if plan.busy_event { Route::claim(&state).map(Some) } else { Some(None) };
@@ -516,22 +550,37 @@ async fn complete(state: &SimState, plan: &Plan, job: &Job) -> Response {
             .body(Body::from_stream(body))
             .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response());
     }
-    for i in 1..job.completion_tokens {
+    for i in 1..job.text_tokens() {
         if plan.exit_after == Some(i) {
             state.crash();
             return std::future::pending().await;
         }
         tokio::time::sleep(state.token_interval(plan)).await;
     }
-    let text: String = (0..job.completion_tokens).map(stream::token_text).collect();
+    let text: String = (0..job.text_tokens()).map(|i| job.token(i)).collect();
     let usage = stream::usage_of(job);
     let body = if job.chat {
+        let mut message = json!({"role": "assistant", "content": text});
+        let calls = job.tool_calls();
+        if !calls.is_empty() {
+            if text.is_empty() {
+                message["content"] = Value::Null;
+            }
+            message["tool_calls"] = calls
+                .iter()
+                .enumerate()
+                .map(|(k, c)| {
+                    json!({"id": job.call_id(k), "type": "function",
+                    "function": {"name": c.name, "arguments": c.arguments}})
+                })
+                .collect();
+        }
         json!({"id": job.id, "object": "chat.completion", "created": now_secs(), "model": job.model,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": job.finish_reason}],
+            "choices": [{"index": 0, "message": message, "finish_reason": job.finish_reason()}],
             "usage": usage})
     } else {
         json!({"id": job.id, "object": "text_completion", "created": now_secs(), "model": job.model,
-            "choices": [{"index": 0, "text": text, "finish_reason": job.finish_reason}], "usage": usage})
+            "choices": [{"index": 0, "text": text, "finish_reason": job.finish_reason()}], "usage": usage})
     };
     Json(body).into_response()
 }
