@@ -114,6 +114,10 @@ pub struct RequestRecord {
     /// The estimate of the prompt last sent (a map-reduce's reduce), charged for it when the
     /// backend does not tell its count; `None`: the up-front charge stands.
     prompt_estimate: Option<u64>,
+    /// The conversation the request belongs to, when the client names it (the Responses API's
+    /// `prompt_cache_key`: Codex's session id), for routing a conversation to the backend that
+    /// holds its prompt cache.
+    pub conversation: Option<String>,
 }
 
 impl RequestRecord {
@@ -131,6 +135,7 @@ impl RequestRecord {
             pieces_used: AtomicU64::new(0),
             sent: Arc::default(),
             prompt_estimate: None,
+            conversation: None,
         }
     }
 
@@ -204,6 +209,7 @@ impl RequestRecord {
             pieces_used: AtomicU64::new(self.pieces_used.swap(0, Ordering::Relaxed)),
             sent: Arc::clone(&self.sent),
             prompt_estimate: self.prompt_estimate,
+            conversation: self.conversation.clone(),
         };
         self.finished = true;
         taken
