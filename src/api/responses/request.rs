@@ -458,3 +458,228 @@ fn reasoning_text(item: &Value) -> String {
     let content = of("content");
     if content.is_empty() { of("summary") } else { content }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn chat(request: Value) -> (Map<String, Value>, Translated) {
+        let translated = translate(request.to_string().as_bytes()).expect("translated");
+        let fields = serde_json::to_value(&translated.fields).expect("encode");
+        let Value::Object(fields) = fields else { panic!("not an object") };
+        (fields, translated)
+    }
+
+    fn refused(request: Value) -> GatewayError {
+        translate(request.to_string().as_bytes()).expect_err("refused")
+    }
+
+    #[test]
+    fn a_string_input_with_instructions_and_the_sampling_fields() {
+        let (fields, translated) = chat(json!({
+            "model": "qwen", "instructions": "Be brief.", "input": "Hello",
+            "max_output_tokens": 64, "temperature": 0.2, "top_p": 0.9, "stream": true,
+            // Fields a chat backend has no use for: ignored, never refused.
+            "store": false, "include": ["reasoning.encrypted_content"], "reasoning": {"summary": "auto"},
+            "text": {"verbosity": "low"}, "client_metadata": {"a": 1}, "metadata": {"b": "c"},
+            "truncation": "auto", "user": "u", "service_tier": "auto", "prompt_cache_key": "session-1",
+        }));
+        assert_eq!(
+            Value::Object(fields),
+            json!({
+                "model": "qwen",
+                "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello"}],
+                "max_tokens": 64, "temperature": 0.2, "top_p": 0.9,
+                "stream": true, "stream_options": {"include_usage": true},
+            })
+        );
+        assert_eq!(translated.session.as_deref(), Some("session-1"));
+        assert_eq!(translated.shape.model, "qwen");
+        assert_eq!(translated.shape.echo.max_output_tokens, Some(json!(64)));
+        // Not streamed: no stream_options, no limit (the pipeline adds the model's default).
+        let (fields, translated) = chat(json!({"model": "qwen", "input": "Hi"}));
+        assert_eq!(fields["stream"], false);
+        assert!(!fields.contains_key("stream_options") && !fields.contains_key("max_tokens"));
+        assert_eq!(translated.session, None);
+    }
+
+    #[test]
+    fn server_side_state_is_refused_with_a_clear_400() {
+        for (request, param) in [
+            (json!({"model": "qwen", "input": "x", "store": true}), "store"),
+            (json!({"model": "qwen", "input": "x", "previous_response_id": "resp_1"}), "previous_response_id"),
+            (json!({"model": "qwen", "input": "x", "conversation": "conv_1"}), "conversation"),
+        ] {
+            let e = refused(request);
+            assert_eq!(e.status(), axum::http::StatusCode::BAD_REQUEST);
+            let body = e.body();
+            assert_eq!(body["error"]["param"], param);
+            assert_eq!(body["error"]["type"], "invalid_request_error");
+            let message = body["error"]["message"].as_str().expect("message");
+            assert!(message.contains("only stateless"), "{message}");
+        }
+        // `store: false`, a null previous_response_id, no store at all: served.
+        chat(json!({"model": "qwen", "input": "x", "store": false, "previous_response_id": null}));
+        assert_eq!(refused(json!([1])).status(), axum::http::StatusCode::BAD_REQUEST);
+        assert_eq!(refused(json!({"model": "qwen", "input": 3})).body()["error"]["param"], "input");
+    }
+
+    /// A Codex turn as it sends it: instructions, a developer message, the user's context and
+    /// prompt, then its tool loop (reasoning, parallel calls, their outputs, a custom tool),
+    /// and a developer message added later.
+    #[test]
+    fn a_codex_conversation_becomes_chat_messages() {
+        let (fields, _) = chat(json!({
+            "model": "qwen", "instructions": "You are Codex.", "store": false, "stream": true,
+            "input": [
+                {"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "<permissions>"}]},
+                {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "<environment_context>"}]},
+                {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "list the files"}]},
+                {"type": "reasoning", "id": "rs_1", "summary": [{"type": "summary_text", "text": "summary"}],
+                 "content": [{"type": "reasoning_text", "text": "I should run ls."}], "encrypted_content": null},
+                {"type": "function_call", "name": "shell", "arguments": "{\"command\":[\"ls\"]}", "call_id": "call_1"},
+                {"type": "function_call", "name": "shell", "arguments": "{\"command\":[\"pwd\"]}", "call_id": "call_2"},
+                {"type": "function_call_output", "call_id": "call_1", "output": "a.txt"},
+                {"type": "function_call_output", "call_id": "call_2",
+                 "output": [{"type": "input_text", "text": "/tmp"}, {"type": "input_image", "image_url": "data:"}]},
+                {"type": "custom_tool_call", "call_id": "call_3", "name": "apply_patch", "input": "*** Begin Patch"},
+                {"type": "custom_tool_call_output", "call_id": "call_3", "output": "Done!"},
+                {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "a.txt in /tmp"}]},
+                {"type": "message", "role": "developer", "content": "<model switched>"},
+                {"role": "user", "content": "thanks"},
+                {"type": "web_search_call", "id": "ws_1", "status": "completed", "action": {"type": "search"}},
+                {"type": "item_reference", "id": "msg_1"},
+            ],
+        }));
+        let call = |id: &str, name: &str, arguments: &str| {
+            json!({"id": id, "type": "function", "function": {"name": name, "arguments": arguments}})
+        };
+        assert_eq!(
+            fields["messages"],
+            json!([
+                {"role": "system", "content": "You are Codex.\n\n<permissions>"},
+                {"role": "user", "content": "<environment_context>"},
+                {"role": "user", "content": "list the files"},
+                {"role": "assistant", "content": "", "reasoning_content": "I should run ls.", "tool_calls": [
+                    call("call_1", "shell", "{\"command\":[\"ls\"]}"),
+                    call("call_2", "shell", "{\"command\":[\"pwd\"]}"),
+                ]},
+                {"role": "tool", "tool_call_id": "call_1", "content": "a.txt"},
+                {"role": "tool", "tool_call_id": "call_2", "content": "/tmp"},
+                {"role": "assistant", "content": "", "tool_calls": [
+                    call("call_3", "apply_patch", "{\"input\":\"*** Begin Patch\"}"),
+                ]},
+                {"role": "tool", "tool_call_id": "call_3", "content": "Done!"},
+                {"role": "assistant", "content": "a.txt in /tmp"},
+                {"role": "user", "content": "<model switched>"},
+                {"role": "user", "content": "thanks"},
+            ])
+        );
+    }
+
+    #[test]
+    fn a_text_and_its_calls_are_one_assistant_turn_and_reasoning_without_one_is_dropped() {
+        let (fields, _) = chat(json!({"model": "qwen", "input": [
+            {"role": "user", "content": "go"},
+            {"type": "reasoning", "summary": [{"type": "summary_text", "text": "only a summary"}]},
+            {"role": "assistant", "content": [{"type": "output_text", "text": "Running it."}]},
+            {"type": "function_call", "name": "shell", "arguments": "{}", "call_id": "c1"},
+            {"type": "local_shell_call", "call_id": "c2", "status": "completed",
+             "action": {"type": "exec", "command": ["ls"], "working_directory": "/w", "timeout_ms": 5}},
+            {"type": "local_shell_call_output", "id": "c2", "output": "x"},
+            {"type": "reasoning", "summary": [], "content": [{"type": "reasoning_text", "text": "lost"}]},
+            {"role": "user", "content": "next"},
+        ]}));
+        let messages = fields["messages"].as_array().expect("messages");
+        assert_eq!(messages.len(), 4);
+        assert_eq!(messages[1]["content"], "Running it.");
+        assert_eq!(messages[1]["reasoning_content"], "only a summary");
+        let calls = messages[1]["tool_calls"].as_array().expect("calls");
+        assert_eq!(calls.len(), 2);
+        assert_eq!(calls[1]["function"]["name"], LOCAL_SHELL);
+        let arguments: Value =
+            serde_json::from_str(calls[1]["function"]["arguments"].as_str().expect("string")).expect("json");
+        assert_eq!(arguments, json!({"command": ["ls"], "workdir": "/w", "timeout_ms": 5}));
+        assert_eq!(messages[2], json!({"role": "tool", "tool_call_id": "c2", "content": "x"}));
+        assert_eq!(messages[3], json!({"role": "user", "content": "next"}));
+    }
+
+    #[test]
+    fn user_images_stay_parts_and_text_parts_are_joined() {
+        let (fields, _) = chat(json!({"model": "qwen", "input": [
+            {"role": "user", "content": [{"type": "input_text", "text": "a"}, {"type": "input_text", "text": "b"}]},
+            {"role": "user", "content": [{"type": "input_text", "text": "see"},
+                                         {"type": "input_image", "image_url": "data:image/png;base64,AA", "detail": "low"},
+                                         {"type": "input_image", "file_id": "file_1"},
+                                         {"type": "input_file", "file_id": "file_2"}]},
+        ]}));
+        assert_eq!(fields["messages"][0]["content"], "ab");
+        assert_eq!(
+            fields["messages"][1]["content"],
+            json!([{"type": "text", "text": "see"},
+                   {"type": "image_url", "image_url": {"url": "data:image/png;base64,AA", "detail": "low"}}])
+        );
+    }
+
+    #[test]
+    fn tools_map_to_functions_where_they_can_and_are_dropped_otherwise() {
+        let (fields, translated) = chat(json!({"model": "qwen", "input": "x", "parallel_tool_calls": false,
+            "tool_choice": {"type": "custom", "name": "apply_patch"},
+            "tools": [
+                {"type": "function", "name": "shell", "description": "Runs a command.", "strict": false,
+                 "parameters": {"type": "object", "properties": {"command": {"type": "array"}}}},
+                {"type": "function", "name": "no_parameters"},
+                {"type": "custom", "name": "apply_patch", "description": "Edits files.",
+                 "format": {"type": "grammar", "syntax": "lark", "definition": "start: begin_patch"}},
+                {"type": "local_shell"},
+                {"type": "web_search", "external_web_access": false},
+                {"type": "image_generation", "output_format": "png"},
+                {"type": "namespace", "name": "mcp", "description": "d", "tools": []},
+                {"type": "file_search", "vector_store_ids": []},
+            ]}));
+        let tools = fields["tools"].as_array().expect("tools");
+        let names: Vec<&Value> = tools.iter().map(|t| &t["function"]["name"]).collect();
+        assert_eq!(names, [&json!("shell"), &json!("no_parameters"), &json!("apply_patch"), &json!("local_shell")]);
+        assert!(tools.iter().all(|t| t["type"] == "function"));
+        assert_eq!(tools[0]["function"]["parameters"]["properties"]["command"]["type"], "array");
+        assert_eq!(tools[1]["function"]["parameters"], json!({"type": "object", "properties": {}}));
+        let patch = &tools[2]["function"];
+        assert_eq!(patch["parameters"]["required"], json!([CUSTOM_INPUT]));
+        let description = patch["description"].as_str().expect("description");
+        assert!(description.starts_with("Edits files.") && description.contains("lark grammar:\nstart: begin_patch"));
+        assert_eq!(fields["tool_choice"], json!({"type": "function", "function": {"name": "apply_patch"}}));
+        assert_eq!(fields["parallel_tool_calls"], false);
+        let shape = &translated.shape;
+        assert_eq!(shape.kind_of("shell"), ToolKind::Function);
+        assert_eq!(shape.kind_of("apply_patch"), ToolKind::Custom);
+        assert_eq!(shape.kind_of("local_shell"), ToolKind::LocalShell);
+        assert_eq!(shape.kind_of("unknown"), ToolKind::Function);
+        assert_eq!(shape.echo.parallel_tool_calls, Some(false));
+
+        // Only hosted tools: no tools, no choice, no parallel flag for the backend.
+        let (fields, _) = chat(json!({"model": "qwen", "input": "x", "tool_choice": "required",
+            "parallel_tool_calls": true, "tools": [{"type": "web_search"}]}));
+        assert!(!fields.contains_key("tools") && !fields.contains_key("tool_choice"));
+        assert!(!fields.contains_key("parallel_tool_calls"));
+    }
+
+    #[test]
+    fn tool_choice_modes_and_names() {
+        let kinds = HashMap::from([("f".to_string(), ToolKind::Function), (LOCAL_SHELL.to_string(), ToolKind::LocalShell)]);
+        assert_eq!(tool_choice(&json!("auto"), &kinds), Some(json!("auto")));
+        assert_eq!(tool_choice(&json!("required"), &kinds), Some(json!("required")));
+        assert_eq!(tool_choice(&json!("none"), &kinds), Some(json!("none")));
+        assert_eq!(
+            tool_choice(&json!({"type": "function", "name": "f"}), &kinds),
+            Some(json!({"type": "function", "function": {"name": "f"}}))
+        );
+        assert_eq!(
+            tool_choice(&json!({"type": "local_shell"}), &kinds),
+            Some(json!({"type": "function", "function": {"name": "local_shell"}}))
+        );
+        // A dropped tool, a hosted tool, an allowed-tools list: the backend's default.
+        assert_eq!(tool_choice(&json!({"type": "function", "name": "gone"}), &kinds), None);
+        assert_eq!(tool_choice(&json!({"type": "web_search_preview"}), &kinds), None);
+        assert_eq!(tool_choice(&json!({"type": "allowed_tools", "mode": "auto", "tools": []}), &kinds), None);
+    }
+}
