@@ -152,3 +152,138 @@ async fn fail_status_and_hang_before_headers() {
         .await;
     assert!(hung.is_err_and(|e| e.is_timeout()));
 }
+
+/// The script of an agent's turn: two calls in one message, then text with a marker.
+const TOOL_SCRIPT: &str = r#"{"turns": [
+    {"calls": [{"tool": ["bash", "run_shell_command"], "arguments": {"command": "echo sim-tool-ran"}},
+               {"tool": "read", "arguments": {"filePath": "/tmp/x"}}]},
+    {"text": "All done: MARKER-42."}],
+  "text": "A title"}"#;
+
+fn tool_request(stream: bool, messages: Value) -> Value {
+    let tool = |name: &str| json!({"type": "function", "function": {"name": name, "parameters": {"type": "object"}}});
+    json!({"model": "qwen", "stream": stream, "stream_options": {"include_usage": true}, "messages": messages,
+        "tools": [tool("read"), tool("run_shell_command")]})
+}
+
+/// Rebuilds the tool calls of a stream's deltas as a client does: by `index`, the name from the
+/// first delta, the arguments concatenated.
+fn assembled_calls(events: &[Value]) -> Vec<(String, String, String)> {
+    let mut calls: Vec<(String, String, String)> = Vec::new();
+    for e in events {
+        for d in e["choices"][0]["delta"]["tool_calls"].as_array().into_iter().flatten() {
+            let k = d["index"].as_u64().expect("every tool-call delta has an index") as usize;
+            if k == calls.len() {
+                assert!(d["function"]["name"].is_string() && d["id"].is_string(), "first delta names the call: {d}");
+                calls.push((
+                    d["id"].as_str().expect("id").into(),
+                    d["function"]["name"].as_str().expect("name").into(),
+                    String::new(),
+                ));
+            } else {
+                assert!(
+                    d.get("id").is_none() && d["function"].get("name").is_none(),
+                    "later deltas carry arguments only: {d}"
+                );
+            }
+            calls[k].2 += d["function"]["arguments"].as_str().expect("arguments");
+        }
+    }
+    calls
+}
+
+#[tokio::test]
+async fn scripted_turns_call_tools_as_real_servers_stream_them_then_answer_after_the_results() {
+    let (_sim, url) =
+        spawn_sim(&["--style", "mlx-lm", "--framing", "chunked", "--ttft-ms", "0", "--script-json", TOOL_SCRIPT]);
+    let gw = gateway(&one_model_yaml(&url, 2, 4)).await;
+    let user = json!([{"role": "system", "content": "be brief"}, {"role": "user", "content": "run it"}]);
+
+    // Turn 1, streamed through the gateway: two calls by index, arguments in pieces.
+    let r = post(&gw, "/v1/chat/completions", &tool_request(true, user.clone())).await;
+    assert_eq!(r.status(), 200);
+    let ev = events(&text_of(r).await);
+    let argument_deltas = ev
+        .iter()
+        .filter(|e| {
+            e["choices"][0]["delta"]["tool_calls"][0]["function"].get("name").is_none()
+                && e["choices"][0]["delta"].get("tool_calls").is_some()
+        })
+        .count();
+    assert!(argument_deltas >= 6, "arguments streamed in several pieces per call: {ev:?}");
+    let calls = assembled_calls(&ev);
+    assert_eq!(calls.len(), 2, "{ev:?}");
+    assert_eq!(
+        (calls[0].1.as_str(), calls[1].1.as_str()),
+        ("run_shell_command", "read"),
+        "the offered name of each call"
+    );
+    assert_eq!(
+        serde_json::from_str::<Value>(&calls[0].2).expect("arguments are JSON"),
+        json!({"command": "echo sim-tool-ran"})
+    );
+    assert_eq!(serde_json::from_str::<Value>(&calls[1].2).expect("arguments are JSON"), json!({"filePath": "/tmp/x"}));
+    assert_ne!(calls[0].0, calls[1].0, "each call its own id");
+    let finish = ev.iter().find(|e| e["choices"][0]["finish_reason"].is_string()).expect("finish chunk");
+    assert_eq!(finish["choices"][0]["finish_reason"], "tool_calls");
+    let usage = &ev.last().expect("usage chunk")["usage"];
+    assert_eq!(
+        usage["completion_tokens"].as_u64(),
+        Some(2 + argument_deltas as u64),
+        "a name or argument piece per token"
+    );
+    assert!(
+        ev.iter()
+            .all(|e| e["choices"].as_array().is_none_or(|c| c.is_empty())
+                || e["choices"][0]["delta"]["role"] == "assistant"),
+        "the mlx-lm style's role on every delta"
+    );
+
+    // The same turn whole: message.tool_calls.
+    let r = post(&gw, "/v1/chat/completions", &tool_request(false, user.clone())).await;
+    let whole: Value = r.json().await.expect("json");
+    assert_eq!(whole["choices"][0]["finish_reason"], "tool_calls");
+    assert_eq!(whole["choices"][0]["message"]["content"], Value::Null);
+    assert_eq!(whole["choices"][0]["message"]["tool_calls"][0]["function"]["name"], "run_shell_command");
+    assert_eq!(whole["choices"][0]["message"]["tool_calls"][1]["function"]["arguments"], r#"{"filePath":"/tmp/x"}"#);
+
+    // Turn 2, after both results: the text, streamed as words.
+    let mut after = user.as_array().expect("messages").clone();
+    after.push(
+        json!({"role": "assistant", "content": null, "tool_calls": whole["choices"][0]["message"]["tool_calls"]}),
+    );
+    after.push(json!({"role": "tool", "tool_call_id": calls[0].0, "content": "sim-tool-ran"}));
+    after.push(json!({"role": "tool", "tool_call_id": calls[1].0, "content": "x"}));
+    let ev = events(&text_of(post(&gw, "/v1/chat/completions", &tool_request(true, json!(after))).await).await);
+    let text: String = ev.iter().filter_map(|e| e["choices"][0]["delta"]["content"].as_str()).collect();
+    assert_eq!(text, "All done: MARKER-42.");
+    assert!(ev.iter().filter(|e| e["choices"][0]["delta"]["content"].is_string()).count() >= 3, "in pieces");
+    assert_eq!(
+        ev.iter().find(|e| e["choices"][0]["finish_reason"].is_string()).expect("finish")["choices"][0]["finish_reason"],
+        "stop"
+    );
+
+    // Side requests: no tools → the script's text; JSON when asked, to the schema.
+    let side = json!({"model": "qwen", "messages": [{"role": "user", "content": "title?"}]});
+    let r: Value = post(&gw, "/v1/chat/completions", &side).await.json().await.expect("json");
+    assert_eq!(r["choices"][0]["message"]["content"], "A title");
+    let schema =
+        json!({"type": "object", "properties": {"next_speaker": {"type": "string", "enum": ["user", "model"]}}});
+    let asks = json!({"model": "qwen", "messages": [{"role": "user", "content": "who next?"}],
+        "response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": schema}}});
+    let r: Value = post(&gw, "/v1/chat/completions", &asks).await.json().await.expect("json");
+    let answer: Value =
+        serde_json::from_str(r["choices"][0]["message"]["content"].as_str().expect("text")).expect("JSON text");
+    assert_eq!(answer, json!({"next_speaker": "user"}));
+}
+
+#[tokio::test]
+async fn a_bad_script_stops_the_simulator_with_a_message() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_mlxgate-sim"))
+        .args(["--script-json", r#"{"turns": [{"calls": [{"tool": "x", "args": {}}]}]}"#])
+        .output()
+        .expect("runs");
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("bad script in --script-json"), "{stderr}");
+}

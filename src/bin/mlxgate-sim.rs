@@ -2,7 +2,7 @@
 #![forbid(unsafe_code)]
 
 use clap::Parser;
-use mlxgate::sim::{Behaviour, Framing, SimConfig, SimState, run};
+use mlxgate::sim::{Behaviour, Framing, Script, SimConfig, SimState, run};
 
 #[derive(Parser)]
 #[command(name = "mlxgate-sim", version, about = "OpenAI-compatible server with scripted timing and faults")]
@@ -31,6 +31,13 @@ struct Cli {
     /// Answer 422 to any request carrying `stream_options`.
     #[arg(long)]
     refuse_stream_options: bool,
+    /// Scripted turns for chat requests, from a JSON file (the simulator playing an agent's
+    /// backend: call a tool, then answer in text after its result; see `mlxgate::sim::script`).
+    #[arg(long, conflicts_with = "script_json")]
+    script: Option<std::path::PathBuf>,
+    /// The same script given inline, as JSON text.
+    #[arg(long)]
+    script_json: Option<String>,
     #[command(flatten)]
     defaults: Behaviour,
 }
@@ -38,6 +45,24 @@ struct Cli {
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
+    let script = match (&cli.script, &cli.script_json) {
+        (Some(path), _) => match std::fs::read_to_string(path) {
+            Ok(text) => Some((text, path.display().to_string())),
+            Err(e) => {
+                eprintln!("mlxgate-sim: cannot read the script {}: {e}", path.display());
+                return std::process::ExitCode::FAILURE;
+            }
+        },
+        (None, Some(text)) => Some((text.clone(), "--script-json".to_string())),
+        (None, None) => None,
+    };
+    let script = match script.map(|(text, source)| Script::parse(&text).map_err(|e| (e, source))).transpose() {
+        Ok(s) => s,
+        Err((e, source)) => {
+            eprintln!("mlxgate-sim: bad script in {source}: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
     let listener = match tokio::net::TcpListener::bind((cli.host.as_str(), cli.port)).await {
         Ok(l) => l,
         Err(e) => {
@@ -57,6 +82,7 @@ async fn main() -> std::process::ExitCode {
         framing: cli.framing,
         idle_close: cli.idle_close_ms.map(std::time::Duration::from_millis),
         refuse_stream_options: cli.refuse_stream_options,
+        script,
     });
     // `run` returns only when a request's exit_after crashes the server.
     run(listener, state).await;

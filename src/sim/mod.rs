@@ -5,12 +5,16 @@
 //! prompt, reported as `cached_tokens` in the styles that report it) and a batching capacity
 //! with a speedup curve. Never used by `mlxgate serve`.
 //!
+//! With a server-level script (`script.rs`), chat answers follow it: tool calls streamed as real
+//! servers stream them, then text after the tool results; side requests get plain text or JSON.
+//!
 //! Inspection endpoints for tests: `GET /sim/requests` (the last bodies and headers received),
 //! `GET /sim/stats` (active, peak, held and total requests), `POST /sim/release/{key}`.
 
 pub mod behaviour;
 mod http10;
 mod idle;
+pub mod script;
 mod stream;
 
 use std::collections::{HashMap, VecDeque};
@@ -34,6 +38,7 @@ use tokio::task::JoinSet;
 
 pub use behaviour::{Behaviour, Plan, Style};
 use behaviour::{CapStyle, PromptCache};
+pub use script::Script;
 use stream::Job;
 
 /// How long vllm-mlx's serialized route stays busy after a client abort: a request 4 ms later
@@ -64,6 +69,9 @@ pub struct SimConfig {
     /// Refuse any request that carries `stream_options` with 422, as a server whose request
     /// model forbids unknown fields does.
     pub refuse_stream_options: bool,
+    /// Scripted turns for chat requests (the simulator playing an agent's backend): tool calls,
+    /// then text once the results are back (see `script`). `None`: the generated `t0 t1 …`.
+    pub script: Option<Script>,
 }
 
 /// How the simulator frames its responses on the wire.
@@ -440,11 +448,14 @@ async fn generate(
         }
     }
     let cached_tokens = state.cache_prompt(prompt, plan.prompt_cache);
-    let completion_tokens = match max_tokens {
-        Some(m) => plan.tokens.min(u32::try_from(m).unwrap_or(u32::MAX)),
-        None => plan.tokens,
+    let scripted = state.config.script.as_ref().filter(|_| chat).map(|s| stream::Scripted::of(s.reply(&request)));
+    let completion_tokens = match (&scripted, max_tokens) {
+        (Some(s), _) => s.completion_tokens(),
+        (None, Some(m)) => plan.tokens.min(u32::try_from(m).unwrap_or(u32::MAX)),
+        (None, None) => plan.tokens,
     };
-    let cut = max_tokens.is_some_and(|m| m < plan.tokens as u64);
+    // A scripted answer is sent whole whatever max_tokens says.
+    let cut = scripted.is_none() && max_tokens.is_some_and(|m| m < plan.tokens as u64);
     let job = Job {
         id: format!("{}sim{}", plan.id_prefix, state.total.load(Ordering::SeqCst)),
         model: request.get("model").and_then(Value::as_str).unwrap_or("sim").to_string(),
@@ -454,6 +465,7 @@ async fn generate(
         completion_tokens,
         finish_reason: if cut && !plan.stop_at_max_tokens { "length" } else { "stop" },
         include_usage: request.pointer("/stream_options/include_usage").and_then(Value::as_bool).unwrap_or(false),
+        scripted,
     };
     let streaming = request.get("stream").and_then(Value::as_bool).unwrap_or(false);
     let route = if plan.busy_event { Route::claim(&state).map(Some) } else { Some(None) };
@@ -516,22 +528,37 @@ async fn complete(state: &SimState, plan: &Plan, job: &Job) -> Response {
             .body(Body::from_stream(body))
             .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response());
     }
-    for i in 1..job.completion_tokens {
+    for i in 1..job.text_tokens() {
         if plan.exit_after == Some(i) {
             state.crash();
             return std::future::pending().await;
         }
         tokio::time::sleep(state.token_interval(plan)).await;
     }
-    let text: String = (0..job.completion_tokens).map(stream::token_text).collect();
+    let text: String = (0..job.text_tokens()).map(|i| job.token(i)).collect();
     let usage = stream::usage_of(job);
     let body = if job.chat {
+        let mut message = json!({"role": "assistant", "content": text});
+        let calls = job.tool_calls();
+        if !calls.is_empty() {
+            if text.is_empty() {
+                message["content"] = Value::Null;
+            }
+            message["tool_calls"] = calls
+                .iter()
+                .enumerate()
+                .map(|(k, c)| {
+                    json!({"id": job.call_id(k), "type": "function",
+                    "function": {"name": c.name, "arguments": c.arguments}})
+                })
+                .collect();
+        }
         json!({"id": job.id, "object": "chat.completion", "created": now_secs(), "model": job.model,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": job.finish_reason}],
+            "choices": [{"index": 0, "message": message, "finish_reason": job.finish_reason()}],
             "usage": usage})
     } else {
         json!({"id": job.id, "object": "text_completion", "created": now_secs(), "model": job.model,
-            "choices": [{"index": 0, "text": text, "finish_reason": job.finish_reason}], "usage": usage})
+            "choices": [{"index": 0, "text": text, "finish_reason": job.finish_reason()}], "usage": usage})
     };
     Json(body).into_response()
 }

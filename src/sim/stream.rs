@@ -11,6 +11,7 @@ use tokio::sync::mpsc;
 
 use super::SimState;
 use super::behaviour::{AfterError, ContentField, Keepalive, Plan, RolePlacement, UsagePlacement};
+use super::script::{Reply, ToolCall, argument_pieces, text_pieces};
 
 /// What one request asked for.
 pub struct Job {
@@ -23,6 +24,61 @@ pub struct Job {
     pub completion_tokens: u32,
     pub finish_reason: &'static str,
     pub include_usage: bool,
+    /// The scripted reply, when the server has a script (chat only).
+    pub scripted: Option<Scripted>,
+}
+
+/// A scripted reply cut into the pieces it is sent in.
+pub struct Scripted {
+    /// The text, a word (with its following space) per piece.
+    pieces: Vec<String>,
+    calls: Vec<ToolCall>,
+}
+
+impl Scripted {
+    /// The pieces of `reply`.
+    pub fn of(reply: Reply) -> Self {
+        Scripted { pieces: text_pieces(&reply.text), calls: reply.calls }
+    }
+
+    /// The tokens usage reports: a text piece, a call's name and an argument piece count one each.
+    pub fn completion_tokens(&self) -> u32 {
+        let calls: usize = self.calls.iter().map(|c| 1 + argument_pieces(&c.arguments).len()).sum();
+        u32::try_from(self.pieces.len() + calls).unwrap_or(u32::MAX)
+    }
+}
+
+impl Job {
+    /// How many text tokens the answer has.
+    pub fn text_tokens(&self) -> u32 {
+        match &self.scripted {
+            Some(s) => u32::try_from(s.pieces.len()).unwrap_or(u32::MAX),
+            None => self.completion_tokens,
+        }
+    }
+
+    /// The text of the `i`-th token.
+    pub fn token(&self, i: u32) -> String {
+        match &self.scripted {
+            Some(s) => s.pieces.get(i as usize).cloned().unwrap_or_default(),
+            None => token_text(i),
+        }
+    }
+
+    /// The scripted tool calls (none without a script).
+    pub fn tool_calls(&self) -> &[ToolCall] {
+        self.scripted.as_ref().map_or(&[], |s| s.calls.as_slice())
+    }
+
+    /// The id of the answer's `k`-th tool call.
+    pub fn call_id(&self, k: usize) -> String {
+        format!("call_{}_{k}", self.id.replace(['-', '_'], ""))
+    }
+
+    /// `tool_calls` when the answer calls tools, else how the text ended.
+    pub fn finish_reason(&self) -> &'static str {
+        if self.tool_calls().is_empty() { self.finish_reason } else { "tool_calls" }
+    }
 }
 
 /// One write of the body, or the connection dropped.
@@ -47,7 +103,7 @@ pub async fn write_stream(state: &SimState, plan: &Plan, job: &Job, tx: mpsc::Se
     }
     let mut held_back = Vec::new();
     let mut content_frames = 0u32;
-    for i in 0..job.completion_tokens {
+    for i in 0..job.text_tokens() {
         if plan.exit_after == Some(i) {
             // What was written before a crash has reached the socket: let the connection
             // take everything queued, then die.
@@ -82,7 +138,7 @@ pub async fn write_stream(state: &SimState, plan: &Plan, job: &Job, tx: mpsc::Se
         if i > 0 && !out.pace(state.token_interval(plan)).await {
             return;
         }
-        let text = token_text(i);
+        let text = job.token(i);
         let delta = match (job.chat, plan.content_field) {
             (_, ContentField::None) => None,
             (false, _) => Some(json!({"text": text})),
@@ -113,9 +169,12 @@ pub async fn write_stream(state: &SimState, plan: &Plan, job: &Job, tx: mpsc::Se
             return;
         }
     }
+    if !send_tool_calls(state, plan, job, created, &out).await {
+        return;
+    }
     let usage = job.include_usage || plan.usage_always;
     let finish_usage = usage && matches!(plan.usage, UsagePlacement::Finish | UsagePlacement::Both);
-    let reason = if plan.tool_call && job.chat { "tool_calls" } else { job.finish_reason };
+    let reason = if plan.tool_call && job.chat { "tool_calls" } else { job.finish_reason() };
     let mut finish = finish_chunk(job, created, plan, reason, finish_usage.then(|| usage_of(job)));
     if plan.tool_call && job.chat {
         finish["choices"][0]["delta"]["tool_calls"] = json!([{"id": format!("call_{}", job.id), "type": "function",
@@ -139,6 +198,34 @@ pub async fn write_stream(state: &SimState, plan: &Plan, job: &Job, tx: mpsc::Se
         }
     }
     out.done().await;
+}
+
+/// Streams the scripted tool calls as real servers do: per call, a first delta with its
+/// `index`, `id`, `type` and `function.name` (arguments empty), then the arguments in several
+/// deltas carrying only `index` and `function.arguments`; false when the client left.
+async fn send_tool_calls(state: &SimState, plan: &Plan, job: &Job, created: u64, out: &Writer) -> bool {
+    let mut first = job.text_tokens() == 0;
+    for (k, call) in job.tool_calls().iter().enumerate() {
+        let opening = json!({"index": k, "id": job.call_id(k), "type": "function",
+            "function": {"name": call.name, "arguments": ""}});
+        let pieces = argument_pieces(&call.arguments)
+            .into_iter()
+            .map(|piece| json!({"index": k, "function": {"arguments": piece}}));
+        for tool_call in std::iter::once(opening).chain(pieces) {
+            if !first && !out.pace(state.token_interval(plan)).await {
+                return false;
+            }
+            first = false;
+            let mut delta = json!({"tool_calls": [tool_call]});
+            if plan.role == RolePlacement::Every {
+                delta["role"] = json!("assistant");
+            }
+            if !out.frame(&chunk(job, created, delta, None)).await {
+                return false;
+            }
+        }
+    }
+    true
 }
 
 /// Waits out the time to first token, sending keepalives; false when the client left.
