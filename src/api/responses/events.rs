@@ -582,8 +582,12 @@ impl Translator {
             }
             Body::Call { kind: ToolKind::Function, call_id, name, arguments, .. } => {
                 let arguments = if open { "" } else { arguments.as_str() };
-                json!({"id": item.id, "type": "function_call", "status": status, "call_id": call_id, "name": name,
-                       "arguments": arguments})
+                let mut call = json!({"id": item.id, "type": "function_call", "status": status, "call_id": call_id,
+                                      "name": name, "arguments": arguments});
+                if let Some(namespace) = self.shape.namespaces.get(name) {
+                    call["namespace"] = Value::from(namespace.as_str());
+                }
+                call
             }
             Body::Call { kind: ToolKind::Custom, call_id, name, arguments, .. } => {
                 let input = if open { String::new() } else { custom_input(arguments) };

@@ -57,6 +57,8 @@ pub struct Shape {
     pub model: String,
     /// Each function the backend may call: how its calls go back to the client.
     pub tools: HashMap<String, ToolKind>,
+    /// The namespace of each function that came from a `namespace` tool.
+    pub namespaces: HashMap<String, String>,
     /// Request fields the response object repeats.
     pub echo: Echo,
 }
@@ -94,7 +96,7 @@ pub fn translate(body: &[u8]) -> Result<Translated, GatewayError> {
     let request: Map<String, Value> = serde_json::from_slice(body)
         .map_err(|e| GatewayError::invalid(format!("The request body is not a JSON object: {e}."), None))?;
     refuse_state(&request)?;
-    let (tools, kinds) = tools(request.get("tools"));
+    let Tools { chat: tools, kinds, namespaces } = tools(request.get("tools"));
     let messages = messages(request.get("instructions"), request.get("input"))?;
     let stream = request.get("stream").and_then(Value::as_bool).unwrap_or(false);
     let mut chat = Map::new();
@@ -139,7 +141,7 @@ pub fn translate(body: &[u8]) -> Result<Translated, GatewayError> {
                 .map_err(|e| GatewayError::invalid(format!("cannot encode the chat request: {e}"), None))
         })
         .collect::<Result<RawBody, _>>()?;
-    Ok(Translated { fields, session, shape: Shape { model, tools: kinds, echo } })
+    Ok(Translated { fields, session, shape: Shape { model, tools: kinds, namespaces, echo } })
 }
 
 /// Server-side state mlxgate does not keep: a clear 400 rather than an answer that silently
@@ -165,10 +167,21 @@ fn refuse_state(request: &Map<String, Value>) -> Result<(), GatewayError> {
 /// a function with one string parameter (its grammar, if any, told in the description);
 /// `local_shell` a function with its exec parameters. Hosted tools (`web_search`,
 /// `file_search`, `image_generation`, `mcp`, …) have nothing to run them here: dropped.
-fn tools(tools: Option<&Value>) -> (Vec<Value>, HashMap<String, ToolKind>) {
+fn tools(tools: Option<&Value>) -> Tools {
     let mut chat = Vec::new();
     let mut kinds = HashMap::new();
-    for tool in tools.and_then(Value::as_array).into_iter().flatten() {
+    let mut namespaces = HashMap::new();
+    // A `namespace`'s tools (Codex's `multi_agent_v1`) are offered as the others are; their
+    // calls go back naming the namespace.
+    let listed = tools.and_then(Value::as_array).into_iter().flatten().flat_map(|tool| {
+        let inner = tool.get("tools").and_then(Value::as_array).filter(|_| tool["type"] == "namespace");
+        let namespace = tool.get("name").and_then(Value::as_str);
+        match inner {
+            Some(inner) => inner.iter().map(|t| (t, namespace)).collect::<Vec<_>>(),
+            None => vec![(tool, None)],
+        }
+    });
+    for (tool, namespace) in listed {
         let name = tool.get("name").and_then(Value::as_str);
         let description = tool.get("description").and_then(Value::as_str).unwrap_or_default();
         let (name, kind, description, parameters) = match (tool.get("type").and_then(Value::as_str), name) {
@@ -216,8 +229,20 @@ fn tools(tools: Option<&Value>) -> (Vec<Value>, HashMap<String, ToolKind>) {
         function.insert("parameters".into(), parameters);
         chat.push(json!({"type": "function", "function": function}));
         kinds.insert(name.to_string(), kind);
+        match namespace {
+            Some(namespace) => namespaces.insert(name.to_string(), namespace.to_string()),
+            None => namespaces.remove(name),
+        };
     }
-    (chat, kinds)
+    Tools { chat, kinds, namespaces }
+}
+
+/// The chat tools of a request, and how their calls go back.
+struct Tools {
+    chat: Vec<Value>,
+    kinds: HashMap<String, ToolKind>,
+    /// The namespace of each function that came from one.
+    namespaces: HashMap<String, String>,
 }
 
 fn empty_parameters() -> Value {
@@ -634,12 +659,16 @@ mod tests {
                 {"type": "local_shell"},
                 {"type": "web_search", "external_web_access": false},
                 {"type": "image_generation", "output_format": "png"},
-                {"type": "namespace", "name": "mcp", "description": "d", "tools": []},
+                {"type": "namespace", "name": "multi_agent_v1", "description": "d", "tools": [
+                    {"type": "function", "name": "close_agent", "parameters": {"type": "object", "properties": {}}}]},
                 {"type": "file_search", "vector_store_ids": []},
             ]}));
         let tools = fields["tools"].as_array().expect("tools");
         let names: Vec<&Value> = tools.iter().map(|t| &t["function"]["name"]).collect();
-        assert_eq!(names, [&json!("shell"), &json!("no_parameters"), &json!("apply_patch"), &json!("local_shell")]);
+        assert_eq!(
+            names,
+            [&json!("shell"), &json!("no_parameters"), &json!("apply_patch"), &json!("local_shell"), &json!("close_agent")]
+        );
         assert!(tools.iter().all(|t| t["type"] == "function"));
         assert_eq!(tools[0]["function"]["parameters"]["properties"]["command"]["type"], "array");
         assert_eq!(tools[1]["function"]["parameters"], json!({"type": "object", "properties": {}}));
@@ -655,6 +684,8 @@ mod tests {
         assert_eq!(shape.kind_of("local_shell"), ToolKind::LocalShell);
         assert_eq!(shape.kind_of("unknown"), ToolKind::Function);
         assert_eq!(shape.echo.parallel_tool_calls, Some(false));
+        assert_eq!(shape.namespaces.get("close_agent").map(String::as_str), Some("multi_agent_v1"));
+        assert_eq!(shape.namespaces.get("shell"), None);
 
         // Only hosted tools: no tools, no choice, no parallel flag for the backend.
         let (fields, _) = chat(json!({"model": "qwen", "input": "x", "tool_choice": "required",
@@ -681,5 +712,35 @@ mod tests {
         assert_eq!(tool_choice(&json!({"type": "function", "name": "gone"}), &kinds), None);
         assert_eq!(tool_choice(&json!({"type": "web_search_preview"}), &kinds), None);
         assert_eq!(tool_choice(&json!({"type": "allowed_tools", "mode": "auto", "tools": []}), &kinds), None);
+    }
+}
+
+#[cfg(test)]
+mod recorded {
+    use super::*;
+
+    /// Codex CLI 0.171's first request, as it sent it (tests/data/agents).
+    #[test]
+    fn codex_s_recorded_request_translates() {
+        let body = include_str!("../../../tests/data/agents/codex-responses.json");
+        let translated = translate(body.as_bytes()).expect("translated");
+        assert_eq!(translated.session.as_deref(), Some("00000000-0000-7000-8000-000000000005"));
+        let fields = serde_json::to_value(&translated.fields).expect("encode");
+        let messages = fields["messages"].as_array().expect("messages");
+        let roles: Vec<&str> = messages.iter().filter_map(|m| m["role"].as_str()).collect();
+        // Its two developer messages are the one system message; its context and prompt follow.
+        assert_eq!(roles, ["system", "user", "user"]);
+        assert!(messages[0]["content"].as_str().is_some_and(|t| t.contains("<skills_instructions>")));
+        assert_eq!(messages[2]["content"], "Run the shell command: echo hi");
+        let tools = fields["tools"].as_array().expect("tools");
+        let names: Vec<&str> = tools.iter().filter_map(|t| t["function"]["name"].as_str()).collect();
+        assert!(names.contains(&"exec_command") && names.contains(&"close_agent"), "{names:?}");
+        // web_search has nothing to run it here.
+        assert!(!names.contains(&"web_search"));
+        assert_eq!(fields["tool_choice"], "auto");
+        assert_eq!(fields["stream_options"], json!({"include_usage": true}));
+        for dropped in ["include", "reasoning", "store", "client_metadata", "prompt_cache_key", "input"] {
+            assert!(fields.get(dropped).is_none(), "{dropped} reached the backend");
+        }
     }
 }

@@ -16,7 +16,7 @@ fn shape() -> Shape {
         ("apply_patch".to_string(), ToolKind::Custom),
         ("local_shell".to_string(), ToolKind::LocalShell),
     ]);
-    Shape { model: "qwen".into(), tools, echo: Echo::default() }
+    Shape { model: "qwen".into(), tools, namespaces: HashMap::from([("close_agent".to_string(), "multi_agent_v1".to_string())]), echo: Echo::default() }
 }
 
 /// The events (`data` as JSON) the translation sends for a chat stream's events, checking on
@@ -226,14 +226,18 @@ fn calls_sent_whole_without_index_are_one_item_each() {
         delta(json!({"role": "assistant"})),
         json!({"choices": [{"index": 0, "finish_reason": "tool_calls", "delta": {"tool_calls": [
             {"id": "call_0", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}},
-            {"id": "call_1", "type": "function", "function": {"name": "shell", "arguments": {"command": ["pwd"]}}}]}}]}),
+            {"id": "call_1", "type": "function", "function": {"name": "shell", "arguments": {"command": ["pwd"]}}},
+            {"id": "call_2", "type": "function", "function": {"name": "close_agent", "arguments": "{}"}}]}}]}),
         "[DONE]".into(),
     ]);
     check_sequence(&events);
     let done: Vec<&Value> =
         events.iter().filter(|e| e["type"] == "response.output_item.done").map(|e| &e["item"]).collect();
-    assert_eq!(done.len(), 2);
+    assert_eq!(done.len(), 3);
     assert_eq!(done[0]["arguments"], "{\"city\": \"Paris\"}");
+    // A namespace's function goes back naming its namespace; the others name none.
+    assert_eq!(done[2]["namespace"], "multi_agent_v1");
+    assert!(done[0].get("namespace").is_none());
     // Arguments given as an object are passed on as their JSON text.
     assert_eq!(done[1]["arguments"], "{\"command\":[\"pwd\"]}");
     assert_eq!(types(&events).last(), Some(&"response.completed"));
