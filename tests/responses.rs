@@ -192,8 +192,7 @@ async fn a_tool_round_trip_reaches_the_backend_as_chat_tool_calls_and_a_tool_mes
     let arguments: Value = serde_json::from_str(call["arguments"].as_str().expect("arguments")).expect("json");
     assert_eq!(arguments, json!({"command": ["ls", "-la"]}));
     // The arguments arrived in pieces, each a delta of the call's output index.
-    let pieces: Vec<&Value> =
-        events.iter().filter(|e| e["type"] == "response.function_call_arguments.delta").collect();
+    let pieces: Vec<&Value> = events.iter().filter(|e| e["type"] == "response.function_call_arguments.delta").collect();
     assert!(!pieces.is_empty());
     assert!(pieces.iter().all(|e| e["output_index"] == 1 && e["item_id"] == call["id"]));
     let sent = last_backend_request(&sim).await;
@@ -249,7 +248,8 @@ async fn a_custom_tool_is_a_function_to_the_backend_and_a_custom_tool_call_to_th
     // The backend saw functions only: apply_patch with one string parameter, local_shell; no
     // web_search (nothing here runs it).
     let sent = last_backend_request(&sim).await;
-    let names: Vec<&str> = sent["tools"].as_array().expect("tools").iter().filter_map(|t| t["function"]["name"].as_str()).collect();
+    let names: Vec<&str> =
+        sent["tools"].as_array().expect("tools").iter().filter_map(|t| t["function"]["name"].as_str()).collect();
     assert_eq!(names, ["apply_patch", "local_shell"]);
     assert_eq!(sent["tools"][0]["function"]["parameters"]["properties"]["input"]["type"], "string");
 
@@ -316,13 +316,16 @@ async fn a_backend_failing_mid_stream_is_response_failed() {
     assert_eq!(failed, Some(1.0));
 
     // An error event from the backend itself (mlx-openai-server: then a normal stop and [DONE]).
-    let sim = sim_with(Behaviour { style: Some(Style::MlxOpenaiServer), error_after: Some(2), ..Default::default() })
-        .await;
+    let sim =
+        sim_with(Behaviour { style: Some(Style::MlxOpenaiServer), error_after: Some(2), ..Default::default() }).await;
     let gw = gateway_for(&sim).await;
     let (_, body) = responses(&gw, &json!({"model": "qwen", "stream": true, "input": "hi"})).await;
     let kinds: Vec<String> = types(&parse_events(&body)).into_iter().map(str::to_string).collect();
     assert_eq!(kinds.last().map(String::as_str), Some("response.failed"), "{body}");
-    assert_eq!(kinds.iter().filter(|k| k.starts_with("response.completed") || k.starts_with("response.failed")).count(), 1);
+    assert_eq!(
+        kinds.iter().filter(|k| k.starts_with("response.completed") || k.starts_with("response.failed")).count(),
+        1
+    );
 }
 
 #[tokio::test]

@@ -23,7 +23,8 @@ fn model_with_qwen3_template(model: &Path, dir: &Path) {
     }
     let config = std::fs::read_to_string(model.join("tokenizer_config.json")).expect("tokenizer_config");
     let mut config: Value = serde_json::from_str(&config).expect("json");
-    let template = std::fs::read_to_string(Path::new(ROOT).join("scripts/qwen3-chat-template.jinja")).expect("template");
+    let template =
+        std::fs::read_to_string(Path::new(ROOT).join("scripts/qwen3-chat-template.jinja")).expect("template");
     config["chat_template"] = Value::from(template);
     std::fs::write(dir.join("tokenizer_config.json"), config.to_string()).expect("write");
 }

@@ -86,8 +86,8 @@ print(json.dumps(out))
 /// it does not run.
 fn agents_python() -> Option<PathBuf> {
     let python = PathBuf::from(ROOT).join(".venv-agents/bin/python");
-    let has_sdk = python.exists()
-        && Command::new(&python).args(["-c", "import openai"]).status().is_ok_and(|s| s.success());
+    let has_sdk =
+        python.exists() && Command::new(&python).args(["-c", "import openai"]).status().is_ok_and(|s| s.success());
     if has_sdk {
         return Some(python);
     }

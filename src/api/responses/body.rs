@@ -121,7 +121,8 @@ mod tests {
     async fn read(chunks: Vec<&'static [u8]>) -> Vec<String> {
         let frames = chunks.into_iter().map(|c| Ok::<_, Infallible>(Frame::data(Bytes::from_static(c))));
         let inner = StreamBody::new(futures_util::stream::iter(frames));
-        let shape = Shape { model: "qwen".into(), tools: HashMap::new(), namespaces: HashMap::new(), echo: Echo::default() };
+        let shape =
+            Shape { model: "qwen".into(), tools: HashMap::new(), namespaces: HashMap::new(), echo: Echo::default() };
         let body = ResponsesBody::new(inner, Translator::new(shape));
         let bytes = body.collect().await.expect("body").to_bytes();
         let text = String::from_utf8(bytes.to_vec()).expect("utf-8");

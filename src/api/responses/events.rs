@@ -317,8 +317,9 @@ impl Translator {
         );
     }
 
-    /// One tool-call delta: `index` says which call it continues; without one (servers that
-    /// send each call whole), a new `id` is a new call and no id continues the last.
+    /// One tool-call delta, the `position`th of its chunk: `index` says which call it continues;
+    /// without one (servers that send each call whole), a new `id` is a new call, and no id
+    /// continues the last open call (a chunk's first) or is a new call (the others).
     fn call(&mut self, out: &mut Vec<u8>, position: usize, delta: CallDelta) {
         let calls = || self.items.iter().enumerate().filter(|(_, i)| !i.done);
         let found = calls().find_map(|(at, item)| match &item.body {
@@ -326,16 +327,17 @@ impl Translator {
                 let same = match (delta.index, &delta.id) {
                     (Some(index), _) => *key == index,
                     (None, Some(id)) => backend_id.as_ref() == Some(id),
-                    (None, None) => position == 0,
+                    (None, None) => false,
                 };
                 same.then_some(at)
             }
             _ => None,
         });
         let found = found.or_else(|| {
-            // No index and no id: the last open call goes on.
-            (delta.index.is_none() && delta.id.is_none())
-                .then(|| calls().filter(|(_, i)| matches!(i.body, Body::Call { .. })).map(|(at, _)| at).last())
+            // No index and no id: the last open call goes on (the first of a delta's calls: the
+            // others in the same delta are calls of their own).
+            (delta.index.is_none() && delta.id.is_none() && position == 0)
+                .then(|| calls().filter(|(_, i)| matches!(i.body, Body::Call { .. })).map(|(at, _)| at).next_back())
                 .flatten()
         });
         let function = delta.function.unwrap_or_default();
@@ -595,7 +597,8 @@ impl Translator {
                        "input": input})
             }
             Body::Call { kind: ToolKind::LocalShell, call_id, arguments, .. } => {
-                let action = if open { json!({"type": "exec", "command": [], "env": {}}) } else { shell_action(arguments) };
+                let action =
+                    if open { json!({"type": "exec", "command": [], "env": {}}) } else { shell_action(arguments) };
                 json!({"id": item.id, "type": "local_shell_call", "status": status, "call_id": call_id,
                        "action": action})
             }

@@ -217,7 +217,12 @@ fn tools(tools: Option<&Value>) -> Tools {
                     "required": ["command"],
                     "additionalProperties": false,
                 });
-                (LOCAL_SHELL, ToolKind::LocalShell, "Runs a shell command on the user's machine.".to_string(), parameters)
+                (
+                    LOCAL_SHELL,
+                    ToolKind::LocalShell,
+                    "Runs a shell command on the user's machine.".to_string(),
+                    parameters,
+                )
             }
             _ => continue,
         };
@@ -478,7 +483,13 @@ fn output_text(output: Option<&Value>) -> String {
 /// A reasoning item's text: its `reasoning_text` content, else its summary.
 fn reasoning_text(item: &Value) -> String {
     let of = |key: &str| -> String {
-        item.get(key).and_then(Value::as_array).into_iter().flatten().filter_map(part_text).collect::<Vec<_>>().join("\n")
+        item.get(key)
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter_map(part_text)
+            .collect::<Vec<_>>()
+            .join("\n")
     };
     let content = of("content");
     if content.is_empty() { of("summary") } else { content }
@@ -576,9 +587,7 @@ mod tests {
                 {"type": "item_reference", "id": "msg_1"},
             ],
         }));
-        let call = |id: &str, name: &str, arguments: &str| {
-            json!({"id": id, "type": "function", "function": {"name": name, "arguments": arguments}})
-        };
+        let call = |id: &str, name: &str, arguments: &str| json!({"id": id, "type": "function", "function": {"name": name, "arguments": arguments}});
         assert_eq!(
             fields["messages"],
             json!([
@@ -649,25 +658,31 @@ mod tests {
     #[test]
     fn tools_map_to_functions_where_they_can_and_are_dropped_otherwise() {
         let (fields, translated) = chat(json!({"model": "qwen", "input": "x", "parallel_tool_calls": false,
-            "tool_choice": {"type": "custom", "name": "apply_patch"},
-            "tools": [
-                {"type": "function", "name": "shell", "description": "Runs a command.", "strict": false,
-                 "parameters": {"type": "object", "properties": {"command": {"type": "array"}}}},
-                {"type": "function", "name": "no_parameters"},
-                {"type": "custom", "name": "apply_patch", "description": "Edits files.",
-                 "format": {"type": "grammar", "syntax": "lark", "definition": "start: begin_patch"}},
-                {"type": "local_shell"},
-                {"type": "web_search", "external_web_access": false},
-                {"type": "image_generation", "output_format": "png"},
-                {"type": "namespace", "name": "multi_agent_v1", "description": "d", "tools": [
-                    {"type": "function", "name": "close_agent", "parameters": {"type": "object", "properties": {}}}]},
-                {"type": "file_search", "vector_store_ids": []},
-            ]}));
+        "tool_choice": {"type": "custom", "name": "apply_patch"},
+        "tools": [
+            {"type": "function", "name": "shell", "description": "Runs a command.", "strict": false,
+             "parameters": {"type": "object", "properties": {"command": {"type": "array"}}}},
+            {"type": "function", "name": "no_parameters"},
+            {"type": "custom", "name": "apply_patch", "description": "Edits files.",
+             "format": {"type": "grammar", "syntax": "lark", "definition": "start: begin_patch"}},
+            {"type": "local_shell"},
+            {"type": "web_search", "external_web_access": false},
+            {"type": "image_generation", "output_format": "png"},
+            {"type": "namespace", "name": "multi_agent_v1", "description": "d", "tools": [
+                {"type": "function", "name": "close_agent", "parameters": {"type": "object", "properties": {}}}]},
+            {"type": "file_search", "vector_store_ids": []},
+        ]}));
         let tools = fields["tools"].as_array().expect("tools");
         let names: Vec<&Value> = tools.iter().map(|t| &t["function"]["name"]).collect();
         assert_eq!(
             names,
-            [&json!("shell"), &json!("no_parameters"), &json!("apply_patch"), &json!("local_shell"), &json!("close_agent")]
+            [
+                &json!("shell"),
+                &json!("no_parameters"),
+                &json!("apply_patch"),
+                &json!("local_shell"),
+                &json!("close_agent")
+            ]
         );
         assert!(tools.iter().all(|t| t["type"] == "function"));
         assert_eq!(tools[0]["function"]["parameters"]["properties"]["command"]["type"], "array");
@@ -696,7 +711,8 @@ mod tests {
 
     #[test]
     fn tool_choice_modes_and_names() {
-        let kinds = HashMap::from([("f".to_string(), ToolKind::Function), (LOCAL_SHELL.to_string(), ToolKind::LocalShell)]);
+        let kinds =
+            HashMap::from([("f".to_string(), ToolKind::Function), (LOCAL_SHELL.to_string(), ToolKind::LocalShell)]);
         assert_eq!(tool_choice(&json!("auto"), &kinds), Some(json!("auto")));
         assert_eq!(tool_choice(&json!("required"), &kinds), Some(json!("required")));
         assert_eq!(tool_choice(&json!("none"), &kinds), Some(json!("none")));

@@ -16,7 +16,12 @@ fn shape() -> Shape {
         ("apply_patch".to_string(), ToolKind::Custom),
         ("local_shell".to_string(), ToolKind::LocalShell),
     ]);
-    Shape { model: "qwen".into(), tools, namespaces: HashMap::from([("close_agent".to_string(), "multi_agent_v1".to_string())]), echo: Echo::default() }
+    Shape {
+        model: "qwen".into(),
+        tools,
+        namespaces: HashMap::from([("close_agent".to_string(), "multi_agent_v1".to_string())]),
+        echo: Echo::default(),
+    }
 }
 
 /// The events (`data` as JSON) the translation sends for a chat stream's events, checking on
@@ -78,7 +83,8 @@ fn finish(reason: &str, usage: Option<Value>) -> Value {
 }
 
 fn usage(prompt: u64, completion: u64, cached: Option<u64>) -> Value {
-    let mut usage = json!({"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion});
+    let mut usage =
+        json!({"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion});
     if let Some(cached) = cached {
         usage["prompt_tokens_details"] = json!({"cached_tokens": cached});
     }
@@ -438,4 +444,22 @@ fn a_whole_completion_is_one_response_object() {
 
     assert!(whole(shape(), b"{\"data\": []}").is_none());
     assert!(whole(shape(), b"not json").is_none());
+}
+
+#[test]
+fn calls_without_index_or_id_continue_the_last_one_or_are_new_in_the_same_chunk() {
+    let events = run(&[
+        delta(json!({"tool_calls": [{"function": {"name": "shell", "arguments": "{\"a\""}}]})),
+        delta(json!({"tool_calls": [{"function": {"arguments": ":1}"}}]})),
+        delta(
+            json!({"tool_calls": [{"function": {"arguments": ""}}, {"function": {"name": "get_weather", "arguments": "{}"}}]}),
+        ),
+        finish("tool_calls", None),
+    ]);
+    check_sequence(&events);
+    let done: Vec<Value> =
+        events.iter().filter(|e| e["type"] == "response.output_item.done").map(|e| e["item"].clone()).collect();
+    assert_eq!(done.len(), 2);
+    assert_eq!(done[0]["arguments"], "{\"a\":1}");
+    assert_eq!(done[1]["name"], "get_weather");
 }
