@@ -149,3 +149,101 @@ async fn the_openai_sdk_creates_and_streams_responses_and_round_trips_a_tool_cal
     assert_eq!(messages[1]["tool_calls"][0]["id"], call_id);
     assert_eq!(messages[2], json!({"role": "tool", "tool_call_id": call_id, "content": "Sunny, 21 C"}));
 }
+
+/// Validates strictly every event of one streamed request per case (`argv[2]`: a JSON list of
+/// `[name, request]`), and the whole `response` object of the same request unstreamed; prints
+/// each case's event types and final status.
+const STRICT_SCRIPT: &str = r#"
+import json, sys
+import openai
+from pydantic import TypeAdapter
+from openai import OpenAI
+from openai.types.responses import Response, ResponseStreamEvent
+
+client = OpenAI(base_url=sys.argv[1], api_key="unused", max_retries=0, timeout=120.0)
+adapter = TypeAdapter(ResponseStreamEvent)
+out = {}
+for name, body in json.loads(sys.argv[2]):
+    kinds, last = [], None
+    with client.responses.with_streaming_response.create(stream=True, **body) as r:
+        event_name = None
+        for line in r.iter_lines():
+            if line.startswith("event: "):
+                event_name = line[len("event: "):]
+            elif line.startswith("data: "):
+                event = adapter.validate_json(line[len("data: "):])
+                assert event.type == event_name, (event.type, event_name)
+                kinds.append(event.type)
+                last = event
+    try:
+        raw = client.responses.with_raw_response.create(**body)
+        whole_status = Response.model_validate_json(raw.http_response.text).status
+    except openai.APIStatusError as e:
+        # A whole answer that fails fails before its headers: an HTTP error, OpenAI-shaped.
+        whole_status = f"http {e.status_code}: {e.body['message'] if isinstance(e.body, dict) else e.body}"
+    out[name] = {"types": kinds, "status": last.response.status, "whole_status": whole_status,
+                 "items": [item.type for item in last.response.output]}
+print(json.dumps(out))
+"#;
+
+#[tokio::test]
+async fn every_kind_of_event_validates_against_the_sdk_s_types() {
+    let Some(python) = agents_python() else { return };
+    let patch = "*** Begin Patch\n*** Add File: a.txt\n+a\n*** End Patch\n";
+    let custom: Script = serde_json::from_value(json!({"turns": [
+        {"calls": [{"tool": "apply_patch", "arguments": {"input": patch}}, {"tool": "local_shell", "arguments": {"command": ["ls"]}}]},
+    ]}))
+    .expect("script");
+    let reasoning: Behaviour =
+        serde_json::from_value(json!({"content_field": "reasoning_content"})).expect("behaviour");
+    let sims = [
+        sim::spawn(SimConfig { script: Some(custom), ..Default::default() }).await.expect("sim"),
+        sim_with(reasoning).await,
+        sim_with(Behaviour { tokens: Some(20), ..Default::default() }).await,
+        sim_with(Behaviour { tokens: Some(8), drop_after: Some(2), ..Default::default() }).await,
+    ];
+    let names = ["custom", "reasoning", "cut", "broken"];
+    let backends: String = names
+        .iter()
+        .zip(&sims)
+        .map(|(name, sim)| format!("  {name}: {{url: '{}', max_concurrency: 4}}\n", sim.url()))
+        .collect();
+    let models: String = names.iter().map(|name| format!("  {name}: {{backend: {name}}}\n")).collect();
+    let gw = gateway(&format!("backends:\n{backends}models:\n{models}")).await;
+    let tools = json!([
+        {"type": "custom", "name": "apply_patch", "description": "Edits files.",
+         "format": {"type": "grammar", "syntax": "lark", "definition": "start: \"*** Begin Patch\""}},
+        {"type": "local_shell"},
+    ]);
+    let cases = json!([
+        ["custom", {"model": "custom", "input": "edit", "tools": tools}],
+        ["reasoning", {"model": "reasoning", "input": "think"}],
+        ["cut", {"model": "cut", "input": "talk", "max_output_tokens": 3}],
+        ["broken", {"model": "broken", "input": "talk"}],
+    ]);
+    let (base_url, cases) = (gw.url("/v1"), cases.to_string());
+    let output = tokio::task::spawn_blocking(move || {
+        Command::new(python).args(["-c", STRICT_SCRIPT, &base_url, &cases]).output().expect("python runs")
+    })
+    .await
+    .expect("joined");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "the SDK refused an event:\n{stderr}");
+    let seen: Value = serde_json::from_slice(&output.stdout).expect("the script's JSON");
+    let has = |case: &str, kind: &str| seen[case]["types"].as_array().is_some_and(|t| t.contains(&json!(kind)));
+
+    assert_eq!(seen["custom"]["items"], json!(["custom_tool_call", "local_shell_call"]), "{seen}");
+    assert!(has("custom", "response.custom_tool_call_input.done"), "{seen}");
+    assert_eq!(seen["custom"]["status"], "completed");
+    assert_eq!(seen["reasoning"]["items"], json!(["reasoning"]), "{seen}");
+    assert!(has("reasoning", "response.reasoning_text.delta") && has("reasoning", "response.reasoning_text.done"));
+    assert_eq!(seen["cut"]["status"], "incomplete");
+    assert_eq!(seen["cut"]["whole_status"], "incomplete");
+    assert!(has("cut", "response.completed"));
+    assert_eq!(seen["broken"]["status"], "failed");
+    assert!(has("broken", "response.failed") && !has("broken", "response.completed"));
+    assert!(
+        seen["broken"]["whole_status"].as_str().is_some_and(|s| s.starts_with("http 502: Backend `broken` failed")),
+        "{seen}"
+    );
+}
