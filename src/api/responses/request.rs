@@ -759,4 +759,22 @@ mod recorded {
             assert!(fields.get(dropped).is_none(), "{dropped} reached the backend");
         }
     }
+
+    /// Its second request: the call it made and the call's output, sent back.
+    #[test]
+    fn codex_s_recorded_second_turn_translates_into_a_tool_call_and_a_tool_message() {
+        let body = include_str!("../../../tests/data/agents/codex-responses-turn2.json");
+        let translated = translate(body.as_bytes()).expect("translated");
+        let fields = serde_json::to_value(&translated.fields).expect("encode");
+        let messages = fields["messages"].as_array().expect("messages");
+        let roles: Vec<&str> = messages.iter().filter_map(|m| m["role"].as_str()).collect();
+        assert_eq!(roles, ["system", "user", "user", "assistant", "tool"]);
+        let call = &messages[3]["tool_calls"][0];
+        assert_eq!(call["id"], "call_1");
+        assert_eq!(call["function"]["name"], "exec_command");
+        assert_eq!(call["function"]["arguments"], "{\"cmd\": \"echo sim-tool-result-5c1e | tee tool-output.txt\"}");
+        assert_eq!(messages[3]["content"], "");
+        assert_eq!(messages[4]["tool_call_id"], "call_1");
+        assert!(messages[4]["content"].as_str().is_some_and(|c| c.ends_with("sim-tool-result-5c1e\n")));
+    }
 }
