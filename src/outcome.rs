@@ -98,6 +98,10 @@ pub struct RequestRecord {
     pub backend: String,
     /// The configured client name, or `anonymous`.
     pub client: String,
+    /// The conversation the request belongs to, when the client names it (the Responses API's
+    /// `prompt_cache_key`: Codex's session id), for routing a conversation to the backend that
+    /// holds its prompt cache.
+    pub conversation: Option<String>,
     /// When the gateway received the request.
     pub arrived: Instant,
     finished: bool,
@@ -114,10 +118,6 @@ pub struct RequestRecord {
     /// The estimate of the prompt last sent (a map-reduce's reduce), charged for it when the
     /// backend does not tell its count; `None`: the up-front charge stands.
     prompt_estimate: Option<u64>,
-    /// The conversation the request belongs to, when the client names it (the Responses API's
-    /// `prompt_cache_key`: Codex's session id), for routing a conversation to the backend that
-    /// holds its prompt cache.
-    pub conversation: Option<String>,
 }
 
 impl RequestRecord {
@@ -128,6 +128,7 @@ impl RequestRecord {
             model: String::new(),
             backend: String::new(),
             client: ANONYMOUS.to_string(),
+            conversation: None,
             arrived: Instant::now(),
             finished: false,
             admission: None,
@@ -135,7 +136,6 @@ impl RequestRecord {
             pieces_used: AtomicU64::new(0),
             sent: Arc::default(),
             prompt_estimate: None,
-            conversation: None,
         }
     }
 
@@ -202,6 +202,7 @@ impl RequestRecord {
             model: self.model.clone(),
             backend: self.backend.clone(),
             client: self.client.clone(),
+            conversation: self.conversation.clone(),
             arrived: self.arrived,
             finished: self.finished,
             admission: self.admission.take(),
@@ -209,7 +210,6 @@ impl RequestRecord {
             pieces_used: AtomicU64::new(self.pieces_used.swap(0, Ordering::Relaxed)),
             sent: Arc::clone(&self.sent),
             prompt_estimate: self.prompt_estimate,
-            conversation: self.conversation.clone(),
         };
         self.finished = true;
         taken
