@@ -98,6 +98,10 @@ pub struct RequestRecord {
     pub backend: String,
     /// The configured client name, or `anonymous`.
     pub client: String,
+    /// The conversation the request belongs to, when the client names it (the Responses API's
+    /// `prompt_cache_key`: Codex's session id), for routing a conversation to the backend that
+    /// holds its prompt cache.
+    pub conversation: Option<String>,
     /// When the gateway received the request.
     pub arrived: Instant,
     finished: bool,
@@ -124,6 +128,7 @@ impl RequestRecord {
             model: String::new(),
             backend: String::new(),
             client: ANONYMOUS.to_string(),
+            conversation: None,
             arrived: Instant::now(),
             finished: false,
             admission: None,
@@ -197,6 +202,7 @@ impl RequestRecord {
             model: self.model.clone(),
             backend: self.backend.clone(),
             client: self.client.clone(),
+            conversation: self.conversation.clone(),
             arrived: self.arrived,
             finished: self.finished,
             admission: self.admission.take(),

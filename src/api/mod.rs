@@ -5,6 +5,7 @@ pub mod admin;
 mod chunk;
 mod fit;
 pub mod openai;
+pub mod responses;
 
 use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
@@ -168,6 +169,7 @@ pub fn app(state: Arc<AppState>) -> Router {
         .route("/v1/chat/completions", post(openai::proxy))
         .route("/v1/completions", post(openai::proxy))
         .route("/v1/embeddings", post(openai::proxy))
+        .route("/v1/responses", post(responses::create))
         .route("/v1/models", get(openai::list_models))
         .route("/health", get(admin::health))
         .route("/ready", get(admin::ready))

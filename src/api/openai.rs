@@ -61,13 +61,29 @@ const MAX_ERROR_BODY: usize = 1 << 20;
 /// first bytes gets 503 `gateway_shutdown` (nothing is sent to a backend after that); a stream
 /// is ended by its meter.
 pub async fn proxy(State(state): State<Arc<AppState>>, request: Request) -> Response {
+    serve(&state, request, |bytes, _| {
+        serde_json::from_slice(bytes)
+            .map_err(|e| GatewayError::invalid(format!("The request body is not a JSON object: {e}."), None))
+    })
+    .await
+}
+
+/// The pipeline every face shares, for `request` at an OpenAI path. `read` turns the client's
+/// body into the fields of the OpenAI request served (the chat face: the body as it is; the
+/// Responses face: its translation, which may also note the request's conversation on the
+/// record); its error is the client's 400.
+pub(crate) async fn serve(
+    state: &Arc<AppState>,
+    request: Request,
+    read: impl FnOnce(&[u8], &mut RequestRecord) -> Result<RawBody, GatewayError> + Send,
+) -> Response {
     let mut record = RequestRecord::new(state.metrics.clone());
     let cut = state.cutoff.notified();
     let forwarded = if state.cutoff.is_cut() {
         Err(GatewayError::ShuttingDown)
     } else {
         tokio::select! {
-            forwarded = forward(&state, request, &mut record) => forwarded,
+            forwarded = forward(state, request, &mut record, read) => forwarded,
             () = cut => Err(GatewayError::ShuttingDown),
         }
     };
@@ -123,6 +139,7 @@ async fn forward(
     state: &Arc<AppState>,
     request: Request,
     record: &mut RequestRecord,
+    read: impl FnOnce(&[u8], &mut RequestRecord) -> Result<RawBody, GatewayError>,
 ) -> Result<Forwarded, GatewayError> {
     let (parts, body) = request.into_parts();
     // One snapshot of keys and clients for the whole request, whatever a reload does meanwhile.
@@ -133,8 +150,7 @@ async fn forward(
     // A client with a token limit: the body's fingerprint, to refuse the same body again
     // before it is counted once its token rate refused it.
     let fingerprint = state.limiter.limits_of(caller.name()).tpm.is_some().then(|| body_fingerprint(&bytes));
-    let mut fields: RawBody = serde_json::from_slice(&bytes)
-        .map_err(|e| GatewayError::invalid(format!("The request body is not a JSON object: {e}."), None))?;
+    let mut fields = read(&bytes, record)?;
     drop(bytes);
     let model = requested_model(&fields)?;
     // A model the client may not use is, to it, one that does not exist: the same 404.

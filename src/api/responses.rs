@@ -1,0 +1,82 @@
+//! `POST /v1/responses`: the Responses API face. A request is translated onto the backend's
+//! chat completions (`request`) and goes through the chat face's own pipeline
+//! ([`openai::serve`]: auth, body limits, rate limits, the context cap, queue, send, retry,
+//! the stream meter, metrics, the outcome); its answer is translated back (`events`), a
+//! stream event by event as the metered chat stream delivers them (`body`), a whole answer as
+//! one `response` object. Refusals and backend errors keep OpenAI's error shape, which the
+//! Responses API shares.
+//!
+//! Only stateless requests are served: `store: true`, `previous_response_id` and
+//! `conversation` get a 400 (Codex sends `store: false` and the whole conversation each turn).
+
+mod body;
+mod events;
+mod request;
+
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::{HeaderValue, Uri, header};
+use axum::response::Response;
+use http_body_util::BodyExt;
+
+use super::AppState;
+use super::openai;
+use body::ResponsesBody;
+use events::Translator;
+use request::Shape;
+
+/// The chat endpoint a Responses request is served as.
+const CHAT_PATH: &str = "/v1/chat/completions";
+
+/// POST `/v1/responses`.
+pub async fn create(State(state): State<Arc<AppState>>, mut request: Request) -> Response {
+    // The pipeline serves it as the chat completion it becomes (the context cap counts its
+    // messages; the backend gets it at its chat path).
+    *request.uri_mut() = Uri::from_static(CHAT_PATH);
+    let mut shape = None;
+    let response = openai::serve(&state, request, |bytes, record| {
+        let translated = request::translate(bytes)?;
+        if let Some(key) = translated.session {
+            record.conversation = Some(key);
+        }
+        shape = Some(translated.shape);
+        Ok(translated.fields)
+    })
+    .await;
+    match shape {
+        Some(shape) if response.status().is_success() => answer(response, shape).await,
+        // A refusal (here or by the backend): OpenAI's error body, as the Responses API has it.
+        _ => response,
+    }
+}
+
+/// The client's answer: a chat stream wrapped in the Responses events, a whole chat
+/// completion as one `response` object.
+async fn answer(response: Response, shape: Shape) -> Response {
+    let (mut parts, body) = response.into_parts();
+    let sse = parts
+        .headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("text/event-stream"));
+    parts.headers.remove(header::CONTENT_LENGTH);
+    if sse {
+        let stream = ResponsesBody::new(body, Translator::new(shape));
+        return Response::from_parts(parts, Body::new(stream));
+    }
+    // A whole answer is already read (and recorded) by the pipeline: collecting it copies
+    // memory, it waits on nothing.
+    let Ok(collected) = body.collect().await else {
+        return Response::from_parts(parts, Body::empty());
+    };
+    let bytes = collected.to_bytes();
+    match events::whole(shape, &bytes) {
+        Some(object) => {
+            parts.headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+            Response::from_parts(parts, Body::from(object.to_string()))
+        }
+        None => Response::from_parts(parts, Body::from(bytes)),
+    }
+}
