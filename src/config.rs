@@ -59,6 +59,8 @@ pub struct Config {
     pub admin_key: Option<KeyHash>,
     /// Where rate-limit state lives (default: memory).
     pub rate_limit_store: RateLimitStore,
+    /// Whether each request's access-log line is written (`access_log:`, default true).
+    pub access_log: bool,
 }
 
 /// An OpenAI-compatible server the gateway forwards to.
@@ -226,6 +228,7 @@ struct RawConfig {
     header_read_timeout: Option<RawDuration>,
     max_connections_per_client: Option<usize>,
     body_read_timeout: Option<RawDuration>,
+    access_log: Option<bool>,
     #[serde(default)]
     backends: BTreeMap<String, Value>,
     #[serde(default)]
@@ -664,6 +667,7 @@ fn validate(raw: RawConfig, problems: &mut Vec<Problem>) -> Option<Config> {
         default_limits: access.default_limits,
         admin_key: access.admin_key,
         rate_limit_store: access.rate_limit_store,
+        access_log: raw.access_log.unwrap_or(true),
     })
 }
 

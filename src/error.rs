@@ -1,6 +1,11 @@
 //! `GatewayError`: every failure a client can see. One `match` decides the HTTP status, the
 //! OpenAI-shaped body `{"error": {"message", "type", "param", "code"}}` and the metric label,
 //! so the three never disagree (DESIGN.md, "Errors clients see").
+//!
+//! Every error body the gateway makes carries the request's id as an extra member of `error`,
+//! `request_id` (the OpenAI SDKs keep members they do not know; the message stays OpenAI's own
+//! words, which clients match on): the access layer adds it to a response that carries an
+//! [`ErrorBody`], and a stream's final error event is made with [`GatewayError::sse_event_for`].
 
 use std::time::Duration;
 
@@ -173,6 +178,30 @@ impl GatewayError {
     pub fn sse_event(&self) -> Bytes {
         Bytes::from(format!("data: {}\n\n", self.body()))
     }
+
+    /// [`sse_event`](Self::sse_event) with the request's id in the error.
+    pub fn sse_event_for(&self, request_id: &str) -> Bytes {
+        let mut body = self.body();
+        with_request_id(&mut body, request_id);
+        Bytes::from(format!("data: {body}\n\n"))
+    }
+}
+
+/// An OpenAI-shaped error body the gateway made, kept in its response's extensions so that the
+/// access layer can add the request's id (and read the outcome of a request no API handler
+/// recorded).
+#[derive(Debug, Clone)]
+pub struct ErrorBody {
+    pub body: serde_json::Value,
+    /// The `outcome` label of the failure.
+    pub outcome: &'static str,
+}
+
+/// Adds `request_id` to an OpenAI error body's `error` object (nothing when it has none).
+pub fn with_request_id(body: &mut serde_json::Value, request_id: &str) {
+    if let Some(error) = body.get_mut("error").and_then(serde_json::Value::as_object_mut) {
+        error.insert("request_id".into(), serde_json::Value::from(request_id));
+    }
 }
 
 /// What is wrong with the key of a refused request.
@@ -311,7 +340,10 @@ fn describe_detail(detail: &serde_json::Value) -> (String, Option<String>) {
 
 impl IntoResponse for GatewayError {
     fn into_response(self) -> Response {
-        let mut response = (self.status(), axum::Json(self.body())).into_response();
+        let body = self.body();
+        let mut response = (self.status(), axum::Json(&body)).into_response();
+        let outcome = crate::outcome::Outcome::from(&self).label();
+        response.extensions_mut().insert(ErrorBody { body, outcome });
         if matches!(self, GatewayError::BodyTooLarge { .. } | GatewayError::BodyTimeout { .. }) {
             // The body was not read: the connection cannot carry another request.
             response.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
