@@ -315,7 +315,7 @@ mod tests {
             assert_eq!(model_span(none), None, "{none}");
         }
         let error = r#"{"model":"m","error":{"message":"boom"}}"#;
-        assert_eq!(read(error).and_then(|s| s.model), Some(8..11));
+        assert_eq!(read(error).and_then(|s| s.model), Some(9..12));
     }
 
     #[test]

@@ -1091,6 +1091,56 @@ mod tests {
         (figures, String::from_utf8(sent).expect("utf8"))
     }
 
+    /// What the client gets of `chunks` with the public name `model`, whole and in every split
+    /// in two (the same each time).
+    fn named_output(normalise: StreamNormalise, model: &str, chunks: &[String]) -> String {
+        let run = |pieces: &[&str]| {
+            let mut forward = Forward::new(normalise).naming(model);
+            let mut figures = StreamFigures::default();
+            for piece in pieces {
+                forward.observe(&mut figures, Bytes::from(piece.to_string()), true);
+            }
+            forward.finish(&mut figures, true);
+            let sent: Vec<u8> = forward.out.iter().flat_map(|b| b.iter().copied()).collect();
+            String::from_utf8(sent).expect("utf8")
+        };
+        let all = chunks.concat();
+        let whole = run(&[&all]);
+        for cut in 0..=all.len() {
+            assert_eq!(run(&[&all[..cut], &all[cut..]]), whole, "cut at {cut}");
+        }
+        whole
+    }
+
+    #[test]
+    fn every_event_names_the_public_model_in_any_split_and_normalisation() {
+        let event = |rest: &str| format!("data: {{\"id\":\"c\",\"model\":\"/path/on/disk/tiny-qwen3\",{rest}}}\n\n");
+        let chunks = [
+            ROLE.to_string(),
+            event(r#""choices":[{"index":0,"delta":{"content":"a"}}]"#),
+            event(r#""choices":[{"index":0,"delta":{"content":"b"}}]"#),
+            event(r#""choices":[{"index":0,"delta":{},"finish_reason":"stop"}]"#).replace("\n\n", "\r\n\r\n"),
+            event(r#""choices":[],"usage":{"prompt_tokens":3,"completion_tokens":2}"#),
+            "data: [DONE]\n\n".to_string(),
+        ];
+        let single = StreamNormalise { single_finish: true, length_at: Some(2), hold_abandoned: false };
+        for normalise in [StreamNormalise::default(), single] {
+            let sent = named_output(normalise, "qwen", &chunks);
+            assert!(!sent.contains("/path/on/disk"), "{sent}");
+            let events = sent.matches("data: ").count();
+            assert_eq!(sent.matches(r#""model":"qwen""#).count(), events - 2, "all but role and [DONE]: {sent}");
+            assert!(sent.contains(r#""content":"a""#) && sent.ends_with("data: [DONE]\n\n"), "{sent}");
+        }
+        // A name that is already the public one: the backend's own bytes, untouched.
+        let public: Vec<String> = chunks.iter().map(|c| c.replace("/path/on/disk/tiny-qwen3", "qwen")).collect();
+        assert_eq!(named_output(StreamNormalise::default(), "qwen", &public), public.concat());
+        // The last event without its blank line is renamed too.
+        let unended = [event(r#""choices":[{"index":0,"delta":{"content":"a"},"finish_reason":"stop"}]"#)
+            .trim_end()
+            .to_string()];
+        assert!(named_output(StreamNormalise::default(), "q\"x", &unended).contains(r#""model":"q\"x""#));
+    }
+
     /// Every split of `chunks`' bytes in two gives the same output as the whole.
     fn same_for_every_split(normalise: StreamNormalise, chunks: &[&str], wants_usage: bool) -> String {
         let all = chunks.concat();
