@@ -218,7 +218,9 @@ pub struct Ending<'a> {
 }
 
 /// Writes `line` (when enabled) as one event at `info` under `mlxgate::access`, outside any
-/// span (the request's span would add its URI, query included). A request with no status
+/// span in text (the request's span is in JSON lines: tracing-subscriber's JSON writer adds the
+/// current span to every event). Fields that are unknown or empty (model and backend of a
+/// request never routed) are left out. A request with no status
 /// (the client left before the headers) is logged with 499, nginx's status for it.
 pub fn write(line: &AccessLine, end: &Ending<'_>) {
     if !line.enabled {
@@ -236,8 +238,8 @@ pub fn write(line: &AccessLine, end: &Ending<'_>) {
         face = %line.face.as_str(),
         status = line.status.unwrap_or(499),
         outcome = %end.outcome,
-        model,
-        backend = %end.backend,
+        model = (!model.is_empty()).then_some(model),
+        backend = (!end.backend.is_empty()).then(|| tracing::field::display(end.backend)),
         client = %end.client,
         duration_ms = rounded(end.duration),
         queue_ms = line.queue_wait.map(rounded),
@@ -263,7 +265,8 @@ mod tests {
         assert_eq!(id_of(b"trace-42/abc:1"), "trace-42/abc:1");
         let long = "x".repeat(MAX_CLIENT_ID);
         assert_eq!(id_of(long.as_bytes()), long);
-        for bad in [&b"has space"[..], b"quote\"d", b"back\\slash", b"tab\there", &[b'x'; MAX_CLIENT_ID + 1], b"\xc3\xa9"]
+        for bad in
+            [&b"has space"[..], b"quote\"d", b"back\\slash", b"tab\there", &[b'x'; MAX_CLIENT_ID + 1], b"\xc3\xa9"]
         {
             let id = id_of(bad);
             assert!(id.starts_with("req_") && id.len() == 36, "{bad:?} → {id}");
@@ -273,7 +276,8 @@ mod tests {
 
     #[test]
     fn generated_ids_are_hex_and_distinct() {
-        let ids: std::collections::HashSet<String> = (0..10_000).map(|_| RequestId::new().as_str().to_string()).collect();
+        let ids: std::collections::HashSet<String> =
+            (0..10_000).map(|_| RequestId::new().as_str().to_string()).collect();
         assert_eq!(ids.len(), 10_000);
         assert!(ids.iter().all(|id| id.len() == 36 && id[4..].bytes().all(|b| b.is_ascii_hexdigit())));
     }

@@ -37,7 +37,7 @@ enum Command {
         config: PathBuf,
         /// Write no access-log line (one per request, target `mlxgate::access`), whatever
         /// gateway.yaml's `access_log` says.
-        #[arg(long)]
+        #[arg(long, env = "MLXGATE_NO_ACCESS_LOG")]
         no_access_log: bool,
     },
     /// Validate a configuration file and list every problem in it.

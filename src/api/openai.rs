@@ -143,14 +143,10 @@ async fn forward(
     drop(bytes);
     let model = requested_model(&fields)?;
     // A model the client may not use is, to it, one that does not exist: the same 404.
-    let route = state
-        .dispatch
-        .route(&model)
-        .filter(|_| caller.may_use(&access, &model))
-        .ok_or_else(|| {
-            record.asked(&model);
-            GatewayError::ModelNotFound(model.clone())
-        })?;
+    let route = state.dispatch.route(&model).filter(|_| caller.may_use(&access, &model)).ok_or_else(|| {
+        record.asked(&model);
+        GatewayError::ModelNotFound(model.clone())
+    })?;
     record.routed(&model, &route.backend.config.name);
     // A client at its concurrency, or still refused by its rate, is refused before its prompt
     // is counted (the costly part of a refusal).

@@ -1135,9 +1135,8 @@ mod tests {
         let public: Vec<String> = chunks.iter().map(|c| c.replace("/path/on/disk/tiny-qwen3", "qwen")).collect();
         assert_eq!(named_output(StreamNormalise::default(), "qwen", &public), public.concat());
         // The last event without its blank line is renamed too.
-        let unended = [event(r#""choices":[{"index":0,"delta":{"content":"a"},"finish_reason":"stop"}]"#)
-            .trim_end()
-            .to_string()];
+        let unended =
+            [event(r#""choices":[{"index":0,"delta":{"content":"a"},"finish_reason":"stop"}]"#).trim_end().to_string()];
         assert!(named_output(StreamNormalise::default(), "q\"x", &unended).contains(r#""model":"q\"x""#));
     }
 
