@@ -475,6 +475,29 @@ mod tests {
     }
 
     #[test]
+    fn the_request_id_goes_into_the_error_object_and_the_stream_event() {
+        let e = GatewayError::ModelNotFound("x".into());
+        let event = e.sse_event_for("req_1");
+        let data = std::str::from_utf8(&event).ok().and_then(|t| t.strip_prefix("data: ")).expect("an event");
+        let body: serde_json::Value = serde_json::from_str(data.trim_end()).expect("json");
+        assert_eq!(body["error"]["request_id"], "req_1");
+        assert_eq!(body["error"]["message"], e.body()["error"]["message"], "OpenAI's words unchanged");
+        let response = GatewayError::RateLimited(Box::new(crate::limits::Denied {
+            limit: Limit::Rpm,
+            retry_after: None,
+            headers: axum::http::HeaderMap::new(),
+            message: "over".into(),
+        }))
+        .into_response();
+        let kept = response.extensions().get::<ErrorBody>().expect("the body is kept for the access layer");
+        assert_eq!(kept.outcome, "rate_limited");
+        assert_eq!(kept.body["error"]["code"], "rate_limit_exceeded");
+        let mut not_openai = json!({"detail": "x"});
+        with_request_id(&mut not_openai, "r");
+        assert_eq!(not_openai, json!({"detail": "x"}), "a body without an error object is left alone");
+    }
+
+    #[test]
     fn model_not_found_uses_openai_wording() {
         let e = GatewayError::ModelNotFound("gpt-9".into());
         assert_eq!(e.status(), StatusCode::NOT_FOUND);

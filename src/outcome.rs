@@ -382,6 +382,49 @@ mod tests {
 }
 
 #[cfg(test)]
+mod access_tests {
+    use http::Method;
+
+    use super::*;
+
+    fn ok(m: &Metrics) -> u64 {
+        m.requests.with_label_values(&["", "", "anonymous", "ok"]).get()
+    }
+
+    #[test]
+    fn an_operator_request_is_not_counted_and_one_an_api_handler_took_is() {
+        let m = Metrics::new();
+        let line = AccessLine::new(false, RequestId::new(), Method::GET, "/health");
+        RequestRecord::at_arrival(m.clone(), line.clone()).finish(Outcome::Ok);
+        drop(RequestRecord::at_arrival(m.clone(), line.clone()));
+        assert_eq!(ok(&m), 0);
+        assert_eq!(m.requests.with_label_values(&["", "", "anonymous", "client_closed"]).get(), 0);
+        let mut taken = RequestRecord::at_arrival(m.clone(), line);
+        taken.metered();
+        taken.finish(Outcome::Ok);
+        assert_eq!(ok(&m), 1);
+    }
+
+    #[test]
+    fn a_piece_carries_its_requests_id_and_a_taken_record_leaves_nothing_behind() {
+        let m = Metrics::new();
+        let id = RequestId::new();
+        let mut record = RequestRecord::at_arrival(
+            m.clone(),
+            AccessLine::new(false, id.clone(), Method::POST, "/v1/chat/completions"),
+        );
+        record.responded(200);
+        let piece = record.piece();
+        assert_eq!(piece.request_id(), &id);
+        assert!(piece.access.piece && piece.access.status.is_none());
+        let taken = record.take();
+        assert_eq!(taken.request_id(), &id);
+        assert_eq!(taken.access.status, Some(200));
+        assert!(record.finished && !record.access.enabled, "the spent record writes no line");
+    }
+}
+
+#[cfg(test)]
 mod charge_tests {
     //! The settlement of a request's admission, on the memory store with a clock that does not
     //! move (no refill between the charge and the reading).
