@@ -1060,6 +1060,14 @@ models:
 ";
 
     #[test]
+    fn the_access_log_is_on_unless_switched_off() {
+        assert!(Config::parse(GOOD, &no_env).expect("valid").access_log);
+        let off = format!("access_log: false\n{GOOD}");
+        assert!(!Config::parse(&off, &no_env).expect("valid").access_log);
+        assert!(!problems(&format!("access_log: maybe\n{GOOD}")).is_empty());
+    }
+
+    #[test]
     fn parses_the_documented_shape_with_defaults() {
         let c = Config::parse(GOOD, &no_env).expect("valid");
         assert_eq!(c.listen.port(), 9000);
