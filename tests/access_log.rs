@@ -454,8 +454,21 @@ async fn plain_lines_are_key_value_and_the_log_can_be_turned_off() {
         assert_eq!(response.status(), c.status, "{:?}", c.id);
         let _ = text_of(response).await;
     }
-    let logged = wait_for_lines(&lines, parse_plain, calls.len()).await;
-    assert_eq!(logged.len(), calls.len(), "{logged:#?}");
+    // A client that gives up before the answer's headers: no status was sent (499, nginx's).
+    let gone = client()
+        .post(format!("{}/v1/chat/completions", gw.url))
+        .bearer_auth(KEY)
+        .header("x-request-id", "pl-gone")
+        .timeout(std::time::Duration::from_millis(300))
+        .json(&chat_body("qwen", false, json!({"hang": true})))
+        .send()
+        .await;
+    assert!(gone.is_err_and(|e| e.is_timeout()));
+    let logged = wait_for_lines(&lines, parse_plain, calls.len() + 1).await;
+    assert_eq!(logged.len(), calls.len() + 1, "{logged:#?}");
+    let gone = lines_of(&logged, "pl-gone").0;
+    assert_eq!(gone.len(), 1);
+    assert_eq!((gone[0]["status"].as_u64(), text(gone[0], "outcome").as_str()), (Some(499), "client_closed"));
     for c in &calls {
         let id = c.id.expect("id");
         let (mine, _) = lines_of(&logged, id);
