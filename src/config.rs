@@ -59,6 +59,8 @@ pub struct Config {
     pub admin_key: Option<KeyHash>,
     /// Where rate-limit state lives (default: memory).
     pub rate_limit_store: RateLimitStore,
+    /// Whether each request's access-log line is written (`access_log:`, default true).
+    pub access_log: bool,
 }
 
 /// An OpenAI-compatible server the gateway forwards to.
@@ -232,6 +234,7 @@ struct RawConfig {
     header_read_timeout: Option<RawDuration>,
     max_connections_per_client: Option<usize>,
     body_read_timeout: Option<RawDuration>,
+    access_log: Option<bool>,
     #[serde(default)]
     backends: BTreeMap<String, Value>,
     #[serde(default)]
@@ -678,6 +681,7 @@ fn validate(raw: RawConfig, problems: &mut Vec<Problem>) -> Option<Config> {
         default_limits: access.default_limits,
         admin_key: access.admin_key,
         rate_limit_store: access.rate_limit_store,
+        access_log: raw.access_log.unwrap_or(true),
     })
 }
 
@@ -1068,6 +1072,14 @@ models:
   qwen: {backend: local, upstream_model: tiny-qwen3, max_queue: 5, max_wait: 2m}
   other: {backend: local}
 ";
+
+    #[test]
+    fn the_access_log_is_on_unless_switched_off() {
+        assert!(Config::parse(GOOD, &no_env).expect("valid").access_log);
+        let off = format!("access_log: false\n{GOOD}");
+        assert!(!Config::parse(&off, &no_env).expect("valid").access_log);
+        assert!(!problems(&format!("access_log: maybe\n{GOOD}")).is_empty());
+    }
 
     #[test]
     fn parses_the_documented_shape_with_defaults() {

@@ -1,6 +1,11 @@
 //! `GatewayError`: every failure a client can see. One `match` decides the HTTP status, the
 //! OpenAI-shaped body `{"error": {"message", "type", "param", "code"}}` and the metric label,
 //! so the three never disagree (DESIGN.md, "Errors clients see").
+//!
+//! Every error body the gateway makes carries the request's id as an extra member of `error`,
+//! `request_id` (the OpenAI SDKs keep members they do not know; the message stays OpenAI's own
+//! words, which clients match on): the access layer adds it to a response that carries an
+//! [`ErrorBody`], and a stream's final error event is made with [`GatewayError::sse_event_for`].
 
 use std::time::Duration;
 
@@ -173,6 +178,30 @@ impl GatewayError {
     pub fn sse_event(&self) -> Bytes {
         Bytes::from(format!("data: {}\n\n", self.body()))
     }
+
+    /// [`sse_event`](Self::sse_event) with the request's id in the error.
+    pub fn sse_event_for(&self, request_id: &str) -> Bytes {
+        let mut body = self.body();
+        with_request_id(&mut body, request_id);
+        Bytes::from(format!("data: {body}\n\n"))
+    }
+}
+
+/// An OpenAI-shaped error body the gateway made, kept in its response's extensions so that the
+/// access layer can add the request's id (and read the outcome of a request no API handler
+/// recorded).
+#[derive(Debug, Clone)]
+pub struct ErrorBody {
+    pub body: serde_json::Value,
+    /// The `outcome` label of the failure.
+    pub outcome: &'static str,
+}
+
+/// Adds `request_id` to an OpenAI error body's `error` object (nothing when it has none).
+pub fn with_request_id(body: &mut serde_json::Value, request_id: &str) {
+    if let Some(error) = body.get_mut("error").and_then(serde_json::Value::as_object_mut) {
+        error.insert("request_id".into(), serde_json::Value::from(request_id));
+    }
 }
 
 /// OpenAI's text for a prompt over the cap, in its two forms.
@@ -327,7 +356,10 @@ fn describe_detail(detail: &serde_json::Value) -> (String, Option<String>) {
 
 impl IntoResponse for GatewayError {
     fn into_response(self) -> Response {
-        let mut response = (self.status(), axum::Json(self.body())).into_response();
+        let body = self.body();
+        let mut response = (self.status(), axum::Json(&body)).into_response();
+        let outcome = crate::outcome::Outcome::from(&self).label();
+        response.extensions_mut().insert(ErrorBody { body, outcome });
         if matches!(self, GatewayError::BodyTooLarge { .. } | GatewayError::BodyTimeout { .. }) {
             // The body was not read: the connection cannot carry another request.
             response.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
@@ -456,6 +488,29 @@ mod tests {
         assert!(value("retry-after-ms").is_some_and(|ms| (1..=6000).contains(&ms)));
         assert_eq!(response.headers()["x-ratelimit-limit-tokens"], "100");
         assert_eq!(response.headers().get_all(header::RETRY_AFTER).iter().count(), 1);
+    }
+
+    #[test]
+    fn the_request_id_goes_into_the_error_object_and_the_stream_event() {
+        let e = GatewayError::ModelNotFound("x".into());
+        let event = e.sse_event_for("req_1");
+        let data = std::str::from_utf8(&event).ok().and_then(|t| t.strip_prefix("data: ")).expect("an event");
+        let body: serde_json::Value = serde_json::from_str(data.trim_end()).expect("json");
+        assert_eq!(body["error"]["request_id"], "req_1");
+        assert_eq!(body["error"]["message"], e.body()["error"]["message"], "OpenAI's words unchanged");
+        let response = GatewayError::RateLimited(Box::new(crate::limits::Denied {
+            limit: Limit::Rpm,
+            retry_after: None,
+            headers: axum::http::HeaderMap::new(),
+            message: "over".into(),
+        }))
+        .into_response();
+        let kept = response.extensions().get::<ErrorBody>().expect("the body is kept for the access layer");
+        assert_eq!(kept.outcome, "rate_limited");
+        assert_eq!(kept.body["error"]["code"], "rate_limit_exceeded");
+        let mut not_openai = json!({"detail": "x"});
+        with_request_id(&mut not_openai, "r");
+        assert_eq!(not_openai, json!({"detail": "x"}), "a body without an error object is left alone");
     }
 
     #[test]

@@ -5,6 +5,7 @@
 #![forbid(unsafe_code)]
 
 pub mod accept;
+pub mod access_log;
 pub mod api;
 pub mod auth;
 pub mod backend;

@@ -35,6 +35,10 @@ enum Command {
         /// The configuration file.
         #[arg(long, short, default_value = "gateway.yaml", env = "MLXGATE_CONFIG")]
         config: PathBuf,
+        /// Write no access-log line (one per request, target `mlxgate::access`), whatever
+        /// gateway.yaml's `access_log` says.
+        #[arg(long, env = "MLXGATE_NO_ACCESS_LOG")]
+        no_access_log: bool,
     },
     /// Validate a configuration file and list every problem in it.
     Check {
@@ -106,11 +110,14 @@ fn main() -> ExitCode {
         Command::Reload { config, pid } => reload(config, pid),
         Command::Bench(options) => mlxgate::bench::main(*options),
         Command::Probe(options) => mlxgate::probe::main(options),
-        Command::Serve { config } => {
-            let loaded = match load(&config) {
+        Command::Serve { config, no_access_log } => {
+            let mut loaded = match load(&config) {
                 Ok(c) => c,
                 Err(code) => return code,
             };
+            if no_access_log {
+                loaded.access_log = false;
+            }
             raise_open_files_limit();
             let runtime = match tokio::runtime::Runtime::new() {
                 Ok(r) => r,

@@ -19,6 +19,12 @@
 //! added to the client's request with [`RequestRecord::add_pieces_used`], so that its one
 //! admission is settled to the pieces' usage plus the reduce's (or, when no reduce answered, to
 //! the pieces' alone).
+//!
+//! Finishing the record also writes the request's one access-log line (`access_log.rs`): the
+//! record carries the line's fields, filled on the way (status at the headers, queue wait,
+//! time to first token, tokens). A record the access layer made for a request that no API
+//! handler takes (`/health`, `/ready`, `/metrics`, `/admin/*`, `/v1/models`) writes its line
+//! but is not counted in `mlxgate_requests_total`, which counts API requests only.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -26,6 +32,7 @@ use std::time::Instant;
 
 use http::HeaderMap;
 
+use crate::access_log::{self, AccessLine, Ending, Face, RequestId};
 use crate::config::ANONYMOUS;
 use crate::error::GatewayError;
 use crate::limits::Admission;
@@ -118,11 +125,26 @@ pub struct RequestRecord {
     /// The estimate of the prompt last sent (a map-reduce's reduce), charged for it when the
     /// backend does not tell its count; `None`: the up-front charge stands.
     prompt_estimate: Option<u64>,
+    /// The request's access-log line, written when the record is finished.
+    access: AccessLine,
+    /// Counted in `mlxgate_requests_total` (an API request, as opposed to an operator one).
+    metered: bool,
 }
 
 impl RequestRecord {
     /// A record for a request that arrived just now, not yet routed.
     pub fn new(metrics: Metrics) -> Self {
+        RequestRecord::with_line(metrics, AccessLine::none(), true)
+    }
+
+    /// The record of a request as it arrives at the router, with its access-log `line`. It is
+    /// not counted in `mlxgate_requests_total` until an API handler takes it
+    /// ([`metered`](Self::metered)).
+    pub fn at_arrival(metrics: Metrics, line: AccessLine) -> Self {
+        RequestRecord::with_line(metrics, line, false)
+    }
+
+    fn with_line(metrics: Metrics, access: AccessLine, metered: bool) -> Self {
         RequestRecord {
             metrics,
             model: String::new(),
@@ -136,7 +158,55 @@ impl RequestRecord {
             pieces_used: AtomicU64::new(0),
             sent: Arc::default(),
             prompt_estimate: None,
+            access,
+            metered,
         }
+    }
+
+    /// Counts the request in `mlxgate_requests_total` when it is finished (an API request).
+    pub fn metered(&mut self) {
+        self.metered = true;
+    }
+
+    /// The request's id (`x-request-id`).
+    pub fn request_id(&self) -> &RequestId {
+        &self.access.id
+    }
+
+    /// Sets the API face the request spoke (the Responses API's handler, say, over the chat
+    /// pipeline).
+    pub fn set_face(&mut self, face: Face) {
+        self.access.face = face;
+    }
+
+    /// The status of the response's headers (the first one given stays: a stream's headers
+    /// go out before its end is known).
+    pub fn responded(&mut self, status: u16) {
+        self.access.responded(status);
+    }
+
+    /// The model name the client asked for, logged when it names no configured model.
+    pub fn asked(&mut self, model: &str) {
+        self.access.asked(model);
+    }
+
+    /// The time the request waited for slots.
+    pub fn queued(&mut self, wait: std::time::Duration) {
+        self.access.queue_wait = Some(wait);
+    }
+
+    /// What the answer showed: time to first token (from arrival) and the backend's token counts.
+    pub fn measured(
+        &mut self,
+        ttft: Option<std::time::Duration>,
+        prompt: Option<u64>,
+        cached: Option<u64>,
+        completion: Option<u64>,
+    ) {
+        self.access.ttft = ttft;
+        self.access.prompt_tokens = prompt;
+        self.access.cached_tokens = cached;
+        self.access.completion_tokens = completion;
     }
 
     /// Names the client the request's key identified (a configured name, or `anonymous`).
@@ -149,7 +219,7 @@ impl RequestRecord {
     /// request holds it; the piece's usage goes there with
     /// [`add_pieces_used`](Self::add_pieces_used)).
     pub fn piece(&self) -> RequestRecord {
-        let mut piece = RequestRecord::new(self.metrics.clone());
+        let mut piece = RequestRecord::with_line(self.metrics.clone(), self.access.piece(), true);
         piece.routed(&self.model, &self.backend);
         piece.identified(&self.client);
         piece
@@ -210,6 +280,8 @@ impl RequestRecord {
             pieces_used: AtomicU64::new(self.pieces_used.swap(0, Ordering::Relaxed)),
             sent: Arc::clone(&self.sent),
             prompt_estimate: self.prompt_estimate,
+            access: std::mem::replace(&mut self.access, AccessLine::none()),
+            metered: self.metered,
         };
         self.finished = true;
         taken
@@ -254,8 +326,18 @@ impl RequestRecord {
         }
         if !self.finished {
             self.finished = true;
-            let labels = [self.model.as_str(), self.backend.as_str(), self.client.as_str(), outcome.label()];
-            self.metrics.requests.with_label_values(&labels).inc();
+            if self.metered {
+                let labels = [self.model.as_str(), self.backend.as_str(), self.client.as_str(), outcome.label()];
+                self.metrics.requests.with_label_values(&labels).inc();
+            }
+            let end = Ending {
+                model: &self.model,
+                backend: &self.backend,
+                client: &self.client,
+                outcome: outcome.label(),
+                duration: self.arrived.elapsed(),
+            };
+            access_log::write(&self.access, &end);
         }
     }
 }
@@ -302,6 +384,49 @@ mod tests {
 
         RequestRecord::new(m.clone()).finish(Outcome::from(&GatewayError::ModelNotFound("gpt-9".into())));
         assert_eq!(count(&m, "", "", "invalid_request_error"), 1, "unrouted: no client text in labels");
+    }
+}
+
+#[cfg(test)]
+mod access_tests {
+    use http::Method;
+
+    use super::*;
+
+    fn ok(m: &Metrics) -> u64 {
+        m.requests.with_label_values(&["", "", "anonymous", "ok"]).get()
+    }
+
+    #[test]
+    fn an_operator_request_is_not_counted_and_one_an_api_handler_took_is() {
+        let m = Metrics::new();
+        let line = AccessLine::new(false, RequestId::new(), Method::GET, "/health");
+        RequestRecord::at_arrival(m.clone(), line.clone()).finish(Outcome::Ok);
+        drop(RequestRecord::at_arrival(m.clone(), line.clone()));
+        assert_eq!(ok(&m), 0);
+        assert_eq!(m.requests.with_label_values(&["", "", "anonymous", "client_closed"]).get(), 0);
+        let mut taken = RequestRecord::at_arrival(m.clone(), line);
+        taken.metered();
+        taken.finish(Outcome::Ok);
+        assert_eq!(ok(&m), 1);
+    }
+
+    #[test]
+    fn a_piece_carries_its_requests_id_and_a_taken_record_leaves_nothing_behind() {
+        let m = Metrics::new();
+        let id = RequestId::new();
+        let mut record = RequestRecord::at_arrival(
+            m.clone(),
+            AccessLine::new(false, id.clone(), Method::POST, "/v1/chat/completions"),
+        );
+        record.responded(200);
+        let piece = record.piece();
+        assert_eq!(piece.request_id(), &id);
+        assert!(piece.access.piece && piece.access.status.is_none());
+        let taken = record.take();
+        assert_eq!(taken.request_id(), &id);
+        assert_eq!(taken.access.status, Some(200));
+        assert!(record.finished && !record.access.enabled, "the spent record writes no line");
     }
 }
 

@@ -56,7 +56,9 @@ async fn reject_gives_openai_body_in_both_wordings_and_nothing_reaches_the_backe
     let response =
         post(&gw, "/v1/chat/completions", &json!({"model": "qwen", "messages": messages, "max_tokens": 10})).await;
     assert_eq!(response.status(), 400);
-    let body: Value = response.json().await.expect("json");
+    let mut body: Value = response.json().await.expect("json");
+    let id = body["error"].as_object_mut().and_then(|e| e.remove("request_id"));
+    assert!(id.is_some_and(|id| id.as_str().is_some_and(|id| id.starts_with("req_"))), "{body}");
     // The messages alone are over: OpenAI's first wording, the completion not counted.
     assert_eq!(
         body,

@@ -24,7 +24,7 @@ use super::openai::{MAX_WHOLE_ANSWER, RawBody, dispatch, estimated_prompt_tokens
 use crate::backend::handle::Answer;
 use crate::dispatch::Route;
 use crate::dispatch::queue::ClientId;
-use crate::error::{GatewayError, backend_error_body};
+use crate::error::{ErrorBody, GatewayError, backend_error_body, with_request_id};
 use crate::outcome::{Outcome, RequestRecord};
 use crate::stream::meter::{StreamFigures, figures_of_whole, record_whole};
 use crate::tokens::overflow::{ChunkPlan, average_embeddings};
@@ -138,7 +138,9 @@ const MAP_KEEPALIVE: Duration = Duration::from_secs(5);
 /// give up during minutes of prefill), then the reduce's stream, metered as any stream. A
 /// failure before the reduce streams ends the stream with an error event. The task stops when
 /// the client goes (its record: `client_closed`) or at the end of the shutdown grace.
-pub fn streamed(state: Arc<AppState>, job: StreamedJob, record: RequestRecord) -> Response {
+pub fn streamed(state: Arc<AppState>, job: StreamedJob, mut record: RequestRecord) -> Response {
+    // The client's status is this 200, whatever the reduce's turns out to be.
+    record.responded(StatusCode::OK.as_u16());
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(16);
     let header = transform(&job.chunked.plan);
     tokio::spawn(run_streamed(state, job, record, tx));
@@ -212,12 +214,14 @@ async fn run_streamed(state: Arc<AppState>, job: StreamedJob, mut record: Reques
         }
         Ok(None) => return,
         Err(e) => {
-            let _ = tx.send(Ok(e.sse_event())).await;
+            let _ = tx.send(Ok(e.sse_event_for(record.request_id().as_str()))).await;
             record.finish(Outcome::from(&e));
             return;
         }
     };
+    let id = record.request_id().clone();
     let response = answered.into_response(record, Arc::clone(&state.cutoff)).await;
+    let error_body = response.extensions().get::<ErrorBody>().map(|e| e.body.clone());
     let ok = response.status().is_success();
     let sse = response
         .headers()
@@ -228,7 +232,7 @@ async fn run_streamed(state: Arc<AppState>, job: StreamedJob, mut record: Reques
         // The backend answered the reduce whole although a stream was asked: one chunk event
         // with the whole answer, then [DONE], so the client's stream parser gets a stream.
         let whole = response.into_body().collect().await.map(|b| b.to_bytes()).unwrap_or_default();
-        let _ = tx.send(Ok(Bytes::from(whole_as_events(&whole)))).await;
+        let _ = tx.send(Ok(Bytes::from(whole_as_events(&whole, id.as_str())))).await;
         return;
     }
     let mut body = response.into_body();
@@ -246,6 +250,10 @@ async fn run_streamed(state: Arc<AppState>, job: StreamedJob, mut record: Reques
     }
     if !ok {
         // The reduce was refused after the client's 200: its error as the stream's last event.
+        if let Some(mut body) = error_body {
+            with_request_id(&mut body, id.as_str());
+            error = body.to_string().into_bytes();
+        }
         let mut event = b"data: ".to_vec();
         event.extend_from_slice(&error);
         event.extend_from_slice(b"\n\n");
@@ -255,10 +263,10 @@ async fn run_streamed(state: Arc<AppState>, job: StreamedJob, mut record: Reques
 
 /// A whole chat answer as the SSE events of a stream: one `chat.completion.chunk` carrying the
 /// message as its delta (with the answer's finish reason and usage), then `[DONE]`.
-fn whole_as_events(whole: &[u8]) -> String {
+fn whole_as_events(whole: &[u8], request_id: &str) -> String {
     let Ok(answer) = serde_json::from_slice::<Value>(whole) else {
         let e = GatewayError::Internal("the backend's whole answer to the reduce is not JSON".into());
-        return String::from_utf8_lossy(&e.sse_event()).into_owned();
+        return String::from_utf8_lossy(&e.sse_event_for(request_id)).into_owned();
     };
     let choices: Vec<Value> = answer["choices"]
         .as_array()
@@ -331,6 +339,10 @@ pub async fn embed(
         out.push(json!({"object": "embedding", "index": index, "embedding": embedding}));
     }
     answer["data"] = Value::Array(out);
+    if answer.get("model").is_some() {
+        // The name the client asked for, not the backend's.
+        answer["model"] = Value::from(route.model.name.as_str());
+    }
     let mut response = Response::new(Body::from(answer.to_string()));
     let headers = response.headers_mut();
     headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
@@ -355,8 +367,9 @@ async fn whole_answer(
     piece: Option<RequestRecord>,
 ) -> Result<(Vec<u8>, StreamFigures), GatewayError> {
     let backend = route.backend.config.name.clone();
-    let finish = |piece: Option<RequestRecord>, outcome: Outcome| {
-        if let Some(piece) = piece {
+    let finish = |piece: Option<RequestRecord>, status: StatusCode, outcome: Outcome| {
+        if let Some(mut piece) = piece {
+            piece.responded(status.as_u16());
             piece.finish(outcome);
         }
     };
@@ -375,7 +388,7 @@ async fn whole_answer(
                 tokio::time::sleep(QUEUE_FULL_PAUSE).await;
             }
             Err(e) => {
-                finish(piece, Outcome::from(&e));
+                finish(piece, e.status(), Outcome::from(&e));
                 return Err(e);
             }
         }
@@ -386,13 +399,13 @@ async fn whole_answer(
     let whole = match whole {
         Ok(whole) => whole,
         Err(e) => {
-            finish(piece, Outcome::from(&e));
+            finish(piece, e.status(), Outcome::from(&e));
             return Err(e);
         }
     };
     if !head.status.is_success() {
         let body = backend_error_body(&backend, head.status, &whole);
-        finish(piece, Outcome::BackendRejected);
+        finish(piece, head.status, Outcome::BackendRejected);
         let message = body["error"]["message"].as_str().unwrap_or("no message").to_string();
         return Err(GatewayError::Backend {
             backend,
@@ -400,7 +413,8 @@ async fn whole_answer(
         });
     }
     let figures = figures_of_whole(&whole).unwrap_or_default();
-    if let Some(piece) = piece {
+    if let Some(mut piece) = piece {
+        piece.responded(head.status.as_u16());
         record_whole(piece, &figures, Outcome::Ok);
     }
     Ok((whole, figures))
@@ -440,6 +454,7 @@ mod tests {
         assert_eq!(answer_text(b"{}"), "");
         let events = whole_as_events(
             br#"{"id":"x","created":1,"model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"hi"},"finish_reason":"stop"}],"usage":{"prompt_tokens":3,"completion_tokens":1}}"#,
+            "req_1",
         );
         let first: Value =
             serde_json::from_str(events.lines().next().unwrap().strip_prefix("data: ").unwrap()).unwrap();

@@ -2,6 +2,7 @@
 //! `mlxgate serve` and the integration tests run.
 
 pub mod admin;
+pub mod arrival;
 mod chunk;
 mod fit;
 pub mod openai;
@@ -14,7 +15,7 @@ use std::time::SystemTime;
 use axum::Router;
 use axum::middleware;
 use axum::routing::{get, post};
-use tower_http::trace::{DefaultMakeSpan, DefaultOnResponse, TraceLayer};
+use tower_http::trace::{DefaultOnResponse, TraceLayer};
 use tracing::Level;
 
 use crate::auth::Access;
@@ -152,7 +153,10 @@ pub fn metrics_app(state: Arc<AppState>) -> Router {
 /// Layers, outermost first:
 /// - `TraceLayer`: one span per request, so every log line a request causes carries its method
 ///   and path. It logs at the response headers; the body's end is logged by `StreamMeter`. It
-///   records no header: `Authorization` and `x-api-key` carry clients' keys.
+///   records no header (`Authorization` and `x-api-key` carry clients' keys) and not the query
+///   (some clients put a key there).
+/// - `arrival::layer`: the request's id and record, and its access-log line (see
+///   `arrival.rs`); `x-request-id` on every response, the id in every error body.
 /// - `/admin/*` alone: `admin::require_admin` (a route layer: an unknown `/admin/…` path gets
 ///   the same 404 as any other); `/metrics` the same rule when `auth: required`.
 ///
@@ -182,9 +186,17 @@ pub fn app(state: Arc<AppState>) -> Router {
         .fallback(openai::not_found)
         // GET /v1/chat/completions and the like: OpenAI's "Invalid URL" body, not an empty 405.
         .method_not_allowed_fallback(openai::not_found)
+        .layer(middleware::from_fn_with_state(Arc::clone(&state), arrival::layer))
         .layer(
             TraceLayer::new_for_http()
-                .make_span_with(DefaultMakeSpan::new().level(Level::INFO).include_headers(false))
+                .make_span_with(|request: &axum::http::Request<axum::body::Body>| {
+                    tracing::info_span!(
+                        "request",
+                        method = %request.method(),
+                        path = %request.uri().path(),
+                        version = ?request.version(),
+                    )
+                })
                 .on_response(DefaultOnResponse::new().level(Level::DEBUG)),
         )
         .with_state(state)

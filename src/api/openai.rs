@@ -22,6 +22,7 @@ use serde_json::json;
 use serde_json::value::RawValue;
 
 use super::AppState;
+use super::arrival::{self, Arrival};
 use super::chunk;
 use super::fit::{self, Endpoint, Fitted};
 use crate::auth::{self, Client};
@@ -31,7 +32,7 @@ use crate::backend::upstream::strip_hop_by_hop;
 use crate::config::BackendConfig;
 use crate::dispatch::Route;
 use crate::dispatch::queue::{ClientId, Permit};
-use crate::error::{GatewayError, backend_error_body};
+use crate::error::{ErrorBody, GatewayError, backend_error_body};
 use crate::limits::body_fingerprint;
 use crate::outcome::{Outcome, RequestRecord};
 use crate::stream::meter::{
@@ -77,7 +78,7 @@ pub(crate) async fn serve(
     request: Request,
     read: impl FnOnce(&[u8], &mut RequestRecord) -> Result<RawBody, GatewayError> + Send,
 ) -> Response {
-    let mut record = RequestRecord::new(state.metrics.clone());
+    let mut record = arrival::take_record(state, &request);
     let cut = state.cutoff.notified();
     let forwarded = if state.cutoff.is_cut() {
         Err(GatewayError::ShuttingDown)
@@ -95,13 +96,17 @@ pub(crate) async fn serve(
         Ok(Forwarded::Made(response, figures)) => {
             match figures {
                 // Chunked embeddings: no first token to time.
-                Some(figures) => record_answer(record, &figures, Outcome::Ok, false),
+                Some(figures) => {
+                    record.responded(response.status().as_u16());
+                    record_answer(record, &figures, Outcome::Ok, false);
+                }
                 // Its body finishes the record (a streamed map-reduce): it was taken.
                 None => drop(record),
             }
             response
         }
         Err(e) => {
+            record.responded(e.status().as_u16());
             record.finish(Outcome::from(&e));
             e.into_response()
         }
@@ -154,11 +159,10 @@ async fn forward(
     drop(bytes);
     let model = requested_model(&fields)?;
     // A model the client may not use is, to it, one that does not exist: the same 404.
-    let route = state
-        .dispatch
-        .route(&model)
-        .filter(|_| caller.may_use(&access, &model))
-        .ok_or_else(|| GatewayError::ModelNotFound(model.clone()))?;
+    let route = state.dispatch.route(&model).filter(|_| caller.may_use(&access, &model)).ok_or_else(|| {
+        record.asked(&model);
+        GatewayError::ModelNotFound(model.clone())
+    })?;
     record.routed(&model, &route.backend.config.name);
     // A client at its concurrency, or still refused by its rate, is refused before its prompt
     // is counted (the costly part of a refusal).
@@ -507,6 +511,8 @@ impl Answered {
     pub(crate) async fn into_response(self, record: RequestRecord, cutoff: Arc<Cutoff>) -> Response {
         let Answered { answer, permit, parsed, queue_wait, idle_timeout, normalise } = self;
         let Answer { mut head, body, first, sent_at } = answer;
+        let mut record = record;
+        record.queued(queue_wait);
         strip_hop_by_hop(&mut head.headers);
         // Whatever the backend spoke (mlx_lm.server: HTTP/1.0), the client gets HTTP/1.1.
         head.version = axum::http::Version::HTTP_11;
@@ -537,6 +543,8 @@ impl Answered {
             // The meter changes the length (a dropped usage chunk, an error event, the stats
             // line): the client's body is chunked, never the backend's announced length.
             head.headers.remove(header::CONTENT_LENGTH);
+            let mut info = info;
+            info.record.responded(head.status.as_u16());
             let body = StreamMeter::new(body, Mode::Sse, first, permit, info);
             return Response::from_parts(head, Body::new(body));
         }
@@ -556,7 +564,7 @@ async fn whole_answer(
     incoming: Incoming,
     first: Option<Bytes>,
     permit: Permit,
-    info: RequestInfo,
+    mut info: RequestInfo,
     sent_at: Instant,
     generates: bool,
 ) -> Response {
@@ -572,6 +580,7 @@ async fn whole_answer(
         Ok(whole) => whole,
         Err(e) => {
             drop(permit);
+            info.record.responded(e.status().as_u16());
             record_whole(info.record, &StreamFigures::default(), Outcome::from(&e));
             return e.into_response();
         }
@@ -586,9 +595,12 @@ async fn whole_answer(
             backend,
             reason: format!("it answered {} with a body that is not an OpenAI answer", head.status),
         };
+        info.record.responded(e.status().as_u16());
         record_whole(info.record, &StreamFigures::default(), Outcome::from(&e));
         return e.into_response();
     };
+    info.record.responded(head.status.as_u16());
+    let whole = named(whole, &info.record.model);
     let headers = &mut head.headers;
     headers.remove(header::CONTENT_LENGTH);
     headers.insert("x-mlxgate-queue-ms", HeaderValue::from(info.queue_wait.as_millis() as u64));
@@ -607,6 +619,23 @@ async fn whole_answer(
     let whole = finish_at_length(whole, &figures, info.normalise.length_at);
     record_whole(info.record, &figures, Outcome::Ok);
     Response::from_parts(head, Body::from(whole))
+}
+
+/// A whole answer naming `model` (the public name) where the backend put its own name for it
+/// (a path on disk, say): the `model` string replaced in the answer's text, nothing re-encoded.
+pub(crate) fn named(whole: Vec<u8>, model: &str) -> Vec<u8> {
+    let Some(span) = std::str::from_utf8(&whole).ok().and_then(crate::stream::frame::model_span) else {
+        return whole;
+    };
+    let public = serde_json::Value::from(model).to_string();
+    if model.is_empty() || whole[span.clone()] == *public.as_bytes() {
+        return whole;
+    }
+    let mut out = Vec::with_capacity(whole.len() + public.len());
+    out.extend_from_slice(&whole[..span.start]);
+    out.extend_from_slice(public.as_bytes());
+    out.extend_from_slice(&whole[span.end..]);
+    out
 }
 
 /// `finish_length` on a whole answer: when its usage reached `length_at` (the request's
@@ -641,10 +670,15 @@ async fn error_answer(
         if head.status.is_client_error() { Outcome::BackendRejected } else { Outcome::Failed("backend_error") };
     tracing::info!(backend = %backend, status = %head.status, message = %body["error"]["message"], "backend refused the request");
     let figures = StreamFigures::default();
-    record_whole(info.record, &figures, outcome);
+    let mut record = info.record;
+    record.responded(head.status.as_u16());
+    record_whole(record, &figures, outcome);
     head.headers.remove(header::CONTENT_LENGTH);
     head.headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
-    Response::from_parts(head, Body::from(body.to_string()))
+    let mut response = Response::from_parts(head, Body::from(body.to_string()));
+    // The access layer adds the request id to it, as to the gateway's own errors.
+    response.extensions_mut().insert(ErrorBody { body, outcome: outcome.label() });
+    response
 }
 
 /// Reads the rest of a body after `first`, at most `limit` bytes, with at most `idle_timeout`
@@ -712,10 +746,14 @@ fn ask_for_usage(fields: &mut RawBody, backend_takes_it: bool) -> Result<bool, G
 /// each with its `context_length` when a cap is known. With auth required, 401 without a key.
 pub async fn list_models(
     State(state): State<Arc<AppState>>,
+    arrival: Option<axum::Extension<Arrival>>,
     headers: HeaderMap,
 ) -> Result<Json<serde_json::Value>, GatewayError> {
     let access = state.access();
     let caller = auth::identify(&access, &headers)?;
+    if let Some(axum::Extension(arrival)) = arrival {
+        arrival.with(|record| record.identified(caller.name()));
+    }
     let created = state.started.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
     let data: Vec<_> = state
         .config
@@ -736,7 +774,10 @@ pub async fn list_models(
 /// Any other path: OpenAI's 404 shape rather than an empty body (counted, unrouted).
 pub async fn not_found(State(state): State<Arc<AppState>>, request: Request) -> Response {
     let e = GatewayError::UnknownUrl { method: request.method().to_string(), path: request.uri().path().to_string() };
-    RequestRecord::new(state.metrics.clone()).finish(Outcome::from(&e));
+    let mut record = arrival::take_record(&state, &request);
+    record.set_face(crate::access_log::Face::None);
+    record.responded(e.status().as_u16());
+    record.finish(Outcome::from(&e));
     e.into_response()
 }
 

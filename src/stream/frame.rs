@@ -6,6 +6,12 @@
 //! One difference, found by review: inside fields it skips, the fast path accepts what `Value`
 //! refuses (a lone surrogate escape, a number beyond f64, nesting deeper than 128), so such a
 //! frame is metered where the `Value` reading ignored it whole. No server is known to send one.
+//!
+//! It also finds where the event's `model` string lies in its text ([`Seen::model`]), so that the
+//! meter can put the public model name in its place without re-encoding the event; a frame with
+//! `model` twice keeps its own (no server sends one).
+
+use std::ops::Range;
 
 use serde::Deserialize;
 use serde_json::Value;
@@ -24,6 +30,8 @@ pub struct Seen {
     pub has_choices: bool,
     /// The `id` is mlx-openai-server's fake keep-alive chunk.
     pub keepalive: bool,
+    /// Where the `model` string (quotes included) lies in the event's text.
+    pub model: Option<Range<usize>>,
 }
 
 /// A usage object's counts.
@@ -53,6 +61,8 @@ pub fn read(data: &str) -> Option<Seen> {
 struct RawFrame<'a> {
     #[serde(borrow, default)]
     id: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    model: Option<&'a RawValue>,
     #[serde(borrow, default)]
     error: Option<&'a RawValue>,
     #[serde(borrow, default)]
@@ -121,6 +131,32 @@ fn as_u64(raw: Option<&RawValue>) -> Option<u64> {
     raw.and_then(|r| r.get().parse().ok())
 }
 
+/// Where `raw`, a slice of `text`, lies in it, when it is a string.
+fn string_span(text: &str, raw: &RawValue) -> Option<Range<usize>> {
+    let value = raw.get();
+    if !value.starts_with('"') {
+        return None;
+    }
+    // `raw` borrows from `text`: its offset is the distance between the two addresses.
+    let start = (value.as_ptr() as usize).checked_sub(text.as_ptr() as usize)?;
+    let end = start + value.len();
+    (end <= text.len() && text.get(start..end) == Some(value)).then_some(start..end)
+}
+
+/// Where the top-level `model` string of a JSON object (an event, a whole answer) lies in it.
+pub fn model_span(json: &str) -> Option<Range<usize>> {
+    #[derive(Deserialize)]
+    struct ModelOnly<'a> {
+        #[serde(borrow, default)]
+        model: Option<&'a RawValue>,
+    }
+    if !json.trim_start().starts_with('{') {
+        return None;
+    }
+    let only: ModelOnly<'_> = serde_json::from_str(json).ok()?;
+    string_span(json, only.model?)
+}
+
 fn fast(data: &str) -> Option<Seen> {
     // Serde would also read a struct from an array: only objects take this path.
     if !data.trim_start().starts_with('{') {
@@ -131,6 +167,7 @@ fn fast(data: &str) -> Option<Seen> {
         // Rare: its message may be an object, a string, escaped text.
         return slow(data);
     }
+    let model = frame.model.and_then(|raw| string_span(data, raw));
     let keepalive = match frame.id {
         Some(id) if id.get().contains('\\') => serde_json::from_str::<String>(id.get()).ok()? == KEEPALIVE_ID,
         Some(id) => id.get().strip_prefix('"').and_then(|s| s.strip_suffix('"')) == Some(KEEPALIVE_ID),
@@ -151,7 +188,7 @@ fn fast(data: &str) -> Option<Seen> {
         }
         None => None,
     };
-    let mut seen = Seen { usage, keepalive, ..Seen::default() };
+    let mut seen = Seen { usage, keepalive, model, ..Seen::default() };
     if let Some(raw) = frame.choices.filter(|c| c.get().starts_with('[')) {
         seen.has_choices = true;
         for choice in serde_json::from_str::<Vec<&RawValue>>(raw.get()).ok()? {
@@ -183,9 +220,10 @@ fn fast(data: &str) -> Option<Seen> {
 /// The same reading through `serde_json::Value`, for what the fast path declines.
 fn slow(data: &str) -> Option<Seen> {
     let value = serde_json::from_str::<Value>(data).ok()?;
+    let model = model_span(data);
     if let Some(error) = value.get("error").filter(|e| !e.is_null()) {
         let message = error.get("message").and_then(Value::as_str).map_or_else(|| error.to_string(), str::to_string);
-        return Some(Seen { error: Some(message), ..Seen::default() });
+        return Some(Seen { error: Some(message), model, ..Seen::default() });
     }
     let usage = value.get("usage").filter(|u| u.is_object()).map(|usage| UsageSeen {
         prompt_tokens: usage.get("prompt_tokens").and_then(Value::as_u64),
@@ -208,6 +246,7 @@ fn slow(data: &str) -> Option<Seen> {
         choices: seen_choices,
         has_choices: choices.is_some(),
         keepalive: value.get("id").and_then(Value::as_str) == Some(KEEPALIVE_ID),
+        model,
     })
 }
 
@@ -260,6 +299,24 @@ mod tests {
         r#"{"choices":[["x", null, {"content": "y"}]]}"#,
         r#"not json"#,
     ];
+
+    #[test]
+    fn the_model_string_is_found_where_it_lies() {
+        let path = r#"{"id":"x","object":"chat.completion.chunk","model":"/path/on/disk/tiny-qwen3","choices":[]}"#;
+        let escaped = r#"{"choices":[{"index":0,"delta":{"content":"a"}}], "model" : "a\"b\u00e9" }"#;
+        for (event, model) in [(path, r#""/path/on/disk/tiny-qwen3""#), (escaped, r#""a\"b\u00e9""#)] {
+            let span = read(event).and_then(|s| s.model).expect("a model");
+            assert_eq!(&event[span.clone()], model);
+            assert_eq!(slow(event).and_then(|s| s.model), Some(span.clone()));
+            assert_eq!(model_span(event), Some(span));
+        }
+        for none in [r#"{"choices":[]}"#, r#"{"model":null}"#, r#"{"model":7}"#, r#"{"x":{"model":"inner"}}"#, "[]"] {
+            assert_eq!(read(none).and_then(|s| s.model), None, "{none}");
+            assert_eq!(model_span(none), None, "{none}");
+        }
+        let error = r#"{"model":"m","error":{"message":"boom"}}"#;
+        assert_eq!(read(error).and_then(|s| s.model), Some(9..12));
+    }
 
     #[test]
     fn the_fast_reading_means_what_the_value_reading_means() {
@@ -324,7 +381,7 @@ mod tests {
             tools in json_leaf(), text in json_leaf(), prompt in json_leaf(), cached in json_leaf(),
             with_usage in any::<bool>(), id in prop_oneof![Just("chatcmpl-keepalive"), Just("c")],
         ) {
-            let mut frame = serde_json::json!({"id": id, "choices": [{"index": index, "finish_reason": finish,
+            let mut frame = serde_json::json!({"id": id, "model": text, "choices": [{"index": index, "finish_reason": finish,
                 "delta": {"content": content, "reasoning": reasoning, "tool_calls": tools}, "text": text}]});
             if with_usage {
                 frame["usage"] = serde_json::json!({"prompt_tokens": prompt, "completion_tokens": 3,

@@ -15,6 +15,9 @@
 //!   `max_tokens` becomes `length`; `single_finish`: a repeated finish chunk reaches the client
 //!   as the usage it adds, the first with its output as it was), re-serialising only the frames
 //!   they change;
+//! - names the model as the client did: each event's `model` string becomes the public name
+//!   (found by the frame reading, replaced in the event's text, never re-encoded), so an answer
+//!   never shows the backend's name for it (a path on disk, say);
 //! - classifies how the stream ended, once: complete (`[DONE]` or a `finish_reason` seen), an
 //!   error event, or cut — an end of file before the answer's end (HTTP/1.0 bodies end at the
 //!   close, so a crashed mlx_lm.server looks like a normal end), a broken connection, silence
@@ -313,7 +316,7 @@ impl StreamMeter {
         let mut meter = StreamMeter {
             inner: Some(inner),
             mode,
-            forward: Forward::new(info.normalise),
+            forward: Forward::new(info.normalise).naming(&info.record.model),
             figures: StreamFigures { metered: mode == Mode::Sse, ..Default::default() },
             info: Some(info),
             permit: Some(permit),
@@ -396,6 +399,21 @@ struct Forward {
     tail: Tail,
     /// The normalisations' state.
     finish: Finish,
+    /// The public model name as a JSON string, put in place of each event's `model`.
+    model: Option<Box<str>>,
+}
+
+/// Puts `model` (a JSON string) in place of an event's `model` string where it differs; returns
+/// whether the event changed (it is then written anew).
+fn rename(item: &mut Item, seen: Option<&Seen>, model: Option<&str>) -> bool {
+    let (Item::Event(event), Some(span), Some(model)) = (item, seen.and_then(|s| s.model.clone()), model) else {
+        return false;
+    };
+    if event.data.get(span.clone()) == Some(model) {
+        return false;
+    }
+    event.data.replace_range(span, model);
+    true
 }
 
 /// What becomes of one SSE item on its way to the client.
@@ -597,6 +615,14 @@ fn render(event: &Event, data: &str) -> Bytes {
     Bytes::from(out)
 }
 
+/// A renamed event the client gets as it is goes as its new text.
+fn renamed_action(action: Action, renamed: bool, item: &Item) -> Action {
+    match (action, item) {
+        (Action::Keep, Item::Event(event)) if renamed => Action::Replace(render(event, &event.data)),
+        (action, _) => action,
+    }
+}
+
 #[derive(Default, Clone, Copy, PartialEq, Eq)]
 enum Tail {
     /// Inside a frame (or nothing read yet).
@@ -609,6 +635,13 @@ enum Tail {
 impl Forward {
     fn new(normalise: StreamNormalise) -> Self {
         Forward { finish: Finish { normalise, held: None }, ..Forward::default() }
+    }
+
+    /// Names `model` (the public name) in every event that carries a `model` string; nothing
+    /// for an empty name.
+    fn naming(mut self, model: &str) -> Self {
+        self.model = (!model.is_empty()).then(|| Value::from(model).to_string().into_boxed_str());
+        self
     }
 
     /// Parses one read, queues the complete frames to forward and keeps the unfinished tail.
@@ -628,15 +661,17 @@ impl Forward {
         let mut cuts: Vec<(usize, Action)> = Vec::new();
         let mut generated_here = 0u64;
         let finish = &mut self.finish;
-        self.parser.feed(&data, |item, end| {
+        let model = self.model.as_deref();
+        self.parser.feed(&data, |mut item, end| {
             let (keep, generated, seen) = figures.look(&item, now, client_wants_usage);
             generated_here += u64::from(generated);
+            let renamed = rename(&mut item, seen.as_ref(), model);
             let action = if finish.normalise.rewrites() {
                 finish.settle(&item, seen.as_ref(), keep, figures, client_wants_usage)
             } else {
                 Action::of(keep)
             };
-            cuts.push((end, action));
+            cuts.push((end, renamed_action(action, renamed, &item)));
         });
         figures.max_frames_in_one_read = figures.max_frames_in_one_read.max(generated_here);
         let mut run_start: Option<usize> = None;
@@ -680,11 +715,14 @@ impl Forward {
         if !self.partial.is_empty() {
             let now = Instant::now();
             let finish = &mut self.finish;
-            self.parser.feed(b"\n\n", |item, _| {
+            let model = self.model.as_deref();
+            self.parser.feed(b"\n\n", |mut item, _| {
                 let (keep, _, seen) = figures.look(&item, now, client_wants_usage);
+                let renamed = rename(&mut item, seen.as_ref(), model);
                 if finish.normalise.rewrites() && item != Item::Blank {
                     last = finish.settle(&item, seen.as_ref(), keep, figures, client_wants_usage);
                 }
+                last = renamed_action(std::mem::replace(&mut last, Action::Keep), renamed, &item);
             });
         }
         match last {
@@ -707,7 +745,9 @@ impl Forward {
 }
 
 /// Records one finished request.
-fn record(info: RequestInfo, f: &StreamFigures, outcome: Outcome) {
+fn record(mut info: RequestInfo, f: &StreamFigures, outcome: Outcome) {
+    let ttft = f.first_token.map(|first| first.duration_since(info.record.arrived));
+    info.record.measured(ttft, f.prompt_tokens, f.cached_tokens, f.tokens());
     let m = info.record.metrics().clone();
     let (model, backend) = (info.record.model.clone(), info.record.backend.clone());
     let labels = [model.as_str(), backend.as_str()];
@@ -780,10 +820,13 @@ pub fn record_whole(record: RequestRecord, f: &StreamFigures, outcome: Outcome) 
 }
 
 /// As [`record_whole`]; `generates: false` (embeddings) observes no time to first token.
-pub fn record_answer(record: RequestRecord, f: &StreamFigures, outcome: Outcome, generates: bool) {
+pub fn record_answer(mut record: RequestRecord, f: &StreamFigures, outcome: Outcome, generates: bool) {
+    let took = record.arrived.elapsed();
+    let ttft = (outcome == Outcome::Ok && generates).then_some(took);
+    record.measured(ttft, f.prompt_tokens, f.cached_tokens, f.tokens());
     let m = record.metrics().clone();
     let labels = [record.model.as_str(), record.backend.as_str()];
-    let elapsed = record.arrived.elapsed().as_secs_f64();
+    let elapsed = took.as_secs_f64();
     m.request_duration.with_label_values(&labels).observe(elapsed);
     if outcome == Outcome::Ok && generates {
         m.time_to_first_token.with_label_values(&[labels[0], labels[1], "false"]).observe(elapsed);
@@ -924,10 +967,11 @@ fn cut(this: &mut StreamMeterProj<'_>, error: impl FnOnce(String) -> GatewayErro
     *this.finished = true;
     this.forward.partial.clear();
     this.permit.take();
-    tracing::warn!(error = %error, "backend stream cut");
+    let id = this.info.as_ref().map_or("-", |i| i.record.request_id().as_str());
+    tracing::warn!(error = %error, request_id = %id, "backend stream cut");
     let outcome = Outcome::from(&error);
     match this.mode {
-        Mode::Sse => this.forward.out.push_back(error.sse_event()),
+        Mode::Sse => this.forward.out.push_back(error.sse_event_for(id)),
         Mode::Raw => *this.failure = Some(Box::new(error)),
     }
     if let Some(info) = this.info.take() {
@@ -1045,6 +1089,55 @@ mod tests {
         forward.finish(&mut figures, wants_usage);
         let sent: Vec<u8> = forward.out.iter().flat_map(|b| b.iter().copied()).collect();
         (figures, String::from_utf8(sent).expect("utf8"))
+    }
+
+    /// What the client gets of `chunks` with the public name `model`, whole and in every split
+    /// in two (the same each time).
+    fn named_output(normalise: StreamNormalise, model: &str, chunks: &[String]) -> String {
+        let run = |pieces: &[&str]| {
+            let mut forward = Forward::new(normalise).naming(model);
+            let mut figures = StreamFigures::default();
+            for piece in pieces {
+                forward.observe(&mut figures, Bytes::from(piece.to_string()), true);
+            }
+            forward.finish(&mut figures, true);
+            let sent: Vec<u8> = forward.out.iter().flat_map(|b| b.iter().copied()).collect();
+            String::from_utf8(sent).expect("utf8")
+        };
+        let all = chunks.concat();
+        let whole = run(&[&all]);
+        for cut in 0..=all.len() {
+            assert_eq!(run(&[&all[..cut], &all[cut..]]), whole, "cut at {cut}");
+        }
+        whole
+    }
+
+    #[test]
+    fn every_event_names_the_public_model_in_any_split_and_normalisation() {
+        let event = |rest: &str| format!("data: {{\"id\":\"c\",\"model\":\"/path/on/disk/tiny-qwen3\",{rest}}}\n\n");
+        let chunks = [
+            ROLE.to_string(),
+            event(r#""choices":[{"index":0,"delta":{"content":"a"}}]"#),
+            event(r#""choices":[{"index":0,"delta":{"content":"b"}}]"#),
+            event(r#""choices":[{"index":0,"delta":{},"finish_reason":"stop"}]"#).replace("\n\n", "\r\n\r\n"),
+            event(r#""choices":[],"usage":{"prompt_tokens":3,"completion_tokens":2}"#),
+            "data: [DONE]\n\n".to_string(),
+        ];
+        let single = StreamNormalise { single_finish: true, length_at: Some(2), hold_abandoned: false };
+        for normalise in [StreamNormalise::default(), single] {
+            let sent = named_output(normalise, "qwen", &chunks);
+            assert!(!sent.contains("/path/on/disk"), "{sent}");
+            let events = sent.matches("data: ").count();
+            assert_eq!(sent.matches(r#""model":"qwen""#).count(), events - 2, "all but role and [DONE]: {sent}");
+            assert!(sent.contains(r#""content":"a""#) && sent.ends_with("data: [DONE]\n\n"), "{sent}");
+        }
+        // A name that is already the public one: the backend's own bytes, untouched.
+        let public: Vec<String> = chunks.iter().map(|c| c.replace("/path/on/disk/tiny-qwen3", "qwen")).collect();
+        assert_eq!(named_output(StreamNormalise::default(), "qwen", &public), public.concat());
+        // The last event without its blank line is renamed too.
+        let unended =
+            [event(r#""choices":[{"index":0,"delta":{"content":"a"},"finish_reason":"stop"}]"#).trim_end().to_string()];
+        assert!(named_output(StreamNormalise::default(), "q\"x", &unended).contains(r#""model":"q\"x""#));
     }
 
     /// Every split of `chunks`' bytes in two gives the same output as the whole.

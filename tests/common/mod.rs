@@ -441,7 +441,10 @@ fn serve_logged(
         let lines = std::sync::Arc::clone(&lines);
         move || {
             for line in reader.lines().map_while(Result::ok) {
-                if let Some(addr) = line.split("listen=").nth(1).and_then(|r| r.split_whitespace().next()) {
+                // `listen=…` in text lines, `"listen":"…"` in JSON ones (--log-format json).
+                let text = line.split("listen=").nth(1).and_then(|r| r.split_whitespace().next());
+                let json = || line.split("\"listen\":\"").nth(1).and_then(|r| r.split('"').next());
+                if let Some(addr) = text.or_else(json) {
                     let _ = found.send(format!("http://{addr}"));
                 }
                 lines.lock().expect("log lines").push(line);
