@@ -99,36 +99,6 @@ fn parse_json(line: &str) -> Option<HashMap<String, Value>> {
     Some(v["fields"].as_object().expect("fields").clone().into_iter().collect())
 }
 
-/// A plain log line's `key=value` fields (values quoted with `"` when they are strings with
-/// escapes, else bare).
-fn parse_plain(line: &str) -> Option<HashMap<String, Value>> {
-    let rest = line.split_once("mlxgate::access: ")?.1;
-    let mut fields = HashMap::new();
-    let mut chars = rest.chars().peekable();
-    while chars.peek().is_some() {
-        let key: String = chars.by_ref().take_while(|&c| c != '=').collect();
-        let mut value = String::new();
-        if chars.peek() == Some(&'"') {
-            value.push(chars.next().expect("quote"));
-            while let Some(c) = chars.next() {
-                value.push(c);
-                if c == '\\' {
-                    value.extend(chars.next());
-                } else if c == '"' {
-                    break;
-                }
-            }
-            chars.next_if_eq(&' ');
-            fields.insert(key.trim().to_string(), serde_json::from_str(&value).expect("quoted value"));
-        } else {
-            value = chars.by_ref().take_while(|&c| c != ' ').collect();
-            let parsed = serde_json::from_str::<Value>(&value).ok().filter(|v| v.is_number() || v.is_boolean());
-            fields.insert(key.trim().to_string(), parsed.unwrap_or(Value::String(value)));
-        }
-    }
-    Some(fields)
-}
-
 fn text(fields: &HashMap<String, Value>, key: &str) -> String {
     match fields.get(key) {
         Some(Value::String(s)) => s.clone(),
@@ -473,7 +443,7 @@ async fn plain_lines_are_key_value_and_the_log_can_be_turned_off() {
         .send()
         .await;
     assert!(gone.is_err_and(|e| e.is_timeout()));
-    let logged = wait_for_lines(&lines, parse_plain, calls.len() + 1).await;
+    let logged = wait_for_lines(&lines, access_fields, calls.len() + 1).await;
     assert_eq!(logged.len(), calls.len() + 1, "{logged:#?}");
     let gone = lines_of(&logged, "pl-gone").0;
     assert_eq!(gone.len(), 1);

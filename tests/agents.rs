@@ -16,6 +16,7 @@
 
 mod common;
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
@@ -143,19 +144,36 @@ impl Rig {
         run
     }
 
-    /// The gateway's access log checked against what the backend served.
-    ///
-    /// ACCESS LOG (issue 18 item 3): once the gateway writes one `info` line per request, assert
-    /// here that there is one access-log line per request the agent sent (`run.requests.len()`
-    /// chat completions, each with path `/v1/chat/completions` — `/v1/responses` for Codex — and
-    /// status 200, model `qwen`), and that no line holds the prompt or the key. Until then the
-    /// backend's own record (`/sim/requests`) is what is asserted on.
-    fn check_access_log(&self, run: &Run) {
-        let lines = self.log.lock().expect("log lines").clone();
+    /// The gateway's access log checked against what the backend served: one line per request
+    /// the agent sent (each a request the backend answered: the scripted backend never
+    /// refuses), at the agent's API path (`/v1/chat/completions`, `/v1/responses` for Codex),
+    /// 200, `ok`, the public model `qwen`, a request id; and no log line holds the agent's key,
+    /// the answer's or the tool's text.
+    async fn check_access_log(&self, run: &Run, path: &str, key: &str) {
         assert!(!run.requests.is_empty(), "{}: the backend received nothing", run.name);
+        let access = || -> Vec<HashMap<String, Value>> {
+            let lines = self.log.lock().expect("log lines");
+            lines.iter().filter_map(|l| access_fields(l)).filter(|f| f["path"] != "/sim/requests").collect()
+        };
+        // A stream's line is written at its end, which the agent may not have waited for.
+        eventually(&format!("{}: one access line per request", run.name), || async {
+            access().len() >= run.requests.len()
+        })
+        .await;
+        let access = access();
+        assert_eq!(access.len(), run.requests.len(), "{}: {access:?}", run.name);
+        for line in &access {
+            let field = |k: &str| line.get(k).cloned().unwrap_or(Value::Null);
+            assert_eq!(field("path"), path, "{}: {line:?}", run.name);
+            assert_eq!(field("status"), 200, "{}: {line:?}", run.name);
+            assert_eq!(field("outcome"), "ok", "{}: {line:?}", run.name);
+            assert_eq!(field("model"), "qwen", "{}: {line:?}", run.name);
+            assert!(field("request_id").as_str().is_some_and(|id| !id.is_empty()), "{}: {line:?}", run.name);
+        }
+        let lines = self.log.lock().expect("log lines").clone();
         assert!(
-            lines.iter().all(|l| !l.contains(MARKER) && !l.contains(TOOL_RESULT)),
-            "{}: the gateway logged answer or tool text: {lines:?}",
+            lines.iter().all(|l| !l.contains(MARKER) && !l.contains(TOOL_RESULT) && !l.contains(key)),
+            "{}: the gateway logged a key, answer or tool text: {lines:?}",
             run.name
         );
     }
@@ -305,7 +323,7 @@ async fn opencode_runs_a_turn_with_its_bash_tool() {
     run.round_tripped("bash", TOOL_RESULT);
     // Its side request: a title, with no tools.
     assert!(run.requests.iter().any(|r| r["tools"].is_null() && r.to_string().contains("title")), "{:?}", run.requests);
-    rig.check_access_log(&run);
+    rig.check_access_log(&run, "/v1/chat/completions", "sk-opencode-test").await;
 }
 
 #[tokio::test]
@@ -337,7 +355,7 @@ async fn qwen_code_runs_a_turn_with_its_shell_tool() {
     run.printed_the_marker();
     tool_ran(&rig, &run);
     run.round_tripped("run_shell_command", TOOL_RESULT);
-    rig.check_access_log(&run);
+    rig.check_access_log(&run, "/v1/chat/completions", "sk-qwen-test").await;
 }
 
 #[tokio::test]
@@ -380,7 +398,7 @@ async fn codex_runs_a_turn_with_its_exec_tool_over_the_responses_api() {
     run.printed_the_marker();
     tool_ran(&rig, &run);
     run.round_tripped("exec_command", TOOL_RESULT);
-    rig.check_access_log(&run);
+    rig.check_access_log(&run, "/v1/responses", "sk-codex-test").await;
 }
 
 #[tokio::test]
@@ -425,7 +443,7 @@ async fn aider_applies_an_edit_from_the_answer() {
     let notes = std::fs::read_to_string(rig.work().join("notes.txt")).unwrap_or_default();
     assert_eq!(notes.trim(), MARKER, "the edit was applied");
     assert!(run.requests.iter().all(|r| r["tools"].is_null()), "Aider sends no tools");
-    rig.check_access_log(&run);
+    rig.check_access_log(&run, "/v1/chat/completions", "sk-aider-test").await;
 }
 
 #[tokio::test]
@@ -446,5 +464,5 @@ async fn llm_runs_a_tool_chain() {
     run.describe();
     run.printed_the_marker();
     run.round_tripped("llm_version", "0.36");
-    rig.check_access_log(&run);
+    rig.check_access_log(&run, "/v1/chat/completions", "sk-llm-test").await;
 }

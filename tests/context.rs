@@ -78,7 +78,7 @@ async fn reject_gives_openai_body_in_both_wordings_and_nothing_reaches_the_backe
     assert_eq!(response.status(), 400);
     let body: Value = response.json().await.expect("json");
     assert_eq!(
-        body,
+        without_request_id(body),
         json!({"error": {
             "message": format!("This model's maximum context length is {CAP} tokens. However, you requested {} tokens ({near_tokens} in the messages, 100 in the completion). Please reduce the length of the messages or completion.", near_tokens + 100),
             "type": "invalid_request_error", "param": "messages", "code": "context_length_exceeded"}})

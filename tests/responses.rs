@@ -352,3 +352,50 @@ async fn an_answer_cut_by_max_output_tokens_completes_as_incomplete() {
     assert_eq!(response["status"], "incomplete");
     assert_eq!(response["incomplete_details"]["reason"], "max_output_tokens");
 }
+
+/// Codex hangs up as soon as it has `response.completed`, which the face sends at the chat
+/// stream's `[DONE]`, while a backend may take a moment to close (mlx_lm.server ends its
+/// HTTP/1.0 body by closing the connection). The request is a whole answer (`ok`), not a client
+/// that left (`client_closed`): seen with the real Codex CLI in tests/agents.rs. The backend here
+/// sends `[DONE]` and keeps the connection open until the test ends.
+#[tokio::test]
+async fn a_client_that_hangs_up_at_response_completed_had_a_whole_answer() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let url = format!("http://{}", listener.local_addr().expect("addr"));
+    let (release, released) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(async move {
+        let (mut socket, _) = listener.accept().await.expect("accept");
+        let mut request = vec![0u8; 64 * 1024];
+        let _ = socket.read(&mut request).await;
+        let chunk = |delta: &str, finish: &str| {
+            format!(
+                "data: {{\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"model\":\"/models/tiny\",\"choices\":[{{\"index\":0,\"delta\":{delta},\"finish_reason\":{finish}}}]}}\n\n"
+            )
+        };
+        let body = [
+            chunk(r#"{"role":"assistant","content":"hello"}"#, "null"),
+            chunk("{}", r#""stop""#),
+            "data: {\"id\":\"c\",\"object\":\"chat.completion\",\"model\":\"/models/tiny\",\"choices\":[],\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":1,\"total_tokens\":6}}\n\n".to_string(),
+            "data: [DONE]\n\n".to_string(),
+        ]
+        .concat();
+        let head = "HTTP/1.0 200 OK\r\nContent-Type: text/event-stream\r\n\r\n";
+        socket.write_all(format!("{head}{body}").as_bytes()).await.expect("write");
+        // The connection stays open: the end of the body is not known yet.
+        let _ = released.await;
+    });
+    let gw = gateway(&one_model_yaml(&url, 1, 4)).await;
+    let body = json!({"model": "qwen", "input": "hi", "stream": true});
+    let mut response = client().post(gw.url("/v1/responses")).json(&body).send().await.expect("send");
+    assert_eq!(response.status(), 200);
+    let seen = read_until(&mut response, "response.completed").await;
+    assert!(seen.contains("\"status\":\"completed\""), "{seen}");
+    drop(response);
+    let series = "mlxgate_requests_total{backend=\"local\",client=\"anonymous\",model=\"qwen\",outcome=\"ok\"}";
+    eventually("the answer counted whole", || async { metric(&gw, series).await == Some(1.0) }).await;
+    let closed =
+        "mlxgate_requests_total{backend=\"local\",client=\"anonymous\",model=\"qwen\",outcome=\"client_closed\"}";
+    assert_eq!(metric(&gw, closed).await.unwrap_or(0.0), 0.0);
+    let _ = release.send(());
+}

@@ -291,7 +291,14 @@ pin_project! {
 
     impl PinnedDrop for StreamMeter {
         fn drop(this: Pin<&mut Self>) {
-            let this = this.project();
+            let mut this = this.project();
+            // Dropped after the answer's `[DONE]` went out, before the backend closed: the client
+            // had the whole answer and hung up (Codex closes at `response.completed`, which the
+            // Responses face sends at `[DONE]`). That is the answer's end, not a departure.
+            if *this.mode == Mode::Sse && this.figures.done && this.forward.out.is_empty() && this.info.is_some() {
+                end(&mut this);
+                return;
+            }
             // Dropped before its end: the client went away.
             if let Some(info) = this.info.take() {
                 if info.normalise.hold_abandoned

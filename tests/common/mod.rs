@@ -2,6 +2,7 @@
 //! what comes back.
 #![allow(dead_code)]
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -489,4 +490,42 @@ pub fn spawn_sim(args: &[&str]) -> (KillOnDrop, String) {
     std::io::BufReader::new(stdout).read_line(&mut line).expect("address line");
     let url = line.trim().rsplit(' ').next().expect("url").to_string();
     (KillOnDrop(child), url)
+}
+
+/// An error body with its `error.request_id` removed, after checking it is there (every error
+/// the gateway makes carries the request's id): what is left is OpenAI's own shape.
+pub fn without_request_id(mut body: Value) -> Value {
+    let id = body["error"].as_object_mut().and_then(|e| e.remove("request_id"));
+    assert!(id.as_ref().and_then(Value::as_str).is_some_and(|id| !id.is_empty()), "no request_id in {body}");
+    body
+}
+
+/// A plain access-log line's `key=value` fields (`None` for any other line) (values quoted with `"` when they are strings with
+/// escapes, else bare).
+pub fn access_fields(line: &str) -> Option<HashMap<String, Value>> {
+    let rest = line.split_once("mlxgate::access: ")?.1;
+    let mut fields = HashMap::new();
+    let mut chars = rest.chars().peekable();
+    while chars.peek().is_some() {
+        let key: String = chars.by_ref().take_while(|&c| c != '=').collect();
+        let mut value = String::new();
+        if chars.peek() == Some(&'"') {
+            value.push(chars.next().expect("quote"));
+            while let Some(c) = chars.next() {
+                value.push(c);
+                if c == '\\' {
+                    value.extend(chars.next());
+                } else if c == '"' {
+                    break;
+                }
+            }
+            chars.next_if_eq(&' ');
+            fields.insert(key.trim().to_string(), serde_json::from_str(&value).expect("quoted value"));
+        } else {
+            value = chars.by_ref().take_while(|&c| c != ' ').collect();
+            let parsed = serde_json::from_str::<Value>(&value).ok().filter(|v| v.is_number() || v.is_boolean());
+            fields.insert(key.trim().to_string(), parsed.unwrap_or(Value::String(value)));
+        }
+    }
+    Some(fields)
 }
