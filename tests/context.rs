@@ -122,6 +122,14 @@ async fn a_max_tokens_over_the_room_left_is_cut_to_it_not_refused() {
         let seen = sim_requests(&sim).await;
         assert_eq!(seen.last().expect("sent")[field], room, "the backend got the room left in {field}");
     }
+    // Both limits sent: each is cut on its own, a smaller one is never raised.
+    let body = json!({"model": "qwen", "messages": small, "max_completion_tokens": 32000, "max_tokens": 100});
+    let response = post(&gw, "/v1/chat/completions", &body).await;
+    assert_eq!(response.status(), 200);
+    let room = CAP - small_tokens;
+    assert_eq!(response.headers()["x-mlxgate-transform"], format!("max_tokens={room}").as_str());
+    let sent = sim_requests(&sim).await.last().cloned().expect("sent");
+    assert_eq!((sent["max_completion_tokens"].clone(), sent["max_tokens"].clone()), (json!(room), json!(100)));
     // A limit that fits is sent as it is, without the header.
     let response =
         post(&gw, "/v1/chat/completions", &json!({"model": "qwen", "messages": small, "max_tokens": 50})).await;
@@ -383,4 +391,24 @@ async fn a_streamed_chunk_sends_headers_and_keepalives_while_mapping_and_a_gone_
     .await;
     let total = sim_stats(&sim).await["total"].as_u64().unwrap();
     assert!(total <= pieces, "no reduce was sent for a client that left: {total} requests");
+}
+
+/// An agent's `max_tokens: 32000` on a chunked prompt: the pieces and the reduce get limits that
+/// fit, and the header says the client's limit was cut (as middle-out's does).
+#[tokio::test]
+async fn a_chunked_answer_whose_limit_was_cut_says_so_in_the_header() {
+    let Some(model) = prerequisites(&[]) else { return };
+    let sim = sim().await;
+    let gw = gateway(&yaml_with_cap(&sim.url(), &model, "chunk", "", 2048)).await;
+    let body = json!({"model": "qwen", "max_tokens": 32000, "messages": [{"role": "user", "content": words(3000, 4)}]});
+    let response = post(&gw, "/v1/chat/completions", &body).await;
+    assert_eq!(response.status(), 200);
+    let transform = response.headers()["x-mlxgate-transform"].to_str().expect("ascii").to_string();
+    let seen = sim_requests(&sim).await;
+    let reduce = seen.last().expect("the reduce")["max_tokens"].as_u64().expect("a limit");
+    assert!(seen.iter().all(|r| r["max_tokens"].as_u64().is_some_and(|m| m < 2048)), "{seen:?}");
+    assert!(
+        transform.starts_with("chunk; pieces=") && transform.ends_with(&format!(", max_tokens={reduce}")),
+        "{transform}"
+    );
 }

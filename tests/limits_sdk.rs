@@ -49,20 +49,8 @@ fn sha256_hex(key: &str) -> String {
     Sha256::digest(key.as_bytes()).iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// The Python with the `openai` SDK, if present. Missing, the test fails saying how to get it,
-/// unless `MLXGATE_SKIP_REAL_SERVERS=1` (never in CI): then it prints why it does not run.
 fn sdk_python() -> Option<PathBuf> {
-    let python = PathBuf::from(ROOT).join(".venv-mlx-openai-server/bin/python");
-    let has_sdk =
-        python.is_file() && Command::new(&python).args(["-c", "import openai"]).status().is_ok_and(|s| s.success());
-    if has_sdk {
-        return Some(python);
-    }
-    let why = "no .venv-mlx-openai-server with the openai SDK: run scripts/setup-backends mlx-openai-server";
-    let skip = std::env::var_os("MLXGATE_SKIP_REAL_SERVERS").is_some_and(|v| v == "1");
-    assert!(skip && std::env::var_os("CI").is_none(), "this test needs the openai SDK: {why}");
-    eprintln!("SKIPPED (MLXGATE_SKIP_REAL_SERVERS=1): {why}");
-    None
+    openai_sdk_python(".venv-mlx-openai-server", "scripts/setup-backends mlx-openai-server")
 }
 
 #[tokio::test]

@@ -81,21 +81,8 @@ out["answer_status"] = second.status
 print(json.dumps(out))
 "#;
 
-/// The Python of `.venv-agents` with the openai SDK, if present. Missing, the test fails
-/// saying how to get it, unless `MLXGATE_SKIP_REAL_SERVERS=1` (never in CI): then it prints why
-/// it does not run.
 fn agents_python() -> Option<PathBuf> {
-    let python = PathBuf::from(ROOT).join(".venv-agents/bin/python");
-    let has_sdk =
-        python.exists() && Command::new(&python).args(["-c", "import openai"]).status().is_ok_and(|s| s.success());
-    if has_sdk {
-        return Some(python);
-    }
-    let why = "no .venv-agents with the openai SDK: run scripts/setup-agents";
-    let skip = std::env::var_os("MLXGATE_SKIP_REAL_SERVERS").is_some_and(|v| v == "1");
-    assert!(skip && std::env::var_os("CI").is_none(), "this test needs the openai SDK: {why}");
-    eprintln!("SKIPPED (MLXGATE_SKIP_REAL_SERVERS=1): {why}");
-    None
+    openai_sdk_python(".venv-agents", "scripts/setup-agents")
 }
 
 #[tokio::test]

@@ -118,7 +118,11 @@ pub fn reduce_request(
 
 /// The `x-mlxgate-transform` header of a chunked request.
 pub fn transform(plan: &ChunkPlan) -> String {
-    format!("chunk; pieces={}", plan.pieces.len())
+    let pieces = plan.pieces.len();
+    match plan.max_tokens_cut {
+        true => format!("chunk; pieces={pieces}, max_tokens={}", plan.reduce_max_tokens),
+        false => format!("chunk; pieces={pieces}"),
+    }
 }
 
 /// A chunked request whose client asked for a stream, carried out after its headers are sent.

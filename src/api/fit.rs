@@ -434,8 +434,11 @@ async fn blocking<T: Send + 'static>(
     })
 }
 
-/// The client's `max_completion_tokens` or `max_tokens` (`None`: not given).
+/// The client's limit on the answer: `max_tokens` or `max_completion_tokens`, the larger when
+/// it sent both (servers differ in which they read, so the request fits only when both do;
+/// each is then cut on its own, see [`set_max_tokens`]). `None`: neither, or both null.
 fn requested_max_tokens(fields: &RawBody) -> Result<Option<usize>, GatewayError> {
+    let mut largest = None;
     for key in ["max_completion_tokens", "max_tokens"] {
         let Some(raw) = fields.get(key) else { continue };
         if raw.get() == "null" {
@@ -443,11 +446,12 @@ fn requested_max_tokens(fields: &RawBody) -> Result<Option<usize>, GatewayError>
         }
         let n: u64 = serde_json::from_str(raw.get()).map_err(|_| GatewayError::InvalidRequest {
             message: format!("`{key}` must be a non-negative integer"),
-            param: None,
+            param: Some(key),
         })?;
-        return Ok(Some(usize::try_from(n).unwrap_or(usize::MAX)));
+        let n = usize::try_from(n).unwrap_or(usize::MAX);
+        largest = Some(largest.map_or(n, |m: usize| m.max(n)));
     }
-    Ok(None)
+    Ok(largest)
 }
 
 /// Sets the limit the backend gets to the room the plan left: when the client gave none, the
@@ -469,8 +473,10 @@ fn set_max_tokens(
     if given <= room {
         return Ok(None);
     }
+    // Each limit the client sent is cut on its own, never raised: a smaller one stays its own.
     for key in ["max_tokens", "max_completion_tokens"] {
-        if fields.get(key).is_some_and(|v| v.get() != "null") {
+        let sent = fields.get(key).and_then(|v| serde_json::from_str::<u64>(v.get()).ok());
+        if sent.is_some_and(|n| n > room as u64) {
             fields.insert(key.into(), raw(&room)?);
         }
     }
@@ -710,8 +716,27 @@ mod tests {
     }
 
     #[test]
+    fn each_limit_the_client_sent_is_cut_on_its_own_and_never_raised() {
+        let mut fields: RawBody =
+            serde_json::from_str(r#"{"max_completion_tokens": 32000, "max_tokens": 100}"#).expect("JSON");
+        let given = requested_max_tokens(&fields).expect("valid");
+        assert_eq!(set_max_tokens(&mut fields, given, 1029, 4096).expect("set"), Some("max_tokens=1029".into()));
+        assert_eq!(fields["max_completion_tokens"].get(), "1029");
+        assert_eq!(fields["max_tokens"].get(), "100", "the client's smaller limit stays");
+        let mut fields: RawBody = serde_json::from_str(r#"{"max_tokens": 32000}"#).expect("JSON");
+        assert_eq!(set_max_tokens(&mut fields, Some(32000), 700, 4096).expect("set"), Some("max_tokens=700".into()));
+        assert_eq!(fields["max_tokens"].get(), "700");
+        assert!(!fields.contains_key("max_completion_tokens"), "no field the client did not send");
+        let mut fields: RawBody = serde_json::from_str(r#"{"max_tokens": 50}"#).expect("JSON");
+        assert_eq!(set_max_tokens(&mut fields, Some(50), 700, 4096).expect("set"), None);
+        assert_eq!(fields["max_tokens"].get(), "50");
+    }
+
+    #[test]
     fn max_tokens_is_read_from_either_name() {
         let fields: RawBody = serde_json::from_str(r#"{"max_completion_tokens": 7, "max_tokens": 9}"#).unwrap();
+        assert_eq!(requested_max_tokens(&fields).unwrap(), Some(9), "the larger of the two");
+        let fields: RawBody = serde_json::from_str(r#"{"max_completion_tokens": 7, "max_tokens": null}"#).unwrap();
         assert_eq!(requested_max_tokens(&fields).unwrap(), Some(7));
         let fields: RawBody = serde_json::from_str(r#"{"max_tokens": null}"#).unwrap();
         assert_eq!(requested_max_tokens(&fields).unwrap(), None);

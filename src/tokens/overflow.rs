@@ -177,6 +177,8 @@ pub struct ChunkPlan {
     pub map_max_tokens: usize,
     /// `max_tokens` for the reduce request: the room left, at most the client's.
     pub reduce_max_tokens: usize,
+    /// Whether `reduce_max_tokens` is less than the client's `max_tokens` (the header says so).
+    pub max_tokens_cut: bool,
     /// Tokens of the original message that was split.
     pub message_tokens: usize,
     /// The reduce request's messages before its user message: the system/developer messages and
@@ -740,6 +742,7 @@ impl Split<'_> {
                 pieces,
                 map_max_tokens: map_max,
                 reduce_max_tokens,
+                max_tokens_cut: self.budget.max_tokens.is_some_and(|max| reduce_max_tokens < max),
                 message_tokens: self.ids.len(),
                 reduce_context: context.to_vec(),
                 request: request.to_string(),
@@ -1663,6 +1666,7 @@ mod tests {
             plan.reduce_max_tokens
         );
         assert!(plan.reduce_max_tokens <= budget.max_tokens.unwrap_or(usize::MAX));
+        assert_eq!(plan.max_tokens_cut, budget.max_tokens.is_some_and(|max| plan.reduce_max_tokens < max));
     }
 
     // -----------------------------------------------------------------------------------------

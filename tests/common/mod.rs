@@ -529,3 +529,20 @@ pub fn access_fields(line: &str) -> Option<HashMap<String, Value>> {
     }
     Some(fields)
 }
+
+/// The Python of `venv` (a directory at the repository's root) when it can import the openai
+/// SDK. Missing, the test fails saying to run `setup` (the script that builds the venv), unless
+/// `MLXGATE_SKIP_REAL_SERVERS=1` (never in CI): then it prints why it does not run.
+pub fn openai_sdk_python(venv: &str, setup: &str) -> Option<PathBuf> {
+    let python = PathBuf::from(ROOT).join(venv).join("bin/python");
+    let has_sdk = python.is_file()
+        && std::process::Command::new(&python).args(["-c", "import openai"]).status().is_ok_and(|s| s.success());
+    if has_sdk {
+        return Some(python);
+    }
+    let why = format!("no {venv} with the openai SDK: run {setup}");
+    let skip = std::env::var_os("MLXGATE_SKIP_REAL_SERVERS").is_some_and(|v| v == "1");
+    assert!(skip && std::env::var_os("CI").is_none(), "this test needs the openai SDK: {why}");
+    eprintln!("SKIPPED (MLXGATE_SKIP_REAL_SERVERS=1): {why}");
+    None
+}
