@@ -586,3 +586,27 @@ async fn whole_calls_in_separate_chunks_without_index_are_separate_items() {
         done_items(&parse_events(&body)).iter().map(|item| json!([item["name"], item["arguments"]])).collect();
     assert_eq!(done, vec![json!(["read", "{\"p\":1}"]), json!(["write", "{\"q\":2}"])], "{body}");
 }
+
+/// A prompt over the context cap is refused on `input`, the field the client sent (the cap is
+/// measured on the chat `messages` it becomes).
+#[tokio::test]
+async fn a_prompt_over_the_cap_is_refused_on_input() {
+    let sim = sim().await;
+    let yaml = format!(
+        "backends:\n  local: {{url: '{}', max_concurrency: 4, context_cap: 2048}}\n\
+         models:\n  qwen: {{backend: local, upstream_model: tiny-qwen3, max_queue: 16, max_wait: 60s}}\n",
+        sim.url()
+    );
+    let gw = gateway(&yaml).await;
+    let words: Vec<String> = (0..5000).map(|i| format!("w{i}")).collect();
+    let (status, text) = responses(&gw, &json!({"model": "qwen", "input": words.join(" ")})).await;
+    assert_eq!(status, 400, "{text}");
+    let body: Value = serde_json::from_str(&text).expect("json");
+    let error = &body["error"];
+    assert_eq!(error["code"], "context_length_exceeded", "{body}");
+    assert_eq!(error["param"], "input", "{body}");
+    let message = error["message"].as_str().expect("message");
+    assert!(message.contains("your input") && !message.contains("messages"), "{message}");
+    assert!(error["request_id"].is_string(), "{body}");
+    assert!(sim_requests(&sim).await.is_empty());
+}
