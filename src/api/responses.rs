@@ -4,7 +4,8 @@
 //! the stream meter, metrics, the outcome); its answer is translated back (`events`), a
 //! stream event by event as the metered chat stream delivers them (`body`), a whole answer as
 //! one `response` object. Refusals and backend errors keep OpenAI's error shape, which the
-//! Responses API shares.
+//! Responses API shares; a prompt over the context cap is refused on `input` (the field the
+//! client sent), not on the `messages` it became.
 //!
 //! Only stateless requests are served: `store: true`, `previous_response_id` and
 //! `conversation` get a 400 (Codex sends `store: false` and the whole conversation each turn).

@@ -16,7 +16,9 @@
 //!   what a `response.completed` carries and goes on; the openai SDK's typed parser accepts
 //!   `status: "incomplete"` there and its stream helper needs `response.completed` to finish.
 //! - `response.failed` — the backend failed mid-stream (an error event, or the meter's event for
-//!   a cut stream), with `error.code: "server_error"` and the gateway's message; nothing follows.
+//!   a cut stream), with `error.code: "server_error"`, the gateway's message, and the chat error
+//!   event's `type` and `request_id`; its output shows the items as far as they went (open
+//!   ones `incomplete`); nothing follows.
 //!
 //! Tool calls get their own call ids (`call_…`, unique in the response): backends' ids repeat
 //! (from 0 each answer, or none), while clients match outputs to calls by them.

@@ -6,9 +6,10 @@
 //! parts; `function_call`, `custom_tool_call`, `local_shell_call` and their outputs;
 //! `reasoning` items), `instructions`, `tools` (functions; `custom` tools and `local_shell` as
 //! functions; hosted tools dropped), `tool_choice`, `parallel_tool_calls`,
-//! `max_output_tokens`, `temperature`, `top_p`, `stream`. What is refused: server-side state
-//! (`store: true`, `previous_response_id`, `conversation`): mlxgate keeps no responses. Any
-//! other field is ignored, never refused (Codex sends `include`, `reasoning`, `text`,
+//! `max_output_tokens`, `temperature`, `top_p`, `stream`, `text.format` (as `response_format`).
+//! What is refused: server-side state (`store: true`, `previous_response_id`, `conversation`):
+//! mlxgate keeps no responses; an `input` with no item a chat backend can use. Any other field
+//! is ignored, never refused (Codex sends `include`, `reasoning`, `text.verbosity`,
 //! `client_metadata`, …).
 //!
 //! System text: Qwen's chat templates take the first message's system text into their tools
