@@ -335,19 +335,18 @@ impl Translator {
                 _ => None,
             })
         };
+        // A named delta goes on only with a call that has no name yet.
+        let goes_on = |name: &String| !named || name.is_empty();
         let found = match (delta.index, &delta.id) {
             (Some(index), _) => calls().find(|(_, key, _, _)| *key == index).map(|(at, ..)| at),
             // The latest call with that id (a repeated id may already have started another).
             (None, Some(id)) => calls()
-                .filter(|(_, _, backend_id, _)| backend_id.as_ref() == Some(id))
-                .last()
-                .filter(|(.., name)| !(named && !name.is_empty()))
+                .rfind(|(_, _, backend_id, _)| backend_id.as_ref() == Some(id))
+                .filter(|(.., name)| goes_on(name))
                 .map(|(at, ..)| at),
             // No index and no id: the last open call goes on (the first of a delta's calls: the
             // others in the same delta are calls of their own).
-            (None, None) => {
-                calls().last().filter(|(.., name)| position == 0 && !(named && !name.is_empty())).map(|(at, ..)| at)
-            }
+            (None, None) => calls().next_back().filter(|(.., name)| position == 0 && goes_on(name)).map(|(at, ..)| at),
         };
         let function = delta.function.unwrap_or_default();
         let piece = match function.arguments {
