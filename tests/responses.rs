@@ -2,8 +2,10 @@
 //! sequence and its sequence numbers, the whole `response` object, a tool round trip (the
 //! `function_call` item sent back with its `function_call_output` reaches the backend as an
 //! assistant `tool_calls` message and a `tool` message), a custom tool, the refusal of
-//! server-side state, a backend failing mid-stream, an answer cut by `max_output_tokens`, and
-//! usage equal to the gateway's metrics.
+//! server-side state, a backend failing mid-stream (with its request id and the text so far), an
+//! answer cut by `max_output_tokens`, usage equal to the gateway's metrics, structured output
+//! (`text.format`), an input with nothing to send, history arguments that are not JSON, and
+//! whole tool calls without `index` from a backend that sends them so.
 
 mod common;
 
@@ -398,4 +400,213 @@ async fn a_client_that_hangs_up_at_response_completed_had_a_whole_answer() {
         "mlxgate_requests_total{backend=\"local\",client=\"anonymous\",model=\"qwen\",outcome=\"client_closed\"}";
     assert_eq!(metric(&gw, closed).await.unwrap_or(0.0), 0.0);
     let _ = release.send(());
+}
+
+/// `text.format` (what the SDK's `responses.parse` sends) reaches the backend as the chat
+/// `response_format`; `json_object` as is; `text` as nothing.
+#[tokio::test]
+async fn text_format_reaches_the_backend_as_response_format() {
+    // A scripted simulator answers a request for JSON with an instance of its schema.
+    let sim = scripted(json!({}), Behaviour::default()).await;
+    let gw = gateway_for(&sim).await;
+    let schema = json!({"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]});
+    let format = json!({"type": "json_schema", "name": "Out", "schema": schema, "strict": true, "description": "d"});
+    let (status, text) =
+        responses(&gw, &json!({"model": "qwen", "input": "weather?", "text": {"format": format}})).await;
+    assert_eq!(status, 200, "{text}");
+    let sent = last_backend_request(&sim).await;
+    assert_eq!(
+        sent["response_format"],
+        json!({"type": "json_schema", "json_schema": {"name": "Out", "schema": schema, "strict": true, "description": "d"}}),
+        "backend got: {sent}"
+    );
+    // The output text is the simulator's instance of the schema.
+    let response: Value = serde_json::from_str(&text).expect("json");
+    let answer: Value = serde_json::from_str(response["output"][0]["content"][0]["text"].as_str().expect("text"))
+        .unwrap_or_else(|e| panic!("{e}: {response}"));
+    assert!(answer["city"].is_string(), "{answer}");
+
+    for (format, want) in
+        [(json!({"type": "json_object"}), json!({"type": "json_object"})), (json!({"type": "text"}), Value::Null)]
+    {
+        let (status, _) = responses(&gw, &json!({"model": "qwen", "input": "x", "text": {"format": format}})).await;
+        assert_eq!(status, 200);
+        assert_eq!(last_backend_request(&sim).await["response_format"], want);
+    }
+}
+
+/// An input with no item a chat backend can use is a 400 on `input`, never an empty
+/// conversation sent to the backend (mlx_lm.server's 404).
+#[tokio::test]
+async fn an_input_with_no_usable_item_is_a_400_and_nothing_is_sent() {
+    let sim = sim().await;
+    let gw = gateway_for(&sim).await;
+    let inputs = [json!([]), json!(null), json!([{"type": "item_reference", "id": "msg_1"}])];
+    for input in inputs {
+        let (status, text) =
+            responses(&gw, &json!({"model": "qwen", "instructions": "Be brief.", "input": input})).await;
+        assert_eq!(status, 400, "input {input}: {text}");
+        let body: Value = serde_json::from_str(&text).expect("json");
+        assert_eq!(body["error"]["param"], "input", "{body}");
+        assert_eq!(body["error"]["type"], "invalid_request_error", "{body}");
+    }
+    let (status, text) = responses(&gw, &json!({"model": "qwen"})).await;
+    assert_eq!(status, 400, "no input: {text}");
+    assert!(sim_requests(&sim).await.is_empty(), "the backend got an empty conversation");
+}
+
+/// A call cut by `max_output_tokens` and sent back as it was: its arguments reach the backend
+/// as valid JSON (mlx_lm.server parses them and answers 404 otherwise).
+#[tokio::test]
+async fn history_arguments_that_are_not_json_reach_the_backend_as_json() {
+    let sim = sim().await;
+    let gw = gateway_for(&sim).await;
+    let input = json!([
+        {"role": "user", "content": "run it"},
+        {"type": "function_call", "call_id": "c1", "name": "shell", "arguments": "{\"cmd\": \"ec"},
+        {"type": "function_call_output", "call_id": "c1", "output": "cut"},
+    ]);
+    let (status, text) = responses(&gw, &json!({"model": "qwen", "input": input})).await;
+    assert_eq!(status, 200, "{text}");
+    let sent = last_backend_request(&sim).await;
+    let arguments = sent["messages"][1]["tool_calls"][0]["function"]["arguments"].as_str().expect("string");
+    let parsed: Value = serde_json::from_str(arguments).unwrap_or_else(|e| panic!("{e}: {arguments}"));
+    assert_eq!(parsed, "{\"cmd\": \"ec");
+}
+
+/// A Responses stream the backend cut: `response.failed` names the request id (as the chat
+/// face's error event does) and the error's type, and its output shows the text already sent.
+#[tokio::test]
+async fn a_failed_stream_names_its_request_id_and_keeps_the_text_so_far() {
+    let sim = sim_with(Behaviour { tokens: Some(8), drop_after: Some(3), ..Default::default() }).await;
+    let gw = gateway_for(&sim).await;
+    let response = client()
+        .post(gw.url("/v1/responses"))
+        .header("x-request-id", "trace-review-1")
+        .json(&json!({"model": "qwen", "input": "hi", "stream": true}))
+        .send()
+        .await
+        .expect("send");
+    let body = text_of(response).await;
+    let events = parse_events(&body);
+    let failed = events.iter().find(|e| e["type"] == "response.failed").unwrap_or_else(|| panic!("{body}"));
+    let error = &failed["response"]["error"];
+    assert_eq!(error["request_id"], "trace-review-1", "{error}");
+    assert_eq!(error["type"], "backend_error", "{error}");
+    assert_eq!(error["code"], "server_error", "{error}");
+    let streamed: String = events
+        .iter()
+        .filter(|e| e["type"] == "response.output_text.delta")
+        .filter_map(|e| e["delta"].as_str())
+        .collect();
+    assert!(!streamed.is_empty(), "{body}");
+    let output = &failed["response"]["output"];
+    assert_eq!(output[0]["status"], "incomplete", "{output}");
+    assert_eq!(output[0]["content"][0]["text"], streamed.as_str(), "{output}");
+}
+
+/// A backend on a raw socket that answers every POST with `sse` (HTTP/1.0-style: the body ends
+/// at the close) and every GET with an empty model list.
+async fn canned_backend(sse: String) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let url = format!("http://{}", listener.local_addr().expect("addr"));
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut socket, _)) = listener.accept().await else { return };
+            let sse = sse.clone();
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 8192];
+                let head_end = loop {
+                    let n = socket.read(&mut chunk).await.unwrap_or(0);
+                    if n == 0 {
+                        return;
+                    }
+                    buf.extend_from_slice(&chunk[..n]);
+                    if let Some(at) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                        break at + 4;
+                    }
+                };
+                let head = String::from_utf8_lossy(&buf[..head_end]).to_lowercase();
+                let length = head
+                    .lines()
+                    .find_map(|l| l.strip_prefix("content-length:"))
+                    .and_then(|v| v.trim().parse::<usize>().ok())
+                    .unwrap_or(0);
+                while buf.len() < head_end + length {
+                    let n = socket.read(&mut chunk).await.unwrap_or(0);
+                    if n == 0 {
+                        break;
+                    }
+                    buf.extend_from_slice(&chunk[..n]);
+                }
+                let response = if head.starts_with("post") {
+                    format!("HTTP/1.0 200 OK\r\ncontent-type: text/event-stream\r\n\r\n{sse}")
+                } else {
+                    let body = r#"{"object":"list","data":[{"id":"tiny-qwen3","object":"model"}]}"#;
+                    format!(
+                        "HTTP/1.0 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+                        body.len()
+                    )
+                };
+                let _ = socket.write_all(response.as_bytes()).await;
+                let _ = socket.shutdown().await;
+            });
+        }
+    });
+    url
+}
+
+/// Two tool calls, each sent whole in its own chunk without `index` or `id` (a server that
+/// streams every call complete), are two `function_call` items, not one "readwrite" with
+/// arguments `{"p":1}{"q":2}`.
+#[tokio::test]
+async fn whole_calls_in_separate_chunks_without_index_are_separate_items() {
+    let frame = |delta: Value, finish: Value| {
+        let chunk = json!({"id": "c", "object": "chat.completion.chunk", "model": "m",
+                           "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]});
+        format!("data: {chunk}\n\n")
+    };
+    let call =
+        |name: &str, arguments: &str| json!({"type": "function", "function": {"name": name, "arguments": arguments}});
+    let sse = [
+        frame(json!({"role": "assistant", "tool_calls": [call("read", "{\"p\":1}")]}), Value::Null),
+        frame(json!({"tool_calls": [call("write", "{\"q\":2}")]}), Value::Null),
+        frame(json!({}), json!("tool_calls")),
+        "data: [DONE]\n\n".to_string(),
+    ]
+    .concat();
+    let url = canned_backend(sse).await;
+    let gw = gateway(&one_model_yaml(&url, 4, 16)).await;
+    let tools = json!([{"type": "function", "name": "read"}, {"type": "function", "name": "write"}]);
+    let (status, body) = responses(&gw, &json!({"model": "qwen", "input": "go", "stream": true, "tools": tools})).await;
+    assert_eq!(status, 200, "{body}");
+    let done: Vec<Value> =
+        done_items(&parse_events(&body)).iter().map(|item| json!([item["name"], item["arguments"]])).collect();
+    assert_eq!(done, vec![json!(["read", "{\"p\":1}"]), json!(["write", "{\"q\":2}"])], "{body}");
+}
+
+/// A prompt over the context cap is refused on `input`, the field the client sent (the cap is
+/// measured on the chat `messages` it becomes).
+#[tokio::test]
+async fn a_prompt_over_the_cap_is_refused_on_input() {
+    let sim = sim().await;
+    let yaml = format!(
+        "backends:\n  local: {{url: '{}', max_concurrency: 4, context_cap: 2048}}\n\
+         models:\n  qwen: {{backend: local, upstream_model: tiny-qwen3, max_queue: 16, max_wait: 60s}}\n",
+        sim.url()
+    );
+    let gw = gateway(&yaml).await;
+    let words: Vec<String> = (0..5000).map(|i| format!("w{i}")).collect();
+    let (status, text) = responses(&gw, &json!({"model": "qwen", "input": words.join(" ")})).await;
+    assert_eq!(status, 400, "{text}");
+    let body: Value = serde_json::from_str(&text).expect("json");
+    let error = &body["error"];
+    assert_eq!(error["code"], "context_length_exceeded", "{body}");
+    assert_eq!(error["param"], "input", "{body}");
+    let message = error["message"].as_str().expect("message");
+    assert!(message.contains("your input") && !message.contains("messages"), "{message}");
+    assert!(error["request_id"].is_string(), "{body}");
+    assert!(sim_requests(&sim).await.is_empty());
 }

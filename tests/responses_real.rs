@@ -3,7 +3,8 @@
 //! tool responses, `<think>`): a Codex-shaped conversation (instructions, a developer message,
 //! reasoning passed back, a function call and its output, a custom tool) is translated into
 //! messages the server renders and answers, streamed and whole, and the usage each answer
-//! reports equals what the gateway's metrics counted.
+//! reports equals what the gateway's metrics counted; a call cut mid-arguments and sent back is
+//! answered too.
 
 mod common;
 
@@ -107,4 +108,14 @@ async fn mlx_lm_server_answers_a_translated_codex_turn_and_its_usage_is_the_metr
     assert_eq!(cached, Some(cached_tokens as f64));
     let ok = metric(&gw, &format!("mlxgate_requests_total{{{labels},outcome=\"ok\"}}")).await;
     assert_eq!(ok, Some(3.0));
+
+    // A call cut by `max_output_tokens` sent back as it was (arguments that are not JSON): the
+    // server parses history arguments, and answered 404 "Unterminated string" before the
+    // gateway made them JSON.
+    let mut cut = codex_turn(false);
+    cut["input"][3]["arguments"] = Value::from("{\"cmd\": \"ec");
+    let r = post(&gw, "/v1/responses", &cut).await;
+    let status = r.status();
+    let text = text_of(r).await;
+    assert_eq!(status, 200, "{text}");
 }

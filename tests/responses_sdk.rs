@@ -1,10 +1,11 @@
 //! The official `openai` Python SDK's Responses client through mlxgate in front of the
 //! simulator: `responses.create` (whole and streamed) and `responses.stream` (the SDK's own
-//! event accumulator, which needs `response.completed`), plain and with function tools, and a
-//! tool round trip made of the SDK's own output items. Every event and object is also
-//! validated strictly against the SDK's pydantic types (`ResponseStreamEvent` is a union
-//! discriminated by `type`: an event type or field the SDK does not know fails). The SDK is the
-//! one in `.venv-agents` (scripts/setup-agents installs it, pinned).
+//! event accumulator, which needs `response.completed`), plain and with function tools, a tool
+//! round trip made of the SDK's own output items, and `responses.parse` (structured output).
+//! Every event and object is also validated strictly against the SDK's pydantic types
+//! (`ResponseStreamEvent` is a union discriminated by `type`: an event type or field the SDK
+//! does not know fails). The SDK is the one in `.venv-agents` (scripts/setup-agents installs
+//! it, pinned).
 
 mod common;
 
@@ -61,6 +62,13 @@ out["stream_status"] = final.status
 
 # Plain, streamed, each event validated strictly.
 out["strict_types"] = strict_stream({"model": "qwen", "input": "hello", "stream": True})
+
+# Structured output: `responses.parse` sends `text.format` and parses the answer as the model.
+from pydantic import BaseModel
+class Weather(BaseModel):
+    city: str
+parsed = client.responses.parse(model="qwen", input="weather?", text_format=Weather)
+out["parsed"] = parsed.output_parsed.model_dump()
 
 # With function tools: the SDK's stream helper, then the round trip with its own items.
 tools = [{"type": "function", "name": "get_weather", "description": "The weather in a city.",
@@ -126,6 +134,12 @@ async fn the_openai_sdk_creates_and_streams_responses_and_round_trips_a_tool_cal
     assert_eq!(seen["calls"].as_array().map(Vec::len), Some(1), "{seen}");
     assert_eq!(seen["calls"][0]["name"], "get_weather");
     assert_eq!(seen["calls"][0]["arguments"], json!({"city": "Paris"}));
+    assert!(seen["parsed"]["city"].is_string(), "{seen}");
+    let asked = sim_requests(&sim).await;
+    let format = asked.iter().find_map(|r| r.get("response_format")).expect("a request with response_format");
+    assert_eq!(format["type"], "json_schema", "{format}");
+    assert_eq!(format["json_schema"]["name"], "Weather", "{format}");
+    assert_eq!(format["json_schema"]["schema"]["required"], json!(["city"]), "{format}");
     assert_eq!(seen["answer"], "It is sunny in Paris.");
     assert_eq!(seen["answer_status"], "completed");
 

@@ -16,7 +16,9 @@
 //!   what a `response.completed` carries and goes on; the openai SDK's typed parser accepts
 //!   `status: "incomplete"` there and its stream helper needs `response.completed` to finish.
 //! - `response.failed` — the backend failed mid-stream (an error event, or the meter's event for
-//!   a cut stream), with `error.code: "server_error"` and the gateway's message; nothing follows.
+//!   a cut stream), with `error.code: "server_error"`, the gateway's message, and the chat error
+//!   event's `type` and `request_id`; its output shows the items as far as they went (open
+//!   ones `incomplete`); nothing follows.
 //!
 //! Tool calls get their own call ids (`call_…`, unique in the response): backends' ids repeat
 //! (from 0 each answer, or none), while clients match outputs to calls by them.
@@ -166,7 +168,9 @@ pub struct Translator {
     items: Vec<Item>,
     usage: Option<Usage>,
     finish: Option<String>,
-    error: Option<String>,
+    /// Why the answer failed: the message, and the chat error event's object when there was
+    /// one (its `type`, `code` and `request_id` go into `response.error`).
+    error: Option<(String, Option<Value>)>,
     phase: Phase,
 }
 
@@ -225,7 +229,7 @@ impl Translator {
         let mut out = Vec::new();
         self.begin(&mut out);
         if self.phase == Phase::Running {
-            self.error.get_or_insert_with(|| "the backend's answer ended before it was complete".into());
+            self.error.get_or_insert_with(|| ("the backend's answer ended before it was complete".into(), None));
         }
         self.terminate(&mut out);
         Bytes::from(out)
@@ -236,7 +240,7 @@ impl Translator {
         let mut out = Vec::new();
         self.begin(&mut out);
         if self.phase == Phase::Running {
-            self.error = Some(message.to_string());
+            self.error = Some((message.to_string(), None));
         }
         self.terminate(&mut out);
         Bytes::from(out)
@@ -244,7 +248,7 @@ impl Translator {
 
     fn chunk(&mut self, out: &mut Vec<u8>, chunk: Chunk) {
         if let Some(error) = chunk.error.filter(|e| !e.is_null()) {
-            self.error = Some(error_message(&error));
+            self.error = Some((error_message(&error), Some(error)));
             self.terminate(out);
             return;
         }
@@ -319,27 +323,31 @@ impl Translator {
 
     /// One tool-call delta, the `position`th of its chunk: `index` says which call it continues;
     /// without one (servers that send each call whole), a new `id` is a new call, and no id
-    /// continues the last open call (a chunk's first) or is a new call (the others).
+    /// continues the last open call (a chunk's first) or is a new call (the others). Without an
+    /// `index`, a delta that names its function while the call it would continue (by a repeated
+    /// id, or as the last open call) is already named is a new call: a name comes once per
+    /// call, so two whole calls never merge into one ("readwrite", `{"p":1}{"q":2}`).
     fn call(&mut self, out: &mut Vec<u8>, position: usize, delta: CallDelta) {
-        let calls = || self.items.iter().enumerate().filter(|(_, i)| !i.done);
-        let found = calls().find_map(|(at, item)| match &item.body {
-            Body::Call { key, backend_id, .. } => {
-                let same = match (delta.index, &delta.id) {
-                    (Some(index), _) => *key == index,
-                    (None, Some(id)) => backend_id.as_ref() == Some(id),
-                    (None, None) => false,
-                };
-                same.then_some(at)
-            }
-            _ => None,
-        });
-        let found = found.or_else(|| {
+        let named = delta.function.as_ref().and_then(|f| f.name.as_deref()).is_some_and(|n| !n.is_empty());
+        let calls = || {
+            self.items.iter().enumerate().filter_map(|(at, item)| match &item.body {
+                Body::Call { key, backend_id, name, .. } if !item.done => Some((at, *key, backend_id, name)),
+                _ => None,
+            })
+        };
+        // A named delta goes on only with a call that has no name yet.
+        let goes_on = |name: &String| !named || name.is_empty();
+        let found = match (delta.index, &delta.id) {
+            (Some(index), _) => calls().find(|(_, key, _, _)| *key == index).map(|(at, ..)| at),
+            // The latest call with that id (a repeated id may already have started another).
+            (None, Some(id)) => calls()
+                .rfind(|(_, _, backend_id, _)| backend_id.as_ref() == Some(id))
+                .filter(|(.., name)| goes_on(name))
+                .map(|(at, ..)| at),
             // No index and no id: the last open call goes on (the first of a delta's calls: the
             // others in the same delta are calls of their own).
-            (delta.index.is_none() && delta.id.is_none() && position == 0)
-                .then(|| calls().filter(|(_, i)| matches!(i.body, Body::Call { .. })).map(|(at, _)| at).next_back())
-                .flatten()
-        });
+            (None, None) => calls().next_back().filter(|(.., name)| position == 0 && goes_on(name)).map(|(at, ..)| at),
+        };
         let function = delta.function.unwrap_or_default();
         let piece = match function.arguments {
             Some(Value::String(text)) => text,
@@ -515,7 +523,12 @@ impl Translator {
         let output: Vec<Value> = if status == "in_progress" {
             Vec::new()
         } else {
-            (0..self.items.len()).filter(|&i| self.items[i].announced).map(|i| self.item_json(i, "")).collect()
+            // An item still open when the answer failed is shown as far as it went.
+            let status_of = |i: usize| if self.items[i].done { "" } else { "incomplete" };
+            (0..self.items.len())
+                .filter(|&i| self.items[i].announced)
+                .map(|i| self.item_json(i, status_of(i)))
+                .collect()
         };
         let mut response = json!({
             "id": self.id,
@@ -540,10 +553,7 @@ impl Translator {
             "usage": self.usage_json(),
         });
         match status {
-            "failed" => {
-                let message = self.error.clone().unwrap_or_default();
-                response["error"] = json!({"code": "server_error", "message": message});
-            }
+            "failed" => response["error"] = self.error_json(),
             "incomplete" => {
                 let reason = match self.finish.as_deref() {
                     Some("content_filter") => "content_filter",
@@ -556,6 +566,26 @@ impl Translator {
             _ => {}
         }
         response
+    }
+
+    /// A failed response's `error`: its message, `code` `server_error` (the Responses API's
+    /// code for a failure on the server's side; `rate_limit_exceeded` kept), and from the chat
+    /// error event the gateway's `type` and the request's `request_id` (the access log line's
+    /// id), which OpenAI's error object does not have and its SDKs keep.
+    fn error_json(&self) -> Value {
+        let (message, event) = self.error.clone().unwrap_or_default();
+        let event = event.unwrap_or(Value::Null);
+        let code = match event.get("code").and_then(Value::as_str) {
+            Some("rate_limit_exceeded") => "rate_limit_exceeded",
+            _ => "server_error",
+        };
+        let mut error = json!({"code": code, "message": message});
+        for key in ["type", "request_id"] {
+            if let Some(value) = event.get(key).filter(|v| v.is_string()) {
+                error[key] = value.clone();
+            }
+        }
+        error
     }
 
     /// The whole item at `index`; `status` empty: its own (`completed`, `incomplete`, or

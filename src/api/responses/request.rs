@@ -6,9 +6,10 @@
 //! parts; `function_call`, `custom_tool_call`, `local_shell_call` and their outputs;
 //! `reasoning` items), `instructions`, `tools` (functions; `custom` tools and `local_shell` as
 //! functions; hosted tools dropped), `tool_choice`, `parallel_tool_calls`,
-//! `max_output_tokens`, `temperature`, `top_p`, `stream`. What is refused: server-side state
-//! (`store: true`, `previous_response_id`, `conversation`): mlxgate keeps no responses. Any
-//! other field is ignored, never refused (Codex sends `include`, `reasoning`, `text`,
+//! `max_output_tokens`, `temperature`, `top_p`, `stream`, `text.format` (as `response_format`).
+//! What is refused: server-side state (`store: true`, `previous_response_id`, `conversation`):
+//! mlxgate keeps no responses; an `input` with no item a chat backend can use. Any other field
+//! is ignored, never refused (Codex sends `include`, `reasoning`, `text.verbosity`,
 //! `client_metadata`, …).
 //!
 //! System text: Qwen's chat templates take the first message's system text into their tools
@@ -117,6 +118,9 @@ pub fn translate(body: &[u8]) -> Result<Translated, GatewayError> {
         if let Some(value) = request.get(from).filter(|v| v.is_number()) {
             chat.insert(to.into(), value.clone());
         }
+    }
+    if let Some(format) = request.get("text").and_then(|t| t.get("format")).and_then(response_format) {
+        chat.insert("response_format".into(), format);
     }
     chat.insert("stream".into(), Value::Bool(stream));
     if stream {
@@ -269,12 +273,49 @@ fn tool_choice(choice: &Value, kinds: &HashMap<String, ToolKind>) -> Option<Valu
     kinds.contains_key(name).then(|| json!({"type": "function", "function": {"name": name}}))
 }
 
-/// The chat messages of `instructions` and `input`.
+/// Structured output: the Responses `text.format` as the chat `response_format` (`json_schema`
+/// with its name, schema, strict and description under `json_schema`; `json_object` as is).
+/// `text` (the default) and anything unknown: none.
+fn response_format(format: &Value) -> Option<Value> {
+    match format.get("type").and_then(Value::as_str)? {
+        "json_schema" => {
+            let mut schema = Map::new();
+            for key in ["name", "schema", "strict", "description"] {
+                if let Some(value) = format.get(key).filter(|v| !v.is_null()) {
+                    schema.insert(key.into(), value.clone());
+                }
+            }
+            Some(json!({"type": "json_schema", "json_schema": schema}))
+        }
+        "json_object" => Some(json!({"type": "json_object"})),
+        _ => None,
+    }
+}
+
+/// A history call's `arguments` as valid JSON text. mlx_lm.server parses every history call's
+/// arguments (`json.loads`) and answers 404 on text that is not JSON, which a call cut by
+/// `max_output_tokens` and sent back as it was (`{"cmd": "ec`) is: such text goes to the
+/// backend as a JSON string (the template shows it as written), an empty one as `{}`.
+fn json_arguments(text: &str) -> String {
+    if text.trim().is_empty() {
+        return "{}".to_string();
+    }
+    match serde_json::from_str::<serde::de::IgnoredAny>(text) {
+        Ok(_) => text.to_string(),
+        Err(_) => Value::from(text).to_string(),
+    }
+}
+
+/// The chat messages of `instructions` and `input`. An input with no item a chat backend can
+/// use (none, `[]`, only references to stored items or unknown items) is refused: the backend
+/// would get an empty conversation (mlx_lm.server answers 404 on it).
 fn messages(instructions: Option<&Value>, input: Option<&Value>) -> Result<Vec<Value>, GatewayError> {
     let mut conversation = Conversation::default();
     if let Some(text) = instructions.and_then(Value::as_str).filter(|t| !t.is_empty()) {
         conversation.system.push(text.to_string());
     }
+    // The system texts that did not come from `input`.
+    let from_input = conversation.system.len();
     match input {
         None | Some(Value::Null) => {}
         Some(Value::String(text)) => conversation.push(json!({"role": "user", "content": text})),
@@ -285,7 +326,14 @@ fn messages(instructions: Option<&Value>, input: Option<&Value>) -> Result<Vec<V
         }
         Some(_) => return Err(GatewayError::invalid("`input` must be a string or an array of items", Some("input"))),
     }
-    Ok(conversation.into_messages())
+    let nothing_from_input = conversation.messages.is_empty() && conversation.system.len() == from_input;
+    let messages = conversation.into_messages();
+    if nothing_from_input || messages.is_empty() {
+        let message = "`input` has no item mlxgate can send to the model: give a string, or messages and tool \
+                       items (references to stored items are not supported: mlxgate stores none).";
+        return Err(GatewayError::invalid(message, Some("input")));
+    }
+    Ok(messages)
 }
 
 /// The chat conversation being built from the items, in order.
@@ -309,7 +357,7 @@ impl Conversation {
             Some("function_call") => {
                 let name = item.get("name").and_then(Value::as_str).unwrap_or_default();
                 let arguments = match item.get("arguments") {
-                    Some(Value::String(text)) => text.clone(),
+                    Some(Value::String(text)) => json_arguments(text),
                     Some(other) if !other.is_null() => other.to_string(),
                     _ => "{}".to_string(),
                 };
@@ -558,6 +606,58 @@ mod tests {
         chat(json!({"model": "qwen", "input": "x", "store": false, "previous_response_id": null}));
         assert_eq!(refused(json!([1])).status(), axum::http::StatusCode::BAD_REQUEST);
         assert_eq!(refused(json!({"model": "qwen", "input": 3})).body()["error"]["param"], "input");
+    }
+
+    #[test]
+    fn text_format_is_the_chat_response_format() {
+        let schema = json!({"type": "object", "properties": {"a": {"type": "string"}}});
+        let (fields, _) = chat(json!({"model": "qwen", "input": "x", "text": {"verbosity": "low", "format":
+            {"type": "json_schema", "name": "Out", "schema": schema, "strict": true, "description": "d"}}}));
+        assert_eq!(
+            fields["response_format"],
+            json!({"type": "json_schema", "json_schema": {"name": "Out", "schema": schema, "strict": true, "description": "d"}})
+        );
+        let (fields, _) = chat(json!({"model": "qwen", "input": "x", "text": {"format": {"type": "json_schema",
+            "name": "Out", "schema": schema, "strict": null}}}));
+        assert_eq!(fields["response_format"]["json_schema"], json!({"name": "Out", "schema": schema}));
+        let (fields, _) = chat(json!({"model": "qwen", "input": "x", "text": {"format": {"type": "json_object"}}}));
+        assert_eq!(fields["response_format"], json!({"type": "json_object"}));
+        for text in [json!({"format": {"type": "text"}}), json!({"verbosity": "low"}), json!(null)] {
+            let (fields, _) = chat(json!({"model": "qwen", "input": "x", "text": text}));
+            assert!(!fields.contains_key("response_format"), "{text}");
+        }
+    }
+
+    #[test]
+    fn an_input_with_nothing_to_send_is_a_400_on_input() {
+        for request in [
+            json!({"model": "qwen", "input": []}),
+            json!({"model": "qwen", "instructions": "Be brief.", "input": null}),
+            json!({"model": "qwen", "instructions": "Be brief."}),
+            json!({"model": "qwen", "input": [{"type": "item_reference", "id": "msg_1"},
+                                              {"type": "web_search_call", "id": "ws_1"}]}),
+            json!({"model": "qwen", "input": [{"role": "developer", "content": ""}]}),
+        ] {
+            let e = refused(request.clone());
+            assert_eq!(e.status(), axum::http::StatusCode::BAD_REQUEST, "{request}");
+            assert_eq!(e.body()["error"]["param"], "input", "{request}");
+        }
+        // A developer message alone is something to send: the system message.
+        let (fields, _) = chat(json!({"model": "qwen", "input": [{"role": "developer", "content": "d"}]}));
+        assert_eq!(fields["messages"], json!([{"role": "system", "content": "d"}]));
+    }
+
+    #[test]
+    fn history_arguments_that_are_not_json_become_json() {
+        let (fields, _) = chat(json!({"model": "qwen", "input": [
+            {"role": "user", "content": "go"},
+            {"type": "function_call", "call_id": "a", "name": "shell", "arguments": "{\"cmd\": \"ec"},
+            {"type": "function_call", "call_id": "b", "name": "shell", "arguments": ""},
+            {"type": "function_call", "call_id": "c", "name": "shell", "arguments": "{\"cmd\": \"ls\"}"},
+        ]}));
+        let calls = fields["messages"][1]["tool_calls"].as_array().expect("calls");
+        let arguments: Vec<&Value> = calls.iter().map(|c| &c["function"]["arguments"]).collect();
+        assert_eq!(arguments, [&json!("\"{\\\"cmd\\\": \\\"ec\""), &json!("{}"), &json!("{\"cmd\": \"ls\"}")]);
     }
 
     /// A Codex turn as it sends it: instructions, a developer message, the user's context and

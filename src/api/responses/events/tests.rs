@@ -380,6 +380,8 @@ fn an_error_event_mid_stream_is_response_failed_and_ends_the_answer() {
     assert_eq!(response["status"], "failed");
     assert_eq!(response["error"]["code"], "server_error");
     assert_eq!(response["error"]["message"], "Backend `local` failed: the stream broke");
+    // No request id in the event: none in the error.
+    assert!(response["error"].get("request_id").is_none(), "{response}");
     // A string error (some servers) is its own message.
     let events = run(&[json!({"error": "out of memory"})]);
     assert_eq!(events.last().expect("last")["response"]["error"]["message"], "out of memory");
@@ -391,8 +393,9 @@ fn a_stream_that_stops_before_its_finish_fails() {
     check_sequence(&events);
     let last = events.last().expect("last");
     assert_eq!(last["type"], "response.failed");
-    // The answer so far is in the failed response's output, marked open.
-    assert_eq!(last["response"]["output"][0]["status"], "in_progress");
+    // The answer so far is in the failed response's output, with its text, marked incomplete.
+    assert_eq!(last["response"]["output"][0]["status"], "incomplete");
+    assert_eq!(last["response"]["output"][0]["content"][0]["text"], "par");
     // An empty stream too.
     assert_eq!(types(&run(&[])), ["response.created", "response.in_progress", "response.failed"]);
 }
@@ -462,4 +465,96 @@ fn calls_without_index_or_id_continue_the_last_one_or_are_new_in_the_same_chunk(
     assert_eq!(done.len(), 2);
     assert_eq!(done[0]["arguments"], "{\"a\":1}");
     assert_eq!(done[1]["name"], "get_weather");
+}
+
+#[test]
+fn the_meter_s_error_event_gives_its_request_id_and_type_to_response_failed() {
+    let events = run(&[
+        delta(json!({"content": "par"})),
+        delta(json!({"content": "tial"})),
+        json!({"error": {"message": "Backend `local` failed: cut", "type": "backend_error", "param": null,
+                         "code": "backend_failed", "request_id": "req_7"}}),
+    ]);
+    check_sequence(&events);
+    let response = &events.last().expect("last")["response"];
+    assert_eq!(response["status"], "failed");
+    assert_eq!(
+        response["error"],
+        json!({"code": "server_error", "message": "Backend `local` failed: cut", "type": "backend_error",
+               "request_id": "req_7"})
+    );
+    // The text already streamed is in the output, not an empty message.
+    assert_eq!(
+        response["output"][0]["content"],
+        json!([{"type": "output_text", "text": "partial", "annotations": [], "logprobs": []}])
+    );
+    assert_eq!(response["output"][0]["status"], "incomplete");
+    // A rate limit keeps its code (one of the Responses API's).
+    let events = run(&[json!({"error": {"message": "slow down", "type": "requests", "code": "rate_limit_exceeded"}})]);
+    assert_eq!(events.last().expect("last")["response"]["error"]["code"], "rate_limit_exceeded");
+}
+
+/// The done items' `[name, arguments]`, in order.
+fn named_calls(events: &[Value]) -> Vec<Value> {
+    events
+        .iter()
+        .filter(|e| e["type"] == "response.output_item.done")
+        .map(|e| json!([e["item"]["name"], e["item"]["arguments"]]))
+        .collect()
+}
+
+#[test]
+fn whole_calls_in_separate_chunks_without_index_or_id_are_separate_items() {
+    let call =
+        |name: &str, arguments: &str| json!({"type": "function", "function": {"name": name, "arguments": arguments}});
+    let events = run(&[
+        delta(json!({"role": "assistant", "tool_calls": [call("read", "{\"p\":1}")]})),
+        delta(json!({"tool_calls": [call("write", "{\"q\":2}")]})),
+        finish("tool_calls", None),
+        "[DONE]".into(),
+    ]);
+    check_sequence(&events);
+    assert_eq!(named_calls(&events), [json!(["read", "{\"p\":1}"]), json!(["write", "{\"q\":2}"])]);
+}
+
+#[test]
+fn a_repeated_backend_id_with_a_new_name_is_a_new_call_streamed_or_whole() {
+    let call = |name: &str, arguments: &str| json!({"id": "call_0", "type": "function", "function": {"name": name, "arguments": arguments}});
+    // Streamed: each whole in its own chunk, then a piece for the latest call with that id.
+    let events = run(&[
+        delta(json!({"tool_calls": [call("read", "{\"p\":1}")]})),
+        delta(json!({"tool_calls": [call("write", "{\"q\":")]})),
+        delta(json!({"tool_calls": [{"id": "call_0", "function": {"arguments": "2}"}}]})),
+        finish("tool_calls", None),
+    ]);
+    check_sequence(&events);
+    assert_eq!(named_calls(&events), [json!(["read", "{\"p\":1}"]), json!(["write", "{\"q\":2}"])]);
+    // Whole: both in the message.
+    let completion = json!({"choices": [{"index": 0, "finish_reason": "tool_calls", "message": {
+        "role": "assistant", "content": null, "tool_calls": [call("read", "{\"p\":1}"), call("write", "{\"q\":2}")]}}]});
+    let response = whole(shape(), completion.to_string().as_bytes()).expect("a completion");
+    let output: Vec<Value> = response["output"]
+        .as_array()
+        .expect("output")
+        .iter()
+        .map(|item| json!([item["name"], item["arguments"]]))
+        .collect();
+    assert_eq!(output, [json!(["read", "{\"p\":1}"]), json!(["write", "{\"q\":2}"])]);
+}
+
+#[test]
+fn mlx_lm_s_streamed_calls_still_continue_by_index() {
+    // mlx_lm.server: each call whole with its index and id; a server streaming the name first,
+    // then arguments in pieces under the same index, is one call.
+    let events = run(&[
+        delta(json!({"tool_calls": [{"index": 0, "id": "u1", "type": "function",
+                                     "function": {"name": "read", "arguments": ""}}]})),
+        delta(json!({"tool_calls": [{"index": 0, "function": {"arguments": "{\"p\""}}]})),
+        delta(json!({"tool_calls": [{"index": 0, "function": {"arguments": ":1}"}}]})),
+        delta(json!({"tool_calls": [{"index": 1, "id": "u2", "type": "function",
+                                     "function": {"name": "read", "arguments": "{\"p\":2}"}}]})),
+        finish("tool_calls", None),
+    ]);
+    check_sequence(&events);
+    assert_eq!(named_calls(&events), [json!(["read", "{\"p\":1}"]), json!(["read", "{\"p\":2}"])]);
 }
