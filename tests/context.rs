@@ -412,3 +412,21 @@ async fn a_chunked_answer_whose_limit_was_cut_says_so_in_the_header() {
         "{transform}"
     );
 }
+
+/// A client that sent both limits, the smaller one `max_completion_tokens` (review): a chunked
+/// answer gets at most that, and the header reports no cut of a limit that was not cut.
+#[tokio::test]
+async fn a_chunked_answer_never_raises_the_smaller_of_two_limits() {
+    let Some(model) = prerequisites(&[]) else { return };
+    let sim = sim().await;
+    let gw = gateway(&yaml_with_cap(&sim.url(), &model, "chunk", "", 2048)).await;
+    let body = json!({"model": "qwen", "max_tokens": 32000, "max_completion_tokens": 50,
+        "messages": [{"role": "user", "content": words(3000, 4)}]});
+    let response = post(&gw, "/v1/chat/completions", &body).await;
+    assert_eq!(response.status(), 200);
+    let transform = response.headers()["x-mlxgate-transform"].to_str().expect("ascii").to_string();
+    let seen = sim_requests(&sim).await;
+    let reduce = seen.last().expect("the reduce")["max_tokens"].as_u64().expect("a limit");
+    assert_eq!(reduce, 50, "the client's smaller limit; header {transform}");
+    assert!(transform.starts_with("chunk; pieces=") && !transform.contains("max_tokens="), "{transform}");
+}

@@ -108,7 +108,8 @@ pub fn reduce_request(
 ) -> Result<(), GatewayError> {
     let plan = &chunked.plan;
     fields.insert("messages".into(), raw(&chunked.restore.apply(plan.reduce_messages(partials)))?);
-    let given = fields.contains_key("max_tokens") || fields.contains_key("max_completion_tokens");
+    let given =
+        ["max_tokens", "max_completion_tokens"].iter().any(|k| fields.get(*k).is_some_and(|v| v.get() != "null"));
     let max_tokens =
         if given { plan.reduce_max_tokens } else { plan.reduce_max_tokens.min(default_max_tokens as usize) };
     fields.insert("max_tokens".into(), raw(&max_tokens)?);

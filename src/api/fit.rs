@@ -136,7 +136,7 @@ pub async fn fit(
     let counter = Arc::clone(&tokens.counter);
     let action = tokens.on_overflow;
     let default_max_tokens = route.model.default_max_tokens as usize;
-    let max_tokens = requested_max_tokens(fields)?;
+    let Limits { smallest: max_tokens, largest } = requested_max_tokens(fields)?;
     let budget = Budget { cap, max_tokens, min_room: route.model.min_room as usize };
     let count_timer = metrics.prompt_count_seconds.with_label_values(&[&model]);
     let overflowed = |action: &str| metrics.context_overflow.with_label_values(&[&model, action]).inc();
@@ -155,7 +155,8 @@ pub async fn fit(
                 as_servers_render(route.backend.config.kind, &mut request.messages);
             }
             let started = Instant::now();
-            let needed = max_tokens.unwrap_or(default_max_tokens);
+            // Every limit the client sent must fit as it is (else it is cut, to the exact room).
+            let needed = largest.unwrap_or(default_max_tokens);
             let (plan, request) = blocking(inline, move || {
                 let counter = Lenient { counter };
                 let prompt = request.prompt();
@@ -176,12 +177,16 @@ pub async fn fit(
             let restore = Restore { rewritten: request.messages, originals };
             count_timer.observe(started.elapsed().as_secs_f64());
             match plan {
-                ChatPlan::Fits { max_tokens: room, prompt_tokens } => {
+                // The limits are set from the room the prompt leaves (a client's smaller limit that
+                // fits stays; a larger one is cut to the room).
+                ChatPlan::Fits { prompt_tokens, .. } => {
+                    let room = cap.saturating_sub(prompt_tokens);
                     let transform = set_max_tokens(fields, max_tokens, room, default_max_tokens)?;
                     Ok(Fitted::Send { transform, prompt_tokens: Some(prompt_tokens) })
                 }
                 ChatPlan::Reject(requested) => Err(reject(requested, PromptPart::Messages)),
-                ChatPlan::MiddleOut { messages, removed_tokens, max_tokens: room, prompt_tokens } => {
+                ChatPlan::MiddleOut { messages, removed_tokens, prompt_tokens, .. } => {
+                    let room = cap.saturating_sub(prompt_tokens);
                     overflowed(OnOverflow::MiddleOut.label());
                     tracing::info!(model = %model, cap, removed_tokens, "prompt over the context cap: middle-out");
                     fields.insert("messages".into(), raw(&restore.apply(messages))?);
@@ -214,19 +219,19 @@ pub async fn fit(
                     PromptPlan::Text(TextPlan::Reject(requested)) | PromptPlan::Ids(Err(requested)) => {
                         return Err(reject(requested, PromptPart::Prompt));
                     }
-                    PromptPlan::Text(TextPlan::Fits { max_tokens, prompt_tokens }) => {
-                        room = room.min(max_tokens);
+                    PromptPlan::Text(TextPlan::Fits { prompt_tokens, .. }) => {
+                        room = room.min(cap.saturating_sub(prompt_tokens));
                         counted = counted.map(|n| n + prompt_tokens);
                         rewritten.push(None);
                     }
-                    PromptPlan::Ids(Ok(max_tokens)) => {
-                        room = room.min(max_tokens);
+                    PromptPlan::Ids(Ok(left)) => {
+                        room = room.min(left);
                         counted = None;
                         rewritten.push(None);
                     }
-                    PromptPlan::Text(TextPlan::MiddleOut { text, removed_tokens, max_tokens, prompt_tokens }) => {
+                    PromptPlan::Text(TextPlan::MiddleOut { text, removed_tokens, prompt_tokens, .. }) => {
                         counted = counted.map(|n| n + prompt_tokens);
-                        room = room.min(max_tokens);
+                        room = room.min(cap.saturating_sub(prompt_tokens));
                         removed += removed_tokens;
                         rewritten.push(Some(text));
                     }
@@ -434,11 +439,18 @@ async fn blocking<T: Send + 'static>(
     })
 }
 
-/// The client's limit on the answer: `max_tokens` or `max_completion_tokens`, the larger when
-/// it sent both (servers differ in which they read, so the request fits only when both do;
-/// each is then cut on its own, see [`set_max_tokens`]). `None`: neither, or both null.
-fn requested_max_tokens(fields: &RawBody) -> Result<Option<usize>, GatewayError> {
-    let mut largest = None;
+/// The limits a client sent on its answer (`max_tokens`, `max_completion_tokens`; a null is
+/// none). When it sent both, servers differ in which they read: the smaller is the answer the
+/// client is ready for (the plans' `max_tokens`), and a larger one is cut to the room left all
+/// the same (see [`set_max_tokens`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Limits {
+    smallest: Option<usize>,
+    largest: Option<usize>,
+}
+
+fn requested_max_tokens(fields: &RawBody) -> Result<Limits, GatewayError> {
+    let mut limits = Limits::default();
     for key in ["max_completion_tokens", "max_tokens"] {
         let Some(raw) = fields.get(key) else { continue };
         if raw.get() == "null" {
@@ -449,38 +461,38 @@ fn requested_max_tokens(fields: &RawBody) -> Result<Option<usize>, GatewayError>
             param: Some(key),
         })?;
         let n = usize::try_from(n).unwrap_or(usize::MAX);
-        largest = Some(largest.map_or(n, |m: usize| m.max(n)));
+        limits.smallest = Some(limits.smallest.map_or(n, |m| m.min(n)));
+        limits.largest = Some(limits.largest.map_or(n, |m| m.max(n)));
     }
-    Ok(largest)
+    Ok(limits)
 }
 
-/// Sets the limit the backend gets to the room the plan left: when the client gave none, the
-/// model's default cut to that room (a 30k-token prompt on a 32k cap gets the 2k that fit, not
-/// a 400); when the client's is larger than the room (OpenCode sends `max_tokens: 32000`), the
-/// room, in each of `max_tokens` and `max_completion_tokens` that the client sent. Returns the
-/// `x-mlxgate-transform` entry of a cut client limit (`max_tokens=N`).
+/// Sets the limits the backend gets from `room`, what the prompt leaves under the cap: when the
+/// client gave none, the model's default cut to the room (a 30k-token prompt on a 32k cap gets
+/// the 2k that fit, not a 400); each of `max_tokens` and `max_completion_tokens` the client sent
+/// that is larger than the room (OpenCode sends `max_tokens: 32000`) is cut to it, a smaller one
+/// stays. Returns the `x-mlxgate-transform` entry when a limit was cut (`max_tokens=N`).
 fn set_max_tokens(
     fields: &mut RawBody,
     given: Option<usize>,
     room: usize,
     default: usize,
 ) -> Result<Option<String>, GatewayError> {
-    let Some(given) = given else {
+    if given.is_none() {
         let max_tokens = default.min(room).max(1);
         fields.insert("max_tokens".into(), raw(&max_tokens)?);
         return Ok(None);
-    };
-    if given <= room {
-        return Ok(None);
     }
     // Each limit the client sent is cut on its own, never raised: a smaller one stays its own.
+    let mut cut = false;
     for key in ["max_tokens", "max_completion_tokens"] {
         let sent = fields.get(key).and_then(|v| serde_json::from_str::<u64>(v.get()).ok());
         if sent.is_some_and(|n| n > room as u64) {
             fields.insert(key.into(), raw(&room)?);
+            cut = true;
         }
     }
-    Ok(Some(format!("max_tokens={room}")))
+    Ok(cut.then(|| format!("max_tokens={room}")))
 }
 
 /// The `x-mlxgate-transform` value of a prompt transform and, when it was also cut, the
@@ -659,10 +671,10 @@ impl Prompts {
     }
 }
 
-/// A token-array prompt: `Ok(max_tokens to send)` or `Err(what a rejection reports)`, by the
-/// rule of every prompt ([`Budget::fitting`]).
+/// A token-array prompt: `Ok(the room it leaves)` when it fits by the rule of every prompt
+/// ([`Budget::fitting`]), else `Err(what a rejection reports)`.
 fn fit_ids(len: usize, budget: Budget) -> Result<usize, Requested> {
-    budget.fitting(len).ok_or_else(|| budget.requested(len))
+    budget.fitting(len).map(|_| budget.cap - len).ok_or_else(|| budget.requested(len))
 }
 
 #[cfg(test)]
@@ -719,7 +731,8 @@ mod tests {
     fn each_limit_the_client_sent_is_cut_on_its_own_and_never_raised() {
         let mut fields: RawBody =
             serde_json::from_str(r#"{"max_completion_tokens": 32000, "max_tokens": 100}"#).expect("JSON");
-        let given = requested_max_tokens(&fields).expect("valid");
+        let given = requested_max_tokens(&fields).expect("valid").smallest;
+        assert_eq!(given, Some(100), "the smaller decides");
         assert_eq!(set_max_tokens(&mut fields, given, 1029, 4096).expect("set"), Some("max_tokens=1029".into()));
         assert_eq!(fields["max_completion_tokens"].get(), "1029");
         assert_eq!(fields["max_tokens"].get(), "100", "the client's smaller limit stays");
@@ -735,11 +748,12 @@ mod tests {
     #[test]
     fn max_tokens_is_read_from_either_name() {
         let fields: RawBody = serde_json::from_str(r#"{"max_completion_tokens": 7, "max_tokens": 9}"#).unwrap();
-        assert_eq!(requested_max_tokens(&fields).unwrap(), Some(9), "the larger of the two");
+        let limits = requested_max_tokens(&fields).unwrap();
+        assert_eq!((limits.smallest, limits.largest), (Some(7), Some(9)));
         let fields: RawBody = serde_json::from_str(r#"{"max_completion_tokens": 7, "max_tokens": null}"#).unwrap();
-        assert_eq!(requested_max_tokens(&fields).unwrap(), Some(7));
+        assert_eq!(requested_max_tokens(&fields).unwrap(), Limits { smallest: Some(7), largest: Some(7) });
         let fields: RawBody = serde_json::from_str(r#"{"max_tokens": null}"#).unwrap();
-        assert_eq!(requested_max_tokens(&fields).unwrap(), None);
+        assert_eq!(requested_max_tokens(&fields).unwrap(), Limits::default());
         let fields: RawBody = serde_json::from_str(r#"{"max_tokens": -1}"#).unwrap();
         assert!(requested_max_tokens(&fields).is_err());
     }

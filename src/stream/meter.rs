@@ -291,12 +291,17 @@ pin_project! {
 
     impl PinnedDrop for StreamMeter {
         fn drop(this: Pin<&mut Self>) {
-            let mut this = this.project();
+            let this = this.project();
             // Dropped after the answer's `[DONE]` went out, before the backend closed: the client
             // had the whole answer and hung up (Codex closes at `response.completed`, which the
             // Responses face sends at `[DONE]`). That is the answer's end, not a departure.
-            if *this.mode == Mode::Sse && this.figures.done && this.forward.out.is_empty() && this.info.is_some() {
-                end(&mut this);
+            // Its slot is not `finish`ed (the backend's body was not read to its end: a
+            // serialized backend's next request keeps its pauses).
+            if *this.mode == Mode::Sse && this.figures.done && this.forward.out.is_empty() {
+                if let Some(info) = this.info.take() {
+                    let outcome = if this.figures.error.is_some() { Outcome::StreamError } else { Outcome::Ok };
+                    record(info, this.figures, outcome);
+                }
                 return;
             }
             // Dropped before its end: the client went away.
