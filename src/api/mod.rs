@@ -5,6 +5,7 @@ pub mod admin;
 pub mod arrival;
 mod chunk;
 mod fit;
+pub mod messages;
 pub mod openai;
 pub mod responses;
 
