@@ -2,4 +2,5 @@
 //! request is translated onto the backend's chat completions (`request`) and goes through the
 //! chat face's own pipeline ([`openai::serve`]); its answer is translated back.
 
+pub mod count;
 pub(crate) mod request;

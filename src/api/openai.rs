@@ -785,7 +785,7 @@ pub async fn not_found(State(state): State<Arc<AppState>>, request: Request) -> 
 /// than `deadline` to arrive. A `Content-Length` over the limit is refused from the header
 /// alone, before a byte of the body is read (and before a client waiting on
 /// `Expect: 100-continue` is told to send it).
-async fn read_body(
+pub(crate) async fn read_body(
     parts: &axum::http::request::Parts,
     body: Body,
     limit: usize,
@@ -803,7 +803,7 @@ async fn read_body(
     }
 }
 
-fn requested_model(fields: &RawBody) -> Result<String, GatewayError> {
+pub(crate) fn requested_model(fields: &RawBody) -> Result<String, GatewayError> {
     let raw = fields
         .get("model")
         .ok_or_else(|| GatewayError::invalid("you must provide a model parameter", Some("model")))?;
