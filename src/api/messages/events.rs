@@ -32,6 +32,9 @@ use serde_json::{Map, Value, json};
 use super::error;
 use super::request::Shape;
 
+/// The id of omlx's keep-alive data chunks.
+const KEEPALIVE_ID: &str = "chatcmpl-keepalive";
+
 /// Per-process counter making message and tool ids unique.
 static MESSAGES: AtomicU64 = AtomicU64::new(0);
 
@@ -45,6 +48,9 @@ fn new_id(prefix: &str) -> String {
 /// One chat stream chunk (or a whole completion), read as far as the translation needs.
 #[derive(Debug, Default, Deserialize)]
 struct Chunk {
+    /// omlx's keep-alive is a data chunk with this id and an empty text: a `ping`.
+    #[serde(default)]
+    id: Option<String>,
     #[serde(default)]
     choices: Vec<Choice>,
     #[serde(default)]
@@ -226,6 +232,10 @@ impl Translator {
             return Bytes::from(out);
         }
         let Ok(chunk) = serde_json::from_str::<Chunk>(data) else { return Bytes::from(out) };
+        if chunk.id.as_deref() == Some(KEEPALIVE_ID) {
+            emit(&mut out, "ping", json!({}));
+            return Bytes::from(out);
+        }
         self.chunk(&mut out, chunk);
         Bytes::from(out)
     }
