@@ -170,6 +170,8 @@ async fn a_streamed_answer_is_the_strict_event_sequence_with_pings_and_anthropic
     let start = &events[0]["message"];
     assert_eq!(start["model"], "qwen");
     assert_eq!(start["content"], json!([]));
+    // The prompt as the gateway counted it, before the backend's figures.
+    assert!(start["usage"]["input_tokens"].as_u64().is_some_and(|n| n > 0), "{start}");
     let blocks = rebuilt(&events);
     assert_eq!(blocks.len(), 1);
     assert_eq!(blocks[0]["type"], "text");

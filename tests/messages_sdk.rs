@@ -121,8 +121,8 @@ print(json.dumps(out))
 /// saying to run scripts/setup-agents, unless `MLXGATE_SKIP_REAL_SERVERS=1` (never in CI).
 fn anthropic_python() -> Option<PathBuf> {
     let python = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".venv-agents/bin/python");
-    let has_sdk = python.is_file()
-        && Command::new(&python).args(["-c", "import anthropic"]).status().is_ok_and(|s| s.success());
+    let has_sdk =
+        python.is_file() && Command::new(&python).args(["-c", "import anthropic"]).status().is_ok_and(|s| s.success());
     if has_sdk {
         return Some(python);
     }
@@ -181,7 +181,10 @@ async fn the_anthropic_sdk_creates_and_streams_messages_and_round_trips_a_tool_c
     assert_eq!(seen["tool_stream_content"], expected, "{seen}");
     assert_eq!(seen["tool_whole_content"], expected);
     assert_eq!(seen["tool_stop"], "tool_use");
-    assert_eq!(seen["strict_tool_types"].as_array().and_then(|k| k.last()).and_then(Value::as_str), Some("message_stop"));
+    assert_eq!(
+        seen["strict_tool_types"].as_array().and_then(|k| k.last()).and_then(Value::as_str),
+        Some("message_stop")
+    );
     assert_eq!(seen["answer"], "It is sunny in Paris.");
     assert_eq!(seen["answer_stop"], "end_turn");
 
