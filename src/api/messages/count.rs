@@ -18,6 +18,7 @@ use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
 use super::request;
+use crate::access_log::Face;
 use crate::api::AppState;
 use crate::api::arrival;
 use crate::api::fit;
@@ -29,6 +30,7 @@ use crate::outcome::{Outcome, RequestRecord};
 /// POST `/v1/messages/count_tokens`: `{"input_tokens": N}`, or an error in Anthropic's shape.
 pub async fn count_tokens(State(state): State<Arc<AppState>>, request: Request) -> Response {
     let mut record = arrival::take_record(&state, &request);
+    record.set_face(Face::Messages);
     match count(&state, request, &mut record).await {
         Ok(tokens) => {
             record.responded(200);
@@ -38,7 +40,7 @@ pub async fn count_tokens(State(state): State<Arc<AppState>>, request: Request) 
         Err(e) => {
             record.responded(e.status().as_u16());
             record.finish(Outcome::from(&e));
-            e.into_response()
+            super::anthropic_error(e.into_response())
         }
     }
 }
