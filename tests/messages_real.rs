@@ -404,6 +404,8 @@ fn replay_requests() -> Vec<Value> {
         let line = line.replace("{VERSION}", &format!("{:03x}", 0x0b8 + n * 7)).replace("{NONCE}", &format!("{:05x}", n * 48271 % 1048576));
         body["system"][0]["text"] = Value::from(line);
         body["messages"] = Value::Array(messages.clone());
+        // A local model's name, as the README advises for Claude Code's main model.
+        body["model"] = json!("qwen");
         body["max_tokens"] = json!(8);
         body["temperature"] = json!(0);
         body["stream"] = json!(true);
