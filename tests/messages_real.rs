@@ -253,7 +253,8 @@ import anthropic
 base_url, counted = sys.argv[1], json.loads(sys.argv[2])
 client = anthropic.Anthropic(base_url=base_url, api_key="unused", max_retries=0, timeout=300.0)
 out = {"version": anthropic.__version__}
-request = dict(model="qwen", max_tokens=12, temperature=0, system="You are brief.",
+# This SDK has no `temperature` argument: sent in the body (the Messages API takes it).
+request = dict(model="qwen", max_tokens=12, extra_body={"temperature": 0}, system="You are brief.",
                messages=[{"role": "user", "content": "Say hello to the gateway."}])
 
 whole = client.messages.create(**request)
@@ -265,7 +266,7 @@ with client.messages.stream(**request) as stream:
 out["final"] = final.model_dump(mode="json")
 
 tools = counted["tools"]
-with_tool = client.messages.create(model="qwen", max_tokens=12, temperature=0, tools=tools,
+with_tool = client.messages.create(model="qwen", max_tokens=12, extra_body={"temperature": 0}, tools=tools,
                                    tool_choice={"type": "auto"},
                                    messages=[{"role": "user", "content": "Run ls."}])
 out["with_tool"] = with_tool.model_dump(mode="json")
@@ -372,6 +373,8 @@ async fn the_anthropic_sdk_creates_streams_offers_tools_and_counts_as_transforme
         .expect("the request with the tool reached the server");
     assert_eq!(offered["tools"][0]["function"]["name"], "Bash", "{offered}");
     assert_eq!(offered["tool_choice"], "auto", "{offered}");
+    let first: Value = serde_json::from_slice(&bodies[0]).expect("json");
+    assert_eq!(first["temperature"], json!(0), "{first}");
 
     // count_tokens: transformers' own count of the prompt, translated by hand.
     let reference = run_python(
@@ -380,6 +383,7 @@ async fn the_anthropic_sdk_creates_streams_offers_tools_and_counts_as_transforme
         vec![setup.model.display().to_string(), counted.to_string()],
     )
     .await;
+    eprintln!("count_tokens {}, transformers {}; text {:?}", seen["count_tokens"], reference["tokens"], shape(whole));
     assert_eq!(seen["count_tokens"], reference["tokens"], "count_tokens vs transformers");
     // Nothing reached the server for the count: create, stream, the tool request.
     assert_eq!(bodies.len(), 3, "{} bodies", bodies.len());
