@@ -531,3 +531,37 @@ async fn the_billing_block_never_reaches_the_backend_and_turns_share_their_prefi
     let stripped = metric(&gw, "mlxgate_anthropic_billing_blocks_stripped_total").await;
     assert_eq!(stripped, Some(2.0));
 }
+
+/// Claude Code 2.1.332's first request as recorded (tests/data/agents/claude-code-messages.json:
+/// its headers and body), its model renamed to the gateway's: served as a stream, its billing
+/// block and its Messages-only fields absent from what the backend got, its 12 tools offered.
+#[tokio::test]
+async fn claude_codes_recorded_request_is_served() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/agents/claude-code-messages.json");
+    let recorded: Value = serde_json::from_str(&std::fs::read_to_string(path).expect("the recording")).expect("json");
+    let mut body = recorded["body"].clone();
+    body["model"] = json!("qwen");
+    let sim = sim_with(Behaviour { style: Some(Style::MlxLm), tokens: Some(3), ..Default::default() }).await;
+    let gw = gateway_for(&sim).await;
+    let mut request = client().post(gw.url(recorded["path"].as_str().expect("path")));
+    for (name, value) in recorded["headers"].as_object().expect("headers") {
+        let skip = ["host", "content-length", "accept-encoding"].contains(&name.to_lowercase().as_str());
+        if !skip && let Some(value) = value.as_str() {
+            request = request.header(name.as_str(), value);
+        }
+    }
+    let response = request.json(&body).send().await.expect("send");
+    assert_eq!(response.status(), 200);
+    let text = text_of(response).await;
+    let events = parse_events(&text);
+    assert_eq!(types(&events).last(), Some(&"message_stop"), "{text}");
+    let sent = last_backend_request(&sim).await;
+    let sent_text = sent.to_string();
+    assert!(!sent_text.contains("x-anthropic-billing-header") && !sent_text.contains("cache_control"));
+    for field in ["system", "metadata", "thinking", "context_management", "output_config"] {
+        assert!(sent.get(field).is_none(), "{field} reached the backend");
+    }
+    assert_eq!(sent["tools"].as_array().map(Vec::len), Some(12));
+    assert_eq!(sent["messages"][0]["role"], "system");
+    assert_eq!(metric(&gw, "mlxgate_anthropic_billing_blocks_stripped_total").await, Some(1.0));
+}
