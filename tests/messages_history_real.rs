@@ -1,4 +1,4 @@
-//! `POST /v1/messages` against a real mlx_lm.server managed by the gateway, serving the tiny
+//! `POST /v1/messages` history translation against a real mlx_lm.server managed by the gateway, serving the tiny
 //! model with Qwen3's real chat template (scripts/qwen3-chat-template.jinja: tools, tool calls,
 //! tool responses, `<think>`, `enable_thinking`): a Claude-Code-shaped turn (its billing block,
 //! system blocks with `cache_control`, a system message inside `messages`, thinking passed
