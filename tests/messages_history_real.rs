@@ -1,12 +1,12 @@
-//! `POST /v1/messages` history translation against a real mlx_lm.server managed by the gateway, serving the tiny
-//! model with Qwen3's real chat template (scripts/qwen3-chat-template.jinja: tools, tool calls,
-//! tool responses, `<think>`, `enable_thinking`): a Claude-Code-shaped turn (its billing block,
-//! system blocks with `cache_control`, a system message inside `messages`, thinking passed
-//! back, two tool calls and their results, one an error, `thinking: adaptive`) is translated into
-//! messages the server renders and answers, streamed and whole; Anthropic's usage
+//! `POST /v1/messages`' history translation against a real mlx_lm.server managed by the gateway,
+//! serving the tiny model with Qwen3's real chat template (scripts/qwen3-chat-template.jinja:
+//! tools, tool calls, tool responses, `<think>`, `enable_thinking`): a Claude-Code-shaped turn (its
+//! billing block, system blocks with `cache_control`, a system message inside `messages`, thinking
+//! passed back, two tool calls and their results, one an error, `thinking: adaptive`) is translated
+//! into messages the server renders and answers, streamed and whole; Anthropic's usage
 //! (`input_tokens` + `cache_read_input_tokens`) equals the prompt the gateway's metrics counted,
-//! and the same turn sent again is served from the server's prompt cache although its billing
-//! nonce changed.
+//! and the same turn sent again is served from the server's prompt cache although its billing nonce
+//! changed.
 
 mod common;
 
