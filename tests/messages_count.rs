@@ -85,6 +85,8 @@ async fn count(gw: &Gateway, body: &Value, key: Option<&str>) -> reqwest::Respon
 async fn input_tokens(gw: &Gateway, body: &Value) -> usize {
     let r = count(gw, body, None).await;
     let status = r.status();
+    let id = r.headers().get("request-id").expect("Anthropic's request-id header").clone();
+    assert_eq!(Some(&id), r.headers().get("x-request-id"));
     let text = text_of(r).await;
     assert_eq!(status, 200, "{text}");
     let answer: Value = serde_json::from_str(&text).expect("json");

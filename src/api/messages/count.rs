@@ -28,10 +28,12 @@ use crate::error::GatewayError;
 use crate::outcome::{Outcome, RequestRecord};
 
 /// POST `/v1/messages/count_tokens`: `{"input_tokens": N}`, or an error in Anthropic's shape.
+/// Anthropic's `request-id` header carries the request's id, as on `/v1/messages`.
 pub async fn count_tokens(State(state): State<Arc<AppState>>, request: Request) -> Response {
+    let request_id = super::request_id_of(&request);
     let mut record = arrival::take_record(&state, &request);
     record.set_face(Face::Messages);
-    match count(&state, request, &mut record).await {
+    let mut response = match count(&state, request, &mut record).await {
         Ok(tokens) => {
             record.responded(200);
             record.finish(Outcome::Ok);
@@ -42,7 +44,11 @@ pub async fn count_tokens(State(state): State<Arc<AppState>>, request: Request) 
             record.finish(Outcome::from(&e));
             super::anthropic_error(e.into_response())
         }
+    };
+    if let Some(id) = request_id {
+        response.headers_mut().insert(super::REQUEST_ID, id);
     }
+    response
 }
 
 /// identify (before the body is read) → read → translate → route (an unknown model, or one
