@@ -178,3 +178,42 @@ async fn a_key_is_needed_and_a_model_the_client_cannot_use_does_not_exist() {
     assert_eq!(body["error"]["type"], "invalid_request_error", "{body}");
     assert!(sim_requests(&sim).await.is_empty(), "count_tokens reached the backend");
 }
+
+/// The access log (the mlxgate binary's own): one line per count, face `messages`, its path,
+/// status and outcome, the client's request id; no prompt text in any line.
+#[tokio::test]
+async fn each_count_has_one_access_line() {
+    let Some(model) = prerequisites(&[]) else { return };
+    let sim = sim().await;
+    let (gw, lines) = gateway_binary_logged(&yaml(&sim.url(), &model, ""), &[], "info");
+    for (id, model, status) in [("ct-ok", "qwen", 200), ("ct-unknown", "claude-nope", 404)] {
+        let response = client()
+            .post(format!("{}/v1/messages/count_tokens?beta=true", gw.url))
+            .header("x-request-id", id)
+            .header("anthropic-version", "2023-06-01")
+            .json(&request(model, None))
+            .send()
+            .await
+            .expect("send");
+        assert_eq!(response.status(), status, "{id}");
+        assert_eq!(response.headers()["request-id"], id);
+        let _ = text_of(response).await;
+    }
+    let mut logged = Vec::new();
+    eventually("two access lines", || {
+        logged = lines.lock().expect("lines").iter().filter_map(|l| access_fields(l)).collect::<Vec<_>>();
+        let done = logged.len() >= 2;
+        async move { done }
+    })
+    .await;
+    assert_eq!(logged.len(), 2, "{logged:#?}");
+    for (id, status, outcome) in [("ct-ok", 200, "ok"), ("ct-unknown", 404, "invalid_request_error")] {
+        let line = logged.iter().find(|l| l["request_id"] == id).unwrap_or_else(|| panic!("{id}: {logged:#?}"));
+        assert_eq!(line["path"], "/v1/messages/count_tokens", "{id}");
+        assert_eq!(line["face"], "messages", "{id}");
+        assert_eq!(line["status"], status, "{id}");
+        assert_eq!(line["outcome"], outcome, "{id}");
+    }
+    let all = lines.lock().expect("lines").join("\n");
+    assert!(!all.contains("list the files"), "prompt text in the log");
+}
