@@ -106,8 +106,9 @@ async fn the_count_is_the_templates_and_the_caps_and_the_billing_block_counts_no
     let messages = translated_by_hand();
     let tools = [json!({"type": "function", "function": {"name": "Bash", "description": "Runs a command.",
         "parameters": {"type": "object", "properties": {"command": {"type": "string"}}}}})];
-    let by_hand =
-        counter.chat_tokens(ChatPrompt { messages: &messages, tools: Some(&tools), template_kwargs: None }).expect("renders");
+    let by_hand = counter
+        .chat_tokens(ChatPrompt { messages: &messages, tools: Some(&tools), template_kwargs: None })
+        .expect("renders");
     assert_eq!(counted, by_hand);
 
     // Claude Code's billing line, whatever its nonce, is not part of the prompt.
@@ -131,7 +132,8 @@ async fn the_count_is_the_templates_and_the_caps_and_the_billing_block_counts_no
     assert_eq!(sent[0]["max_tokens"], json!(CAP - counted), "{}", sent[0]);
 
     // Each count is one request, ok, in the metrics.
-    let ok = metric(&gw, "mlxgate_requests_total{backend=\"local\",client=\"anonymous\",model=\"qwen\",outcome=\"ok\"}");
+    let ok =
+        metric(&gw, "mlxgate_requests_total{backend=\"local\",client=\"anonymous\",model=\"qwen\",outcome=\"ok\"}");
     assert_eq!(ok.await, Some(4.0));
 }
 

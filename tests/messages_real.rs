@@ -193,11 +193,10 @@ async fn setup() -> Option<Setup> {
 
 /// Runs `script` with `python` and `args`; its stdout as JSON (a failure shows its stderr).
 async fn run_python(python: PathBuf, script: &'static str, args: Vec<String>) -> Value {
-    let output =
-        tokio::task::spawn_blocking(move || Command::new(python).arg("-c").arg(script).args(args).output())
-            .await
-            .expect("joined")
-            .expect("python runs");
+    let output = tokio::task::spawn_blocking(move || Command::new(python).arg("-c").arg(script).args(args).output())
+        .await
+        .expect("joined")
+        .expect("python runs");
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(output.status.success(), "the script failed:\n{stderr}");
     serde_json::from_slice(&output.stdout).unwrap_or_else(|e| panic!("not JSON ({e}): {stderr}"))
@@ -347,14 +346,18 @@ async fn the_anthropic_sdk_creates_streams_offers_tools_and_counts_as_transforme
     assert_eq!(whole["model"], "qwen");
     let shape = |m: &Value| -> Vec<(String, String)> {
         let blocks = m["content"].as_array().unwrap_or_else(|| panic!("no content: {m}"));
-        blocks.iter().map(|b| (b["type"].as_str().unwrap_or("").into(), b["text"].as_str().unwrap_or("").into())).collect()
+        blocks
+            .iter()
+            .map(|b| (b["type"].as_str().unwrap_or("").into(), b["text"].as_str().unwrap_or("").into()))
+            .collect()
     };
     assert!(!shape(whole).is_empty(), "{whole}");
     assert_eq!(shape(whole), shape(last), "the streamed message differs from the whole one:\n{whole}\n{last}");
     assert_eq!(whole["stop_reason"], last["stop_reason"]);
     assert!(["end_turn", "max_tokens"].contains(&whole["stop_reason"].as_str().unwrap_or("")), "{whole}");
     assert_eq!(whole["usage"]["output_tokens"], last["usage"]["output_tokens"]);
-    let events: Vec<&str> = seen["stream_events"].as_array().expect("events").iter().filter_map(Value::as_str).collect();
+    let events: Vec<&str> =
+        seen["stream_events"].as_array().expect("events").iter().filter_map(Value::as_str).collect();
     assert_eq!(events.first(), Some(&"message_start"), "{events:?}");
     assert_eq!(events.last(), Some(&"message_stop"), "{events:?}");
     assert!(events.contains(&"content_block_start") && events.contains(&"content_block_stop"), "{events:?}");
@@ -405,7 +408,9 @@ fn replay_requests() -> Vec<Value> {
         let body_map = body.as_object_mut().expect("object");
         body_map.retain(|key, _| !key.starts_with('_') && key != "turns");
         let line = data["system"][0]["text"].as_str().expect("billing line");
-        let line = line.replace("{VERSION}", &format!("{:03x}", 0x0b8 + n * 7)).replace("{NONCE}", &format!("{:05x}", n * 48271 % 1048576));
+        let line = line
+            .replace("{VERSION}", &format!("{:03x}", 0x0b8 + n * 7))
+            .replace("{NONCE}", &format!("{:05x}", n * 48271 % 1048576));
         body["system"][0]["text"] = Value::from(line);
         body["messages"] = Value::Array(messages.clone());
         // A local model's name, as the README advises for Claude Code's main model.
@@ -478,7 +483,9 @@ async fn a_claude_code_conversation_reaches_the_server_with_growing_prefixes_and
         let cached = usage["cache_read_input_tokens"].as_u64().unwrap_or(0);
         let output = usage["output_tokens"].as_u64().unwrap_or(0);
         let prompt = input + cached;
-        eprintln!("request {n}: prompt {prompt}, cached {cached}, prefilled {input}, output {output}, counted {counted}");
+        eprintln!(
+            "request {n}: prompt {prompt}, cached {cached}, prefilled {input}, output {output}, counted {counted}"
+        );
         // The gateway's count is the server's.
         assert_eq!(counted["input_tokens"].as_u64(), Some(prompt), "request {n}: count_tokens vs the server");
         turns.push((prompt, cached, output));
@@ -512,7 +519,10 @@ async fn a_claude_code_conversation_reaches_the_server_with_growing_prefixes_and
             assert_eq!(&tools, before_tools, "request {n}: the tools changed");
             // ...and the prompt the template renders from them: the previous one, ending with the
             // generation prompt, is where this one's assistant turn starts.
-            assert!(rendered.starts_with(before_rendered.as_str()), "request {n}: the rendered prompt is not an extension");
+            assert!(
+                rendered.starts_with(before_rendered.as_str()),
+                "request {n}: the rendered prompt is not an extension"
+            );
         }
         previous = Some((messages, tools, rendered));
     }
