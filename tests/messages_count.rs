@@ -4,7 +4,7 @@
 //! billing block counts nothing, nothing reaches the backend, a key is needed where auth is
 //! required, an unknown model (or one the client may not use) is Anthropic's `not_found_error`,
 //! a model without a tokenizer gets the estimate its cap uses, and each count is a request in
-//! `mlxgate_requests_total` and the access log.
+//! `mlxgate_requests_total` (under its model, no backend) and the access log.
 
 mod common;
 
@@ -131,10 +131,13 @@ async fn the_count_is_the_templates_and_the_caps_and_the_billing_block_counts_no
     assert_eq!(sent.len(), 1, "{sent:?}");
     assert_eq!(sent[0]["max_tokens"], json!(CAP - counted), "{}", sent[0]);
 
-    // Each count is one request, ok, in the metrics.
-    let ok =
-        metric(&gw, "mlxgate_requests_total{backend=\"local\",client=\"anonymous\",model=\"qwen\",outcome=\"ok\"}");
-    assert_eq!(ok.await, Some(4.0));
+    // Each count is one request, ok, under its model and no backend (none was asked); the
+    // /v1/messages request under its backend.
+    let series = |backend: &str| {
+        format!("mlxgate_requests_total{{backend=\"{backend}\",client=\"anonymous\",model=\"qwen\",outcome=\"ok\"}}")
+    };
+    assert_eq!(metric(&gw, &series("")).await, Some(3.0));
+    assert_eq!(metric(&gw, &series("local")).await, Some(1.0));
 }
 
 #[tokio::test]

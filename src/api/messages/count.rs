@@ -6,7 +6,8 @@
 //! tokenizer ([`fit::chat_prompt_tokens`]): the number Claude Code compacts by is the one the
 //! cap refuses at. A model without a tokenizer is counted with the gateway's estimate, as its
 //! cap is. No backend is asked and no queue slot taken; the request is counted in
-//! `mlxgate_requests_total` and the access log as any other, but charges no rate limit (it
+//! `mlxgate_requests_total` and the access log as any other (its model named, its backend
+//! empty), but charges no rate limit (it
 //! costs the gateway milliseconds of CPU, no backend time), and a billing block it drops is not
 //! counted in `mlxgate_anthropic_billing_blocks_stripped_total` (nothing is sent on).
 
@@ -66,6 +67,7 @@ async fn count(state: &Arc<AppState>, request: Request, record: &mut RequestReco
         record.asked(&model);
         GatewayError::ModelNotFound(model.clone())
     })?;
-    record.routed(&model, &route.backend.config.name);
+    // Counted under its model, with no backend: none was asked.
+    record.routed(&model, "");
     fit::chat_prompt_tokens(&state.metrics, route, state.tokens.get(&model), &translated.fields).await
 }
