@@ -7,9 +7,11 @@
 //! cap refuses at. A model without a tokenizer is counted with the gateway's estimate, as its
 //! cap is. No backend is asked and no queue slot taken; the request is counted in
 //! `mlxgate_requests_total` and the access log as any other (its model named, its backend
-//! empty), but charges no rate limit (it
-//! costs the gateway milliseconds of CPU, no backend time), and a billing block it drops is not
-//! counted in `mlxgate_anthropic_billing_blocks_stripped_total` (nothing is sent on).
+//! empty). It is not subject to the client's rate limits and charges none: it costs no backend
+//! time, a limit on requests in flight would refuse Claude Code's count while its own stream
+//! runs, and its CPU is bounded by the counting pool the context cap uses (one count per core
+//! at once). A billing block it drops is not counted in
+//! `mlxgate_anthropic_billing_blocks_stripped_total` (nothing is sent on).
 
 use std::sync::Arc;
 
