@@ -3,7 +3,8 @@
 //! request with a huge `max_tokens` reaches the backend with exactly `cap − count`), the
 //! billing block counts nothing, nothing reaches the backend, a key is needed where auth is
 //! required, an unknown model (or one the client may not use) is Anthropic's `not_found_error`,
-//! a model without a tokenizer gets the estimate its cap uses, and each count is a request in
+//! a model without a tokenizer gets the estimate its cap uses, counting spends none of the
+//! client's rate, and each count is a request in
 //! `mlxgate_requests_total` (under its model, no backend) and the access log.
 
 mod common;
@@ -221,4 +222,24 @@ async fn each_count_has_one_access_line() {
     }
     let all = lines.lock().expect("lines").join("\n");
     assert!(!all.contains("list the files"), "prompt text in the log");
+}
+
+/// Counting charges no rate limit: a client with `rpm: 1` counts three times and still has its
+/// one request of the minute.
+#[tokio::test]
+async fn counting_spends_none_of_the_clients_rate() {
+    let Some(model) = prerequisites(&[]) else { return };
+    let sim = sim().await;
+    let top = format!("auth: required\nclients:\n  claude: {{key: '{KEY}', limits: {{rpm: 1}}}}\n");
+    let gw = gateway(&yaml(&sim.url(), &model, &top)).await;
+    for _ in 0..3 {
+        assert_eq!(count(&gw, &request("qwen", None), Some(KEY)).await.status(), 200);
+    }
+    let mut whole = request("qwen", None);
+    whole["max_tokens"] = json!(8);
+    let send = || client().post(gw.url("/v1/messages")).header("x-api-key", KEY).json(&whole).send();
+    let first = send().await.expect("send");
+    assert_eq!(first.status(), 200, "{}", text_of(first).await);
+    let second = send().await.expect("send");
+    assert_eq!(second.status(), 429, "rpm 1 holds");
 }
