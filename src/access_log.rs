@@ -87,6 +87,8 @@ pub enum Face {
     Completions,
     Embeddings,
     Responses,
+    /// The Anthropic Messages API (`/v1/messages`).
+    Messages,
     Models,
     Health,
     Ready,
@@ -104,6 +106,7 @@ impl Face {
             "/v1/completions" => Face::Completions,
             "/v1/embeddings" => Face::Embeddings,
             "/v1/responses" => Face::Responses,
+            "/v1/messages" => Face::Messages,
             "/v1/models" => Face::Models,
             "/health" => Face::Health,
             "/ready" => Face::Ready,
@@ -120,6 +123,7 @@ impl Face {
             Face::Completions => "completions",
             Face::Embeddings => "embeddings",
             Face::Responses => "responses",
+            Face::Messages => "messages",
             Face::Models => "models",
             Face::Health => "health",
             Face::Ready => "ready",
@@ -286,6 +290,7 @@ mod tests {
     fn faces_follow_the_routes() {
         assert_eq!(Face::of_path("/v1/chat/completions"), Face::Chat);
         assert_eq!(Face::of_path("/v1/responses").as_str(), "responses");
+        assert_eq!(Face::of_path("/v1/messages").as_str(), "messages");
         assert_eq!(Face::of_path("/admin/backends/x/logs"), Face::Admin);
         assert_eq!(Face::of_path("/v1/chat/completions/"), Face::None);
         assert_eq!(Face::of_path("/v2/whatever"), Face::None);

@@ -271,6 +271,29 @@ pub async fn fit(
     }
 }
 
+/// The exact count of a chat request's prompt, the one [`fit`] compares with the cap when it
+/// tokenizes: the messages as the backend's servers render them, the model's chat template
+/// (tools and `chat_template_kwargs` included) and tokenizer, the estimate when the template
+/// fails on them or the model has no tokenizer. `POST /v1/messages/count_tokens` answers it.
+/// Timed in `mlxgate_prompt_count_seconds` as the cap's counts are.
+pub(crate) async fn chat_prompt_tokens(
+    metrics: &Metrics,
+    route: &Route,
+    tokens: Option<&ModelTokens>,
+    fields: &RawBody,
+) -> Result<usize, GatewayError> {
+    let mut request = ChatRequest::read(fields)?;
+    if rendered_differently(&request.messages) {
+        as_servers_render(route.backend.config.kind, &mut request.messages);
+    }
+    let counter: Arc<dyn Count> =
+        tokens.map_or_else(|| Arc::new(Estimate) as Arc<dyn Count>, |t| Arc::clone(&t.counter));
+    let started = Instant::now();
+    let counted = blocking(Inline::allows(fields), move || Lenient { counter }.chat_tokens(request.prompt())).await?;
+    metrics.prompt_count_seconds.with_label_values(&[&route.model.name]).observe(started.elapsed().as_secs_f64());
+    counted.map_err(|e| GatewayError::invalid(e.to_string(), Some("messages")))
+}
+
 /// The messages as the servers hand them to their chat templates (mlx_lm.server's
 /// `process_message_content`; vLLM-style servers the same with text parts joined by newlines):
 /// text parts joined into one string, a null content made `""`, tool-call arguments given as a
