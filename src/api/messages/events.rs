@@ -502,9 +502,11 @@ impl Translator {
         }
     }
 
+    /// Anthropic's usage from the backend's; without the backend's prompt count, the gateway's
+    /// (the SDKs take `message_delta`'s `input_tokens` over `message_start`'s: a 0 would erase it).
     fn usage_json(&self) -> Value {
         let usage = self.usage.unwrap_or_default();
-        let prompt = usage.prompt_tokens.unwrap_or(0);
+        let prompt = usage.prompt_tokens.unwrap_or(self.counted_prompt);
         let cached = usage.prompt_tokens_details.and_then(|d| d.cached_tokens).unwrap_or(0).min(prompt);
         json!({
             "input_tokens": prompt - cached,

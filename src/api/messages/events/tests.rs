@@ -394,3 +394,21 @@ fn a_whole_completion_is_the_message_object() {
     assert_eq!(status.as_u16(), 502);
     assert_eq!(body["error"]["type"], "api_error");
 }
+
+#[test]
+fn without_the_backends_usage_message_delta_keeps_the_counted_prompt() {
+    // A backend that sends no usage: the SDKs take message_delta's input_tokens over
+    // message_start's, so a 0 there would erase the gateway's count.
+    let mut translator = Translator::new(shape()).with_counted_prompt(123);
+    let mut out = translator.start().to_vec();
+    out.extend_from_slice(&translator.chat_event(&delta(json!({"content": "hi"})).to_string()));
+    out.extend_from_slice(&translator.chat_event(&finish("stop").to_string()));
+    out.extend_from_slice(&translator.chat_event("[DONE]"));
+    let events = parse(&out);
+    assert_eq!(events[0]["message"]["usage"]["input_tokens"], 123);
+    let end = events.iter().find(|e| e["type"] == "message_delta").expect("message_delta");
+    assert_eq!(
+        end["usage"],
+        json!({"input_tokens": 123, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0, "output_tokens": 0})
+    );
+}
