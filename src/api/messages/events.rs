@@ -34,6 +34,8 @@ use serde_json::{Map, Value, json};
 use super::error;
 use super::request::Shape;
 
+mod closing;
+
 /// The id of omlx's keep-alive data chunks.
 const KEEPALIVE_ID: &str = "chatcmpl-keepalive";
 
@@ -430,7 +432,8 @@ impl Translator {
     }
 
     /// Stops the open block: a thinking block gets its `signature_delta` first, a call that
-    /// streamed no arguments gets `{}` (what it streamed is valid JSON at its stop).
+    /// streamed no arguments gets `{}`, a call cut short the text that closes its JSON (what it
+    /// streamed is valid JSON at its stop).
     fn close_open(&mut self, out: &mut Vec<u8>) {
         let Some(index) = self.open.take() else { return };
         match &mut self.blocks[index] {
@@ -445,6 +448,14 @@ impl Translator {
                 json.clear();
                 json.push_str("{}");
                 emit(out, "content_block_delta", json!({"index": index, "delta": input_delta("{}")}));
+            }
+            // Cut short (the token limit): closed, so that what streamed parses at the stop.
+            Block::ToolUse { json, .. } if serde_json::from_str::<serde::de::IgnoredAny>(json).is_err() => {
+                let rest = closing::closing(json);
+                if !rest.is_empty() {
+                    json.push_str(&rest);
+                    emit(out, "content_block_delta", json!({"index": index, "delta": input_delta(&rest)}));
+                }
             }
             _ => {}
         }
@@ -553,10 +564,13 @@ fn input_delta(piece: &str) -> Value {
     json!({"type": "input_json_delta", "partial_json": piece})
 }
 
-/// A call's arguments as the `input` object: an object as it is; anything else (text cut by the
-/// token limit, not JSON, not an object) as an empty object, since `input` must be one.
+/// A call's arguments as the `input` object: an object as it is, text cut by the token limit
+/// closed as the stream closes it; anything else (not JSON, not an object) as an empty object,
+/// since `input` must be one.
 fn input_object(arguments: &str) -> Value {
-    match serde_json::from_str::<Value>(arguments) {
+    let parsed = serde_json::from_str::<Value>(arguments)
+        .or_else(|_| serde_json::from_str::<Value>(&format!("{arguments}{}", closing::closing(arguments))));
+    match parsed {
         Ok(Value::Object(object)) => Value::Object(object),
         _ => json!({}),
     }

@@ -376,13 +376,13 @@ fn a_whole_completion_is_the_message_object() {
         message["usage"],
         json!({"input_tokens": 40, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 10, "output_tokens": 9})
     );
-    // Arguments cut by the limit: an empty input object (it must be an object).
+    // Arguments cut by the limit: closed as the stream closes them (`input` must be an object).
     let cut = json!({"choices": [{"index": 0, "finish_reason": "length", "message": {"role": "assistant", "content": null,
         "tool_calls": [{"id": "0", "type": "function", "function": {"name": "Bash", "arguments": "{\"comm"}}]}}]});
     let Some(Whole::Message(message)) = whole(shape(), cut.to_string().as_bytes()) else { panic!("a message") };
     assert_eq!(
         message["content"],
-        json!([{"type": "tool_use", "id": message["content"][0]["id"], "name": "Bash", "input": {}}])
+        json!([{"type": "tool_use", "id": message["content"][0]["id"], "name": "Bash", "input": {"comm": null}}])
     );
     assert_eq!(message["stop_reason"], "max_tokens");
     // Not a completion; an error object.
@@ -411,4 +411,37 @@ fn without_the_backends_usage_message_delta_keeps_the_counted_prompt() {
         end["usage"],
         json!({"input_tokens": 123, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0, "output_tokens": 0})
     );
+}
+
+#[test]
+fn arguments_cut_by_the_token_limit_are_closed_into_valid_json_at_the_blocks_stop() {
+    // `rebuilt` parses each call's streamed JSON at its stop (as Claude Code does).
+    let call = |args: &str| {
+        json!({"choices": [{"index": 0, "delta": {"tool_calls": [
+            {"index": 0, "id": "c", "type": "function", "function": {"name": "Bash", "arguments": args}}]}}]})
+    };
+    let cases = [
+        ("{\"command\":\"ec", json!({"command": "ec"})),
+        ("{\"comm", json!({"comm": null})),
+        ("{\"command\":", json!({"command": null})),
+        ("{\"command\"", json!({"command": null})),
+        ("{\"a\":[1,tr", json!({"a": [1, true]})),
+        ("{\"a\":-", json!({"a": -0.0})),
+        ("{\"a\":1.", json!({"a": 1.0})),
+        ("{\"a\":\"x\\", json!({"a": "x\n"})),
+        ("{\"a\":\"\\u00e", json!({"a": "\u{e0}"})),
+        ("{\"a\":{\"b\":[\"c\",", json!({"a": {"b": ["c", null]}})),
+        ("{\"a\":1,", json!({"a": 1, "": null})),
+        ("{\"a\":1} ", json!({"a": 1})),
+    ];
+    for (args, want) in cases {
+        let events = run(shape(), &[call(args), finish("length")]);
+        let blocks = rebuilt(&events);
+        assert_eq!(blocks[0]["input"], want, "{args}");
+        // The whole message has the same input.
+        let completion = json!({"choices": [{"index": 0, "finish_reason": "length", "message": {"content": null,
+            "tool_calls": [{"id": "c", "type": "function", "function": {"name": "Bash", "arguments": args}}]}}]});
+        let Some(Whole::Message(message)) = whole(shape(), completion.to_string().as_bytes()) else { panic!() };
+        assert_eq!(message["content"][0]["input"], want, "{args}");
+    }
 }
