@@ -445,3 +445,43 @@ fn arguments_cut_by_the_token_limit_are_closed_into_valid_json_at_the_blocks_sto
         assert_eq!(message["content"][0]["input"], want, "{args}");
     }
 }
+
+#[test]
+fn calls_interleaved_by_index_keep_every_arguments_piece() {
+    // A server that names every call first, then streams their arguments in turns.
+    let call = |index: u64, id: Option<&str>, name: Option<&str>, args: &str| {
+        let mut piece = json!({"index": index, "function": {"arguments": args}});
+        if let Some(id) = id {
+            piece["id"] = json!(id);
+        }
+        if let Some(name) = name {
+            piece["function"]["name"] = json!(name);
+        }
+        delta(json!({"tool_calls": [piece]}))
+    };
+    let chunks = [
+        call(0, Some("a"), Some("Read"), ""),
+        call(1, Some("b"), Some("Bash"), ""),
+        call(0, None, None, "{\"file_path\":"),
+        call(1, None, None, "{\"command\":"),
+        call(0, None, None, "\"x\"}"),
+        call(1, None, None, "\"ls\"}"),
+        call(2, Some("c"), Some("Glob"), "{\"pattern\":\"*\"}"),
+        finish("tool_calls"),
+    ];
+    let events = run(shape(), &chunks);
+    let blocks = rebuilt(&events);
+    let inputs: Vec<(Value, Value)> = blocks.iter().map(|b| (b["name"].clone(), b["input"].clone())).collect();
+    assert_eq!(
+        inputs,
+        [
+            (json!("Read"), json!({"file_path": "x"})),
+            (json!("Bash"), json!({"command": "ls"})),
+            (json!("Glob"), json!({"pattern": "*"}))
+        ]
+    );
+    // The first call streamed piece by piece.
+    let first: Vec<&Value> =
+        events.iter().filter(|e| e["index"] == 0 && e["type"] == "content_block_delta").collect();
+    assert_eq!(first.len(), 2);
+}
