@@ -331,6 +331,7 @@ fn user(messages: &mut Vec<Value>, content: Option<&Value>) {
             return;
         }
     };
+    let before = messages.len();
     let mut parts = Vec::new();
     for block in blocks {
         match block.get("type").and_then(Value::as_str) {
@@ -350,6 +351,11 @@ fn user(messages: &mut Vec<Value>, content: Option<&Value>) {
         }
     }
     if parts.is_empty() {
+        if messages.len() == before {
+            // Only blocks a chat model cannot take (a PDF, an unknown type): the turn stays,
+            // empty (an empty conversation is a backend error; the roles must alternate).
+            messages.push(json!({"role": "user", "content": ""}));
+        }
         return;
     }
     let has_image = parts.iter().any(|p| p["type"] == "image_url");
