@@ -130,7 +130,8 @@ mod tests {
 
     #[test]
     fn every_cut_of_a_json_object_closes_into_valid_json() {
-        let whole = r#"{"command": "echo caf\u00e9 \"x\" \\ 😀", "n": [1, -2.5e3, true, false, null, {"k": {}}], "e": []}"#;
+        let whole =
+            r#"{"command": "echo caf\u00e9 \"x\" \\ 😀", "n": [1, -2.5e3, true, false, null, {"k": {}}], "e": []}"#;
         for (at, _) in whole.char_indices() {
             let cut = &whole[..at];
             let closed = format!("{cut}{}", closing(cut));

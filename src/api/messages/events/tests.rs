@@ -481,7 +481,6 @@ fn calls_interleaved_by_index_keep_every_arguments_piece() {
         ]
     );
     // The first call streamed piece by piece.
-    let first: Vec<&Value> =
-        events.iter().filter(|e| e["index"] == 0 && e["type"] == "content_block_delta").collect();
+    let first: Vec<&Value> = events.iter().filter(|e| e["index"] == 0 && e["type"] == "content_block_delta").collect();
     assert_eq!(first.len(), 2);
 }
