@@ -26,6 +26,9 @@
 //! already stopped. Arguments cut by the token limit are closed into valid JSON at the stop
 //! (`closing`).
 //!
+//! A call's name that the offered tools do not have is restored to the offered one it is a
+//! cut of, or equals but for case ([`Shape::tool_name`]).
+//!
 //! Tool calls get their own ids (`toolu_…`, unique): backends' ids repeat (from 0 each answer,
 //! or none), while clients match results to calls by them. Thinking blocks carry an empty
 //! `signature` (the SDKs require the field; there is nothing to sign).
@@ -468,6 +471,7 @@ impl Translator {
     }
 
     fn start_call(&mut self, out: &mut Vec<u8>, key: u64, backend_id: Option<String>, name: String, json: String) {
+        let name = self.shape.tool_name(name);
         let block = Block::ToolUse { key, backend_id, id: new_id("toolu_"), name, json: String::new() };
         let index = self.start_block(out, block);
         if let Block::ToolUse { json: kept, .. } = &mut self.blocks[index] {

@@ -7,7 +7,7 @@ use serde_json::{Value, json};
 use super::*;
 
 fn shape() -> Shape {
-    Shape { model: "claude-sonnet-4-5".into(), stop_sequences: vec!["END".into()], thinking: true }
+    Shape { model: "claude-sonnet-4-5".into(), stop_sequences: vec!["END".into()], thinking: true, tools: Vec::new() }
 }
 
 /// The events of a chat stream whose `data` are `chunks`, parsed, with the sequence checked:
@@ -483,4 +483,32 @@ fn calls_interleaved_by_index_keep_every_arguments_piece() {
     // The first call streamed piece by piece.
     let first: Vec<&Value> = events.iter().filter(|e| e["index"] == 0 && e["type"] == "content_block_delta").collect();
     assert_eq!(first.len(), 2);
+}
+
+#[test]
+fn a_tool_name_the_backend_cut_or_recased_is_restored_to_the_offered_one() {
+    let offered = Shape {
+        tools: vec!["mcp__github__create_pull_request".into(), "Bash".into(), "Read".into(), "ReadFile".into()],
+        ..shape()
+    };
+    let named = |name: &str| {
+        json!({"choices": [{"index": 0, "delta": {"tool_calls": [
+            {"index": 0, "id": "c", "type": "function", "function": {"name": name, "arguments": "{}"}}]}}]})
+    };
+    for (sent, want) in [
+        ("mcp__github__create_pull_req", "mcp__github__create_pull_request"),
+        ("bash", "Bash"),
+        ("Bash", "Bash"),
+        // Ambiguous (a prefix of two offered names) or unknown: as the backend sent it.
+        ("Rea", "Rea"),
+        ("Read", "Read"),
+        ("Write", "Write"),
+    ] {
+        let events = run(offered.clone(), &[named(sent), finish("tool_calls")]);
+        assert_eq!(rebuilt(&events)[0]["name"], want, "{sent}");
+        let completion = json!({"choices": [{"index": 0, "finish_reason": "tool_calls", "message": {"content": null,
+            "tool_calls": [{"id": "c", "type": "function", "function": {"name": sent, "arguments": "{}"}}]}}]});
+        let Some(Whole::Message(message)) = whole(offered.clone(), completion.to_string().as_bytes()) else { panic!() };
+        assert_eq!(message["content"][0]["name"], want, "{sent}");
+    }
 }
