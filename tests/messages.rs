@@ -401,14 +401,17 @@ fn hello(model: &str) -> Value {
 async fn refusals_are_in_anthropics_shape_and_status() {
     let sim = sim().await;
     let failing = sim_with(Behaviour { fail_status: Some(500), ..Default::default() }).await;
+    let refusing = sim_with(Behaviour { fail_status: Some(404), ..Default::default() }).await;
     let gw = gateway(&format!(
         "backends:\n  local: {{url: '{url}', max_concurrency: 1}}\n  \
          failing: {{url: '{failing}', max_concurrency: 1}}\n  \
+         refusing: {{url: '{refusing}', max_concurrency: 1}}\n  \
          capped: {{url: '{url}', max_concurrency: 1, context_cap: 64}}\n\
          models:\n  qwen: {{backend: local, upstream_model: tiny-qwen3, max_queue: 4, max_wait: 300ms}}\n  \
-         broken: {{backend: failing}}\n  capped: {{backend: capped}}\n",
+         broken: {{backend: failing}}\n  refused: {{backend: refusing}}\n  capped: {{backend: capped}}\n",
         url = sim.url(),
         failing = failing.url(),
+        refusing = refusing.url(),
     ))
     .await;
     // An unknown model: 404 not_found_error.
@@ -421,6 +424,11 @@ async fn refusals_are_in_anthropics_shape_and_status() {
     // The backend's own 500: api_error, its status kept.
     let (status, body) = anthropic_error(messages(&gw, &hello("broken")).await).await;
     assert_eq!((status, body["error"]["type"].as_str()), (500, Some("api_error")));
+    // A backend's 404 (mlx_lm.server refuses every bad request so) is a refused request, not a
+    // model that does not exist (which Claude Code would tell the user).
+    let (status, body) = anthropic_error(messages(&gw, &hello("refused")).await).await;
+    assert_eq!((status, body["error"]["type"].as_str()), (400, Some("invalid_request_error")));
+    assert_eq!(body["error"]["message"], "simulated failure");
     // Over the context cap (64 tokens, counted by the estimate): Anthropic's words, which
     // Claude Code reacts to.
     let long = json!({"model": "capped", "max_tokens": 10, "stream": true,

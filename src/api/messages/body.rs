@@ -136,7 +136,7 @@ mod tests {
     use crate::api::messages::request::Shape;
 
     fn shape() -> Shape {
-        Shape { model: "claude-x".into(), stop_sequences: Vec::new(), thinking: true }
+        Shape { model: "claude-x".into(), stop_sequences: Vec::new(), thinking: true, tools: Vec::new() }
     }
 
     /// What a client reads from the chat stream `chunks`: each event's name (and its delta's

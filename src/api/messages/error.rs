@@ -8,7 +8,8 @@
 //! | 400 (a prompt over the context cap: "prompt is too long: N tokens > M maximum", which Claude Code reacts to) | 400 `invalid_request_error` |
 //! | 401 | 401 `authentication_error` |
 //! | 403 | 403 `permission_error` |
-//! | 404 | 404 `not_found_error` |
+//! | 404 of the gateway (an unknown model) | 404 `not_found_error` |
+//! | 404 of a backend (mlx_lm.server answers every refusal so: a template that fails, history it cannot parse) | **400** `invalid_request_error` (the model exists: Claude Code would tell the user it may not) |
 //! | 413 | 413 `request_too_large` |
 //! | 429 | 429 `rate_limit_error` (the headers kept: `Retry-After`, `x-ratelimit-*`) |
 //! | 503 a full queue or a wait too long (`server_overloaded`) | **529** `overloaded_error` |
@@ -20,6 +21,10 @@
 
 use axum::http::StatusCode;
 use serde_json::{Value, json};
+
+/// The codes of the gateway's own 404s (what a client named does not exist); any other 404 is a
+/// backend's refusal of the request.
+const GATEWAY_NOT_FOUND: [&str; 3] = ["model_not_found", "backend_not_found", "unknown_url"];
 
 /// Anthropic's status for an overloaded API (the SDKs' `OverloadedError`; Claude Code retries it).
 pub const OVERLOADED: u16 = 529;
@@ -41,7 +46,10 @@ pub fn refusal(status: StatusCode, openai: &Value) -> (StatusCode, Value) {
         }
         401 => (status, "authentication_error"),
         403 => (status, "permission_error"),
-        404 => (status, "not_found_error"),
+        404 if GATEWAY_NOT_FOUND.contains(&error.get("code").and_then(Value::as_str).unwrap_or_default()) => {
+            (status, "not_found_error")
+        }
+        404 => (StatusCode::BAD_REQUEST, "invalid_request_error"),
         413 => (status, "request_too_large"),
         429 => (status, "rate_limit_error"),
         503 if openai_type == "server_overloaded" => {
@@ -100,7 +108,7 @@ mod tests {
             (400, "invalid_request_error", 400, "invalid_request_error"),
             (401, "invalid_request_error", 401, "authentication_error"),
             (403, "invalid_request_error", 403, "permission_error"),
-            (404, "invalid_request_error", 404, "not_found_error"),
+            (404, "invalid_request_error", 400, "invalid_request_error"),
             (408, "invalid_request_error", 408, "invalid_request_error"),
             (413, "invalid_request_error", 413, "request_too_large"),
             (422, "invalid_request_error", 422, "invalid_request_error"),
@@ -121,6 +129,11 @@ mod tests {
                 json!({"type": "error", "error": {"type": want_type, "message": "words"}, "request_id": "req_1"})
             );
         }
+        // The gateway's own 404: what the client named does not exist.
+        let mut unknown = openai("invalid_request_error", "The model `x` does not exist");
+        unknown["error"]["code"] = json!("model_not_found");
+        let (status, body) = refusal(StatusCode::NOT_FOUND, &unknown);
+        assert_eq!((status.as_u16(), &body["error"]["type"]), (404, &json!("not_found_error")));
         // A body without an OpenAI error object (a backend's plain text, normalised upstream
         // anyway): its text as the message.
         let (_, body) = refusal(StatusCode::BAD_GATEWAY, &json!({"error": "boom"}));

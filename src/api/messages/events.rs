@@ -20,6 +20,15 @@
 //! `message_delta` carries the backend's figures, input and cache reads included, which the
 //! SDKs' accumulators take over the start's.
 //!
+//! Calls a backend interleaves (every call named first, then their arguments in turns): a call
+//! that begins while the open call's arguments are still incomplete waits, its pieces gathered,
+//! and starts when that call's JSON is complete (or at the end), so no piece is lost to a block
+//! already stopped. Arguments cut by the token limit are closed into valid JSON at the stop
+//! (`closing`).
+//!
+//! A call's name that the offered tools do not have is restored to the offered one it is a
+//! cut of, or equals but for case ([`Shape::tool_name`]).
+//!
 //! Tool calls get their own ids (`toolu_…`, unique): backends' ids repeat (from 0 each answer,
 //! or none), while clients match results to calls by them. Thinking blocks carry an empty
 //! `signature` (the SDKs require the field; there is nothing to sign).
@@ -33,6 +42,8 @@ use serde_json::{Map, Value, json};
 
 use super::error;
 use super::request::Shape;
+
+mod closing;
 
 /// The id of omlx's keep-alive data chunks.
 const KEEPALIVE_ID: &str = "chatcmpl-keepalive";
@@ -143,6 +154,17 @@ struct Unnamed {
     json: String,
 }
 
+/// A named call that began while the open call's arguments were incomplete (a backend
+/// interleaving its calls' pieces): it starts when that one is complete, or at the end, so that
+/// no piece goes to a stopped block.
+#[derive(Debug)]
+struct Waiting {
+    key: u64,
+    backend_id: Option<String>,
+    name: String,
+    json: String,
+}
+
 /// Where the translation is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Phase {
@@ -164,6 +186,8 @@ pub struct Translator {
     /// The index of the block that is open (started, not stopped).
     open: Option<usize>,
     unnamed: Option<Unnamed>,
+    /// Calls waiting for the open call's arguments to complete, in the order they began.
+    waiting: Vec<Waiting>,
     usage: Option<Usage>,
     finish: Option<String>,
     /// The client's stop sequence the backend says it stopped on.
@@ -184,6 +208,7 @@ impl Translator {
             blocks: Vec::new(),
             open: None,
             unnamed: None,
+            waiting: Vec::new(),
             usage: None,
             finish: None,
             stop_sequence: None,
@@ -359,8 +384,20 @@ impl Translator {
                 && let Some(unnamed) = self.unnamed.take()
             {
                 let Unnamed { key, backend_id, json } = unnamed;
-                self.start_call(out, key, backend_id, name, json);
+                self.begin_call(out, key, backend_id, name, json);
             }
+            return;
+        }
+        // A call waiting for its turn (the latest with that index: a server numbering every
+        // call 0 continues the last one).
+        let waiting = self.waiting.iter_mut().rev().find(|w| match (delta.index, &delta.id) {
+            (Some(index), Some(id)) if name.is_some() => w.key == index && w.backend_id.as_ref() == Some(id),
+            (Some(index), _) => w.key == index,
+            (None, Some(id)) => w.backend_id.as_ref() == Some(id) && name.is_none(),
+            (None, None) => false,
+        });
+        if let Some(waiting) = waiting {
+            waiting.json.push_str(&piece);
             return;
         }
         let found = self.blocks.iter().enumerate().rev().find_map(|(at, block)| match block {
@@ -386,12 +423,13 @@ impl Translator {
                 // be streamed any more: it stays in the whole message only.
                 if self.open == Some(at) && !piece.is_empty() {
                     emit(out, "content_block_delta", json!({"index": at, "delta": input_delta(&piece)}));
+                    self.start_waiting(out);
                 }
             }
             None => {
                 let key = delta.index.unwrap_or(10_000 + self.blocks.len() as u64);
                 match name {
-                    Some(name) => self.start_call(out, key, delta.id, name, piece),
+                    Some(name) => self.begin_call(out, key, delta.id, name, piece),
                     None => {
                         // Its name comes later: what is open now stops (its call comes next).
                         self.close_open(out);
@@ -402,7 +440,38 @@ impl Translator {
         }
     }
 
+    /// A named call begins: at once, unless the open call's arguments are incomplete (their
+    /// pieces may still come) or calls already wait: then after them.
+    fn begin_call(&mut self, out: &mut Vec<u8>, key: u64, backend_id: Option<String>, name: String, json: String) {
+        if self.open_call_incomplete() || !self.waiting.is_empty() {
+            self.waiting.push(Waiting { key, backend_id, name, json });
+        } else {
+            self.start_call(out, key, backend_id, name, json);
+        }
+    }
+
+    /// Whether the open block is a call whose arguments are not yet complete JSON.
+    fn open_call_incomplete(&self) -> bool {
+        self.open.is_some_and(|at| match &self.blocks[at] {
+            Block::ToolUse { json, .. } => serde_json::from_str::<serde::de::IgnoredAny>(json).is_err(),
+            _ => false,
+        })
+    }
+
+    /// The waiting calls start, in order, while the open call is complete (`all`: regardless).
+    fn start_waiting_while(&mut self, out: &mut Vec<u8>, all: bool) {
+        while !self.waiting.is_empty() && (all || !self.open_call_incomplete()) {
+            let Waiting { key, backend_id, name, json } = self.waiting.remove(0);
+            self.start_call(out, key, backend_id, name, json);
+        }
+    }
+
+    fn start_waiting(&mut self, out: &mut Vec<u8>) {
+        self.start_waiting_while(out, false);
+    }
+
     fn start_call(&mut self, out: &mut Vec<u8>, key: u64, backend_id: Option<String>, name: String, json: String) {
+        let name = self.shape.tool_name(name);
         let block = Block::ToolUse { key, backend_id, id: new_id("toolu_"), name, json: String::new() };
         let index = self.start_block(out, block);
         if let Block::ToolUse { json: kept, .. } = &mut self.blocks[index] {
@@ -430,7 +499,8 @@ impl Translator {
     }
 
     /// Stops the open block: a thinking block gets its `signature_delta` first, a call that
-    /// streamed no arguments gets `{}` (what it streamed is valid JSON at its stop).
+    /// streamed no arguments gets `{}`, a call cut short the text that closes its JSON (what it
+    /// streamed is valid JSON at its stop).
     fn close_open(&mut self, out: &mut Vec<u8>) {
         let Some(index) = self.open.take() else { return };
         match &mut self.blocks[index] {
@@ -445,6 +515,14 @@ impl Translator {
                 json.clear();
                 json.push_str("{}");
                 emit(out, "content_block_delta", json!({"index": index, "delta": input_delta("{}")}));
+            }
+            // Cut short (the token limit): closed, so that what streamed parses at the stop.
+            Block::ToolUse { json, .. } if serde_json::from_str::<serde::de::IgnoredAny>(json).is_err() => {
+                let rest = closing::closing(json);
+                if !rest.is_empty() {
+                    json.push_str(&rest);
+                    emit(out, "content_block_delta", json!({"index": index, "delta": input_delta(&rest)}));
+                }
             }
             _ => {}
         }
@@ -462,6 +540,7 @@ impl Translator {
             self.finish = Some("stop".into());
         }
         self.flush_unnamed(out);
+        self.start_waiting_while(out, true);
         self.close_open(out);
         self.phase = Phase::Over;
         let delta = json!({"stop_reason": self.stop_reason(), "stop_sequence": self.stop_sequence});
@@ -472,7 +551,7 @@ impl Translator {
     /// A call still unnamed at the end: it goes out with an empty name rather than be lost.
     fn flush_unnamed(&mut self, out: &mut Vec<u8>) {
         if let Some(Unnamed { key, backend_id, json }) = self.unnamed.take() {
-            self.start_call(out, key, backend_id, String::new(), json);
+            self.begin_call(out, key, backend_id, String::new(), json);
         }
     }
 
@@ -502,9 +581,11 @@ impl Translator {
         }
     }
 
+    /// Anthropic's usage from the backend's; without the backend's prompt count, the gateway's
+    /// (the SDKs take `message_delta`'s `input_tokens` over `message_start`'s: a 0 would erase it).
     fn usage_json(&self) -> Value {
         let usage = self.usage.unwrap_or_default();
-        let prompt = usage.prompt_tokens.unwrap_or(0);
+        let prompt = usage.prompt_tokens.unwrap_or(self.counted_prompt);
         let cached = usage.prompt_tokens_details.and_then(|d| d.cached_tokens).unwrap_or(0).min(prompt);
         json!({
             "input_tokens": prompt - cached,
@@ -551,10 +632,13 @@ fn input_delta(piece: &str) -> Value {
     json!({"type": "input_json_delta", "partial_json": piece})
 }
 
-/// A call's arguments as the `input` object: an object as it is; anything else (text cut by the
-/// token limit, not JSON, not an object) as an empty object, since `input` must be one.
+/// A call's arguments as the `input` object: an object as it is, text cut by the token limit
+/// closed as the stream closes it; anything else (not JSON, not an object) as an empty object,
+/// since `input` must be one.
 fn input_object(arguments: &str) -> Value {
-    match serde_json::from_str::<Value>(arguments) {
+    let parsed = serde_json::from_str::<Value>(arguments)
+        .or_else(|_| serde_json::from_str::<Value>(&format!("{arguments}{}", closing::closing(arguments))));
+    match parsed {
         Ok(Value::Object(object)) => Value::Object(object),
         _ => json!({}),
     }

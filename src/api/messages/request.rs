@@ -42,6 +42,10 @@ use crate::error::GatewayError;
 /// about 140 bytes).
 const MAX_USER_ID: usize = 512;
 
+/// The shortest tool name taken for a cut of a longer offered one (backends that cut names do it
+/// at 64 or so; Claude Code's MCP tools are `mcp__<server>__<tool>`).
+pub const MIN_CUT_NAME: usize = 24;
+
 /// How a system text block Claude Code uses for billing begins.
 pub const BILLING_PREFIX: &str = "x-anthropic-billing-header:";
 
@@ -56,6 +60,25 @@ pub struct Shape {
     /// Whether the backend's reasoning goes back as `thinking` blocks (not when the client
     /// turned thinking off).
     pub thinking: bool,
+    /// The names of the tools offered, for restoring a name a backend cut or re-cased.
+    pub tools: Vec<String>,
+}
+
+impl Shape {
+    /// A called tool's name as the client offered it: the name itself when offered; else the one
+    /// offered name it is a cut of (a backend that limits names' length; a name of at least
+    /// [`MIN_CUT_NAME`] bytes: a short unknown name is the model's, not a cut), or the one it equals
+    /// but for case; else as the backend sent it.
+    pub fn tool_name(&self, name: String) -> String {
+        if name.is_empty() || self.tools.contains(&name) {
+            return name;
+        }
+        let only = |matches: Vec<&String>| if matches.len() == 1 { Some(matches[0].clone()) } else { None };
+        let cut = (name.len() >= MIN_CUT_NAME)
+            .then(|| only(self.tools.iter().filter(|t| t.starts_with(name.as_str())).collect()))
+            .flatten();
+        cut.or_else(|| only(self.tools.iter().filter(|t| t.eq_ignore_ascii_case(&name)).collect())).unwrap_or(name)
+    }
 }
 
 /// A Messages request translated.
@@ -97,9 +120,10 @@ pub(crate) fn translate(body: &[u8]) -> Result<Translated, GatewayError> {
     }
     chat.insert("messages".into(), Value::Array(messages));
     let tools = tools(request.get("tools"));
+    let tool_names: Vec<String> =
+        tools.iter().filter_map(|t| t.pointer("/function/name").and_then(Value::as_str)).map(str::to_string).collect();
     if !tools.is_empty() {
-        let names: Vec<&str> =
-            tools.iter().filter_map(|t| t.pointer("/function/name").and_then(Value::as_str)).collect();
+        let names: Vec<&str> = tool_names.iter().map(String::as_str).collect();
         let choice = request.get("tool_choice");
         if let Some(choice) = choice.and_then(|c| tool_choice(c, &names)) {
             chat.insert("tool_choice".into(), choice);
@@ -147,7 +171,7 @@ pub(crate) fn translate(body: &[u8]) -> Result<Translated, GatewayError> {
                 .map_err(|e| GatewayError::invalid(format!("cannot encode the chat request: {e}"), None))
         })
         .collect::<Result<RawBody, _>>()?;
-    let shape = Shape { model, stop_sequences, thinking: thinking != Some(false) };
+    let shape = Shape { model, stop_sequences, thinking: thinking != Some(false), tools: tool_names };
     Ok(Translated { fields, session, billing_blocks_stripped, shape })
 }
 
@@ -331,6 +355,7 @@ fn user(messages: &mut Vec<Value>, content: Option<&Value>) {
             return;
         }
     };
+    let before = messages.len();
     let mut parts = Vec::new();
     for block in blocks {
         match block.get("type").and_then(Value::as_str) {
@@ -350,6 +375,11 @@ fn user(messages: &mut Vec<Value>, content: Option<&Value>) {
         }
     }
     if parts.is_empty() {
+        if messages.len() == before {
+            // Only blocks a chat model cannot take (a PDF, an unknown type): the turn stays,
+            // empty (an empty conversation is a backend error; the roles must alternate).
+            messages.push(json!({"role": "user", "content": ""}));
+        }
         return;
     }
     let has_image = parts.iter().any(|p| p["type"] == "image_url");

@@ -7,7 +7,7 @@ use serde_json::{Value, json};
 use super::*;
 
 fn shape() -> Shape {
-    Shape { model: "claude-sonnet-4-5".into(), stop_sequences: vec!["END".into()], thinking: true }
+    Shape { model: "claude-sonnet-4-5".into(), stop_sequences: vec!["END".into()], thinking: true, tools: Vec::new() }
 }
 
 /// The events of a chat stream whose `data` are `chunks`, parsed, with the sequence checked:
@@ -376,13 +376,13 @@ fn a_whole_completion_is_the_message_object() {
         message["usage"],
         json!({"input_tokens": 40, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 10, "output_tokens": 9})
     );
-    // Arguments cut by the limit: an empty input object (it must be an object).
+    // Arguments cut by the limit: closed as the stream closes them (`input` must be an object).
     let cut = json!({"choices": [{"index": 0, "finish_reason": "length", "message": {"role": "assistant", "content": null,
         "tool_calls": [{"id": "0", "type": "function", "function": {"name": "Bash", "arguments": "{\"comm"}}]}}]});
     let Some(Whole::Message(message)) = whole(shape(), cut.to_string().as_bytes()) else { panic!("a message") };
     assert_eq!(
         message["content"],
-        json!([{"type": "tool_use", "id": message["content"][0]["id"], "name": "Bash", "input": {}}])
+        json!([{"type": "tool_use", "id": message["content"][0]["id"], "name": "Bash", "input": {"comm": null}}])
     );
     assert_eq!(message["stop_reason"], "max_tokens");
     // Not a completion; an error object.
@@ -393,4 +393,122 @@ fn a_whole_completion_is_the_message_object() {
     };
     assert_eq!(status.as_u16(), 502);
     assert_eq!(body["error"]["type"], "api_error");
+}
+
+#[test]
+fn without_the_backends_usage_message_delta_keeps_the_counted_prompt() {
+    // A backend that sends no usage: the SDKs take message_delta's input_tokens over
+    // message_start's, so a 0 there would erase the gateway's count.
+    let mut translator = Translator::new(shape()).with_counted_prompt(123);
+    let mut out = translator.start().to_vec();
+    out.extend_from_slice(&translator.chat_event(&delta(json!({"content": "hi"})).to_string()));
+    out.extend_from_slice(&translator.chat_event(&finish("stop").to_string()));
+    out.extend_from_slice(&translator.chat_event("[DONE]"));
+    let events = parse(&out);
+    assert_eq!(events[0]["message"]["usage"]["input_tokens"], 123);
+    let end = events.iter().find(|e| e["type"] == "message_delta").expect("message_delta");
+    assert_eq!(
+        end["usage"],
+        json!({"input_tokens": 123, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0, "output_tokens": 0})
+    );
+}
+
+#[test]
+fn arguments_cut_by_the_token_limit_are_closed_into_valid_json_at_the_blocks_stop() {
+    // `rebuilt` parses each call's streamed JSON at its stop (as Claude Code does).
+    let call = |args: &str| {
+        json!({"choices": [{"index": 0, "delta": {"tool_calls": [
+            {"index": 0, "id": "c", "type": "function", "function": {"name": "Bash", "arguments": args}}]}}]})
+    };
+    let cases = [
+        ("{\"command\":\"ec", json!({"command": "ec"})),
+        ("{\"comm", json!({"comm": null})),
+        ("{\"command\":", json!({"command": null})),
+        ("{\"command\"", json!({"command": null})),
+        ("{\"a\":[1,tr", json!({"a": [1, true]})),
+        ("{\"a\":-", json!({"a": -0.0})),
+        ("{\"a\":1.", json!({"a": 1.0})),
+        ("{\"a\":\"x\\", json!({"a": "x\n"})),
+        ("{\"a\":\"\\u00e", json!({"a": "\u{e0}"})),
+        ("{\"a\":{\"b\":[\"c\",", json!({"a": {"b": ["c", null]}})),
+        ("{\"a\":1,", json!({"a": 1, "": null})),
+        ("{\"a\":1} ", json!({"a": 1})),
+    ];
+    for (args, want) in cases {
+        let events = run(shape(), &[call(args), finish("length")]);
+        let blocks = rebuilt(&events);
+        assert_eq!(blocks[0]["input"], want, "{args}");
+        // The whole message has the same input.
+        let completion = json!({"choices": [{"index": 0, "finish_reason": "length", "message": {"content": null,
+            "tool_calls": [{"id": "c", "type": "function", "function": {"name": "Bash", "arguments": args}}]}}]});
+        let Some(Whole::Message(message)) = whole(shape(), completion.to_string().as_bytes()) else { panic!() };
+        assert_eq!(message["content"][0]["input"], want, "{args}");
+    }
+}
+
+#[test]
+fn calls_interleaved_by_index_keep_every_arguments_piece() {
+    // A server that names every call first, then streams their arguments in turns.
+    let call = |index: u64, id: Option<&str>, name: Option<&str>, args: &str| {
+        let mut piece = json!({"index": index, "function": {"arguments": args}});
+        if let Some(id) = id {
+            piece["id"] = json!(id);
+        }
+        if let Some(name) = name {
+            piece["function"]["name"] = json!(name);
+        }
+        delta(json!({"tool_calls": [piece]}))
+    };
+    let chunks = [
+        call(0, Some("a"), Some("Read"), ""),
+        call(1, Some("b"), Some("Bash"), ""),
+        call(0, None, None, "{\"file_path\":"),
+        call(1, None, None, "{\"command\":"),
+        call(0, None, None, "\"x\"}"),
+        call(1, None, None, "\"ls\"}"),
+        call(2, Some("c"), Some("Glob"), "{\"pattern\":\"*\"}"),
+        finish("tool_calls"),
+    ];
+    let events = run(shape(), &chunks);
+    let blocks = rebuilt(&events);
+    let inputs: Vec<(Value, Value)> = blocks.iter().map(|b| (b["name"].clone(), b["input"].clone())).collect();
+    assert_eq!(
+        inputs,
+        [
+            (json!("Read"), json!({"file_path": "x"})),
+            (json!("Bash"), json!({"command": "ls"})),
+            (json!("Glob"), json!({"pattern": "*"}))
+        ]
+    );
+    // The first call streamed piece by piece.
+    let first: Vec<&Value> = events.iter().filter(|e| e["index"] == 0 && e["type"] == "content_block_delta").collect();
+    assert_eq!(first.len(), 2);
+}
+
+#[test]
+fn a_tool_name_the_backend_cut_or_recased_is_restored_to_the_offered_one() {
+    let offered = Shape {
+        tools: vec!["mcp__github__create_pull_request".into(), "Bash".into(), "Read".into(), "ReadFile".into()],
+        ..shape()
+    };
+    let named = |name: &str| {
+        json!({"choices": [{"index": 0, "delta": {"tool_calls": [
+            {"index": 0, "id": "c", "type": "function", "function": {"name": name, "arguments": "{}"}}]}}]})
+    };
+    for (sent, want) in [
+        ("mcp__github__create_pull_req", "mcp__github__create_pull_request"),
+        ("bash", "Bash"),
+        ("Bash", "Bash"),
+        // Ambiguous (a prefix of two offered names) or unknown: as the backend sent it.
+        ("Rea", "Rea"),
+        ("Read", "Read"),
+        ("Write", "Write"),
+    ] {
+        let events = run(offered.clone(), &[named(sent), finish("tool_calls")]);
+        assert_eq!(rebuilt(&events)[0]["name"], want, "{sent}");
+        let completion = json!({"choices": [{"index": 0, "finish_reason": "tool_calls", "message": {"content": null,
+            "tool_calls": [{"id": "c", "type": "function", "function": {"name": sent, "arguments": "{}"}}]}}]});
+        let Some(Whole::Message(message)) = whole(offered.clone(), completion.to_string().as_bytes()) else { panic!() };
+        assert_eq!(message["content"][0]["name"], want, "{sent}");
+    }
 }

@@ -306,3 +306,21 @@ fn claude_codes_recorded_request_translates_without_its_billing_block() {
     assert_eq!(fields["chat_template_kwargs"], json!({"enable_thinking": true}), "thinking: adaptive");
     assert_eq!(translated.session.as_deref(), body["metadata"]["user_id"].as_str());
 }
+
+#[test]
+fn a_user_message_of_blocks_a_chat_model_cannot_take_stays_a_user_turn() {
+    // A PDF document, an unknown block: nothing to send, but the turn itself must stay (an empty
+    // conversation is a backend error — mlx_lm.server's 404 — and the roles must alternate).
+    let (fields, _) = chat(json!({
+        "model": "m", "max_tokens": 5,
+        "messages": [
+            {"role": "user", "content": [{"type": "document", "source": {"type": "base64", "media_type": "application/pdf", "data": "JVBE"}}]},
+            {"role": "assistant", "content": "ok"},
+            {"role": "user", "content": [{"type": "mystery", "x": 1}]},
+        ],
+    }));
+    assert_eq!(
+        fields["messages"],
+        json!([{"role": "user", "content": ""}, {"role": "assistant", "content": "ok"}, {"role": "user", "content": ""}])
+    );
+}
