@@ -157,13 +157,17 @@ async fn forward(
     let fingerprint = state.limiter.limits_of(caller.name()).tpm.is_some().then(|| body_fingerprint(&bytes));
     let mut fields = read(&bytes, record)?;
     drop(bytes);
-    let model = requested_model(&fields)?;
+    let asked = requested_model(&fields)?;
+    let model = state.config.model_named(&asked).to_string();
     // A model the client may not use is, to it, one that does not exist: the same 404.
     let route = state.dispatch.route(&model).filter(|_| caller.may_use(&access, &model)).ok_or_else(|| {
-        record.asked(&model);
-        GatewayError::ModelNotFound(model.clone())
+        record.asked(&asked);
+        GatewayError::ModelNotFound(asked.clone())
     })?;
     record.routed(&model, &route.backend.config.name);
+    if asked != model {
+        record.aliased(&asked);
+    }
     // A client at its concurrency, or still refused by its rate, is refused before its prompt
     // is counted (the costly part of a refusal).
     state.limiter.precheck(caller.name(), fingerprint).await.map_err(|denied| rate_limited(state, &caller, denied))?;
@@ -600,7 +604,7 @@ async fn whole_answer(
         return e.into_response();
     };
     info.record.responded(head.status.as_u16());
-    let whole = named(whole, &info.record.model);
+    let whole = named(whole, info.record.public_model());
     let headers = &mut head.headers;
     headers.remove(header::CONTENT_LENGTH);
     headers.insert("x-mlxgate-queue-ms", HeaderValue::from(info.queue_wait.as_millis() as u64));
