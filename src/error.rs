@@ -197,8 +197,15 @@ pub struct ErrorBody {
     pub outcome: &'static str,
 }
 
-/// Adds `request_id` to an OpenAI error body's `error` object (nothing when it has none).
+/// Adds `request_id` to an OpenAI error body's `error` object (nothing when it has none), or
+/// beside it in an Anthropic error body (`"type": "error"`, as Anthropic's API puts it).
 pub fn with_request_id(body: &mut serde_json::Value, request_id: &str) {
+    if body.get("type").and_then(serde_json::Value::as_str) == Some("error")
+        && let Some(object) = body.as_object_mut()
+    {
+        object.insert("request_id".into(), serde_json::Value::from(request_id));
+        return;
+    }
     if let Some(error) = body.get_mut("error").and_then(serde_json::Value::as_object_mut) {
         error.insert("request_id".into(), serde_json::Value::from(request_id));
     }
@@ -511,6 +518,10 @@ mod tests {
         let mut not_openai = json!({"detail": "x"});
         with_request_id(&mut not_openai, "r");
         assert_eq!(not_openai, json!({"detail": "x"}), "a body without an error object is left alone");
+        let mut anthropic = json!({"type": "error", "error": {"type": "not_found_error", "message": "m"}});
+        with_request_id(&mut anthropic, "r");
+        assert_eq!(anthropic["request_id"], "r", "Anthropic's shape: beside the error");
+        assert!(anthropic["error"].get("request_id").is_none());
     }
 
     #[test]

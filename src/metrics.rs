@@ -81,6 +81,9 @@ pub struct Declared {
     /// Answers their clients abandoned, waited for and read to their end while they hold their
     /// slot (`hold_abandoned`), by backend.
     pub abandoned_held: IntGaugeVec,
+    /// Claude Code's billing-header system blocks dropped from Messages requests (they change
+    /// every request and would defeat the backend's prompt cache).
+    pub anthropic_billing_blocks_stripped: IntCounter,
 }
 
 /// TTFT buckets: 10 ms to 30 min (a 52k-token prefill took 31 minutes on one server).
@@ -228,6 +231,11 @@ impl Metrics {
             &["backend"],
         )
         .expect("static metric definition");
+        let anthropic_billing_blocks_stripped = IntCounter::new(
+            "mlxgate_anthropic_billing_blocks_stripped_total",
+            "Claude Code billing-header system blocks (x-anthropic-billing-header) dropped from Messages requests.",
+        )
+        .expect("static metric definition");
         for collector in [
             Box::new(requests.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(queue_depth.clone()),
@@ -253,6 +261,7 @@ impl Metrics {
             Box::new(prompt_count_seconds.clone()),
             Box::new(rate_limited.clone()),
             Box::new(abandoned_held.clone()),
+            Box::new(anthropic_billing_blocks_stripped.clone()),
         ] {
             families.extend(collector.desc().iter().map(|d| d.fq_name.clone()));
             registry.register(collector).expect("metric names are unique");
@@ -284,6 +293,7 @@ impl Metrics {
             prompt_count_seconds,
             rate_limited,
             abandoned_held,
+            anthropic_billing_blocks_stripped,
         }))
     }
 }

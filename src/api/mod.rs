@@ -5,6 +5,7 @@ pub mod admin;
 pub mod arrival;
 mod chunk;
 mod fit;
+pub mod messages;
 pub mod openai;
 pub mod responses;
 
@@ -174,6 +175,7 @@ pub fn app(state: Arc<AppState>) -> Router {
         .route("/v1/completions", post(openai::proxy))
         .route("/v1/embeddings", post(openai::proxy))
         .route("/v1/responses", post(responses::create))
+        .route("/v1/messages", post(messages::create))
         .route("/v1/models", get(openai::list_models))
         .route("/health", get(admin::health))
         .route("/ready", get(admin::ready))

@@ -1,0 +1,123 @@
+//! `POST /v1/messages` (also `?beta=true`, as Claude Code sends it: the query is not read): the
+//! Anthropic Messages API face, for Claude Code and the anthropic SDKs. A request is
+//! translated onto the backend's chat completions (`request`: the billing block dropped,
+//! everything rendered deterministically for the backend's prompt cache) and goes through the
+//! chat face's own pipeline ([`openai::serve`]: auth — `x-api-key` or Bearer —, body limits,
+//! rate limits, the context cap and room for `max_tokens`, queue, send, retry, the stream
+//! meter, metrics, the outcome); its answer is translated back (`events`), a stream event by
+//! event as the metered chat stream delivers them (`body`), a whole answer as one `message`
+//! object. Every refusal, the gateway's or a backend's, is given in Anthropic's error shape
+//! (`error`).
+//!
+//! The conversation's key (`record.conversation`, for routing): Claude Code's
+//! `X-Claude-Code-Session-Id` header, else the body's `metadata.user_id`.
+
+mod body;
+pub(crate) mod error;
+mod events;
+pub(crate) mod request;
+
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, HeaderValue, Uri, header};
+use axum::response::Response;
+use http_body_util::BodyExt;
+
+use super::AppState;
+use super::openai;
+use crate::access_log::Face;
+use crate::error::ErrorBody;
+use body::{MessagesBody, PING_EVERY};
+use events::{Translator, Whole};
+use request::Shape;
+
+/// The chat endpoint a Messages request is served as.
+const CHAT_PATH: &str = "/v1/chat/completions";
+
+/// Claude Code's session header.
+const SESSION_HEADER: &str = "x-claude-code-session-id";
+
+/// Longest session key kept from a header (a client's text on the record: bounded).
+const MAX_SESSION: usize = 256;
+
+/// POST `/v1/messages`.
+pub async fn create(State(state): State<Arc<AppState>>, mut request: Request) -> Response {
+    let session_header = session_of(request.headers());
+    // The pipeline serves it as the chat completion it becomes (the context cap counts its
+    // messages; the backend gets it at its chat path).
+    *request.uri_mut() = Uri::from_static(CHAT_PATH);
+    let mut shape = None;
+    let response = openai::serve(&state, request, |bytes, record| {
+        record.set_face(Face::Messages);
+        let translated = request::translate(bytes)?;
+        state.metrics.anthropic_billing_blocks_stripped.inc_by(translated.billing_blocks_stripped);
+        if let Some(key) = session_header.or(translated.session) {
+            record.conversation = Some(key);
+        }
+        shape = Some(translated.shape);
+        Ok(translated.fields)
+    })
+    .await;
+    match shape {
+        Some(shape) if response.status().is_success() => answer(response, shape).await,
+        _ => anthropic_error(response),
+    }
+}
+
+/// Claude Code's session id, when sane (visible ASCII, bounded).
+fn session_of(headers: &HeaderMap) -> Option<String> {
+    let value = headers.get(SESSION_HEADER)?.to_str().ok()?.trim();
+    let sane = !value.is_empty() && value.len() <= MAX_SESSION && value.bytes().all(|b| b.is_ascii_graphic());
+    sane.then(|| value.to_string())
+}
+
+/// A refusal (the gateway's or a backend's, kept OpenAI-shaped on the response) in Anthropic's
+/// shape and status; the access layer then adds the request id (top-level `request_id`).
+fn anthropic_error(mut response: Response) -> Response {
+    let Some(kept) = response.extensions_mut().remove::<ErrorBody>() else { return response };
+    let (status, body) = error::refusal(response.status(), &kept.body);
+    *response.status_mut() = status;
+    let headers = response.headers_mut();
+    headers.remove(header::CONTENT_LENGTH);
+    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    // Anthropic's 401 says nothing of Bearer: the key may be in either header.
+    headers.remove(header::WWW_AUTHENTICATE);
+    *response.body_mut() = Body::from(body.to_string());
+    response.extensions_mut().insert(ErrorBody { body, outcome: kept.outcome });
+    response
+}
+
+/// The client's answer: a chat stream wrapped in the Messages events, a whole chat completion
+/// as one `message` object.
+async fn answer(response: Response, shape: Shape) -> Response {
+    let (mut parts, body) = response.into_parts();
+    let sse = parts
+        .headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("text/event-stream"));
+    parts.headers.remove(header::CONTENT_LENGTH);
+    if sse {
+        let stream = MessagesBody::new(body, Translator::new(shape), PING_EVERY);
+        return Response::from_parts(parts, Body::new(stream));
+    }
+    // A whole answer is already read (and recorded) by the pipeline: collecting it copies
+    // memory, it waits on nothing.
+    let Ok(collected) = body.collect().await else {
+        return Response::from_parts(parts, Body::empty());
+    };
+    let bytes = collected.to_bytes();
+    parts.headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    match events::whole(shape, &bytes) {
+        Some(Whole::Message(message)) => Response::from_parts(parts, Body::from(message.to_string())),
+        Some(Whole::Error(status, body)) => {
+            parts.status = status;
+            let mut response = Response::from_parts(parts, Body::from(body.to_string()));
+            response.extensions_mut().insert(ErrorBody { body, outcome: "backend_error" });
+            response
+        }
+        None => Response::from_parts(parts, Body::from(bytes)),
+    }
+}
