@@ -109,7 +109,9 @@ impl Face {
             "/v1/responses" => Face::Responses,
             "/v1/messages" => Face::Messages,
             "/v1/models" => Face::Models,
-            "/health" => Face::Health,
+            p if p.starts_with("/v1/models/") => Face::Models,
+            // Claude Code's reachability checks answer as /health does.
+            "/health" | "/" | "/api/hello" => Face::Health,
             "/ready" => Face::Ready,
             "/metrics" => Face::Metrics,
             p if p.starts_with("/admin/") => Face::Admin,

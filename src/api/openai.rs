@@ -7,22 +7,20 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::{Duration, Instant, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
-use axum::Json;
 use axum::body::Body;
 use axum::extract::{ConnectInfo, Request, State};
-use axum::http::{HeaderMap, HeaderValue, header};
+use axum::http::{HeaderValue, header};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
 use indexmap::IndexMap;
-use serde_json::json;
 use serde_json::value::RawValue;
 
 use super::AppState;
-use super::arrival::{self, Arrival};
+use super::arrival;
 use super::chunk;
 use super::fit::{self, Endpoint, Fitted};
 use crate::auth::{self, Client};
@@ -744,35 +742,6 @@ fn ask_for_usage(fields: &mut RawBody, backend_takes_it: bool) -> Result<bool, G
         .map_err(|e| GatewayError::invalid(format!("cannot encode stream_options: {e}"), None))?;
     fields.insert("stream_options".to_string(), raw);
     Ok(asked)
-}
-
-/// GET `/v1/models`: the configured public names the client may use, in OpenAI's list shape,
-/// each with its `context_length` when a cap is known. With auth required, 401 without a key.
-pub async fn list_models(
-    State(state): State<Arc<AppState>>,
-    arrival: Option<axum::Extension<Arrival>>,
-    headers: HeaderMap,
-) -> Result<Json<serde_json::Value>, GatewayError> {
-    let access = state.access();
-    let caller = auth::identify(&access, &headers)?;
-    if let Some(axum::Extension(arrival)) = arrival {
-        arrival.with(|record| record.identified(caller.name()));
-    }
-    let created = state.started.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
-    let data: Vec<_> = state
-        .config
-        .models
-        .keys()
-        .filter(|name| caller.may_use(&access, name))
-        .map(|name| {
-            let mut model = json!({"id": name, "object": "model", "created": created, "owned_by": "mlxgate"});
-            if let Some(cap) = state.tokens.get(name).and_then(|t| t.cap) {
-                model["context_length"] = json!(cap);
-            }
-            model
-        })
-        .collect();
-    Ok(Json(json!({"object": "list", "data": data})))
 }
 
 /// Any other path: OpenAI's 404 shape rather than an empty body (counted, unrouted).
