@@ -56,8 +56,11 @@ async fn aliases_route_and_the_answer_carries_the_name_sent() {
     }
     // A stream: every chunk names the model as sent.
     let streamed = text_of(send("claude-haiku-4-5", true).await.expect("send")).await;
-    let chunks: Vec<Value> =
-        data_lines(&streamed).iter().filter(|d| *d != "[DONE]").map(|d| serde_json::from_str(d).expect("json")).collect();
+    let chunks: Vec<Value> = data_lines(&streamed)
+        .iter()
+        .filter(|d| *d != "[DONE]")
+        .map(|d| serde_json::from_str(d).expect("json"))
+        .collect();
     assert!(!chunks.is_empty() && chunks.iter().all(|c| c["model"] == "claude-haiku-4-5"), "{streamed}");
     // No alias matches: 404 naming what was asked.
     let refused = send("gpt-4o", false).await.expect("send");
@@ -84,14 +87,12 @@ async fn aliases_route_and_the_answer_carries_the_name_sent() {
         ("small", Some("claude-haiku-4-5")),
         ("gpt-4o", None),
     ];
-    eventually("an access line per request", || async {
-        access(&log, "/v1/chat/completions").len() >= wanted.len()
-    })
-    .await;
+    eventually("an access line per request", || async { access(&log, "/v1/chat/completions").len() >= wanted.len() })
+        .await;
     let lines = access(&log, "/v1/chat/completions");
-    let got: Vec<(Value, Option<Value>)> = lines.iter().map(|l| (l["model"].clone(), l.get("alias").cloned())).collect();
-    let wanted: Vec<(Value, Option<Value>)> =
-        wanted.iter().map(|(m, a)| (json!(m), a.map(|a| json!(a)))).collect();
+    let got: Vec<(Value, Option<Value>)> =
+        lines.iter().map(|l| (l["model"].clone(), l.get("alias").cloned())).collect();
+    let wanted: Vec<(Value, Option<Value>)> = wanted.iter().map(|(m, a)| (json!(m), a.map(|a| json!(a)))).collect();
     assert_eq!(got, wanted, "{lines:?}");
 }
 
@@ -129,7 +130,10 @@ async fn anthropic_clients_get_anthropics_model_list() {
     let list: Value = get("/v1/models", true, Some(KEY)).await.expect("send").json().await.expect("json");
     let ids: Vec<&str> = list["data"].as_array().expect("data").iter().filter_map(|m| m["id"].as_str()).collect();
     assert_eq!(ids, ["qwen", "small"], "{list}");
-    assert_eq!((&list["has_more"], &list["first_id"], &list["last_id"]), (&json!(false), &json!("qwen"), &json!("small")));
+    assert_eq!(
+        (&list["has_more"], &list["first_id"], &list["last_id"]),
+        (&json!(false), &json!("qwen"), &json!("small"))
+    );
     for model in list["data"].as_array().expect("data") {
         assert_eq!(model["type"], "model", "{model}");
         assert_eq!(model["display_name"], model["id"], "{model}");
@@ -137,14 +141,19 @@ async fn anthropic_clients_get_anthropics_model_list() {
         assert!(humantime::parse_rfc3339(created).is_ok(), "{created}");
     }
     // One model, by its name or an alias (named as asked); none by another name.
-    let one: Value = get("/v1/models/claude-haiku-4-5", true, Some(KEY)).await.expect("send").json().await.expect("json");
+    let one: Value =
+        get("/v1/models/claude-haiku-4-5", true, Some(KEY)).await.expect("send").json().await.expect("json");
     assert_eq!((&one["type"], &one["id"]), (&json!("model"), &json!("claude-haiku-4-5")), "{one}");
     let openai: Value = get("/v1/models/qwen", false, Some(KEY)).await.expect("send").json().await.expect("json");
     assert_eq!((&openai["object"], &openai["id"]), (&json!("model"), &json!("qwen")), "{openai}");
     let missing = get("/v1/models/gpt-4o", true, Some(KEY)).await.expect("send");
     assert_eq!(missing.status(), 404);
     let missing: Value = missing.json().await.expect("json");
-    assert_eq!((&missing["type"], &missing["error"]["type"]), (&json!("error"), &json!("not_found_error")), "{missing}");
+    assert_eq!(
+        (&missing["type"], &missing["error"]["type"]),
+        (&json!("error"), &json!("not_found_error")),
+        "{missing}"
+    );
     // Without a key: Anthropic's 401 to an Anthropic client, OpenAI's to the others.
     let refused = get("/v1/models", true, None).await.expect("send");
     assert_eq!(refused.status(), 401);
