@@ -100,7 +100,9 @@ async fn answer(response: Response, shape: Shape) -> Response {
         .is_some_and(|v| v.starts_with("text/event-stream"));
     parts.headers.remove(header::CONTENT_LENGTH);
     if sse {
-        let stream = MessagesBody::new(body, Translator::new(shape), PING_EVERY);
+        let counted = parts.extensions.get::<openai::PromptTokens>().map_or(0, |p| p.0);
+        let translator = Translator::new(shape).with_counted_prompt(counted);
+        let stream = MessagesBody::new(body, translator, PING_EVERY);
         return Response::from_parts(parts, Body::new(stream));
     }
     // A whole answer is already read (and recorded) by the pipeline: collecting it copies

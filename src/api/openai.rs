@@ -43,6 +43,13 @@ use crate::tokens::counter::Estimate;
 /// A request body: top-level fields in their original order, values left as raw JSON.
 pub(crate) type RawBody = IndexMap<String, Box<RawValue>>;
 
+/// The prompt's tokens as the gateway counted them before sending (the context cap's count, an
+/// upper bound when the prompt fitted by its bytes; else the estimate), on the response of an
+/// answered request: a face that reports input usage before the backend's own (the Messages
+/// face's `message_start`) reads it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct PromptTokens(pub(crate) u64);
+
 /// Sends to a restarted managed backend at most this many times.
 const MAX_RETRIES: u32 = 2;
 
@@ -90,7 +97,11 @@ pub(crate) async fn serve(
     // carries its own).
     let rate_limit_headers = record.rate_limit_headers().clone();
     let mut response = match forwarded {
-        Ok(Forwarded::Answered(answered)) => answered.into_response(record, Arc::clone(&state.cutoff)).await,
+        Ok(Forwarded::Answered(answered, prompt_tokens)) => {
+            let mut response = answered.into_response(record, Arc::clone(&state.cutoff)).await;
+            response.extensions_mut().insert(PromptTokens(prompt_tokens));
+            response
+        }
         Ok(Forwarded::Made(response, figures)) => {
             match figures {
                 // Chunked embeddings: no first token to time.
@@ -128,7 +139,8 @@ pub(crate) struct Parsed {
 /// What the proxy answers: a backend's answer to wrap, or a response made here (the averaged
 /// vectors of a chunked embedding).
 enum Forwarded {
-    Answered(Answered),
+    /// The backend's answer, and the prompt's tokens as the gateway counted them.
+    Answered(Answered, u64),
     /// A response made here, with the figures to record (`None`: its body records them).
     Made(Response, Option<StreamFigures>),
 }
@@ -206,7 +218,8 @@ async fn forward(
         }
     }
     let sent = record.sent_flag();
-    send(state, route, &client, &parts, fields, transform, &sent).await.map(Forwarded::Answered)
+    let answered = send(state, route, &client, &parts, fields, transform, &sent).await?;
+    Ok(Forwarded::Answered(answered, prompt_tokens))
 }
 
 /// limits: admits the request under its client's rate limits, charging `prompt_tokens` up front.

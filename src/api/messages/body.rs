@@ -146,7 +146,7 @@ mod tests {
         let inner = StreamBody::new(futures_util::stream::iter(frames));
         let body = MessagesBody::new(inner, Translator::new(shape()), PING_EVERY);
         let bytes = body.collect().await.expect("body").to_bytes();
-        events(&String::from_utf8(bytes.to_vec()).expect("utf-8"))
+        events(std::str::from_utf8(&bytes).expect("utf-8"))
     }
 
     fn events(text: &str) -> Vec<String> {

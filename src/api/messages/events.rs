@@ -14,9 +14,11 @@
 //!
 //! Usage is Anthropic's: `input_tokens` is the prompt *without* the tokens the backend served
 //! from its prompt cache, which are `cache_read_input_tokens` (Claude Code adds the two: a
-//! whole prompt as input would count its context twice). `message_start` carries 0 input
-//! tokens (the backend's usage comes at the end); `message_delta` carries the final figures,
-//! input included, which the SDKs' accumulators take over the start's.
+//! whole prompt as input would count its context twice). `message_start` carries the prompt's
+//! tokens as the gateway counted them for the context cap (an upper bound when the prompt fitted
+//! by its bytes; the estimate without a cap), the backend's usage coming only at the end;
+//! `message_delta` carries the backend's figures, input and cache reads included, which the
+//! SDKs' accumulators take over the start's.
 //!
 //! Tool calls get their own ids (`toolu_…`, unique): backends' ids repeat (from 0 each answer,
 //! or none), while clients match results to calls by them. Thinking blocks carry an empty
@@ -32,6 +34,9 @@ use serde_json::{Map, Value, json};
 use super::error;
 use super::request::Shape;
 
+/// The id of omlx's keep-alive data chunks.
+const KEEPALIVE_ID: &str = "chatcmpl-keepalive";
+
 /// Per-process counter making message and tool ids unique.
 static MESSAGES: AtomicU64 = AtomicU64::new(0);
 
@@ -45,6 +50,9 @@ fn new_id(prefix: &str) -> String {
 /// One chat stream chunk (or a whole completion), read as far as the translation needs.
 #[derive(Debug, Default, Deserialize)]
 struct Chunk {
+    /// omlx's keep-alive is a data chunk with this id and an empty text: a `ping`.
+    #[serde(default)]
+    id: Option<String>,
     #[serde(default)]
     choices: Vec<Choice>,
     #[serde(default)]
@@ -162,6 +170,8 @@ pub struct Translator {
     stop_sequence: Option<String>,
     /// Anything but `ping` was sent after `message_start` (the ping timer stops then).
     content_started: bool,
+    /// The prompt's tokens as the gateway counted them, for `message_start`.
+    counted_prompt: u64,
     phase: Phase,
 }
 
@@ -177,8 +187,16 @@ impl Translator {
             finish: None,
             stop_sequence: None,
             content_started: false,
+            counted_prompt: 0,
             phase: Phase::New,
         }
+    }
+
+    /// `message_start` says `prompt_tokens` of input (the gateway's count) until `message_delta`
+    /// gives the backend's figures.
+    pub fn with_counted_prompt(mut self, prompt_tokens: u64) -> Self {
+        self.counted_prompt = prompt_tokens;
+        self
     }
 
     /// `message_start`.
@@ -194,7 +212,7 @@ impl Translator {
         }
         self.phase = Phase::Running;
         let mut message = self.message_json(Vec::new());
-        message["usage"] = json!({"input_tokens": 0, "cache_creation_input_tokens": 0,
+        message["usage"] = json!({"input_tokens": self.counted_prompt, "cache_creation_input_tokens": 0,
                                   "cache_read_input_tokens": 0, "output_tokens": 0});
         emit(out, "message_start", json!({"message": message}));
     }
@@ -226,6 +244,10 @@ impl Translator {
             return Bytes::from(out);
         }
         let Ok(chunk) = serde_json::from_str::<Chunk>(data) else { return Bytes::from(out) };
+        if chunk.id.as_deref() == Some(KEEPALIVE_ID) {
+            emit(&mut out, "ping", json!({}));
+            return Bytes::from(out);
+        }
         self.chunk(&mut out, chunk);
         Bytes::from(out)
     }

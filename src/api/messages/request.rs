@@ -22,7 +22,9 @@
 //!
 //! System text: Qwen's chat templates take the first message's system text into their tools
 //! header and some raise on a system message that is not first, so the system blocks become one
-//! leading system message (joined by a blank line).
+//! leading system message (joined by a blank line). A `role: "system"` message inside
+//! `messages` (Claude Code 2.1 puts its environment there, after the first user message)
+//! becomes a user message in its place.
 //!
 //! Thinking in history: a `thinking` block's text becomes the `reasoning_content` of its
 //! assistant message (as the Responses face does with reasoning items). Qwen3's templates render
@@ -245,6 +247,9 @@ fn push_message(messages: &mut Vec<Value>, message: &Value, at: usize) -> Result
     let content = object.get("content");
     match object.get("role").and_then(Value::as_str) {
         Some("assistant") => messages.push(assistant(content)),
+        // A system message inside the conversation (Claude Code 2.1 sends its environment so,
+        // after the first user message): a user message in its place, as the Responses face
+        // does — every template renders it, and the prompt before it stays as it was.
         _ => user(messages, content),
     }
     Ok(())

@@ -324,11 +324,15 @@ fn pings_go_out_until_the_end_only() {
     let mut out = translator.start().to_vec();
     assert!(!translator.content_started());
     out.extend_from_slice(&translator.ping());
+    // omlx's keep-alive data chunk is a ping, not text.
+    let keepalive = json!({"id": "chatcmpl-keepalive", "choices": [{"index": 0, "delta": {"content": " "}}]});
+    out.extend_from_slice(&translator.chat_event(&keepalive.to_string()));
+    assert!(!translator.content_started());
     out.extend_from_slice(&translator.chat_event(&delta(json!({"content": "a"})).to_string()));
     assert!(translator.content_started());
     out.extend_from_slice(&translator.chat_event("[DONE]"));
     assert!(translator.ping().is_empty(), "no ping after message_stop");
-    assert_eq!(types(&parse(&out))[1], "ping");
+    assert_eq!(types(&parse(&out))[1..3], ["ping", "ping"]);
 }
 
 #[test]

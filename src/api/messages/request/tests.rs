@@ -287,4 +287,22 @@ fn claude_codes_recorded_request_translates_without_its_billing_block() {
     let sent = fields.get("tools").and_then(Value::as_array).map_or(0, Vec::len);
     assert_eq!(sent, offered, "Claude Code's tools are all client tools");
     assert_eq!(fields["stream"], body["stream"]);
+    // Claude Code 2.1.332: the two other system blocks lead; its environment, a `system`
+    // message after the user's, is a user message in its place.
+    let messages = fields["messages"].as_array().expect("messages");
+    let system: Vec<&str> = body["system"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|b| b["text"].as_str())
+        .filter(|t| !is_billing(t))
+        .collect();
+    assert_eq!(messages[0], json!({"role": "system", "content": system.join("\n\n")}));
+    assert!(messages[1..].iter().all(|m| m["role"] == "user"), "{messages:?}");
+    let in_conversation =
+        body["messages"].as_array().expect("messages").iter().filter(|m| m["role"] == "system").count();
+    assert_eq!(messages.len(), 1 + body["messages"].as_array().map_or(0, Vec::len));
+    assert!(in_conversation > 0, "the recording has a system message in `messages`");
+    assert_eq!(fields["chat_template_kwargs"], json!({"enable_thinking": true}), "thinking: adaptive");
+    assert_eq!(translated.session.as_deref(), body["metadata"]["user_id"].as_str());
 }
