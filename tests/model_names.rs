@@ -1,6 +1,7 @@
 //! Model names as clients other than OpenAI's see them, through the real `mlxgate serve` binary
 //! in front of the simulator: `aliases:` (exact names and `*` patterns route to configured
-//! models; the answer, whole and streamed, carries the name the client sent; the access log says
+//! models, on the chat and the Messages faces; the answer, whole and streamed, carries the name
+//! the client sent; the access log says
 //! `model=` the configured one and `alias=` the one sent; a bad alias stops start-up at its path),
 //! `GET /v1/models` and `/v1/models/{id}` in Anthropic's shape to a client sending
 //! `anthropic-version`, and `HEAD`/`GET /` and `/api/hello` answered 200 without a key.
@@ -89,6 +90,38 @@ async fn aliases_route_and_the_answer_carries_the_name_sent() {
         lines.iter().map(|l| (l["model"].clone(), l.get("alias").cloned())).collect();
     let wanted: Vec<(Value, Option<Value>)> = wanted.iter().map(|(m, a)| (json!(m), a.map(|a| json!(a)))).collect();
     assert_eq!(got, wanted, "{lines:?}");
+}
+
+#[tokio::test]
+async fn claude_names_reach_the_messages_face_through_aliases() {
+    let (_sim, sim_url) = spawn_sim(&["--ttft-ms", "0", "--tokens-per-second", "1000"]);
+    let (gw, log) = gateway_binary_logged(&yaml(&sim_url), &[], "info");
+    let send = |stream: bool| {
+        let body = json!({"model": "claude-haiku-4-5", "max_tokens": 8, "stream": stream,
+                          "messages": [{"role": "user", "content": "hi"}]});
+        client()
+            .post(format!("{}/v1/messages?beta=true", gw.url))
+            .header("x-api-key", KEY)
+            .header("anthropic-version", "2023-06-01")
+            .json(&body)
+            .send()
+    };
+    let whole: Value = send(false).await.expect("send").json().await.expect("json");
+    assert_eq!((&whole["type"], &whole["model"]), (&json!("message"), &json!("claude-haiku-4-5")), "{whole}");
+    let streamed = text_of(send(true).await.expect("send")).await;
+    let start: Value = data_lines(&streamed)
+        .iter()
+        .filter_map(|d| serde_json::from_str::<Value>(d).ok())
+        .find(|e| e["type"] == "message_start")
+        .unwrap_or_else(|| panic!("no message_start: {streamed}"));
+    assert_eq!(start["message"]["model"], "claude-haiku-4-5", "{start}");
+    let requests: Vec<Value> =
+        client().get(format!("{sim_url}/sim/requests")).send().await.expect("sim").json().await.expect("json");
+    assert!(requests.len() == 2 && requests.iter().all(|r| r["model"] == "/models/small"), "{requests:?}");
+    eventually("the access lines", || async { access(&log, "/v1/messages").len() >= 2 }).await;
+    for line in access(&log, "/v1/messages") {
+        assert_eq!((&line["model"], &line["alias"]), (&json!("small"), &json!("claude-haiku-4-5")), "{line:?}");
+    }
 }
 
 #[test]
