@@ -510,14 +510,13 @@ async fn claude_code_runs_a_turn_with_its_bash_tool_over_the_messages_api() {
     assert!(run.requests.iter().all(|r| r["stream"] == true), "{:#?}", run.requests);
     assert_eq!(run.with_tools().len(), 2, "one request per turn: {}", run.output());
     rig.check_access_log(&run, "/v1/messages", "sk-claude-test").await;
-    // Its reachability check, answered without a key.
-    let hello = rig
-        .log
-        .lock()
-        .expect("log lines")
-        .iter()
-        .filter_map(|l| access_fields(l))
-        .find(|f| f["path"] == "/api/hello" || f["path"] == "/");
-    let hello = hello.unwrap_or_else(|| panic!("no reachability check in the access log{}", run.output()));
+    // Its reachability check (sent at start, not awaited), answered without a key.
+    let hello = || {
+        let lines = rig.log.lock().expect("log lines");
+        lines.iter().filter_map(|l| access_fields(l)).find(|f| f["path"] == "/api/hello" || f["path"] == "/")
+    };
+    eventually(&format!("a reachability check in the access log{}", run.output()), || async { hello().is_some() })
+        .await;
+    let hello = hello().expect("seen");
     assert_eq!((&hello["method"], &hello["status"]), (&json!("HEAD"), &json!(200)), "{hello:?}");
 }
