@@ -280,6 +280,17 @@ timeseries(
     grid(12, 50, 12),
     [(quantile(0.95, "mlxgate_prompt_count_seconds", "model", M), "{{model}} p95")],
     unit="s")
+timeseries(
+    "Claude Code billing blocks stripped",
+    "Claude Code's billing-header system blocks (x-anthropic-billing-header: cc_version=…; "
+    "cch=…) the Messages face dropped before the prompt reached a backend: about one per "
+    "Claude Code request. The block changes every request; sent on, it would make every "
+    "turn's prompt differ from its first token and every prompt-cache lookup miss. Zero while "
+    "Claude Code is in use: its attribution header is off (CLAUDE_CODE_ATTRIBUTION_HEADER=0), "
+    "which saves the same.",
+    grid(0, 58, 12),
+    [("sum(increase(mlxgate_anthropic_billing_blocks_stripped_total[$__interval]))", "stripped")],
+    bars=True)
 
 
 def variable(name, label, query):

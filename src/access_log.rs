@@ -308,6 +308,7 @@ mod tests {
     fn faces_follow_the_routes() {
         assert_eq!(Face::of_path("/v1/chat/completions"), Face::Chat);
         assert_eq!(Face::of_path("/v1/responses").as_str(), "responses");
+        assert_eq!(Face::of_path("/v1/messages").as_str(), "messages");
         assert_eq!(Face::of_path("/admin/backends/x/logs"), Face::Admin);
         assert_eq!(Face::of_path("/v1/chat/completions/"), Face::None);
         assert_eq!(Face::of_path("/v2/whatever"), Face::None);

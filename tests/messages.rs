@@ -356,6 +356,7 @@ async fn a_backend_failing_mid_stream_is_an_error_event_and_no_message_stop() {
     let response = messages(&gw, &body).await;
     assert_eq!(response.status(), 200);
     let request_id = response.headers()["x-request-id"].to_str().expect("id").to_string();
+    assert_eq!(response.headers()["request-id"], request_id.as_str(), "Anthropic's header too");
     let text = text_of(response).await;
     let events = parse_events(&text);
     let kinds = types(&events);

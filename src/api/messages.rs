@@ -10,7 +10,8 @@
 //! (`error`).
 //!
 //! The conversation's key (`record.conversation`, for routing): Claude Code's
-//! `X-Claude-Code-Session-Id` header, else the body's `metadata.user_id`.
+//! `X-Claude-Code-Session-Id` header, else the body's `metadata.user_id`. Every answer carries
+//! the request's id in Anthropic's `request-id` header too (beside `x-request-id`).
 
 mod body;
 pub(crate) mod error;
@@ -26,6 +27,7 @@ use axum::response::Response;
 use http_body_util::BodyExt;
 
 use super::AppState;
+use super::arrival::Arrival;
 use super::openai;
 use crate::access_log::Face;
 use crate::error::ErrorBody;
@@ -42,9 +44,13 @@ const SESSION_HEADER: &str = "x-claude-code-session-id";
 /// Longest session key kept from a header (a client's text on the record: bounded).
 const MAX_SESSION: usize = 256;
 
+/// Anthropic's request id header.
+const REQUEST_ID: &str = "request-id";
+
 /// POST `/v1/messages`.
 pub async fn create(State(state): State<Arc<AppState>>, mut request: Request) -> Response {
     let session_header = session_of(request.headers());
+    let request_id = request_id_of(&request);
     // The pipeline serves it as the chat completion it becomes (the context cap counts its
     // messages; the backend gets it at its chat path).
     *request.uri_mut() = Uri::from_static(CHAT_PATH);
@@ -60,10 +66,23 @@ pub async fn create(State(state): State<Arc<AppState>>, mut request: Request) ->
         Ok(translated.fields)
     })
     .await;
-    match shape {
+    let mut response = match shape {
         Some(shape) if response.status().is_success() => answer(response, shape).await,
         _ => anthropic_error(response),
+    };
+    if let Some(id) = request_id {
+        // Anthropic's own header for it (the SDKs' `_request_id`), beside `x-request-id`.
+        response.headers_mut().insert(REQUEST_ID, id);
     }
+    response
+}
+
+/// The request's id, as the access layer gave it (`x-request-id`).
+fn request_id_of(request: &Request) -> Option<HeaderValue> {
+    let arrival = request.extensions().get::<Arrival>()?;
+    let mut id = None;
+    arrival.with(|record| id = Some(record.request_id().header_value()));
+    id
 }
 
 /// Claude Code's session id, when sane (visible ASCII, bounded).
@@ -82,8 +101,6 @@ fn anthropic_error(mut response: Response) -> Response {
     let headers = response.headers_mut();
     headers.remove(header::CONTENT_LENGTH);
     headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
-    // Anthropic's 401 says nothing of Bearer: the key may be in either header.
-    headers.remove(header::WWW_AUTHENTICATE);
     *response.body_mut() = Body::from(body.to_string());
     response.extensions_mut().insert(ErrorBody { body, outcome: kept.outcome });
     response
@@ -121,5 +138,27 @@ async fn answer(response: Response, shape: Shape) -> Response {
             response
         }
         None => Response::from_parts(parts, Body::from(bytes)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_session_header_is_kept_when_sane() {
+        let of = |value: &str| {
+            let mut headers = HeaderMap::new();
+            headers.insert(SESSION_HEADER, HeaderValue::from_str(value).expect("value"));
+            session_of(&headers)
+        };
+        assert_eq!(
+            of(" 31e2309b-cfa4-4f81-85e6-354b91a0921b ").as_deref(),
+            Some("31e2309b-cfa4-4f81-85e6-354b91a0921b")
+        );
+        assert_eq!(of(""), None);
+        assert_eq!(of("a b"), None);
+        assert_eq!(of(&"x".repeat(MAX_SESSION + 1)), None);
+        assert_eq!(session_of(&HeaderMap::new()), None);
     }
 }

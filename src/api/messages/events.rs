@@ -176,6 +176,7 @@ pub struct Translator {
 }
 
 impl Translator {
+    /// The translation of one answer to a request of `shape` (a new message id).
     pub fn new(shape: Shape) -> Self {
         Translator {
             shape,

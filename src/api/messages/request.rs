@@ -38,6 +38,10 @@ use serde_json::{Map, Value, json};
 use crate::api::openai::RawBody;
 use crate::error::GatewayError;
 
+/// Longest `metadata.user_id` kept as the conversation's key (Claude Code's is a JSON string of
+/// about 140 bytes).
+const MAX_USER_ID: usize = 512;
+
 /// How a system text block Claude Code uses for billing begins.
 pub const BILLING_PREFIX: &str = "x-anthropic-billing-header:";
 
@@ -132,7 +136,7 @@ pub(crate) fn translate(body: &[u8]) -> Result<Translated, GatewayError> {
         .get("metadata")
         .and_then(|m| m.get("user_id"))
         .and_then(Value::as_str)
-        .filter(|s| !s.is_empty())
+        .filter(|s| !s.is_empty() && s.len() <= MAX_USER_ID)
         .map(str::to_string);
     let model = request.get("model").and_then(Value::as_str).unwrap_or_default().to_string();
     let fields = chat
