@@ -21,7 +21,7 @@ use serde_json::{Value, json};
 use super::AppState;
 use super::arrival::Arrival;
 use crate::auth;
-use crate::error::{ErrorBody, GatewayError};
+use crate::error::GatewayError;
 
 /// The header that marks an Anthropic client.
 const ANTHROPIC_VERSION: &str = "anthropic-version";
@@ -105,18 +105,12 @@ pub async fn hello() -> Json<Value> {
     Json(json!({"status": "ok", "service": "mlxgate"}))
 }
 
-/// A refusal in the shape of the client's API (the error body kept on the response for the
-/// access log, as every refusal).
+/// A refusal in the shape of the client's API (Anthropic's made as the Messages face makes it).
 fn refusal(shape: Shape, e: GatewayError) -> Response {
-    let mut response = e.into_response();
-    if shape == Shape::OpenAi {
-        return response;
+    match shape {
+        Shape::OpenAi => e.into_response(),
+        Shape::Anthropic => super::messages::anthropic_error(e.into_response()),
     }
-    let Some(kept) = response.extensions_mut().remove::<ErrorBody>() else { return response };
-    let (status, body) = super::messages::error::refusal(response.status(), &kept.body);
-    let mut response = (status, Json(&body)).into_response();
-    response.extensions_mut().insert(ErrorBody { body, outcome: kept.outcome });
-    response
 }
 
 /// The list's body in `shape`.
