@@ -86,3 +86,13 @@ fn bad_aliases_are_refused_at_their_path() {
     assert_eq!(problems.len(), 1, "{problems:?}");
     assert!(problems[0].path.starts_with("aliases"), "{problems:?}");
 }
+
+#[test]
+fn a_models_own_name_wins_over_every_pattern() {
+    let yaml = "backends: {local: {url: 'http://127.0.0.1:9'}}\nmodels: {qwen: {backend: local}, \
+                claude-x: {backend: local}}\naliases: {'claude-*': qwen}\n";
+    let config = crate::config::Config::parse(yaml, &|_| None).expect("config");
+    assert_eq!(config.model_named("claude-x"), "claude-x", "a model's own name");
+    assert_eq!(config.model_named("claude-y"), "qwen", "an alias");
+    assert_eq!(config.model_named("gpt-4o"), "gpt-4o", "no model: the name itself, for the 404");
+}
