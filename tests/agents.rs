@@ -80,8 +80,14 @@ struct Rig {
 
 impl Rig {
     fn new(script: &str) -> Rig {
+        Rig::with_config(script, "")
+    }
+
+    /// The same with `extra` appended to the gateway's configuration.
+    fn with_config(script: &str, extra: &str) -> Rig {
         let (sim, sim_url) = spawn_sim(&["--ttft-ms", "0", "--tokens-per-second", "1000", "--script-json", script]);
-        let (gateway, log) = gateway_binary_logged(&one_model_yaml(&sim_url, 4, 16), &[], "info");
+        let config = format!("{}{extra}", one_model_yaml(&sim_url, 4, 16));
+        let (gateway, log) = gateway_binary_logged(&config, &[], "info");
         let dir = tempfile::tempdir().expect("tempdir");
         for sub in ["home", "work"] {
             std::fs::create_dir(dir.path().join(sub)).expect("mkdir");
@@ -519,4 +525,41 @@ async fn claude_code_runs_a_turn_with_its_bash_tool_over_the_messages_api() {
         .await;
     let hello = hello().expect("seen");
     assert_eq!((&hello["method"], &hello["status"]), (&json!("HEAD"), &json!(200)), "{hello:?}");
+}
+
+#[tokio::test]
+async fn claude_code_runs_on_its_own_model_names_through_aliases() {
+    let Some(claude) = agent(".agents/node_modules/.bin/claude") else { return };
+    let rig = Rig::with_config(
+        &call_then_answer(&["Bash"], json!({"command": shell_command(), "description": "Print the tool result"})),
+        "aliases:\n  claude-*: qwen\n",
+    );
+    // No model named: Claude Code sends its default Claude name, which the alias maps to qwen.
+    let env = [
+        ("ANTHROPIC_BASE_URL", rig.gateway.url.clone()),
+        ("ANTHROPIC_API_KEY", "sk-claude-test".into()),
+        ("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1".into()),
+        ("DISABLE_AUTOUPDATER", "1".into()),
+        ("DISABLE_TELEMETRY", "1".into()),
+        ("DISABLE_ERROR_REPORTING", "1".into()),
+    ];
+    let args = ["-p", "Run the shell command that prints the tool result.", "--allowedTools", "Bash"];
+    let run = rig.run("claude-code-aliased", &claude, &args, &env).await;
+    run.printed_the_marker();
+    tool_ran(&rig, &run);
+    run.round_tripped("Bash", TOOL_RESULT);
+    rig.check_access_log(&run, "/v1/messages", "sk-claude-test").await;
+    let aliases: Vec<Value> = rig
+        .log
+        .lock()
+        .expect("log lines")
+        .iter()
+        .filter_map(|l| access_fields(l))
+        .filter(|f| f["path"] == "/v1/messages")
+        .map(|f| f.get("alias").cloned().unwrap_or(Value::Null))
+        .collect();
+    assert!(
+        aliases.len() == 2 && aliases.iter().all(|a| a.as_str().is_some_and(|a| a.starts_with("claude-"))),
+        "every request came by a Claude name: {aliases:?}"
+    );
 }
