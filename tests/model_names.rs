@@ -172,6 +172,10 @@ async fn anthropic_clients_get_anthropics_model_list() {
     let one: Value =
         get("/v1/models/claude-haiku-4-5", true, Some(KEY)).await.expect("send").json().await.expect("json");
     assert_eq!((&one["type"], &one["id"]), (&json!("model"), &json!("claude-haiku-4-5")), "{one}");
+    // A name with a slash (as Hugging Face ids have) is one id.
+    let slashed: Value =
+        get("/v1/models/claude-org/x", true, Some(KEY)).await.expect("send").json().await.expect("json");
+    assert_eq!(slashed["id"], "claude-org/x", "{slashed}");
     let openai: Value = get("/v1/models/qwen", false, Some(KEY)).await.expect("send").json().await.expect("json");
     assert_eq!((&openai["object"], &openai["id"]), (&json!("model"), &json!("qwen")), "{openai}");
     let missing = get("/v1/models/gpt-4o", true, Some(KEY)).await.expect("send");

@@ -178,7 +178,7 @@ pub fn app(state: Arc<AppState>) -> Router {
         .route("/v1/responses", post(responses::create))
         .route("/v1/messages", post(messages::create))
         .route("/v1/models", get(models::list))
-        .route("/v1/models/{id}", get(models::retrieve))
+        .route("/v1/models/{*id}", get(models::retrieve))
         .route("/", get(models::hello))
         .route("/api/hello", get(models::hello))
         .route("/health", get(admin::health))
