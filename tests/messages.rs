@@ -566,3 +566,49 @@ async fn claude_codes_recorded_request_is_served() {
     assert_eq!(sent["messages"][0]["role"], "system");
     assert_eq!(metric(&gw, "mlxgate_anthropic_billing_blocks_stripped_total").await, Some(1.0));
 }
+
+/// The access log: one line per Messages request, its path without the query, face
+/// `messages`, status, outcome and the client's request id (the mlxgate binary's own log).
+#[tokio::test]
+async fn each_messages_request_has_one_access_line() {
+    let sim = sim().await;
+    let (gw, lines) = gateway_binary_logged(&one_model_yaml(&sim.url(), 2, 4), &[], "info");
+    for (id, body, status) in [
+        (
+            "ml-stream",
+            json!({"model": "qwen", "max_tokens": 5, "stream": true, "messages": [{"role": "user", "content": "hi"}]}),
+            200,
+        ),
+        ("ml-whole", hello("qwen"), 200),
+        ("ml-unknown", hello("claude-nope"), 404),
+    ] {
+        let response = client()
+            .post(format!("{}/v1/messages?beta=true", gw.url))
+            .header("x-request-id", id)
+            .header("anthropic-version", "2023-06-01")
+            .json(&body)
+            .send()
+            .await
+            .expect("send");
+        assert_eq!(response.status(), status, "{id}");
+        assert_eq!(response.headers()["request-id"], id);
+        let _ = text_of(response).await;
+    }
+    let mut logged = Vec::new();
+    eventually("three access lines", || {
+        logged = lines.lock().expect("lines").iter().filter_map(|l| access_fields(l)).collect::<Vec<_>>();
+        let done = logged.len() >= 3;
+        async move { done }
+    })
+    .await;
+    assert_eq!(logged.len(), 3, "{logged:#?}");
+    for (id, status, outcome) in
+        [("ml-stream", 200, "ok"), ("ml-whole", 200, "ok"), ("ml-unknown", 404, "invalid_request_error")]
+    {
+        let line = logged.iter().find(|l| l["request_id"] == id).unwrap_or_else(|| panic!("{id}: {logged:#?}"));
+        assert_eq!(line["path"], "/v1/messages", "{id}");
+        assert_eq!(line["face"], "messages", "{id}");
+        assert_eq!(line["status"], status, "{id}");
+        assert_eq!(line["outcome"], outcome, "{id}");
+    }
+}

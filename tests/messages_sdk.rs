@@ -1,10 +1,10 @@
 //! The official `anthropic` Python SDK through mlxgate in front of the simulator:
 //! `messages.create` (whole), `messages.stream` (the SDK's own accumulator: its final message
 //! has the same content as the whole answer), every raw event validated strictly against the
-//! SDK's pydantic types, a tool round trip made of the SDK's own content blocks, and a backend
-//! failing mid-stream (the SDK raises Anthropic's error type, not a parse error) and an
-//! unknown model (`NotFoundError`). The SDK is the one in `.venv-agents` (scripts/setup-agents
-//! installs it, pinned).
+//! SDK's pydantic types, a tool round trip made of the SDK's own content blocks, a backend
+//! failing mid-stream (the SDK raises Anthropic's error type, not a parse error), an unknown
+//! model (`NotFoundError`), and a reasoning backend's thinking blocks. The SDK is the one in
+//! `.venv-agents` (scripts/setup-agents installs it, pinned).
 
 mod common;
 
@@ -23,7 +23,7 @@ import anthropic
 from pydantic import TypeAdapter
 from anthropic.types import Message, RawMessageStreamEvent
 
-base_url, failing_url = sys.argv[1], sys.argv[2]
+base_url, failing_url, thinking_url = sys.argv[1], sys.argv[2], sys.argv[3]
 client = anthropic.Anthropic(base_url=base_url, api_key="unused", max_retries=0, timeout=120.0)
 events_adapter = TypeAdapter(RawMessageStreamEvent)
 out = {}
@@ -38,10 +38,11 @@ def content(message):
         blocks.append(b)
     return blocks
 
-def strict_stream(**body):
-    """Sends a streamed request and validates every raw event strictly; returns their types."""
+def strict_stream(via=None, **body):
+    """Sends a streamed request (through `via`, else `client`) and validates every raw event
+    strictly; returns their types."""
     kinds = []
-    with client.messages.with_streaming_response.create(stream=True, **body) as r:
+    with (via or client).messages.with_streaming_response.create(stream=True, **body) as r:
         assert r.status_code == 200, r.read()
         name = None
         for line in r.iter_lines():
@@ -97,6 +98,15 @@ second = client.messages.create(model="qwen", max_tokens=200, messages=conversat
 out["answer"] = second.content[0].text
 out["answer_stop"] = second.stop_reason
 
+# A reasoning backend: thinking blocks (thinking_delta, signature_delta) through the accumulator
+# and the strict types.
+thinker = anthropic.Anthropic(base_url=thinking_url, api_key="unused", max_retries=0, timeout=120.0)
+think = dict(hello, thinking={"type": "adaptive"})
+with thinker.messages.stream(**think) as stream:
+    thought = stream.get_final_message()
+out["thinking_content"] = content(thought)
+out["strict_thinking_types"] = strict_stream(via=thinker, **think)
+
 # An unknown model: the SDK's NotFoundError.
 try:
     client.messages.create(model="claude-nope", max_tokens=5, messages=[{"role": "user", "content": "x"}])
@@ -150,9 +160,16 @@ async fn the_anthropic_sdk_creates_and_streams_messages_and_round_trips_a_tool_c
     let gw = gateway(&one_model_yaml(&sim.url(), 4, 16)).await;
     let dropping = sim_with(Behaviour { tokens: Some(8), drop_after: Some(3), ..Default::default() }).await;
     let failing = gateway(&one_model_yaml(&dropping.url(), 4, 16)).await;
-    let (base_url, failing_url) = (gw.url(""), failing.url(""));
+    let reasoning: Behaviour =
+        serde_json::from_value(json!({"tokens": 3, "content_field": "reasoning_content"})).expect("behaviour");
+    let thinking_sim = sim_with(reasoning).await;
+    let thinking = gateway(&one_model_yaml(&thinking_sim.url(), 4, 16)).await;
+    let (base_url, failing_url, thinking_url) = (gw.url(""), failing.url(""), thinking.url(""));
     let output = tokio::task::spawn_blocking(move || {
-        Command::new(python).args(["-c", SDK_SCRIPT, &base_url, &failing_url]).output().expect("python runs")
+        Command::new(python)
+            .args(["-c", SDK_SCRIPT, &base_url, &failing_url, &thinking_url])
+            .output()
+            .expect("python runs")
     })
     .await
     .expect("joined");
@@ -188,6 +205,12 @@ async fn the_anthropic_sdk_creates_and_streams_messages_and_round_trips_a_tool_c
     assert_eq!(seen["answer"], "It is sunny in Paris.");
     assert_eq!(seen["answer_stop"], "end_turn");
 
+    let thought = &seen["thinking_content"];
+    assert_eq!(thought[0]["type"], "thinking", "{seen}");
+    assert_eq!(thought[0]["signature"], "");
+    assert_eq!(thought[0]["thinking"].as_str().map(|t| t.split_whitespace().count()), Some(3));
+    let strict = seen["strict_thinking_types"].as_array().expect("types");
+    assert!(strict.contains(&json!("content_block_delta")) && strict.last() == Some(&json!("message_stop")), "{seen}");
     assert_eq!(seen["unknown_model"]["class"], "NotFoundError", "{seen}");
     assert_eq!(seen["unknown_model"]["type"], "not_found_error");
     assert!(seen["unknown_model"]["request_id"].as_str().is_some_and(|id| id.starts_with("req_")), "{seen}");

@@ -366,6 +366,9 @@ impl Translator {
         let found = self.blocks.iter().enumerate().rev().find_map(|(at, block)| match block {
             Block::ToolUse { key, backend_id, .. } => {
                 let same = match (delta.index, &delta.id) {
+                    // A named piece with another id under the same index is another call (a
+                    // server numbering every call 0).
+                    (Some(index), Some(id)) if name.is_some() => *key == index && backend_id.as_ref() == Some(id),
                     (Some(index), _) => *key == index,
                     (None, Some(id)) => backend_id.as_ref() == Some(id) && name.is_none(),
                     (None, None) => name.is_none() && self.open == Some(at),

@@ -261,6 +261,19 @@ fn whole_calls_without_index_a_call_without_arguments_and_a_call_named_late() {
     );
     let blocks = rebuilt(&events);
     assert_eq!(blocks[1], json!({"type": "tool_use", "id": blocks[1]["id"], "name": "Bash", "input": {"a": 1}}));
+    // Every call numbered 0 (each its own id and name): two calls, not one.
+    let events = run(
+        shape(),
+        &[
+            delta(
+                json!({"tool_calls": [{"index": 0, "id": "x", "function": {"name": "Bash", "arguments": "{\"a\":1}"}}]}),
+            ),
+            delta(json!({"tool_calls": [{"index": 0, "id": "y", "function": {"name": "Read", "arguments": "{}"}}]})),
+            finish("tool_calls"),
+        ],
+    );
+    let names: Vec<Value> = rebuilt(&events).iter().map(|b| b["name"].clone()).collect();
+    assert_eq!(names, [json!("Bash"), json!("Read")]);
     assert_eq!(events[events.len() - 2]["delta"]["stop_reason"], "tool_use", "a `stop` after calls");
 }
 
