@@ -5,7 +5,8 @@
 //!
 //! A line names configured things only (model, backend, client name) plus the method, the path
 //! (never the query: some clients put keys there), the model a client asked for when it names no
-//! configured one (bounded), and the request id. Never a key, a prompt or an answer.
+//! configured one, or the alias it named a configured one by (`alias=`; both bounded), and the
+//! request id. Never a key, a prompt or an answer.
 //!
 //! The request id is the client's own `x-request-id` when it is sane (1 to
 //! [`MAX_CLIENT_ID`] visible ASCII characters, no `"` or `\`), else `req_` and 32 hex digits:
@@ -108,7 +109,9 @@ impl Face {
             "/v1/responses" => Face::Responses,
             "/v1/messages" => Face::Messages,
             "/v1/models" => Face::Models,
-            "/health" => Face::Health,
+            p if p.starts_with("/v1/models/") => Face::Models,
+            // Claude Code's reachability checks answer as /health does.
+            "/health" | "/" | "/api/hello" => Face::Health,
             "/ready" => Face::Ready,
             "/metrics" => Face::Metrics,
             p if p.starts_with("/admin/") => Face::Admin,
@@ -150,6 +153,8 @@ pub struct AccessLine {
     pub status: Option<u16>,
     /// The model the client asked for, kept only when it names no configured one.
     pub asked_model: Option<Box<str>>,
+    /// The alias the client asked for a configured model by (cut as `asked_model` is).
+    pub alias: Option<Box<str>>,
     pub queue_wait: Option<Duration>,
     pub ttft: Option<Duration>,
     pub prompt_tokens: Option<u64>,
@@ -171,6 +176,7 @@ impl AccessLine {
             face: Face::of_path(path),
             status: None,
             asked_model: None,
+            alias: None,
             queue_wait: None,
             ttft: None,
             prompt_tokens: None,
@@ -204,12 +210,23 @@ impl AccessLine {
     /// Keeps the model name a client asked for that names no configured model (cut to
     /// [`MAX_ASKED_MODEL`] bytes on a character boundary).
     pub fn asked(&mut self, model: &str) {
-        let mut end = model.len().min(MAX_ASKED_MODEL);
-        while !model.is_char_boundary(end) {
-            end -= 1;
-        }
-        self.asked_model = Some(model[..end].into());
+        self.asked_model = Some(bounded(model).into());
     }
+
+    /// Keeps the alias a client asked for a configured model by (cut as [`asked`](Self::asked)
+    /// cuts).
+    pub fn aliased(&mut self, alias: &str) {
+        self.alias = Some(bounded(alias).into());
+    }
+}
+
+/// `name` cut to [`MAX_ASKED_MODEL`] bytes on a character boundary.
+fn bounded(name: &str) -> &str {
+    let mut end = name.len().min(MAX_ASKED_MODEL);
+    while !name.is_char_boundary(end) {
+        end -= 1;
+    }
+    &name[..end]
 }
 
 /// The record's part of a line: its labels and how it ended.
@@ -243,6 +260,7 @@ pub fn write(line: &AccessLine, end: &Ending<'_>) {
         status = line.status.unwrap_or(499),
         outcome = %end.outcome,
         model = (!model.is_empty()).then_some(model),
+        alias = line.alias.as_deref(),
         backend = (!end.backend.is_empty()).then(|| tracing::field::display(end.backend)),
         client = %end.client,
         duration_ms = rounded(end.duration),

@@ -5,6 +5,7 @@
 //! (`models.qwen.backend: no backend named "qwen-local"`), so a user fixes the file in one pass.
 //! Clients, keys and limits are checked in [`clients`].
 
+mod aliases;
 mod clients;
 
 use std::cell::RefCell;
@@ -21,6 +22,7 @@ use serde_yaml::Value;
 use crate::backend::profile::{Kind, Normalise, fill_template};
 use crate::tokens::OnOverflow;
 
+pub use aliases::Aliases;
 pub use clients::{ANONYMOUS, AuthMode, ClientConfig, KeyHash, Limits, RateLimitStore, RedisUrl};
 
 /// The validated configuration. Built once before binding; never mutated.
@@ -61,6 +63,8 @@ pub struct Config {
     pub rate_limit_store: RateLimitStore,
     /// Whether each request's access-log line is written (`access_log:`, default true).
     pub access_log: bool,
+    /// Other names (and `*` patterns) for configured models (`aliases:`).
+    pub aliases: Aliases,
 }
 
 /// An OpenAI-compatible server the gateway forwards to.
@@ -245,6 +249,7 @@ struct RawConfig {
     default_limits: Option<Value>,
     admin_key_sha256: Option<Value>,
     rate_limit_store: Option<Value>,
+    aliases: Option<Value>,
 }
 
 #[derive(Deserialize)]
@@ -390,6 +395,16 @@ fn parse_size(text: &str) -> Option<usize> {
 }
 
 impl Config {
+    /// The configured model a request's `model` names: itself when it is a model's own name,
+    /// else the model of its alias ([`Aliases::resolve`]), else itself (a model nobody
+    /// configured, which its caller answers 404).
+    pub fn model_named<'a>(&'a self, requested: &'a str) -> &'a str {
+        if self.models.contains_key(requested) {
+            return requested;
+        }
+        self.aliases.resolve(requested).unwrap_or(requested)
+    }
+
     /// Reads, substitutes `${VAR}` from the process environment, and validates a file.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
         Config::load_with(path, None)
@@ -665,6 +680,7 @@ fn validate(raw: RawConfig, problems: &mut Vec<Problem>) -> Option<Config> {
         &models,
         problems,
     );
+    let aliases = Aliases::validate(raw.aliases, &models, problems);
     Some(Config {
         listen: listen?,
         metrics_listen,
@@ -682,6 +698,7 @@ fn validate(raw: RawConfig, problems: &mut Vec<Problem>) -> Option<Config> {
         admin_key: access.admin_key,
         rate_limit_store: access.rate_limit_store,
         access_log: raw.access_log.unwrap_or(true),
+        aliases,
     })
 }
 

@@ -102,6 +102,9 @@ impl Usage {
 pub struct RequestRecord {
     metrics: Metrics,
     pub model: String,
+    /// The name the client asked for when it was an alias of `model` (`aliases:`): the answer
+    /// carries it, the labels `model`.
+    pub alias: Option<String>,
     pub backend: String,
     /// The configured client name, or `anonymous`.
     pub client: String,
@@ -148,6 +151,7 @@ impl RequestRecord {
         RequestRecord {
             metrics,
             model: String::new(),
+            alias: None,
             backend: String::new(),
             client: ANONYMOUS.to_string(),
             conversation: None,
@@ -260,6 +264,18 @@ impl RequestRecord {
         self.backend = backend.to_string();
     }
 
+    /// Notes that the client asked for `model` by an alias, `asked` (logged as `alias=`).
+    pub fn aliased(&mut self, asked: &str) {
+        self.alias = Some(asked.to_string());
+        self.access.aliased(asked);
+    }
+
+    /// The model name the answer carries: the one the client asked for (an alias), else the
+    /// configured model's.
+    pub fn public_model(&self) -> &str {
+        self.alias.as_deref().unwrap_or(&self.model)
+    }
+
     /// The metrics the record writes to (for the figures recorded beside the outcome).
     pub fn metrics(&self) -> &Metrics {
         &self.metrics
@@ -270,6 +286,7 @@ impl RequestRecord {
         let taken = RequestRecord {
             metrics: self.metrics.clone(),
             model: self.model.clone(),
+            alias: self.alias.clone(),
             backend: self.backend.clone(),
             client: self.client.clone(),
             conversation: self.conversation.clone(),

@@ -49,7 +49,7 @@ fn preflight(config: Config) -> Result<Config, Vec<String>> {
 /// `admin_key_sha256`), by their names in gateway.yaml.
 pub fn unapplied_changes(running: &Config, new: &Config) -> Vec<&'static str> {
     let same = |a: &dyn std::fmt::Debug, b: &dyn std::fmt::Debug| format!("{a:?}") == format!("{b:?}");
-    let keys: [(&'static str, bool); 11] = [
+    let keys: [(&'static str, bool); 12] = [
         ("listen", running.listen == new.listen),
         ("metrics_listen", running.metrics_listen == new.metrics_listen),
         ("shutdown_grace", running.shutdown_grace == new.shutdown_grace),
@@ -61,6 +61,7 @@ pub fn unapplied_changes(running: &Config, new: &Config) -> Vec<&'static str> {
         // Plain data all through: their Debug text is their value.
         ("backends", same(&running.backends, &new.backends)),
         ("models", same(&running.models, &new.models)),
+        ("aliases", running.aliases == new.aliases),
         ("rate_limit_store", running.rate_limit_store == new.rate_limit_store),
     ];
     keys.iter().filter(|(_, unchanged)| !unchanged).map(|(key, _)| *key).collect()

@@ -4,7 +4,8 @@
 //! it and sends the result back, and the simulator then answers in text with a marker. Each test
 //! checks what the agent printed, what the tool did, and what the backend received.
 //!
-//! The agents are installed pinned by `scripts/setup-agents` (npm packages in `.agents/`, Aider in
+//! The agents are installed pinned by `scripts/setup-agents` (npm packages in `.agents/` — Claude
+//! Code among them, which speaks the Anthropic Messages API —, Aider in
 //! `.venv-aider`, llm in `.venv-agents`). A missing agent fails the test, saying how to install
 //! it; with `MLXGATE_SKIP_AGENTS=1` (never under `CI`) the test says why it does not run instead.
 //! Every agent runs with a temp HOME and work directory, no standard input, its telemetry,
@@ -79,8 +80,14 @@ struct Rig {
 
 impl Rig {
     fn new(script: &str) -> Rig {
+        Rig::with_config(script, "")
+    }
+
+    /// The same with `extra` appended to the gateway's configuration.
+    fn with_config(script: &str, extra: &str) -> Rig {
         let (sim, sim_url) = spawn_sim(&["--ttft-ms", "0", "--tokens-per-second", "1000", "--script-json", script]);
-        let (gateway, log) = gateway_binary_logged(&one_model_yaml(&sim_url, 4, 16), &[], "info");
+        let config = format!("{}{extra}", one_model_yaml(&sim_url, 4, 16));
+        let (gateway, log) = gateway_binary_logged(&config, &[], "info");
         let dir = tempfile::tempdir().expect("tempdir");
         for sub in ["home", "work"] {
             std::fs::create_dir(dir.path().join(sub)).expect("mkdir");
@@ -96,7 +103,7 @@ impl Rig {
         self.dir.path().join("work")
     }
 
-    /// The gateway's OpenAI base URL (`…/v1`).
+    /// The gateway's OpenAI base URL (`…/v1`); Anthropic clients take the bare [`GatewayBinary::url`].
     fn base_url(&self) -> String {
         format!("{}/v1", self.gateway.url)
     }
@@ -153,7 +160,13 @@ impl Rig {
         assert!(!run.requests.is_empty(), "{}: the backend received nothing", run.name);
         let access = || -> Vec<HashMap<String, Value>> {
             let lines = self.log.lock().expect("log lines");
-            lines.iter().filter_map(|l| access_fields(l)).filter(|f| f["path"] != "/sim/requests").collect()
+            // Not the test's own /sim/requests, nor a reachability check (Claude Code's
+            // `HEAD /api/hello`: face `health`), which reaches no backend.
+            lines
+                .iter()
+                .filter_map(|l| access_fields(l))
+                .filter(|f| f["path"] != "/sim/requests" && f["face"] != "health")
+                .collect()
         };
         // A stream's line is written at its end, which the agent may not have waited for.
         eventually(&format!("{}: one access line per request", run.name), || async {
@@ -465,4 +478,88 @@ async fn llm_runs_a_tool_chain() {
     run.printed_the_marker();
     run.round_tripped("llm_version", "0.36");
     rig.check_access_log(&run, "/v1/chat/completions", "sk-llm-test").await;
+}
+
+#[tokio::test]
+async fn claude_code_runs_a_turn_with_its_bash_tool_over_the_messages_api() {
+    let Some(claude) = agent(".agents/node_modules/.bin/claude") else { return };
+    let rig = Rig::new(&call_then_answer(
+        &["Bash"],
+        json!({"command": shell_command(), "description": "Print and save the tool result"}),
+    ));
+    let env = [
+        ("ANTHROPIC_BASE_URL", rig.gateway.url.clone()),
+        ("ANTHROPIC_API_KEY", "sk-claude-test".into()),
+        // A local model's name (an unknown one: Claude Code then takes the window below and
+        // says so on stderr), the small model the same.
+        ("ANTHROPIC_MODEL", "qwen".into()),
+        ("ANTHROPIC_SMALL_FAST_MODEL", "qwen".into()),
+        ("ANTHROPIC_DEFAULT_HAIKU_MODEL", "qwen".into()),
+        ("CLAUDE_CODE_MAX_CONTEXT_TOKENS", "32768".into()),
+        // Update checks, telemetry, error reports. Not CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC:
+        // it would also drop the `HEAD /api/hello` reachability check this test wants to see.
+        ("DISABLE_AUTOUPDATER", "1".into()),
+        ("DISABLE_TELEMETRY", "1".into()),
+        ("DISABLE_ERROR_REPORTING", "1".into()),
+    ];
+    // `--allowedTools Bash` lets the scripted command run without a prompt
+    // (`--dangerously-skip-permissions` is refused to root, as CI containers often are).
+    let args = ["-p", "Run the shell command that prints the tool result.", "--allowedTools", "Bash"];
+    let run = rig.run("claude-code", &claude, &args, &env).await;
+    run.describe();
+    run.printed_the_marker();
+    tool_ran(&rig, &run);
+    // The tool_use went out as a Bash call, and its tool_result came back as the tool message.
+    run.round_tripped("Bash", TOOL_RESULT);
+    // Streamed all through, with no non-streaming fallback (which would be a request with
+    // `stream` false after a stream that Claude Code could not read).
+    assert!(run.requests.iter().all(|r| r["stream"] == true), "{:#?}", run.requests);
+    assert_eq!(run.with_tools().len(), 2, "one request per turn: {}", run.output());
+    rig.check_access_log(&run, "/v1/messages", "sk-claude-test").await;
+    // Its reachability check (sent at start, not awaited), answered without a key.
+    let hello = || {
+        let lines = rig.log.lock().expect("log lines");
+        lines.iter().filter_map(|l| access_fields(l)).find(|f| f["path"] == "/api/hello" || f["path"] == "/")
+    };
+    eventually(&format!("a reachability check in the access log{}", run.output()), || async { hello().is_some() })
+        .await;
+    let hello = hello().expect("seen");
+    assert_eq!((&hello["method"], &hello["status"]), (&json!("HEAD"), &json!(200)), "{hello:?}");
+}
+
+#[tokio::test]
+async fn claude_code_runs_on_its_own_model_names_through_aliases() {
+    let Some(claude) = agent(".agents/node_modules/.bin/claude") else { return };
+    let rig = Rig::with_config(
+        &call_then_answer(&["Bash"], json!({"command": shell_command(), "description": "Print the tool result"})),
+        "aliases:\n  claude-*: qwen\n",
+    );
+    // No model named: Claude Code sends its default Claude name, which the alias maps to qwen.
+    let env = [
+        ("ANTHROPIC_BASE_URL", rig.gateway.url.clone()),
+        ("ANTHROPIC_API_KEY", "sk-claude-test".into()),
+        ("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1".into()),
+        ("DISABLE_AUTOUPDATER", "1".into()),
+        ("DISABLE_TELEMETRY", "1".into()),
+        ("DISABLE_ERROR_REPORTING", "1".into()),
+    ];
+    let args = ["-p", "Run the shell command that prints the tool result.", "--allowedTools", "Bash"];
+    let run = rig.run("claude-code-aliased", &claude, &args, &env).await;
+    run.printed_the_marker();
+    tool_ran(&rig, &run);
+    run.round_tripped("Bash", TOOL_RESULT);
+    rig.check_access_log(&run, "/v1/messages", "sk-claude-test").await;
+    let aliases: Vec<Value> = rig
+        .log
+        .lock()
+        .expect("log lines")
+        .iter()
+        .filter_map(|l| access_fields(l))
+        .filter(|f| f["path"] == "/v1/messages")
+        .map(|f| f.get("alias").cloned().unwrap_or(Value::Null))
+        .collect();
+    assert!(
+        aliases.len() == 2 && aliases.iter().all(|a| a.as_str().is_some_and(|a| a.starts_with("claude-"))),
+        "every request came by a Claude name: {aliases:?}"
+    );
 }

@@ -346,7 +346,7 @@ pub async fn embed(
     answer["data"] = Value::Array(out);
     if answer.get("model").is_some() {
         // The name the client asked for, not the backend's.
-        answer["model"] = Value::from(route.model.name.as_str());
+        answer["model"] = Value::from(request.public_model());
     }
     let mut response = Response::new(Body::from(answer.to_string()));
     let headers = response.headers_mut();

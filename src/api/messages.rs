@@ -95,7 +95,7 @@ fn session_of(headers: &HeaderMap) -> Option<String> {
 
 /// A refusal (the gateway's or a backend's, kept OpenAI-shaped on the response) in Anthropic's
 /// shape and status; the access layer then adds the request id (top-level `request_id`).
-fn anthropic_error(mut response: Response) -> Response {
+pub(crate) fn anthropic_error(mut response: Response) -> Response {
     let Some(kept) = response.extensions_mut().remove::<ErrorBody>() else { return response };
     let (status, body) = error::refusal(response.status(), &kept.body);
     *response.status_mut() = status;

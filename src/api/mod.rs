@@ -6,6 +6,7 @@ pub mod arrival;
 mod chunk;
 mod fit;
 pub mod messages;
+pub mod models;
 pub mod openai;
 pub mod responses;
 
@@ -177,7 +178,10 @@ pub fn app(state: Arc<AppState>) -> Router {
         .route("/v1/responses", post(responses::create))
         .route("/v1/messages", post(messages::create))
         .route("/v1/messages/count_tokens", post(messages::count::count_tokens))
-        .route("/v1/models", get(openai::list_models))
+        .route("/v1/models", get(models::list))
+        .route("/v1/models/{*id}", get(models::retrieve))
+        .route("/", get(models::hello))
+        .route("/api/hello", get(models::hello))
         .route("/health", get(admin::health))
         .route("/ready", get(admin::ready))
         .route(

@@ -7,22 +7,20 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::{Duration, Instant, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
-use axum::Json;
 use axum::body::Body;
 use axum::extract::{ConnectInfo, Request, State};
-use axum::http::{HeaderMap, HeaderValue, header};
+use axum::http::{HeaderValue, header};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
 use indexmap::IndexMap;
-use serde_json::json;
 use serde_json::value::RawValue;
 
 use super::AppState;
-use super::arrival::{self, Arrival};
+use super::arrival;
 use super::chunk;
 use super::fit::{self, Endpoint, Fitted};
 use crate::auth::{self, Client};
@@ -169,13 +167,17 @@ async fn forward(
     let fingerprint = state.limiter.limits_of(caller.name()).tpm.is_some().then(|| body_fingerprint(&bytes));
     let mut fields = read(&bytes, record)?;
     drop(bytes);
-    let model = requested_model(&fields)?;
+    let asked = requested_model(&fields)?;
+    let model = state.config.model_named(&asked).to_string();
     // A model the client may not use is, to it, one that does not exist: the same 404.
     let route = state.dispatch.route(&model).filter(|_| caller.may_use(&access, &model)).ok_or_else(|| {
-        record.asked(&model);
-        GatewayError::ModelNotFound(model.clone())
+        record.asked(&asked);
+        GatewayError::ModelNotFound(asked.clone())
     })?;
     record.routed(&model, &route.backend.config.name);
+    if asked != model {
+        record.aliased(&asked);
+    }
     // A client at its concurrency, or still refused by its rate, is refused before its prompt
     // is counted (the costly part of a refusal).
     state.limiter.precheck(caller.name(), fingerprint).await.map_err(|denied| rate_limited(state, &caller, denied))?;
@@ -613,7 +615,7 @@ async fn whole_answer(
         return e.into_response();
     };
     info.record.responded(head.status.as_u16());
-    let whole = named(whole, &info.record.model);
+    let whole = named(whole, info.record.public_model());
     let headers = &mut head.headers;
     headers.remove(header::CONTENT_LENGTH);
     headers.insert("x-mlxgate-queue-ms", HeaderValue::from(info.queue_wait.as_millis() as u64));
@@ -753,35 +755,6 @@ fn ask_for_usage(fields: &mut RawBody, backend_takes_it: bool) -> Result<bool, G
         .map_err(|e| GatewayError::invalid(format!("cannot encode stream_options: {e}"), None))?;
     fields.insert("stream_options".to_string(), raw);
     Ok(asked)
-}
-
-/// GET `/v1/models`: the configured public names the client may use, in OpenAI's list shape,
-/// each with its `context_length` when a cap is known. With auth required, 401 without a key.
-pub async fn list_models(
-    State(state): State<Arc<AppState>>,
-    arrival: Option<axum::Extension<Arrival>>,
-    headers: HeaderMap,
-) -> Result<Json<serde_json::Value>, GatewayError> {
-    let access = state.access();
-    let caller = auth::identify(&access, &headers)?;
-    if let Some(axum::Extension(arrival)) = arrival {
-        arrival.with(|record| record.identified(caller.name()));
-    }
-    let created = state.started.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
-    let data: Vec<_> = state
-        .config
-        .models
-        .keys()
-        .filter(|name| caller.may_use(&access, name))
-        .map(|name| {
-            let mut model = json!({"id": name, "object": "model", "created": created, "owned_by": "mlxgate"});
-            if let Some(cap) = state.tokens.get(name).and_then(|t| t.cap) {
-                model["context_length"] = json!(cap);
-            }
-            model
-        })
-        .collect();
-    Ok(Json(json!({"object": "list", "data": data})))
 }
 
 /// Any other path: OpenAI's 404 shape rather than an empty body (counted, unrouted).

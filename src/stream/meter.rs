@@ -328,7 +328,7 @@ impl StreamMeter {
         let mut meter = StreamMeter {
             inner: Some(inner),
             mode,
-            forward: Forward::new(info.normalise).naming(&info.record.model),
+            forward: Forward::new(info.normalise).naming(info.record.public_model()),
             figures: StreamFigures { metered: mode == Mode::Sse, ..Default::default() },
             info: Some(info),
             permit: Some(permit),

@@ -64,12 +64,16 @@ async fn count(state: &Arc<AppState>, request: Request, record: &mut RequestReco
     let bytes = openai::read_body(&parts, body, state.config.max_body_bytes, state.config.body_read_timeout).await?;
     let translated = request::translate(&bytes)?;
     drop(bytes);
-    let model = openai::requested_model(&translated.fields)?;
+    let asked = openai::requested_model(&translated.fields)?;
+    let model = state.config.model_named(&asked).to_string();
     let route = state.dispatch.route(&model).filter(|_| caller.may_use(&access, &model)).ok_or_else(|| {
-        record.asked(&model);
-        GatewayError::ModelNotFound(model.clone())
+        record.asked(&asked);
+        GatewayError::ModelNotFound(asked.clone())
     })?;
     // Counted under its model, with no backend: none was asked.
     record.routed(&model, "");
+    if asked != model {
+        record.aliased(&asked);
+    }
     fit::chat_prompt_tokens(&state.metrics, route, state.tokens.get(&model), &translated.fields).await
 }
