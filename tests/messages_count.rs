@@ -99,8 +99,10 @@ async fn input_tokens(gw: &Gateway, body: &Value) -> usize {
 async fn the_count_is_the_templates_and_the_caps_and_the_billing_block_counts_nothing() {
     let Some(model) = prerequisites(&[]) else { return };
     let sim = sim().await;
-    let gw = gateway(&yaml(&sim.url(), &model, "")).await;
+    let gw = gateway(&yaml(&sim.url(), &model, "aliases: {'claude-*': qwen}\n")).await;
     let counted = input_tokens(&gw, &request("qwen", None)).await;
+    // Claude Code counts under the name it sends, which an alias maps to the model.
+    assert_eq!(input_tokens(&gw, &request("claude-opus-5-5", None)).await, counted);
 
     // The tiny model's own tokenizer and template on the same conversation.
     let counter = Counter::load(&model).expect("tokenizer");
@@ -137,7 +139,7 @@ async fn the_count_is_the_templates_and_the_caps_and_the_billing_block_counts_no
     let series = |backend: &str| {
         format!("mlxgate_requests_total{{backend=\"{backend}\",client=\"anonymous\",model=\"qwen\",outcome=\"ok\"}}")
     };
-    assert_eq!(metric(&gw, &series("")).await, Some(3.0));
+    assert_eq!(metric(&gw, &series("")).await, Some(4.0));
     assert_eq!(metric(&gw, &series("local")).await, Some(1.0));
 }
 
