@@ -4,6 +4,7 @@
 pub mod admin;
 pub mod arrival;
 mod chunk;
+mod completion;
 mod fit;
 pub mod messages;
 pub mod models;

@@ -37,11 +37,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
-use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
 use super::error;
 use super::request::Shape;
+use crate::api::completion::{CallDelta, Chunk, Usage, error_message};
 
 mod closing;
 
@@ -56,86 +56,6 @@ fn new_id(prefix: &str) -> String {
     let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos());
     let n = MESSAGES.fetch_add(1, Ordering::Relaxed);
     format!("{prefix}{:016x}{:04x}", nanos & 0xffff_ffff_ffff_ffff, n & 0xffff)
-}
-
-/// One chat stream chunk (or a whole completion), read as far as the translation needs.
-#[derive(Debug, Default, Deserialize)]
-struct Chunk {
-    /// omlx's keep-alive is a data chunk with this id and an empty text: a `ping`.
-    #[serde(default)]
-    id: Option<String>,
-    #[serde(default)]
-    choices: Vec<Choice>,
-    #[serde(default)]
-    usage: Option<Usage>,
-    #[serde(default)]
-    error: Option<Value>,
-    /// The gateway's request id on its own error events.
-    #[serde(default)]
-    request_id: Option<String>,
-}
-
-#[derive(Debug, Deserialize)]
-struct Choice {
-    #[serde(default)]
-    index: u64,
-    /// A stream's `delta`, or a whole completion's `message`.
-    #[serde(default, alias = "message")]
-    delta: Option<Delta>,
-    #[serde(default)]
-    finish_reason: Option<String>,
-    /// The stop string that ended the answer, where the server says (vLLM's `stop_reason`,
-    /// SGLang's `matched_stop`).
-    #[serde(default, alias = "matched_stop")]
-    stop_reason: Option<Value>,
-}
-
-#[derive(Debug, Default, Deserialize)]
-struct Delta {
-    #[serde(default)]
-    content: Option<String>,
-    #[serde(default)]
-    reasoning_content: Option<String>,
-    /// Another name servers use (mlx-vlm sends the same text in both: one is taken).
-    #[serde(default)]
-    reasoning: Option<String>,
-    #[serde(default)]
-    tool_calls: Option<Vec<CallDelta>>,
-}
-
-#[derive(Debug, Deserialize)]
-struct CallDelta {
-    #[serde(default)]
-    index: Option<u64>,
-    #[serde(default)]
-    id: Option<String>,
-    #[serde(default)]
-    function: Option<FunctionDelta>,
-}
-
-#[derive(Debug, Default, Deserialize)]
-struct FunctionDelta {
-    #[serde(default)]
-    name: Option<String>,
-    /// A string (in pieces when streamed); some servers give a whole answer's as an object.
-    #[serde(default)]
-    arguments: Option<Value>,
-}
-
-#[derive(Debug, Clone, Copy, Default, Deserialize)]
-struct Usage {
-    #[serde(default)]
-    prompt_tokens: Option<u64>,
-    #[serde(default)]
-    completion_tokens: Option<u64>,
-    #[serde(default)]
-    prompt_tokens_details: Option<PromptDetails>,
-}
-
-#[derive(Debug, Clone, Copy, Default, Deserialize)]
-struct PromptDetails {
-    #[serde(default)]
-    cached_tokens: Option<u64>,
 }
 
 /// One content block.
@@ -657,13 +577,6 @@ fn emit(out: &mut Vec<u8>, kind: &str, fields: Value) {
     // A `Value` always serializes.
     out.extend_from_slice(Value::Object(event).to_string().as_bytes());
     out.extend_from_slice(b"\n\n");
-}
-
-fn error_message(error: &Value) -> String {
-    match error {
-        Value::String(text) => text.clone(),
-        other => other.get("message").and_then(Value::as_str).map_or_else(|| other.to_string(), str::to_string),
-    }
 }
 
 /// What a whole chat completion becomes.

@@ -27,10 +27,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
-use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
 use super::request::{CUSTOM_INPUT, Shape, ToolKind};
+use crate::api::completion::{CallDelta, Chunk, Usage, error_message};
 
 /// Per-process counter making response ids unique.
 static RESPONSES: AtomicU64 = AtomicU64::new(0);
@@ -44,86 +44,6 @@ fn response_id() -> String {
 
 fn now_seconds() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
-}
-
-/// One chat stream chunk (or a whole completion), read as far as the translation needs.
-#[derive(Debug, Default, Deserialize)]
-struct Chunk {
-    #[serde(default)]
-    choices: Vec<Choice>,
-    #[serde(default)]
-    usage: Option<Usage>,
-    #[serde(default)]
-    error: Option<Value>,
-}
-
-#[derive(Debug, Deserialize)]
-struct Choice {
-    #[serde(default)]
-    index: u64,
-    /// A stream's `delta`, or a whole completion's `message`.
-    #[serde(default, alias = "message")]
-    delta: Option<Delta>,
-    #[serde(default)]
-    finish_reason: Option<String>,
-}
-
-#[derive(Debug, Default, Deserialize)]
-struct Delta {
-    #[serde(default)]
-    content: Option<String>,
-    #[serde(default)]
-    reasoning_content: Option<String>,
-    /// Another name servers use (mlx-vlm sends the same text in both: one is taken).
-    #[serde(default)]
-    reasoning: Option<String>,
-    #[serde(default)]
-    tool_calls: Option<Vec<CallDelta>>,
-}
-
-#[derive(Debug, Deserialize)]
-struct CallDelta {
-    #[serde(default)]
-    index: Option<u64>,
-    #[serde(default)]
-    id: Option<String>,
-    #[serde(default)]
-    function: Option<FunctionDelta>,
-}
-
-#[derive(Debug, Default, Deserialize)]
-struct FunctionDelta {
-    #[serde(default)]
-    name: Option<String>,
-    /// A string (in pieces when streamed); some servers give a whole answer's as an object.
-    #[serde(default)]
-    arguments: Option<Value>,
-}
-
-#[derive(Debug, Clone, Copy, Default, Deserialize)]
-struct Usage {
-    #[serde(default)]
-    prompt_tokens: Option<u64>,
-    #[serde(default)]
-    completion_tokens: Option<u64>,
-    #[serde(default)]
-    total_tokens: Option<u64>,
-    #[serde(default)]
-    prompt_tokens_details: Option<PromptDetails>,
-    #[serde(default)]
-    completion_tokens_details: Option<CompletionDetails>,
-}
-
-#[derive(Debug, Clone, Copy, Default, Deserialize)]
-struct PromptDetails {
-    #[serde(default)]
-    cached_tokens: Option<u64>,
-}
-
-#[derive(Debug, Clone, Copy, Default, Deserialize)]
-struct CompletionDetails {
-    #[serde(default)]
-    reasoning_tokens: Option<u64>,
 }
 
 /// One output item being built.
@@ -686,14 +606,6 @@ fn with(base: &Value, more: Value) -> Value {
         merged.extend(more);
     }
     merged
-}
-
-/// A chat error event's message: `error.message`, a string error, or the error's JSON.
-fn error_message(error: &Value) -> String {
-    match error {
-        Value::String(text) => text.clone(),
-        other => other.get("message").and_then(Value::as_str).map_or_else(|| other.to_string(), str::to_string),
-    }
 }
 
 /// A custom tool's input from the function arguments the backend wrote (`{"input": "…"}`); a
