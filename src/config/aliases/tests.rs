@@ -107,3 +107,13 @@ fn a_pattern_matches_no_name_longer_than_its_bound() {
     assert_eq!(aliases.resolve(&format!("{longest}x")), None);
     assert_eq!(aliases.resolve(&"y".repeat(1 << 20)), None, "a megabyte name is no model");
 }
+
+#[test]
+fn no_pattern_matches_an_empty_name() {
+    // `"model": ""` through `*` reached the backend, and the answer named the backend's own
+    // model (`upstream_model`, a path on disk): an empty name is no model's.
+    let (aliases, problems) = aliases("{'*': big}", &["big"]);
+    assert!(problems.is_empty(), "{problems:?}");
+    assert_eq!(aliases.resolve(""), None);
+    assert_eq!(aliases.resolve("x"), Some("big"));
+}
