@@ -444,7 +444,9 @@ fn nesting(raw: &str) -> usize {
 
 /// Runs CPU work (template rendering, tokenizing): inline when [`Inline::allows`] the body,
 /// else off the async threads, one per core at once. A panic in it (a tokenizer's, a
-/// template's) is an internal error either way, not a dropped connection.
+/// template's) is an internal error either way, not a dropped connection. The work holds its
+/// slot until it ends, not until its caller stops waiting: a client that hangs up mid-count
+/// (a blocking task cannot be stopped) does not free a core still counting for it.
 async fn blocking<T: Send + 'static>(
     inline: bool,
     work: impl FnOnce() -> T + Send + 'static,
@@ -455,8 +457,13 @@ async fn blocking<T: Send + 'static>(
             GatewayError::Internal("counting the prompt failed".into())
         });
     }
-    let _permit = counting().acquire().await.map_err(|e| GatewayError::Internal(format!("counting: {e}")))?;
-    tokio::task::spawn_blocking(work).await.map_err(|e| {
+    let permit = counting().acquire().await.map_err(|e| GatewayError::Internal(format!("counting: {e}")))?;
+    tokio::task::spawn_blocking(move || {
+        let _permit = permit;
+        work()
+    })
+    .await
+    .map_err(|e| {
         tracing::error!(error = %e, "counting a prompt failed");
         GatewayError::Internal(format!("counting the prompt failed: {e}"))
     })
@@ -704,6 +711,38 @@ fn fit_ids(len: usize, budget: Budget) -> Result<usize, Requested> {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[tokio::test]
+    async fn a_count_whose_caller_stopped_waiting_keeps_its_core_until_it_ends() {
+        // Fill the pool with counts that block, then drop their callers (a client hanging up).
+        let pool = counting().available_permits();
+        assert!(pool > 0);
+        let (started_tx, mut started) = tokio::sync::mpsc::unbounded_channel();
+        let mut releases = Vec::new();
+        let mut callers = Vec::new();
+        for _ in 0..pool {
+            let (release, wait) = std::sync::mpsc::channel::<()>();
+            releases.push(release);
+            let started_tx = started_tx.clone();
+            callers.push(tokio::spawn(blocking(false, move || {
+                let _ = started_tx.send(());
+                let _ = wait.recv();
+            })));
+        }
+        for _ in 0..pool {
+            started.recv().await.expect("a count started");
+        }
+        for caller in &callers {
+            caller.abort();
+        }
+        for caller in callers {
+            assert!(caller.await.expect_err("aborted").is_cancelled());
+        }
+        assert_eq!(counting().available_permits(), 0, "the counts still running hold every core");
+        drop(releases);
+        let all = counting().acquire_many(u32::try_from(pool).expect("cores")).await.expect("open");
+        drop(all);
+    }
 
     #[test]
     fn messages_are_counted_as_mlx_lm_server_renders_them() {

@@ -100,9 +100,10 @@ pub async fn retrieve(
 /// GET and HEAD `/` and `/api/hello`: 200, no key needed. Claude Code checks the gateway is
 /// reachable with one of them before its first request (2.1.332: `HEAD /api/hello`, its
 /// preconnect, sent without a key). Anthropic's API answers it without a key too; it says no
-/// more than `/health` does.
+/// more than `/health` does: its very answer (not even the gateway's name, to a caller without
+/// a key).
 pub async fn hello() -> Json<Value> {
-    Json(json!({"status": "ok", "service": "mlxgate"}))
+    super::admin::health().await
 }
 
 /// A refusal in the shape of the client's API (Anthropic's made as the Messages face makes it).

@@ -8,7 +8,10 @@
 //! 2. else the model of the alias of exactly that name;
 //! 3. else the model of the longest matching pattern (the most specific: `claude-haiku-*` before
 //!    `claude-*`); patterns of the same length are tried in byte order of the pattern, so the
-//!    choice never depends on the file's order;
+//!    choice never depends on the file's order. A pattern matches names of 1 to
+//!    [`MAX_PATTERN_MATCHED`] bytes: the answer repeats the name sent (in every chunk of a
+//!    stream), and `*` would otherwise let a client make each chunk as large as its body, or,
+//!    for `""`, leave the backend's own model name (a path on disk) in the answer;
 //! 4. else nothing (the request's 404 names what it asked for).
 //!
 //! Start-up refuses an alias whose target is not a configured model (aliases do not chain), a
@@ -19,6 +22,9 @@ use std::collections::BTreeMap;
 use serde_yaml::Value;
 
 use super::{ModelConfig, Problem, typed};
+
+/// The longest name a pattern matches (model names are short: Claude's are under 40 bytes).
+pub const MAX_PATTERN_MATCHED: usize = 256;
 
 /// The aliases, ready for [`Aliases::resolve`].
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -36,6 +42,9 @@ impl Aliases {
     pub fn resolve(&self, requested: &str) -> Option<&str> {
         if let Some(model) = self.exact.get(requested) {
             return Some(model);
+        }
+        if requested.is_empty() || requested.len() > MAX_PATTERN_MATCHED {
+            return None;
         }
         self.patterns.iter().find(|(pattern, _)| matches(pattern, requested)).map(|(_, model)| model.as_str())
     }

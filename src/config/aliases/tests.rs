@@ -96,3 +96,24 @@ fn a_models_own_name_wins_over_every_pattern() {
     assert_eq!(config.model_named("claude-y"), "qwen", "an alias");
     assert_eq!(config.model_named("gpt-4o"), "gpt-4o", "no model: the name itself, for the 404");
 }
+
+#[test]
+fn a_pattern_matches_no_name_longer_than_its_bound() {
+    // The answer repeats the name sent in every chunk: `*` must not take a name as long as a body.
+    let (aliases, problems) = aliases("{'*': big, 'claude-*': small}", &["big", "small"]);
+    assert!(problems.is_empty(), "{problems:?}");
+    let longest = format!("claude-{}", "x".repeat(MAX_PATTERN_MATCHED - "claude-".len()));
+    assert_eq!(aliases.resolve(&longest), Some("small"));
+    assert_eq!(aliases.resolve(&format!("{longest}x")), None);
+    assert_eq!(aliases.resolve(&"y".repeat(1 << 20)), None, "a megabyte name is no model");
+}
+
+#[test]
+fn no_pattern_matches_an_empty_name() {
+    // `"model": ""` through `*` reached the backend, and the answer named the backend's own
+    // model (`upstream_model`, a path on disk): an empty name is no model's.
+    let (aliases, problems) = aliases("{'*': big}", &["big"]);
+    assert!(problems.is_empty(), "{problems:?}");
+    assert_eq!(aliases.resolve(""), None);
+    assert_eq!(aliases.resolve("x"), Some("big"));
+}
