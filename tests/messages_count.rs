@@ -4,8 +4,8 @@
 //! billing block counts nothing, nothing reaches the backend, a key is needed where auth is
 //! required, an unknown model (or one the client may not use) is Anthropic's `not_found_error`,
 //! a model without a tokenizer gets the estimate its cap uses, counting spends none of the
-//! client's rate, and each count is a request in
-//! `mlxgate_requests_total` (under its model, no backend) and the access log.
+//! client's rate, many big counts at once leave a core to a turn's own count, and each count
+//! is a request in `mlxgate_requests_total` (under its model, no backend) and the access log.
 
 mod common;
 
@@ -244,4 +244,41 @@ async fn counting_spends_none_of_the_clients_rate() {
     assert_eq!(first.status(), 200, "{}", text_of(first).await);
     let second = send().await.expect("send");
     assert_eq!(second.status(), 429, "rpm 1 holds");
+}
+
+/// Counts are exempt from the client's limits, so they take at most all of the counting pool's
+/// cores but one: a turn sent while a client's many big counts wait for the pool is counted on
+/// the core left, not after every count sent before it (it waited for all of them).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn counts_leave_a_core_to_the_turns() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let Some(model) = prerequisites(&[]) else { return };
+    let sim = sim().await;
+    let gw = Arc::new(gateway(&yaml(&sim.url(), &model, "")).await);
+    // Each count tokenizes 100 kB of text: long enough that the others queue.
+    let big = Arc::new(json!({"model": "qwen", "messages": [{"role": "user", "content": "word ".repeat(20_000)}]}));
+    const COUNTS: usize = 8;
+    let done = Arc::new(AtomicUsize::new(0));
+    let counts: Vec<_> = (0..COUNTS)
+        .map(|_| {
+            let (gw, big, done) = (Arc::clone(&gw), Arc::clone(&big), Arc::clone(&done));
+            tokio::spawn(async move {
+                let r = count(&gw, &big, None).await;
+                assert_eq!(r.status(), 200, "{}", text_of(r).await);
+                done.fetch_add(1, Ordering::SeqCst);
+            })
+        })
+        .collect();
+    // Once one count has ended, the others have long arrived and wait for the pool.
+    eventually("a count ends", || async { done.load(Ordering::SeqCst) >= 1 }).await;
+    let mut turn = request("qwen", None);
+    turn["max_tokens"] = json!(8);
+    let answered = client().post(gw.url("/v1/messages")).json(&turn).send().await.expect("send");
+    let ended_before = done.load(Ordering::SeqCst);
+    assert_eq!(answered.status(), 200, "{}", text_of(answered).await);
+    for count in counts {
+        count.await.expect("count");
+    }
+    assert!(ended_before <= COUNTS / 2, "the turn waited for {ended_before} of the {COUNTS} counts sent before it");
 }

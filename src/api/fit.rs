@@ -275,12 +275,14 @@ pub async fn fit(
 /// tokenizes: the messages as the backend's servers render them, the model's chat template
 /// (tools and `chat_template_kwargs` included) and tokenizer, the estimate when the template
 /// fails on them or the model has no tokenizer. `POST /v1/messages/count_tokens` answers it.
-/// Timed in `mlxgate_prompt_count_seconds` as the cap's counts are.
+/// Timed in `mlxgate_prompt_count_seconds` as the cap's counts are. `hold` (a permit of the
+/// caller's own share of the pool) is held until the count ends, as the pool's own slot is.
 pub(crate) async fn chat_prompt_tokens(
     metrics: &Metrics,
     route: &Route,
     tokens: Option<&ModelTokens>,
     fields: &RawBody,
+    hold: impl Send + 'static,
 ) -> Result<usize, GatewayError> {
     let mut request = ChatRequest::read(fields)?;
     if rendered_differently(&request.messages) {
@@ -289,7 +291,11 @@ pub(crate) async fn chat_prompt_tokens(
     let counter: Arc<dyn Count> =
         tokens.map_or_else(|| Arc::new(Estimate) as Arc<dyn Count>, |t| Arc::clone(&t.counter));
     let started = Instant::now();
-    let counted = blocking(Inline::allows(fields), move || Lenient { counter }.chat_tokens(request.prompt())).await?;
+    let counted = blocking(Inline::allows(fields), move || {
+        let _hold = hold;
+        Lenient { counter }.chat_tokens(request.prompt())
+    })
+    .await?;
     metrics.prompt_count_seconds.with_label_values(&[&route.model.name]).observe(started.elapsed().as_secs_f64());
     counted.map_err(|e| GatewayError::invalid(e.to_string(), Some("messages")))
 }

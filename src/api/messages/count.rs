@@ -10,7 +10,8 @@
 //! empty). It is not subject to the client's rate limits and charges none: it costs no backend
 //! time, a limit on requests in flight would refuse Claude Code's count while its own stream
 //! runs, and its CPU is bounded by the counting pool the context cap uses (one count per core
-//! at once). A billing block it drops is not counted in
+//! at once), of which counts take at most all cores but one ([`share`]): however many a client
+//! sends at once, the chat faces' own counts (Claude Code's turns) still find a core. A billing block it drops is not counted in
 //! `mlxgate_anthropic_billing_blocks_stripped_total` (nothing is sent on).
 
 use std::sync::Arc;
@@ -75,5 +76,28 @@ async fn count(state: &Arc<AppState>, request: Request, record: &mut RequestReco
     if asked != model {
         record.aliased(&asked);
     }
-    fit::chat_prompt_tokens(&state.metrics, route, state.tokens.get(&model), &translated.fields).await
+    let share = share().acquire().await.map_err(|e| GatewayError::Internal(format!("counting: {e}")))?;
+    fit::chat_prompt_tokens(&state.metrics, route, state.tokens.get(&model), &translated.fields, share).await
+}
+
+/// Counts of this endpoint run at once: [`share_of`] the machine's cores.
+fn share() -> &'static tokio::sync::Semaphore {
+    static SHARE: std::sync::OnceLock<tokio::sync::Semaphore> = std::sync::OnceLock::new();
+    SHARE.get_or_init(|| {
+        tokio::sync::Semaphore::new(share_of(std::thread::available_parallelism().map_or(2, std::num::NonZero::get)))
+    })
+}
+
+/// All of the counting pool's `cores` but one, at least one.
+fn share_of(cores: usize) -> usize {
+    cores.saturating_sub(1).max(1)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn counts_take_every_core_but_one() {
+        let shares: Vec<usize> = [0, 1, 2, 8].into_iter().map(super::share_of).collect();
+        assert_eq!(shares, [1, 1, 1, 7]);
+    }
 }
