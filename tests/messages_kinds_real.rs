@@ -1,13 +1,24 @@
 //! Claude Code's recorded first request (tests/data/agents/claude-code-messages.json) through
 //! the Messages face to each real server kind the gateway manages, streamed and whole. Claude
-//! Code always sends `thinking: {type: "adaptive"}`, which the face sends on as
-//! `chat_template_kwargs: {"enable_thinking": true}`, with 12 tools and `tool_choice` absent:
-//! each server must accept that chat body (200, an answer in the Anthropic shape). The
-//! request's `max_tokens` (128000) is lowered to keep each answer short; the tiny model's 2048
-//! positions are raised with `context_cap` (the prompt is ~13k tokens), and servers that check
-//! the prompt against the model's own length get the same request with a system prompt and
-//! tools cut down to fit (`fitted`). Like the other real-server tests, a missing venv fails the
-//! test under CI=true (see `prerequisites`).
+//! Code always sends `thinking: {type: "adaptive"}`, which the face sends to every kind as
+//! `chat_template_kwargs: {"enable_thinking": true}` (src/api/messages/request/tests.rs asserts
+//! the translation), with `stream_options` when streamed, 12 tools and no `tool_choice`: each
+//! server accepts that chat body (200, an answer in the Anthropic shape; measured on every kind,
+//! so the catalogue has no per-kind switch for it). The request's `max_tokens` (128000) is
+//! lowered to keep each answer short; the tiny model's 2048 positions are raised with
+//! `context_cap` (the prompt is ~13k tokens). Rapid-MLX and mlx-vlm check the prompt against the
+//! model's own length: they refuse the full prompt (400, `invalid_request_error`) and get the
+//! same request with the system prompt and tools cut down to fit (`fitted`).
+//!
+//! Measured beside it (the servers' own ways, not asserted): Rapid-MLX with `enable_thinking`
+//! on a template without `<think>` streams the answer as `reasoning_content` (a `thinking`
+//! block) and, cut at `max_tokens`, a content piece of its own
+//! ("[truncated — reasoning incomplete; raise max_tokens]"); its whole answer repeats the
+//! reasoning as `content` (a thinking and a text block with the same text). mlx-vlm's whole
+//! answer with tools has `content: null` (no content blocks) with or without the switch.
+//!
+//! Like the other real-server tests, a missing venv fails the test under CI=true (see
+//! `prerequisites`).
 
 mod common;
 
@@ -74,6 +85,21 @@ async fn accepted(gw: &Gateway, kind: &str, body: &Value) {
     }
 }
 
+/// The recorded ~13k-token prompt, whole, to a server that checks it against the tiny model's
+/// 2048 positions itself: refused for its length as the client's error (400
+/// `invalid_request_error`, the server's words), not for the chat body's fields.
+async fn refused_for_length(gw: &Gateway, kind: &str) {
+    let mut body = claude_code_body();
+    body["stream"] = json!(false);
+    let r = post(gw, "/v1/messages", &body).await;
+    let status = r.status();
+    let text = text_of(r).await;
+    eprintln!("{kind} whole, the full prompt: {status} {text}");
+    assert_eq!(status, 400, "{kind}: {text}");
+    let error: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{kind}: {e}: {text}"));
+    assert_eq!(error["error"]["type"], "invalid_request_error", "{kind}: {error}");
+}
+
 #[tokio::test]
 async fn mlx_lm_accepts_claude_codes_request() {
     let Some(gw) = managed("mlx-lm").await else { return };
@@ -95,14 +121,14 @@ async fn vllm_mlx_accepts_claude_codes_request() {
 #[tokio::test]
 async fn rapid_mlx_accepts_claude_codes_request() {
     let Some(gw) = managed("rapid-mlx").await else { return };
-    // It refuses the recorded ~13k-token prompt on its own (400: the model's 2048 positions).
+    refused_for_length(&gw, "rapid-mlx").await;
     accepted(&gw, "rapid-mlx", &fitted(claude_code_body())).await;
 }
 
 #[tokio::test]
 async fn mlx_vlm_accepts_claude_codes_request() {
     let Some(gw) = managed("mlx-vlm").await else { return };
-    // It refuses the recorded ~13k-token prompt on its own (400: the model's 2048 positions).
+    refused_for_length(&gw, "mlx-vlm").await;
     accepted(&gw, "mlx-vlm", &fitted(claude_code_body())).await;
 }
 
