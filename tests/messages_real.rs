@@ -37,23 +37,6 @@ use tokio::net::{TcpListener, TcpStream};
 /// replay's prompts reach ~8k tokens.
 const CAP: usize = 32768;
 
-/// The tiny model's files in `dir`, its chat template replaced by Qwen3's.
-fn model_with_qwen3_template(model: &Path, dir: &Path) {
-    for entry in std::fs::read_dir(model).expect("model dir") {
-        let entry = entry.expect("entry");
-        let name = entry.file_name();
-        if name != "tokenizer_config.json" {
-            std::os::unix::fs::symlink(entry.path(), dir.join(&name)).expect("symlink");
-        }
-    }
-    let config = std::fs::read_to_string(model.join("tokenizer_config.json")).expect("tokenizer_config");
-    let mut config: Value = serde_json::from_str(&config).expect("json");
-    let template =
-        std::fs::read_to_string(Path::new(ROOT).join("scripts/qwen3-chat-template.jinja")).expect("template");
-    config["chat_template"] = Value::from(template);
-    std::fs::write(dir.join("tokenizer_config.json"), config.to_string()).expect("write");
-}
-
 /// mlx_lm.server on a free port, killed when dropped.
 struct Server {
     child: Child,

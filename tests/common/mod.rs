@@ -546,3 +546,21 @@ pub fn openai_sdk_python(venv: &str, setup: &str) -> Option<PathBuf> {
     eprintln!("SKIPPED (MLXGATE_SKIP_REAL_SERVERS=1): {why}");
     None
 }
+
+/// The tiny model's files in `dir`, its chat template replaced by Qwen3's (the real template's
+/// tool, reasoning and system rendering, on the tiny model's weights).
+pub fn model_with_qwen3_template(model: &Path, dir: &Path) {
+    for entry in std::fs::read_dir(model).expect("model dir") {
+        let entry = entry.expect("entry");
+        let name = entry.file_name();
+        if name != "tokenizer_config.json" {
+            std::os::unix::fs::symlink(entry.path(), dir.join(&name)).expect("symlink");
+        }
+    }
+    let config = std::fs::read_to_string(model.join("tokenizer_config.json")).expect("tokenizer_config");
+    let mut config: Value = serde_json::from_str(&config).expect("json");
+    let template =
+        std::fs::read_to_string(Path::new(ROOT).join("scripts/qwen3-chat-template.jinja")).expect("template");
+    config["chat_template"] = Value::from(template);
+    std::fs::write(dir.join("tokenizer_config.json"), config.to_string()).expect("write");
+}
