@@ -7,13 +7,14 @@ use std::time::Duration;
 
 use super::problem::{Problem, push_at};
 use super::raw::{RawBackend, RawHealth, RawNormalise};
-use super::types::{BackendConfig, HealthCheck, MANAGED_HOST, ManagedConfig};
+use super::types::{BackendConfig, HealthCheck, ManagedConfig};
 use super::validate::{
     DEFAULT_CONNECT_TIMEOUT, DEFAULT_DRAIN_TIMEOUT, DEFAULT_HEALTH, DEFAULT_MAX_CONCURRENCY, DEFAULT_MAX_RESTARTS,
     DEFAULT_READY_TIMEOUT, DEFAULT_RESPONSE_TIMEOUT, DEFAULT_RESTART_WINDOW, DEFAULT_STOP_TIMEOUT,
     DEFAULT_STREAM_IDLE_TIMEOUT, positive,
 };
-use crate::backend::profile::{Kind, Normalise, fill_template};
+use crate::kinds::launch::MANAGED_HOST;
+use crate::kinds::{Kind, Normalise};
 
 /// Checks one backend: either `url` (a running server) or `kind`/`command` (a managed one).
 pub(super) fn validate_backend(
@@ -51,13 +52,8 @@ pub(super) fn validate_backend(
             return None;
         }
         (None, false) => {
-            push_at(
-                problems,
-                path,
-                "",
-                "needs url (a running server) or kind (mlx-lm, mlx-openai-server, vllm-mlx, rapid-mlx, mlx-vlm, \
-                 mlx-omni-server, omlx, higgs, mlx-serve, custom)",
-            );
+            let kinds = Kind::names_where(|_| true);
+            push_at(problems, path, "", format!("needs url (a running server) or kind ({kinds})"));
             return None;
         }
         (Some(url), false) => (remote_url(url, &b, path, problems), None),
@@ -71,7 +67,7 @@ pub(super) fn validate_backend(
         (Some(p), _) => p,
         (None, _) => kind.ready_path().to_string(),
     };
-    let command = managed.as_ref().map(|m| m.command.as_slice());
+    let command = managed.as_ref().map(|m| m.template.as_slice());
     let normalise = normalise_of(kind, command, b.normalise, max_concurrency, path, problems);
     Some(BackendConfig {
         name,
@@ -176,7 +172,7 @@ fn validate_managed(
     let restart_window = positive_at("restart_window", b.restart_window, DEFAULT_RESTART_WINDOW);
     let idle_timeout = b.idle_timeout.map(|d| positive_at("idle_timeout", Some(d), Duration::ZERO));
     Some(ManagedConfig {
-        command: fill_template(&template, &model, MANAGED_HOST, port),
+        template,
         model,
         port,
         env: b.env.clone(),
@@ -211,13 +207,9 @@ fn normalise_of(
             problems,
             path,
             "max_concurrency",
-            if kind == Kind::VllmMlx {
-                "vllm-mlx without --continuous-batching serves one request at a time (a second concurrent stream \
-                 gets an error event): leave max_concurrency at 1, or set normalise.serialize: false for a server \
-                 run with --continuous-batching"
-            } else {
-                "normalise.serialize sends one request at a time: leave max_concurrency at 1, or switch serialize off"
-            },
+            kind.serialize_reason().unwrap_or(
+                "normalise.serialize sends one request at a time: leave max_concurrency at 1, or switch serialize off",
+            ),
         );
     }
     normalise

@@ -27,10 +27,11 @@ use env::{Env, substitute_env};
 use problem::typed;
 use raw::RawConfig;
 
+pub use crate::kinds::launch::MANAGED_HOST;
 pub use aliases::Aliases;
 pub use clients::{ANONYMOUS, AuthMode, ClientConfig, KeyHash, Limits, RateLimitStore, RedisUrl};
 pub use problem::{ConfigError, Problem};
-pub use types::{BackendConfig, Config, HealthCheck, MANAGED_HOST, ManagedConfig, ModelConfig};
+pub use types::{BackendConfig, Config, HealthCheck, ManagedConfig, ModelConfig};
 
 impl Config {
     /// Reads, substitutes `${VAR}` from the process environment, and validates a file.

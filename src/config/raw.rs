@@ -9,7 +9,7 @@ use std::time::Duration;
 use serde::Deserialize;
 use serde_yaml::Value;
 
-use crate::backend::profile::Kind;
+use crate::kinds::Kind;
 use crate::tokens::OnOverflow;
 
 #[derive(Deserialize)]

@@ -3,7 +3,7 @@ use std::time::Duration;
 use super::raw::parse_size;
 use super::validate::DEFAULT_MAX_QUEUE;
 use super::{Config, ConfigError, HealthCheck};
-use crate::backend::profile::Kind;
+use crate::kinds::{Kind, launch};
 
 fn no_env(_: &str) -> Option<String> {
     None
@@ -121,13 +121,16 @@ models:
     )
     .expect("valid");
     let native = c.backends["native"].managed.as_ref().expect("managed");
-    assert_eq!(native.command, ["mlx_lm.server", "--model", "/m", "--host", "127.0.0.1", "--port", "8101"]);
+    assert_eq!(
+        launch::command(&native.template, &native.model, native.port),
+        ["mlx_lm.server", "--model", "/m", "--host", "127.0.0.1", "--port", "8101"]
+    );
     assert!(native.warmup && native.gpu && !native.preload);
     assert_eq!(native.idle_timeout, Some(Duration::from_secs(600)));
     assert_eq!(c.backends["native"].url, "http://127.0.0.1:8101");
     assert_eq!(c.models["qwen"].upstream_model, "/m", "a managed server knows its model by its path");
     let tool = c.backends["tool"].managed.as_ref().expect("managed");
-    assert_eq!(tool.command, ["srv", "--port", "8102"]);
+    assert_eq!(launch::command(&tool.template, &tool.model, tool.port), ["srv", "--port", "8102"]);
     assert!(!tool.warmup && !tool.gpu);
 
     let p = problems(
@@ -169,7 +172,10 @@ fn omni_server_needs_a_model_and_requests_name_its_path() {
     )
     .expect("valid");
     let omni = c.backends["omni"].managed.as_ref().expect("managed");
-    assert_eq!(omni.command, ["mlx-omni-server", "--host", "127.0.0.1", "--port", "9101"]);
+    assert_eq!(
+        launch::command(&omni.template, &omni.model, omni.port),
+        ["mlx-omni-server", "--host", "127.0.0.1", "--port", "9101"]
+    );
     assert!(omni.warmup, "the warm-up completion is what loads its model");
     assert_eq!(c.models["q"].upstream_model, ".cache/tiny-qwen3");
     let p = problems("backends:\n  omni: {kind: mlx-omni-server, port: 9101}\nmodels:\n  q: {backend: omni}\n");

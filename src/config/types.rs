@@ -8,11 +8,8 @@ use std::time::Duration;
 
 use super::aliases::Aliases;
 use super::clients::{AuthMode, ClientConfig, KeyHash, Limits, RateLimitStore};
-use crate::backend::profile::{Kind, Normalise};
+use crate::kinds::{Kind, Normalise};
 use crate::tokens::OnOverflow;
-
-/// Managed servers listen on loopback only: the gateway is their one client.
-pub const MANAGED_HOST: &str = "127.0.0.1";
 
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -93,8 +90,10 @@ pub struct ManagedConfig {
     /// `{model}` in the launch command; also the default `upstream_model`.
     pub model: String,
     pub port: u16,
-    /// The full command line, placeholders filled.
-    pub command: Vec<String>,
+    /// The launch command as written: the file's `command`, else the kind's template, with its
+    /// `{model}`, `{host}` and `{port}` placeholders; they are filled when the server starts
+    /// ([`crate::kinds::launch::command`]).
+    pub template: Vec<String>,
     pub env: BTreeMap<String, String>,
     /// A Python venv whose `bin/` is put first on the server's PATH.
     pub venv: Option<PathBuf>,

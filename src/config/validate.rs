@@ -13,7 +13,7 @@ use super::clients;
 use super::problem::{Problem, typed};
 use super::raw::{RawBackend, RawConfig, RawDuration, RawModel};
 use super::types::{BackendConfig, Config, HealthCheck, ModelConfig};
-use crate::backend::profile::Kind;
+use crate::kinds::UpstreamModel;
 
 pub(super) const DEFAULT_LISTEN: &str = "127.0.0.1:8000";
 pub(super) const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
@@ -235,25 +235,25 @@ fn validate_model(
     // download any other name from the Hub).
     let backend = backends.get(&m.backend);
     let managed_model = backend.and_then(|b| b.managed.as_ref()).map(|mc| mc.model.clone());
-    let upstream_model = match (m.upstream_model, managed_model, backend.map(|b| b.kind)) {
+    let kind = backend.map(|b| b.kind);
+    let upstream_model = match (m.upstream_model, managed_model, kind.map(|k| (k, k.upstream_model()))) {
         (Some(upstream), _, _) => upstream,
-        (None, _, Some(Kind::Omlx)) => {
+        (None, _, Some((kind, UpstreamModel::DirectoryName))) => {
             problems.push(Problem {
                 path: format!("{path}.upstream_model"),
-                reason: "omlx serves each model directory under its --model-dir by the directory's name: name it"
-                    .into(),
+                reason: format!(
+                    "{kind} serves each model directory under its --model-dir by the directory's name: name it"
+                ),
             });
             name.clone()
         }
         (None, Some(model), _) => model,
-        (None, None, Some(kind @ (Kind::MlxLm | Kind::MlxVlm | Kind::MlxOmniServer))) => {
-            let how = if kind == Kind::MlxLm { " (its --model, or default_model)" } else { "" };
+        (None, None, Some((kind, UpstreamModel::AsLoaded { how }))) => {
             problems.push(Problem {
                 path: format!("{path}.upstream_model"),
                 reason: format!(
-                    "{} drops its model or looks the name up on the Hub when asked for a model it does not \
-                     serve: name the model exactly as the server loaded it{how}",
-                    kind.name()
+                    "{kind} drops its model or looks the name up on the Hub when asked for a model it does not \
+                     serve: name the model exactly as the server loaded it{how}"
                 ),
             });
             name.clone()
