@@ -5,7 +5,7 @@
 //! `mlxgate check` and `mlxgate serve` refuse a configuration that fails them, and the
 //! supervisor runs them again before each start (a venv deleted while the gateway runs fails
 //! the backend at once instead of crash-looping). The configuration itself stays plain data:
-//! these look at the filesystem, so they live here and not in `config.rs`.
+//! these look at the filesystem, so they live here and not in `config/`.
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
