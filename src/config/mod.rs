@@ -14,6 +14,7 @@ mod env;
 mod paths;
 mod problem;
 mod raw;
+pub mod schema;
 mod types;
 mod validate;
 

@@ -20,7 +20,7 @@ pub use launch::fill_template;
 pub use normalise::{Normalise, POOL_IDLE_TIMEOUT};
 
 /// A kind of OpenAI-compatible server (the `kind:` of a backend, `mlxgate probe --kind`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize, clap::ValueEnum, schemars::JsonSchema)]
 #[serde(rename_all = "kebab-case")]
 #[value(rename_all = "kebab-case")]
 pub enum Kind {
