@@ -63,7 +63,7 @@ const UNICODE: [&str; 5] = [
 
 /// Source code: the gateway's own modules (real Rust as a user would paste it).
 const CODE: [&str; 4] = [
-    include_str!("../src/config.rs"),
+    include_str!("../src/config/clients.rs"),
     include_str!("../src/error.rs"),
     include_str!("../src/metrics.rs"),
     include_str!("../src/tokens/mod.rs"),

@@ -13,6 +13,7 @@ pub mod bench;
 pub mod config;
 pub mod dispatch;
 pub mod error;
+pub mod kinds;
 pub mod limits;
 pub mod log_throttle;
 pub mod metrics;

@@ -45,6 +45,9 @@ enum Command {
         #[arg(long, short, default_value = "gateway.yaml", env = "MLXGATE_CONFIG")]
         config: PathBuf,
     },
+    /// Print the JSON Schema of gateway.yaml, for editors to complete and check its keys (the
+    /// repository ships it as gateway.schema.json; gateway.yaml's first line names it).
+    Schema,
     /// Make the running gateway re-read its configuration file and put its clients, keys and
     /// limits in force (it is sent SIGHUP; running streams go on). The file is checked first: an
     /// invalid one is not sent for.
@@ -107,6 +110,10 @@ fn main() -> ExitCode {
             }
             Err(code) => code,
         },
+        Command::Schema => {
+            print!("{}", mlxgate::config::schema::json_schema_text());
+            ExitCode::SUCCESS
+        }
         Command::Reload { config, pid } => reload(config, pid),
         Command::Bench(options) => mlxgate::bench::main(*options),
         Command::Probe(options) => mlxgate::probe::main(options),

@@ -12,8 +12,8 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use common::*;
-use mlxgate::backend::profile::{Kind, fill_template};
 use mlxgate::config::Config;
+use mlxgate::kinds::{Kind, fill_template};
 use mlxgate::probe::{ProbeOptions, probe, report::Report};
 use mlxgate::sim::{self, Behaviour, Framing, SimConfig, Style};
 
@@ -139,12 +139,12 @@ async fn an_answer_that_ends_early_is_no_cancel_and_never_switches_hold_abandone
 /// `max_tokens: -1` or the over-long prompt, and the stanza never writes `hold_abandoned: false`.
 #[tokio::test]
 async fn answers_ending_at_80_tokens_are_no_cancel_and_get_neither_minus_one_nor_an_over_long_prompt() {
-    for kind in [None, Some("custom")] {
+    for kind in [None, Some(Kind::Custom)] {
         let mut config = SimConfig { capacity: 1, ..style(Style::MlxOpenaiServer) };
         config.defaults.tokens = Some(80);
         config.defaults.tokens_per_second = Some(100.0);
         let sim = sim::spawn(config).await.expect("sim");
-        let options = ProbeOptions { kind: kind.map(str::to_string), context: Some(100), ..options(&sim.url()) };
+        let options = ProbeOptions { kind, context: Some(100), ..options(&sim.url()) };
         let r = probe(&options).await.expect("probe");
         let text = r.text();
         assert_ne!(r.cancels_on_disconnect, Some(true), "{kind:?}: {text}");
@@ -229,7 +229,7 @@ async fn rapid_mlx_style_comments_context_refusal_and_host_checks() {
     let sim = sim::spawn(config).await.expect("sim");
     // The sim's streams do not show Rapid-MLX (no `metrics`), and its 100-token cap refuses the
     // disconnect check's stream: named, the kind is one known to check the length first.
-    let options = ProbeOptions { context: Some(100), kind: Some("rapid-mlx".into()), ..options(&sim.url()) };
+    let options = ProbeOptions { context: Some(100), kind: Some(Kind::RapidMlx), ..options(&sim.url()) };
     let r = probe(&options).await.expect("probe");
     assert_eq!(r.keepalive, "comment");
     assert_eq!(r.cached_tokens, Some(26), "Rapid-MLX reports the whole repeated prompt: {r:?}");

@@ -13,9 +13,9 @@ use serde_json::Value;
 use serde_json::value::RawValue;
 
 use super::openai::RawBody;
-use crate::backend::profile::Kind;
 use crate::dispatch::Route;
 use crate::error::{GatewayError, PromptPart};
+use crate::kinds::Kind;
 use crate::metrics::Metrics;
 use crate::tokens::counter::Estimate;
 use crate::tokens::overflow::{self, Budget, ChatPlan, ChunkPlan, Requested, TextPlan};
@@ -306,7 +306,7 @@ pub(crate) async fn chat_prompt_tokens(
 /// JSON string parsed into an object. Counting the messages the template sees gives the
 /// server's own count, and templates written for string contents (Qwen's) render them.
 fn as_servers_render(kind: Kind, messages: &mut [Value]) {
-    let joiner = if kind == Kind::MlxLm { "" } else { "\n" };
+    let joiner = kind.content_joiner();
     for message in messages.iter_mut() {
         let Some(message) = message.as_object_mut() else { continue };
         match message.get("content") {

@@ -5,6 +5,5 @@ pub mod handle;
 pub mod keeper;
 pub mod preflight;
 pub mod process;
-pub mod profile;
 pub mod supervisor;
 pub mod upstream;

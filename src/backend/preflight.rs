@@ -5,14 +5,14 @@
 //! `mlxgate check` and `mlxgate serve` refuse a configuration that fails them, and the
 //! supervisor runs them again before each start (a venv deleted while the gateway runs fails
 //! the backend at once instead of crash-looping). The configuration itself stays plain data:
-//! these look at the filesystem, so they live here and not in `config.rs`.
+//! these look at the filesystem, so they live here and not in `config/`.
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
-use super::process::search_path;
-use super::profile::Kind;
+use super::process::{launch_command, search_path};
 use crate::config::{Config, ManagedConfig, Problem};
+use crate::kinds::Kind;
 
 /// Every managed backend's missing pieces, each at its YAML path.
 pub fn problems(config: &Config) -> Vec<Problem> {
@@ -35,7 +35,8 @@ pub fn managed_problems(name: &str, kind: Kind, managed: &ManagedConfig) -> Vec<
             reason: format!("{} does not exist{}", shown(venv, &managed.workdir), build_hint(kind)),
         }];
     }
-    let Some(program) = managed.command.first() else {
+    let command = launch_command(managed);
+    let Some(program) = command.first() else {
         return vec![Problem { path: at("command"), reason: "must name a program".into() }];
     };
     if resolve_program(program, managed).is_some() {
@@ -74,10 +75,7 @@ fn shown(path: &Path, workdir: &Path) -> String {
 
 /// How to build a known kind's venv.
 fn build_hint(kind: Kind) -> String {
-    match kind {
-        Kind::Custom => String::new(),
-        known => format!(" (build it with: scripts/setup-backends {})", known.name()),
-    }
+    kind.setup_name().map_or(String::new(), |name| format!(" (build it with: scripts/setup-backends {name})"))
 }
 
 #[cfg(test)]

@@ -72,7 +72,7 @@ pub struct ServerProcess {
 const PID_REPORT_WAIT: Duration = Duration::from_secs(2);
 
 impl ServerProcess {
-    /// Starts `managed.command` under the keeper at `keeper_exe`.
+    /// Starts the managed server's [`launch_command`] under the keeper at `keeper_exe`.
     pub fn spawn(
         keeper_exe: &Path,
         backend: &str,
@@ -85,7 +85,7 @@ impl ServerProcess {
             .arg("--grace")
             .arg(humantime::format_duration(managed.stop_timeout).to_string())
             .arg("--")
-            .args(&managed.command)
+            .args(launch_command(managed))
             .envs(&managed.env)
             .current_dir(&managed.workdir)
             .env("PYTHONUNBUFFERED", "1")
@@ -173,6 +173,12 @@ impl ServerProcess {
 async fn record_when_reported(mut server_pid: watch::Receiver<u32>, port: u16) {
     let Ok(pid) = server_pid.wait_for(|pid| *pid != 0).await.map(|p| *p) else { return };
     let _ = tokio::task::spawn_blocking(move || super::keeper::record_server(port, pid)).await;
+}
+
+/// The command line a managed server is started with: its template filled in by the kinds
+/// catalogue, now that it starts (the configuration keeps the template as written).
+pub fn launch_command(managed: &ManagedConfig) -> Vec<String> {
+    crate::kinds::launch::command(&managed.template, &managed.model, managed.port)
 }
 
 /// The directories a managed command's program is looked up in, in order: the venv's `bin/`,

@@ -408,7 +408,7 @@ impl Task {
         if let Some(end) = self.until_port_free().await {
             return end;
         }
-        tracing::info!(backend = %self.config.name, command = ?self.managed.command, "starting backend");
+        tracing::info!(backend = %self.config.name, command = ?super::process::launch_command(&self.managed), "starting backend");
         let mut process =
             match ServerProcess::spawn(&self.keeper, &self.config.name, &self.managed, Arc::clone(&self.logs)) {
                 Ok(p) => p,

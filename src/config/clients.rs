@@ -24,7 +24,7 @@ use super::{ModelConfig, Problem, typed};
 pub const ANONYMOUS: &str = "anonymous";
 
 /// Whether requests must carry a configured client's key.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum AuthMode {
     /// Every request is served as `anonymous`; keys are not checked.
@@ -179,26 +179,45 @@ pub(super) struct RawAccess {
     pub rate_limit_store: Option<Value>,
 }
 
-#[derive(Deserialize)]
+/// A client: exactly one of `key` and `key_sha256`, the models it may use, its limits.
+#[derive(Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
-struct RawClient {
+pub(super) struct RawClient {
+    /// SHA-256 of the client's key, 64 hexadecimal characters (printf %s "$KEY" | shasum -a 256).
     key_sha256: Option<RawSecret>,
+    /// The client's key itself (hashed at load), e.g. from an environment variable: ${AIDER_KEY}.
     key: Option<RawSecret>,
+    /// The models it may use (default: all).
     models: Option<Vec<String>>,
+    /// Its limits; each one left out is default_limits'.
     limits: Option<RawLimits>,
 }
 
-#[derive(Deserialize)]
+/// Per-client limits; each one left out is no limit of that kind.
+#[derive(Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
-struct RawLimits {
+pub(super) struct RawLimits {
+    /// Requests per minute.
     rpm: Option<u64>,
+    /// Tokens (prompt + generated) per minute.
     tpm: Option<u64>,
+    /// Requests in flight at once.
     concurrency: Option<u64>,
 }
 
 /// A key or a digest: text only, and a value of another type is refused without being quoted
 /// in the message (serde's own "invalid type: integer `123…`" would print it).
-struct RawSecret(String);
+pub(super) struct RawSecret(String);
+
+impl schemars::JsonSchema for RawSecret {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "Secret".into()
+    }
+
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({"type": "string", "description": "Text (quote a key made of digits)."})
+    }
+}
 
 impl<'de> Deserialize<'de> for RawSecret {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {

@@ -31,6 +31,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
+use crate::kinds::{Kind, NegativeMaxTokens, ProbeModel};
 use checks::{Budget, ErrorCase, StreamRecord, chat, prompt};
 use report::{Report, StanzaInput};
 use wire::{Head, Target, exchange};
@@ -47,28 +48,6 @@ const FOREIGN_HOST: &str = "mlxgate-probe.invalid";
 /// The `Origin` sent by the Origin check: a browser UI on the same machine.
 const BROWSER_ORIGIN: &str = "http://localhost:3000";
 
-/// Kinds known to refuse `max_tokens: -1` before generating (wire-facts §4: mlx_lm 400,
-/// vllm-mlx 422, Rapid-MLX 400, mlx-vlm 400).
-const REFUSE_NEGATIVE: &[&str] = &["mlx-lm", "vllm-mlx", "rapid-mlx", "mlx-vlm"];
-/// Kinds known to take `max_tokens: -1` as unlimited (wire-facts §4: 200, generated until EOS).
-const UNLIMITED_NEGATIVE: &[&str] = &["mlx-openai-server", "mlx-omni-server"];
-/// Kinds known to check the prompt's length before generating (wire-facts §4: 400).
-const CHECK_CONTEXT: &[&str] = &["rapid-mlx", "mlx-vlm"];
-
-/// The kinds `--kind` takes (the gateway's `kind:` names).
-const KINDS: &[&str] = &[
-    "mlx-lm",
-    "mlx-openai-server",
-    "vllm-mlx",
-    "rapid-mlx",
-    "mlx-vlm",
-    "mlx-omni-server",
-    "omlx",
-    "higgs",
-    "mlx-serve",
-    "custom",
-];
-
 /// The command's options.
 #[derive(Debug, Clone, clap::Args)]
 pub struct ProbeOptions {
@@ -81,8 +60,8 @@ pub struct ProbeOptions {
     pub model: Option<String>,
     /// The server's kind when its answers do not show it (behind a proxy): `mlx-lm`,
     /// `mlx-openai-server`, `vllm-mlx`, `rapid-mlx`, `mlx-vlm`, `mlx-omni-server`, … .
-    #[arg(long)]
-    pub kind: Option<String>,
+    #[arg(long, value_enum, hide_possible_values = true)]
+    pub kind: Option<Kind>,
     /// The model's context length in tokens, for the over-long prompt case; default: from
     /// `/v1/models` or the model directory's config.json (sent only up to 16384 tokens then),
     /// else the case is skipped.
@@ -204,9 +183,6 @@ pub async fn probe(options: &ProbeOptions) -> Result<Report, String> {
 }
 
 async fn probe_all(options: &ProbeOptions) -> Result<Report, String> {
-    if let Some(kind) = options.kind.as_deref().filter(|k| !KINDS.contains(k)) {
-        return Err(format!("--kind {kind}: one of {}", KINDS.join(", ")));
-    }
     let budget = Budget::new(options.deadline);
     let mut target = Target::parse(&options.url)?;
     let mut report = Report::default();
@@ -227,12 +203,15 @@ async fn probe_all(options: &ProbeOptions) -> Result<Report, String> {
         listing = models(&target, &budget).await;
         origin_check = checks::header_check(&target, &budget, "Origin", BROWSER_ORIGIN).await;
     }
-    let mut kind = options.kind.clone().or_else(|| listing.as_ref().ok().and_then(|l| kind_from_head(&l.head)));
-    let model = choose_model(options, kind.as_deref(), &listing, &mut report.notes)?;
+    let mut kind = options.kind.or_else(|| listing.as_ref().ok().and_then(|l| kind_from_head(&l.head)));
+    let model = choose_model(options, kind, &listing, &mut report.notes)?;
     let entries = listing.as_ref().map(|l| l.entries.clone()).unwrap_or_default();
     let named_context = options.context.is_some();
     // mlx_lm.server lists its launch model last, as an absolute path: read, never sent.
-    let launch = (kind.as_deref() == Some("mlx-lm")).then(|| entries.last().and_then(|e| e["id"].as_str())).flatten();
+    let launch = kind
+        .is_some_and(|k| k.probe_model() == ProbeModel::Launch)
+        .then(|| entries.last().and_then(|e| e["id"].as_str()))
+        .flatten();
     let context = options.context.or_else(|| model.as_deref().or(launch).and_then(|m| context_of(m, &entries)));
     let tokenizer = model.as_deref().or(launch).filter(|m| local_tokenizer(m)).map(str::to_string);
 
@@ -243,7 +222,7 @@ async fn probe_all(options: &ProbeOptions) -> Result<Report, String> {
     let mut p = Probe { target, budget, model, stream_options: true };
     let lead = format!("probe {}", std::process::id());
     let first = first_stream(&mut p, &prompt(&lead, 24), &mut report.notes).await?;
-    kind = kind.or_else(|| kind_from_stream(&first).map(str::to_string));
+    kind = kind.or_else(|| kind_from_stream(&first));
     report.http_version = first.head.version.clone();
     report.framing = first.head.framing.name().to_string();
     report.role_chunk = first.role_chunk().to_string();
@@ -264,7 +243,7 @@ async fn probe_all(options: &ProbeOptions) -> Result<Report, String> {
     report.usage_without_include_usage = without.has_usage();
 
     let mut errors = indexmap::IndexMap::new();
-    errors.insert("unknown_model".to_string(), unknown_model(&p, kind.as_deref()).await);
+    errors.insert("unknown_model".to_string(), unknown_model(&p, kind).await);
     errors.insert(
         "invalid_json".to_string(),
         checks::error_case(&p.target, &p.budget, invalid_json(p.model.as_deref()).as_bytes()).await,
@@ -273,7 +252,7 @@ async fn probe_all(options: &ProbeOptions) -> Result<Report, String> {
     let alone = concurrency_and_rate(&p, &lead, &mut report).await;
     let ran_long = cancel_check(&p, &lead, &alone, &mut report).await;
     let seen = Seen {
-        kind: kind.as_deref(),
+        kind,
         cancels: report.cancels_on_disconnect,
         ran_long,
         batched: report.concurrent_streams.as_deref() == Some("batched"),
@@ -288,7 +267,7 @@ async fn probe_all(options: &ProbeOptions) -> Result<Report, String> {
     let stanza = StanzaInput {
         base_url: p.target.base_url(),
         model: p.model.as_deref(),
-        kind: kind.as_deref(),
+        kind,
         kind_given: options.kind.is_some(),
         context,
         finish_chunks: first.finish_chunks(),
@@ -503,14 +482,15 @@ async fn models(target: &Target, budget: &Budget) -> Result<Listing, String> {
 /// or the only one listed. Refuses to guess among several.
 fn choose_model(
     options: &ProbeOptions,
-    kind: Option<&str>,
+    kind: Option<Kind>,
     listing: &Result<Listing, String>,
     notes: &mut Vec<String>,
 ) -> Result<Option<String>, String> {
     if let Some(m) = &options.model {
         return Ok(Some(m.clone()));
     }
-    if kind == Some("mlx-lm") {
+    let probe_model = kind.map_or(ProbeModel::Listed, Kind::probe_model);
+    if probe_model == ProbeModel::Launch {
         notes.push(
             "mlx_lm.server: requests leave out `model`, so it uses its launch --model (any other name, even the \
              absolute path it lists, makes it load the model again under another key)"
@@ -523,7 +503,7 @@ fn choose_model(
         return Err(format!("{why}: name the model with --model"));
     }
     let ids: Vec<&str> = listing.entries.iter().filter_map(|e| e["id"].as_str()).collect();
-    if kind == Some("mlx-vlm") {
+    if probe_model == ProbeModel::Loaded {
         let loaded: Vec<&str> =
             listing.entries.iter().filter(|e| e["loaded"] == true).filter_map(|e| e["id"].as_str()).collect();
         return match loaded.as_slice() {
@@ -570,12 +550,12 @@ fn local_tokenizer(model: &str) -> bool {
 }
 
 /// The server, when its headers say which it is: `mlx-lm` (Python's BaseHTTP) or `mlx-vlm`.
-fn kind_from_head(head: &Head) -> Option<String> {
+fn kind_from_head(head: &Head) -> Option<Kind> {
     let server = head.header("server").unwrap_or_default();
     if server.contains("BaseHTTP") {
-        Some("mlx-lm".into())
+        Some(Kind::MlxLm)
     } else if server.contains("mlx_vlm") {
-        Some("mlx-vlm".into())
+        Some(Kind::MlxVlm)
     } else {
         None
     }
@@ -585,20 +565,20 @@ fn kind_from_head(head: &Head) -> Option<String> {
 /// vllm-mlx's `generation_metadata`, Rapid-MLX's `metrics.time_to_first_token_ms`,
 /// mlx-openai-server's `chatcmpl_` ids with usage on the finish chunk, mlx-omni-server's role on
 /// every delta with a doubled finish chunk.
-fn kind_from_stream(record: &StreamRecord) -> Option<&'static str> {
+fn kind_from_stream(record: &StreamRecord) -> Option<Kind> {
     if let Some(kind) = kind_from_head(&record.head) {
-        return ["mlx-lm", "mlx-vlm"].into_iter().find(|k| *k == kind);
+        return Some(kind);
     }
     if record.any_has("/timings") {
-        Some("mlx-vlm")
+        Some(Kind::MlxVlm)
     } else if record.any_has("/generation_metadata") {
-        Some("vllm-mlx")
+        Some(Kind::VllmMlx)
     } else if record.any_has("/metrics/time_to_first_token_ms") {
-        Some("rapid-mlx")
+        Some(Kind::RapidMlx)
     } else if record.id().is_some_and(|id| id.starts_with("chatcmpl_")) && record.usage_placement() == "finish" {
-        Some("mlx-openai-server")
+        Some(Kind::MlxOpenaiServer)
     } else if record.role_chunk() == "every" && record.finish_chunks() > 1 {
-        Some("mlx-omni-server")
+        Some(Kind::MlxOmniServer)
     } else {
         None
     }
@@ -606,9 +586,9 @@ fn kind_from_stream(record: &StreamRecord) -> Option<&'static str> {
 
 /// The unknown-model case: sent only to a server recognised as one that does not unload its
 /// model on it, then followed by a request for the right model, which must succeed.
-async fn unknown_model(p: &Probe, kind: Option<&str>) -> ErrorCase {
+async fn unknown_model(p: &Probe, kind: Option<Kind>) -> ErrorCase {
     match kind {
-        Some(k @ ("mlx-lm" | "mlx-vlm")) => {
+        Some(k) if k.unloads_on_unknown_model() => {
             return ErrorCase::skipped(format!(
                 "{k} unloads its model when asked for an unknown one (wire-facts: mlx_lm.server 404, mlx-vlm 400)"
             ));
@@ -640,9 +620,9 @@ fn invalid_json(model: Option<&str>) -> String {
 
 /// What the probe knows of the server when it chooses whether to send the cases that a server
 /// may take as work without end: a `max_tokens: -1` or an over-long prompt, left at its head.
-struct Seen<'a> {
+struct Seen {
     /// The recognised kind, or the one `--kind` names.
-    kind: Option<&'a str>,
+    kind: Option<Kind>,
     /// `cancels_on_disconnect`.
     cancels: Option<bool>,
     /// The abandoned prompt's answer, read alone, ran on (so a "cancels" is a measurement).
@@ -652,35 +632,33 @@ struct Seen<'a> {
     batched: bool,
 }
 
-impl Seen<'_> {
-    fn kind_in(&self, kinds: &[&str]) -> bool {
-        self.kind.is_some_and(|k| kinds.contains(&k))
-    }
-
+impl Seen {
     /// Why `max_tokens: -1` is not sent, or `None` to send it: to a kind known to refuse it, or
     /// to an unrecognised server seen to stop an answer that would have run on, and not batching.
     fn no_negative(&self) -> Option<String> {
-        if let Some(k) = self.kind.filter(|k| UNLIMITED_NEGATIVE.contains(k)) {
+        if let Some(k) = self.kind.filter(|k| k.negative_max_tokens() == NegativeMaxTokens::Unlimited) {
             return Some(format!("not sent: {k} takes -1 as unlimited (wire-facts: 200, generates until EOS)"));
         }
-        if self.kind_in(REFUSE_NEGATIVE) || (self.cancels == Some(true) && self.ran_long && !self.batched) {
+        let refuses = |k: Kind| k.negative_max_tokens() == NegativeMaxTokens::Refused;
+        if self.kind.is_some_and(refuses) || (self.cancels == Some(true) && self.ran_long && !self.batched) {
             return None;
         }
-        Some(
-            "not sent: -1 may mean unlimited, and the server is neither a kind known to refuse it (mlx-lm, vllm-mlx, \
-             rapid-mlx, mlx-vlm: --kind names it) nor one seen to stop an abandoned answer that would have run on \
-             while serving one request at a time"
-                .into(),
-        )
+        Some(format!(
+            "not sent: -1 may mean unlimited, and the server is neither a kind known to refuse it ({}: --kind names \
+             it) nor one seen to stop an abandoned answer that would have run on while serving one request at a time",
+            Kind::names_where(refuses)
+        ))
     }
 
     /// Why the over-long prompt is not sent, or `None` to send it: to a server seen to cancel on
     /// disconnect, or a kind known to check the length before generating.
     fn no_over_context(&self) -> Option<String> {
-        (self.cancels != Some(true) && !self.kind_in(CHECK_CONTEXT)).then(|| {
-            "not sent: the server was not seen to cancel on disconnect, nor is it a kind known to check the length \
-             before generating (rapid-mlx, mlx-vlm): it could prefill the whole prompt for nobody"
-                .into()
+        (self.cancels != Some(true) && !self.kind.is_some_and(Kind::checks_context)).then(|| {
+            format!(
+                "not sent: the server was not seen to cancel on disconnect, nor is it a kind known to check the \
+                 length before generating ({}): it could prefill the whole prompt for nobody",
+                Kind::names_where(Kind::checks_context)
+            )
         })
     }
 }
@@ -689,7 +667,7 @@ impl Seen<'_> {
 /// token asked for and left at its head (the refusals come before any SSE). Sent only as
 /// `Seen::no_over_context` allows, and above `OVER_CONTEXT_BOUND` only when `--context` asked for
 /// it: most servers do not check and would prefill it in full.
-async fn over_context(p: &Probe, context: Option<u64>, named: bool, seen: &Seen<'_>) -> ErrorCase {
+async fn over_context(p: &Probe, context: Option<u64>, named: bool, seen: &Seen) -> ErrorCase {
     let Some(context) = context else {
         return ErrorCase::skipped("context length unknown: pass --context");
     };
@@ -707,7 +685,7 @@ async fn over_context(p: &Probe, context: Option<u64>, named: bool, seen: &Seen<
 
 /// `max_tokens: -1`, sent only as `Seen::no_negative` allows (some servers take it as
 /// "unlimited"), and left at its head.
-async fn negative_max_tokens(p: &Probe, seen: &Seen<'_>) -> ErrorCase {
+async fn negative_max_tokens(p: &Probe, seen: &Seen) -> ErrorCase {
     if let Some(why) = seen.no_negative() {
         return ErrorCase::skipped(why);
     }
@@ -718,7 +696,7 @@ async fn negative_max_tokens(p: &Probe, seen: &Seen<'_>) -> ErrorCase {
 mod tests {
     use super::*;
 
-    fn seen(kind: Option<&str>, cancels: Option<bool>, ran_long: bool, batched: bool) -> Seen<'_> {
+    fn seen(kind: Option<Kind>, cancels: Option<bool>, ran_long: bool, batched: bool) -> Seen {
         Seen { kind, cancels, ran_long, batched }
     }
 
@@ -732,14 +710,15 @@ mod tests {
 
     #[test]
     fn minus_one_goes_only_to_refusing_kinds_or_a_server_seen_to_stop_a_long_answer() {
-        for kind in REFUSE_NEGATIVE {
+        let with = |n| Kind::ALL.into_iter().filter(move |k| k.negative_max_tokens() == n);
+        for kind in with(NegativeMaxTokens::Refused) {
             assert_eq!(seen(Some(kind), None, false, true).no_negative(), None, "{kind}");
         }
-        for kind in UNLIMITED_NEGATIVE {
+        for kind in with(NegativeMaxTokens::Unlimited) {
             let why = seen(Some(kind), Some(true), true, false).no_negative();
             assert!(why.is_some_and(|w| w.contains("unlimited")), "{kind}");
         }
-        for kind in [None, Some("custom"), Some("omlx")] {
+        for kind in [None, Some(Kind::Custom), Some(Kind::Omlx)] {
             assert_eq!(seen(kind, Some(true), true, false).no_negative(), None, "{kind:?}");
             assert!(seen(kind, Some(true), false, false).no_negative().is_some(), "{kind:?}: ended early");
             assert!(seen(kind, Some(true), true, true).no_negative().is_some(), "{kind:?}: batching");
@@ -750,12 +729,12 @@ mod tests {
 
     #[test]
     fn the_over_long_prompt_goes_only_to_a_server_seen_to_cancel_or_a_checking_kind() {
-        for kind in CHECK_CONTEXT {
+        for kind in Kind::ALL.into_iter().filter(|k| k.checks_context()) {
             assert_eq!(seen(Some(kind), None, false, false).no_over_context(), None, "{kind}");
         }
-        assert_eq!(seen(Some("mlx-lm"), Some(true), true, false).no_over_context(), None);
+        assert_eq!(seen(Some(Kind::MlxLm), Some(true), true, false).no_over_context(), None);
         for cancels in [None, Some(false)] {
-            for kind in [None, Some("mlx-openai-server"), Some("mlx-lm")] {
+            for kind in [None, Some(Kind::MlxOpenaiServer), Some(Kind::MlxLm)] {
                 assert!(seen(kind, cancels, false, false).no_over_context().is_some(), "{kind:?} {cancels:?}");
             }
         }

@@ -2,7 +2,7 @@
 //! Origin checks) or as text (with notes on what was seen and why a case was skipped), and the
 //! gateway.yaml backend stanza those facts call for: `url`, `kind`, `max_concurrency`,
 //! `context_cap`, `tokenizer` and a `normalise:` map with the field names of
-//! [`crate::backend::profile::Normalise`], in which only what a measurement shows the server needs
+//! [`crate::kinds::Normalise`], in which only what a measurement shows the server needs
 //! is written (always as `true`, or `stream_options: false`): the kind's defaults apply to the rest.
 
 use std::fmt::Write as _;
@@ -12,7 +12,7 @@ use serde::Serialize;
 use serde_json::Value;
 
 use super::checks::{ErrorCase, HeaderCheck};
-use crate::backend::profile::{Kind, Normalise};
+use crate::kinds::{Kind, Normalise};
 
 /// Every measured wire fact of one server.
 #[derive(Debug, Clone, Default, Serialize)]
@@ -63,8 +63,8 @@ pub struct StanzaInput<'a> {
     pub base_url: String,
     /// The `model` the probe sent (`None`: left out, mlx_lm.server's launch model).
     pub model: Option<&'a str>,
-    /// The recognised kind, or the one `--kind` named (a `Kind` name).
-    pub kind: Option<&'a str>,
+    /// The recognised kind, or the one `--kind` named.
+    pub kind: Option<Kind>,
     /// `kind` was named with `--kind`, not recognised from the server's answers.
     pub kind_given: bool,
     pub context: Option<u64>,
@@ -114,11 +114,9 @@ impl Switch {
     }
 }
 
-/// The normalisations of the kind named `kind` (`custom`'s when none or unknown), for a `url:`
-/// backend.
-fn kind_defaults(kind: Option<&str>) -> Normalise {
-    let kind = kind.and_then(|k| serde_json::from_value::<Kind>(Value::from(k)).ok()).unwrap_or(Kind::Custom);
-    kind.normalise(None)
+/// The normalisations of `kind` (`custom`'s when none), for a `url:` backend.
+fn kind_defaults(kind: Option<Kind>) -> Normalise {
+    kind.unwrap_or(Kind::Custom).normalise(None)
 }
 
 impl Report {
@@ -180,7 +178,7 @@ impl Report {
 
     /// 2 for a batching server, else 1; also 1 when the kind serializes by default (vllm-mlx's
     /// simple mode), with a comment when the server was measured batching.
-    fn max_concurrency(&self, out: &mut String, defaults: &Normalise, kind: Option<&str>) {
+    fn max_concurrency(&self, out: &mut String, defaults: &Normalise, kind: Option<Kind>) {
         let measured = format!(
             "two concurrent streams: {}{}",
             self.concurrent_streams.as_deref().unwrap_or("not measured"),
@@ -193,7 +191,7 @@ impl Report {
                 out,
                 "    max_concurrency: 1   # {measured}; but {} serializes by default (a server started with \
                  --continuous-batching batches: then write normalise.serialize: false and max_concurrency: 2)",
-                kind.unwrap_or("the kind")
+                kind.map_or("the kind", Kind::name)
             ),
             (false, _) => writeln!(out, "    max_concurrency: 1   # {measured}"),
         };
@@ -366,7 +364,7 @@ mod tests {
         let input = StanzaInput {
             base_url: "http://127.0.0.1:9/pre".into(),
             model: Some("/m/it's \"quoted\": tiny"),
-            kind: Some("vllm-mlx"),
+            kind: Some(Kind::VllmMlx),
             kind_given: false,
             context: Some(2048),
             finish_chunks: 2,
@@ -414,7 +412,7 @@ mod tests {
         StanzaInput {
             base_url: "http://127.0.0.1:9".into(),
             model: None,
-            kind: Some(kind),
+            kind: Some(<Kind as clap::ValueEnum>::from_str(kind, false).expect("a kind")),
             kind_given: false,
             context: None,
             finish_chunks: 1,

@@ -57,7 +57,7 @@ pub trait Count: Send + Sync {
 }
 
 /// What a model does with a prompt over its backend's context cap (`on_overflow`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum OnOverflow {
     /// 400 `context_length_exceeded` with OpenAI's wording.

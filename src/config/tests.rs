@@ -1,0 +1,365 @@
+use std::time::Duration;
+
+use super::raw::parse_size;
+use super::validate::DEFAULT_MAX_QUEUE;
+use super::{Config, ConfigError, HealthCheck};
+use crate::kinds::{Kind, launch};
+
+fn no_env(_: &str) -> Option<String> {
+    None
+}
+
+fn problems(text: &str) -> Vec<String> {
+    match Config::parse(text, &no_env) {
+        Ok(_) => vec![],
+        Err(ConfigError::Invalid(p)) => p.iter().map(ToString::to_string).collect(),
+        Err(e) => vec![e.to_string()],
+    }
+}
+
+const GOOD: &str = "
+listen: 127.0.0.1:9000
+backends:
+  local: {url: 'http://127.0.0.1:8101/', max_concurrency: 2}
+models:
+  qwen: {backend: local, upstream_model: tiny-qwen3, max_queue: 5, max_wait: 2m}
+  other: {backend: local}
+";
+
+#[test]
+fn the_access_log_is_on_unless_switched_off() {
+    assert!(Config::parse(GOOD, &no_env).expect("valid").access_log);
+    let off = format!("access_log: false\n{GOOD}");
+    assert!(!Config::parse(&off, &no_env).expect("valid").access_log);
+    assert!(!problems(&format!("access_log: maybe\n{GOOD}")).is_empty());
+}
+
+#[test]
+fn parses_the_documented_shape_with_defaults() {
+    let c = Config::parse(GOOD, &no_env).expect("valid");
+    assert_eq!(c.listen.port(), 9000);
+    assert_eq!(c.backends["local"].url, "http://127.0.0.1:8101");
+    assert_eq!(c.backends["local"].max_concurrency, 2);
+    assert_eq!(c.models["qwen"].upstream_model, "tiny-qwen3");
+    assert_eq!(c.models["qwen"].max_wait, Duration::from_secs(120));
+    assert_eq!(c.models["other"].upstream_model, "other");
+    assert_eq!(c.models["other"].max_queue, DEFAULT_MAX_QUEUE);
+}
+
+#[test]
+fn lists_every_problem_with_its_path() {
+    let p = problems(
+        "
+backends:
+  local: {url: 'ftp://x', max_concurrency: 0}
+models:
+  qwen: {backend: qwen-local}
+  bad: {backend: local, max_wait: 30}
+  typo: {backend: local, max_queu: 3}
+",
+    );
+    assert!(p.iter().any(|l| l.starts_with("backends.local.url:")), "{p:?}");
+    assert!(p.iter().any(|l| l == "backends.local.max_concurrency: must be at least 1"), "{p:?}");
+    assert!(p.iter().any(|l| l.starts_with("models.qwen.backend: no backend named \"qwen-local\"")), "{p:?}");
+    assert!(p.iter().any(|l| l.starts_with("models.bad.max_wait:") && l.contains("30s")), "{p:?}");
+    assert!(p.iter().any(|l| l.starts_with("models.typo.max_queu: unknown field")), "{p:?}");
+    assert_eq!(p.len(), 5, "{p:?}");
+}
+
+#[test]
+fn unknown_top_level_key_is_an_error() {
+    let p = problems(&format!("{GOOD}\nlisten_port: 3\n"));
+    assert_eq!(p.len(), 1, "{p:?}");
+    assert!(p[0].contains("listen_port"), "{p:?}");
+}
+
+#[test]
+fn substitutes_environment_variables_with_defaults_and_types() {
+    let env = |name: &str| match name {
+        "PORT" => Some("8202".to_string()),
+        "QUEUE" => Some("7".to_string()),
+        _ => None,
+    };
+    let text = "
+listen: 127.0.0.1:${GW_PORT:-8123}
+backends:
+  local: {url: 'http://127.0.0.1:${PORT}'}
+models:
+  qwen: {backend: local, max_queue: '${QUEUE}', upstream_model: 'a$${b}'}
+";
+    let c = Config::parse(text, &env).expect("valid");
+    assert_eq!(c.listen.port(), 8123);
+    assert_eq!(c.backends["local"].url, "http://127.0.0.1:8202");
+    assert_eq!(c.models["qwen"].max_queue, 7);
+    assert_eq!(c.models["qwen"].upstream_model, "a${b}");
+}
+
+#[test]
+fn unset_variable_is_reported_at_its_path() {
+    let text = "
+backends:
+  local: {url: '${BACKEND_URL}'}
+models:
+  qwen: {backend: local}
+";
+    let p = problems(text);
+    assert!(p[0].starts_with("backends.local.url: environment variable BACKEND_URL is not set"), "{p:?}");
+}
+
+#[test]
+fn managed_backends_are_checked_and_filled_in() {
+    let c = Config::parse(
+        "
+backends:
+  native: {kind: mlx-lm, model: /m, port: 8101, idle_timeout: 10m}
+  tool: {kind: custom, command: [srv, --port, '{port}'], port: 8102, gpu: false}
+models:
+  qwen: {backend: native}
+  t: {backend: tool}
+",
+        &no_env,
+    )
+    .expect("valid");
+    let native = c.backends["native"].managed.as_ref().expect("managed");
+    assert_eq!(
+        launch::command(&native.template, &native.model, native.port),
+        ["mlx_lm.server", "--model", "/m", "--host", "127.0.0.1", "--port", "8101"]
+    );
+    assert!(native.warmup && native.gpu && !native.preload);
+    assert_eq!(native.idle_timeout, Some(Duration::from_secs(600)));
+    assert_eq!(c.backends["native"].url, "http://127.0.0.1:8101");
+    assert_eq!(c.models["qwen"].upstream_model, "/m", "a managed server knows its model by its path");
+    let tool = c.backends["tool"].managed.as_ref().expect("managed");
+    assert_eq!(launch::command(&tool.template, &tool.model, tool.port), ["srv", "--port", "8102"]);
+    assert!(!tool.warmup && !tool.gpu);
+
+    let p = problems(
+        "
+listen: 127.0.0.1:8101
+backends:
+  both: {url: 'http://x:1', kind: mlx-lm, model: m, port: 9000}
+  noport: {kind: mlx-lm, model: m}
+  nocmd: {kind: custom, port: 9001}
+  nomodel: {kind: mlx-openai-server, port: 9002}
+  a: {kind: mlx-lm, model: m, port: 8101, preload: true}
+  b: {kind: mlx-lm, model: m, port: 8101, preload: true}
+  remote: {url: 'http://x:1', idle_timeout: 5m}
+models:
+  m: {backend: a}
+",
+    );
+    for expected in [
+        "backends.both.port: only for managed backends",
+        "backends.both.model: only for managed backends",
+        "backends.noport.port: a managed backend needs a port",
+        "backends.nocmd.command: kind: custom needs a command",
+        "backends.nomodel.model: the launch command uses {model}",
+        "backends.b.port: port 8101 is also backend \"a\"'s",
+        "backends.a.port: port 8101 is the gateway's own listen port",
+        "backends.b.preload: only one GPU backend can run at a time",
+        "backends.remote.idle_timeout: only for managed backends",
+    ] {
+        assert!(p.iter().any(|l| l.starts_with(expected)), "{expected:?} not in {p:#?}");
+    }
+}
+
+#[test]
+fn omni_server_needs_a_model_and_requests_name_its_path() {
+    let c = Config::parse(
+        "backends:\n  omni: {kind: mlx-omni-server, model: .cache/tiny-qwen3, port: 9101}\n\
+             models:\n  q: {backend: omni}\n",
+        &no_env,
+    )
+    .expect("valid");
+    let omni = c.backends["omni"].managed.as_ref().expect("managed");
+    assert_eq!(
+        launch::command(&omni.template, &omni.model, omni.port),
+        ["mlx-omni-server", "--host", "127.0.0.1", "--port", "9101"]
+    );
+    assert!(omni.warmup, "the warm-up completion is what loads its model");
+    assert_eq!(c.models["q"].upstream_model, ".cache/tiny-qwen3");
+    let p = problems("backends:\n  omni: {kind: mlx-omni-server, port: 9101}\nmodels:\n  q: {backend: omni}\n");
+    assert!(
+        p.iter().any(|l| l.starts_with("backends.omni.model: this kind loads the model each request names")),
+        "{p:#?}"
+    );
+}
+
+#[test]
+fn omni_server_relative_model_becomes_absolute_when_loaded_from_a_file() {
+    let dir = std::env::temp_dir().join(format!("mlxgate-omni-{}", std::process::id()));
+    std::fs::create_dir_all(dir.join("models/tiny")).expect("dir");
+    let file = dir.join("gateway.yaml");
+    std::fs::write(
+        &file,
+        "backends:\n  omni: {kind: mlx-omni-server, model: models/tiny, port: 9101}\n\
+             models:\n  q: {backend: omni}\n  named: {backend: omni, upstream_model: other}\n",
+    )
+    .expect("write");
+    let c = Config::load(&file).expect("valid");
+    let absolute = std::fs::canonicalize(dir.join("models/tiny")).expect("canonical").display().to_string();
+    assert_eq!(c.backends["omni"].managed.as_ref().expect("managed").model, absolute, "the warm-up names it");
+    assert_eq!(c.models["q"].upstream_model, absolute);
+    assert_eq!(c.models["named"].upstream_model, "other", "a name written in the file is kept");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_running_server_of_a_kind_that_drops_unknown_models_is_never_sent_the_public_name() {
+    let c = Config::parse(
+        "backends:\n  vlm: {url: 'http://127.0.0.1:9102', kind: mlx-vlm}\n\
+             models:\n  v: {backend: vlm, upstream_model: mlx-community/Qwen3-4B}\n",
+        &no_env,
+    )
+    .expect("valid");
+    assert_eq!(c.models["v"].upstream_model, "mlx-community/Qwen3-4B");
+    let p = problems(
+        "backends:\n  lm: {url: 'http://127.0.0.1:9101', kind: mlx-lm}\n  \
+             vlm: {url: 'http://127.0.0.1:9102', kind: mlx-vlm}\n  \
+             omni: {url: 'http://127.0.0.1:9103', kind: mlx-omni-server}\n  \
+             o: {kind: omlx, model: /models, port: 9104}\n\
+             models:\n  a: {backend: vlm}\n  b: {backend: omni}\n  c: {backend: o}\n  qwen: {backend: lm}\n",
+    );
+    for expected in [
+        "models.qwen.upstream_model: mlx-lm drops its model",
+        "models.a.upstream_model: mlx-vlm drops its model",
+        "models.b.upstream_model: mlx-omni-server drops its model",
+        "models.c.upstream_model: omlx serves each model directory",
+    ] {
+        assert!(p.iter().any(|l| l.starts_with(expected)), "{expected:?} not in {p:#?}");
+    }
+}
+
+#[test]
+fn normalise_defaults_come_from_the_kind_and_the_file_switches_them() {
+    let c = Config::parse(
+            "backends:\n  rapid: {url: 'http://10.0.0.2:8000', kind: rapid-mlx}\n  \
+             v: {kind: vllm-mlx, model: m, port: 9101}\n  \
+             cb: {kind: vllm-mlx, model: m, port: 9102, command: [vllm-mlx, serve, m, --continuous-batching], max_concurrency: 4}\n  \
+             o: {kind: mlx-openai-server, model: m, port: 9103, normalise: {hold_abandoned: false, pool_idle_timeout: 2s}}\n\
+             models:\n  a: {backend: rapid}\n",
+            &no_env,
+        )
+        .expect("valid");
+    let rapid = &c.backends["rapid"];
+    assert!(rapid.managed.is_none() && rapid.kind == Kind::RapidMlx, "url + kind: a running server's profile");
+    assert!(rapid.normalise.loopback_host);
+    assert_eq!(rapid.ready_path, "/health/ready");
+    assert!(c.backends["v"].normalise.serialize);
+    assert!(!c.backends["cb"].normalise.serialize);
+    let o = &c.backends["o"].normalise;
+    assert!(!o.hold_abandoned && o.finish_length);
+    assert_eq!(o.pool_idle_timeout, Duration::from_secs(2));
+    let p = problems(
+        "backends:\n  v: {kind: vllm-mlx, model: m, port: 9101, max_concurrency: 2}\n  \
+             w: {url: 'http://x:1', command: [s]}\n  \
+             z: {url: 'http://x:2', normalise: {pool_idle_timeout: 0s, bogus: true}}\n\
+             models:\n  a: {backend: v}\n",
+    );
+    assert!(
+        p.iter()
+            .any(|l| l
+                .starts_with("backends.v.max_concurrency: vllm-mlx without --continuous-batching serves one request")),
+        "{p:#?}"
+    );
+    assert!(p.iter().any(|l| l.starts_with("backends.w: give either url")), "{p:#?}");
+    assert!(p.iter().any(|l| l.contains("bogus")), "{p:#?}");
+}
+
+#[test]
+fn health_probe_defaults_and_checks() {
+    let c = Config::parse(
+        "backends:\n  a: {kind: custom, command: [s], port: 9001, health: {interval: 2s, failures: 5}}\n\
+             models:\n  m: {backend: a}\n",
+        &no_env,
+    )
+    .expect("valid");
+    let health = c.backends["a"].managed.as_ref().expect("managed").health;
+    assert_eq!(health, HealthCheck { interval: Duration::from_secs(2), timeout: Duration::from_secs(5), failures: 5 });
+    let p = problems(
+        "backends:\n  a: {kind: custom, command: [s], port: 9001, health: {interval: 0s, timeout: 0s, failures: 0}}\n  \
+             r: {url: 'http://x:1', health: {interval: 1s}}\n\
+             models:\n  m: {backend: a}\n",
+    );
+    for expected in [
+        "backends.a.health.interval: must be longer than 0s",
+        "backends.a.health.timeout: must be longer than 0s",
+        "backends.a.health.failures: must be at least 1",
+        "backends.r.health: only for managed backends",
+    ] {
+        assert!(p.iter().any(|l| l.starts_with(expected)), "{expected:?} not in {p:#?}");
+    }
+}
+
+#[test]
+fn refuses_configs_that_cannot_work() {
+    let p = problems(
+        "
+swap_after: 30s
+backends:
+  a: {kind: custom, command: [srv, '{port}'], port: 9101, stop_timeout: 0s, idle_timeout: 0s, ready: {timeout: 0s}}
+  b: {kind: custom, command: [srv, '{port}'], port: 9102, restart_window: 0s}
+  cpu: {kind: custom, command: [srv, '{port}'], port: 9103, gpu: false}
+  remote:
+    url: 'http://127.0.0.1:9000'
+    connect_timeout: 0s
+    stream_idle_timeout: 0s
+    first_byte_timeout: 0s
+    drain_timeout: 10s
+    stop_timeout: 5s
+    max_restarts: 2
+    restart_window: 1m
+    ready: {path: /health, timeout: 10s, warmup: false}
+models:
+  closed: {backend: a, max_queue: 0}
+  short: {backend: b, max_wait: 30s}
+  cpu_short: {backend: cpu, max_wait: 5s}
+  remote_empty: {backend: remote, max_queue: 0, max_wait: 0s}
+",
+    );
+    for expected in [
+        "backends.a.stop_timeout: must be longer than 0s",
+        "backends.a.idle_timeout: must be longer than 0s",
+        "backends.a.ready.timeout: must be longer than 0s",
+        "backends.b.restart_window: must be longer than 0s",
+        "backends.remote.connect_timeout: must be longer than 0s",
+        "backends.remote.stream_idle_timeout: must be longer than 0s",
+        "backends.remote.first_byte_timeout: must be longer than 0s",
+        "backends.remote.drain_timeout: only for managed backends",
+        "backends.remote.stop_timeout: only for managed backends",
+        "backends.remote.max_restarts: only for managed backends",
+        "backends.remote.restart_window: only for managed backends",
+        "backends.remote.ready.timeout: only for managed backends",
+        "backends.remote.ready.warmup: only for managed backends",
+        "models.closed.max_queue: must be at least 1",
+        "models.short.max_wait: must be longer than swap_after (30s)",
+        "models.remote_empty.max_wait: must be longer than 0s",
+    ] {
+        assert!(p.iter().any(|l| l.starts_with(expected)), "{expected:?} not in {p:#?}");
+    }
+    // A CPU backend never waits for a swap, a remote one has no gate to be closed, and the
+    // ready path is a remote backend's too.
+    for fine in ["models.cpu_short", "models.remote_empty.max_queue", "backends.remote.ready.path"] {
+        assert!(!p.iter().any(|l| l.starts_with(fine)), "{fine} refused: {p:#?}");
+    }
+    assert_eq!(p.len(), 16, "{p:#?}");
+    let zero_swap = problems("swap_after: 0s\nbackends: {r: {url: 'http://127.0.0.1:9'}}\nmodels: {m: {backend: r}}\n");
+    assert_eq!(zero_swap, ["swap_after: must be longer than 0s"]);
+    let zero_body = problems(
+        "max_body: 0\nbody_read_timeout: 0s\nbackends: {r: {url: 'http://127.0.0.1:9'}}\nmodels: {m: {backend: r}}\n",
+    );
+    assert_eq!(
+        zero_body,
+        ["body_read_timeout: must be longer than 0s", "max_body: must be larger than 0 (every request has a body)"]
+    );
+}
+
+#[test]
+fn sizes_and_empty_models() {
+    assert_eq!(parse_size("64MiB"), Some(64 << 20));
+    assert_eq!(parse_size("512KB"), Some(512_000));
+    assert_eq!(parse_size("12"), Some(12));
+    assert_eq!(parse_size("3 parsecs"), None);
+    let p = problems("backends: {}\n");
+    assert_eq!(p, vec!["models: no models configured: clients need at least one public model name"]);
+}

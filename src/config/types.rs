@@ -1,0 +1,167 @@
+//! The validated configuration: the plain data the gateway reads ([`Config`] and what it holds),
+//! built once by [`super::validate`] before binding and never mutated.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use super::aliases::Aliases;
+use super::clients::{AuthMode, ClientConfig, KeyHash, Limits, RateLimitStore};
+use crate::kinds::{Kind, Normalise};
+use crate::tokens::OnOverflow;
+
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub listen: SocketAddr,
+    /// A second listener serving only `/metrics` (e.g. for a Prometheus on another network).
+    pub metrics_listen: Option<SocketAddr>,
+    /// How long running streams may go on after SIGINT/SIGTERM before they are cut.
+    pub shutdown_grace: Duration,
+    /// Largest request body accepted, in bytes (413 beyond).
+    pub max_body_bytes: usize,
+    /// A client connection that has not sent a whole request head (request line and headers)
+    /// within this time is closed; so is a keep-alive connection idle that long between requests.
+    pub header_read_timeout: Duration,
+    /// Connections one client address may hold open at once; more are refused at accept.
+    pub max_connections_per_client: usize,
+    /// Longest time a request's body may take to arrive once its headers are in (408 beyond):
+    /// a client that announces a body and sends it slowly, or never, holds a connection.
+    pub body_read_timeout: Duration,
+    /// How long a request for a stopped GPU backend may wait before the running one is swapped
+    /// out for it (requests for the running model flow until then).
+    pub swap_after: Duration,
+    pub backends: BTreeMap<String, BackendConfig>,
+    pub models: BTreeMap<String, ModelConfig>,
+    /// Whether requests must carry a configured client's key (default: `Required` when
+    /// clients are configured, else `Off`).
+    pub auth: AuthMode,
+    /// The configured clients, by name.
+    pub clients: BTreeMap<String, ClientConfig>,
+    /// The limits of a client that does not set them (each limit on its own), and of every
+    /// request when auth is off.
+    pub default_limits: Limits,
+    /// The digest of the key `/admin/*` requires; without one, `/admin/*` answers loopback
+    /// peers only.
+    pub admin_key: Option<KeyHash>,
+    /// Where rate-limit state lives (default: memory).
+    pub rate_limit_store: RateLimitStore,
+    /// Whether each request's access-log line is written (`access_log:`, default true).
+    pub access_log: bool,
+    /// Other names (and `*` patterns) for configured models (`aliases:`).
+    pub aliases: Aliases,
+}
+
+/// An OpenAI-compatible server the gateway forwards to.
+#[derive(Debug, Clone)]
+pub struct BackendConfig {
+    pub name: String,
+    /// Base URL, without a trailing slash: `http://127.0.0.1:8101`.
+    pub url: String,
+    /// Requests in flight at this backend at once (its batching capacity).
+    pub max_concurrency: usize,
+    /// Longest wait for the TCP connection.
+    pub connect_timeout: Duration,
+    /// Longest wait for the response headers (a long prefill can take minutes).
+    pub response_timeout: Duration,
+    /// Longest wait from sending a request to the first byte of the answer's body.
+    pub first_byte_timeout: Duration,
+    /// Longest silence between two reads once the answer's body has begun: a backend that is
+    /// alive but silent longer than this is cut (error event, slot freed).
+    pub stream_idle_timeout: Duration,
+    /// What kind of server it is (launch template, readiness rules).
+    pub kind: Kind,
+    /// Path that answers 2xx when the server is up (`/ready` and start-up probe it).
+    pub ready_path: String,
+    /// Set when mlxgate runs the server itself.
+    pub managed: Option<ManagedConfig>,
+    /// Largest prompt + `max_tokens` the server takes, in tokens, as written in the file. When
+    /// not written, the gateway takes it from the kind (none of today's kinds has one) or from the model's own
+    /// `config.json` (`max_position_embeddings`) at start-up.
+    pub context_cap: Option<usize>,
+    /// What the gateway does about this kind of server's quirks (the kind's defaults, then the
+    /// file's `normalise:` switches).
+    pub normalise: Normalise,
+}
+
+/// A backend whose process mlxgate starts, watches, restarts and stops.
+#[derive(Debug, Clone)]
+pub struct ManagedConfig {
+    /// `{model}` in the launch command; also the default `upstream_model`.
+    pub model: String,
+    pub port: u16,
+    /// The launch command as written: the file's `command`, else the kind's template, with its
+    /// `{model}`, `{host}` and `{port}` placeholders; they are filled when the server starts
+    /// ([`crate::kinds::launch::command`]).
+    pub template: Vec<String>,
+    pub env: BTreeMap<String, String>,
+    /// A Python venv whose `bin/` is put first on the server's PATH.
+    pub venv: Option<PathBuf>,
+    /// The server's working directory: the config file's directory, so that relative model
+    /// paths and commands in the file mean the same wherever mlxgate is started.
+    pub workdir: PathBuf,
+    /// Longest start-up (process spawn to ready, warm-up included).
+    pub ready_timeout: Duration,
+    /// Whether a warm-up completion must succeed before the backend counts as ready.
+    pub warmup: bool,
+    /// Stop after this long without requests (frees unified memory).
+    pub idle_timeout: Option<Duration>,
+    /// Start at gateway start-up rather than on the first request.
+    pub preload: bool,
+    /// Holds the Metal context: at most one such backend runs at a time.
+    pub gpu: bool,
+    /// How long in-flight requests may go on when the backend is swapped out or stopped.
+    pub drain_timeout: Duration,
+    /// SIGTERM to SIGKILL.
+    pub stop_timeout: Duration,
+    /// Crashes allowed within `restart_window` before the backend is marked failed.
+    pub max_restarts: u32,
+    pub restart_window: Duration,
+    /// How a ready server is probed; a hung one is restarted.
+    pub health: HealthCheck,
+}
+
+/// The probe of a ready managed server's ready path: `failures` probes in a row that fail or
+/// take longer than `timeout` restart it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HealthCheck {
+    pub interval: Duration,
+    pub timeout: Duration,
+    pub failures: u32,
+}
+
+/// A public model name and where its requests go.
+#[derive(Debug, Clone)]
+pub struct ModelConfig {
+    pub name: String,
+    pub backend: String,
+    /// The `model` value the backend expects.
+    pub upstream_model: String,
+    /// Requests waiting beyond those in flight; more get 503.
+    pub max_queue: usize,
+    /// Longest time a request waits for a slot; then 503.
+    pub max_wait: Duration,
+    /// `max_tokens` sent when a generation request gives none (mlx_lm.server would stop at 512).
+    pub default_max_tokens: u32,
+    /// What to do with a prompt over the backend's context cap.
+    pub on_overflow: OnOverflow,
+    /// The least room under the cap a prompt must leave for its answer; less, and the prompt is
+    /// over the cap (`on_overflow`). A client's `max_tokens` larger than the room left is cut to
+    /// it, never refused.
+    pub min_room: u32,
+    /// A directory with the model's `tokenizer.json` (and chat template), when the backend's
+    /// model is not a local directory or a Hugging Face id in the local cache.
+    pub tokenizer: Option<PathBuf>,
+}
+
+impl Config {
+    /// The configured model a request's `model` names: itself when it is a model's own name,
+    /// else the model of its alias ([`Aliases::resolve`]), else itself (a model nobody
+    /// configured, which its caller answers 404).
+    pub fn model_named<'a>(&'a self, requested: &'a str) -> &'a str {
+        if self.models.contains_key(requested) {
+            return requested;
+        }
+        self.aliases.resolve(requested).unwrap_or(requested)
+    }
+}

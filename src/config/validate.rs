@@ -1,0 +1,286 @@
+//! The one `validate()`: raw serde types in, the immutable [`Config`] out, every problem found
+//! on the way listed with its YAML path. A backend's own keys are checked in [`super::backend`],
+//! clients in [`super::clients`], aliases in [`super::aliases`].
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use super::aliases::Aliases;
+use super::backend::validate_backend;
+use super::clients;
+use super::problem::{Problem, typed};
+use super::raw::{RawBackend, RawConfig, RawDuration, RawModel};
+use super::types::{BackendConfig, Config, HealthCheck, ModelConfig};
+use crate::kinds::UpstreamModel;
+
+pub(super) const DEFAULT_LISTEN: &str = "127.0.0.1:8000";
+pub(super) const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
+pub(super) const DEFAULT_MAX_BODY: usize = 64 * 1024 * 1024;
+/// hyper's own default: ample for any client that means to send a request (agents on the same
+/// machine or network send their headers in milliseconds), short enough that a socket held open
+/// by a client that never finishes is freed long before the open-files limit matters.
+pub(super) const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
+/// A coding agent holds a few connections; a machine running many of them, or a benchmark,
+/// holds tens. 128 leaves room for that while one address can take at most half of macOS's
+/// default soft limit of 256 open files (and a sliver of the raised one).
+pub(super) const DEFAULT_MAX_CONNECTIONS_PER_CLIENT: usize = 128;
+pub(super) const DEFAULT_MAX_CONCURRENCY: usize = 1;
+pub(super) const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+pub(super) const DEFAULT_RESPONSE_TIMEOUT: Duration = Duration::from_secs(30 * 60);
+pub(super) const DEFAULT_STREAM_IDLE_TIMEOUT: Duration = Duration::from_secs(10 * 60);
+pub(super) const DEFAULT_BODY_READ_TIMEOUT: Duration = Duration::from_secs(60);
+pub(super) const DEFAULT_MAX_QUEUE: usize = 64;
+pub(super) const DEFAULT_MAX_WAIT: Duration = Duration::from_secs(120);
+pub(super) const DEFAULT_MAX_TOKENS: u32 = 4096;
+/// The least room for an answer a prompt must leave under the cap (`min_room`).
+pub(super) const DEFAULT_MIN_ROOM: u32 = 256;
+pub(super) const DEFAULT_SWAP_AFTER: Duration = Duration::from_secs(10);
+pub(super) const DEFAULT_READY_TIMEOUT: Duration = Duration::from_secs(300);
+pub(super) const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(60);
+pub(super) const DEFAULT_STOP_TIMEOUT: Duration = Duration::from_secs(10);
+pub(super) const DEFAULT_MAX_RESTARTS: u32 = 5;
+pub(super) const DEFAULT_RESTART_WINDOW: Duration = Duration::from_secs(300);
+pub(super) const DEFAULT_HEALTH: HealthCheck =
+    HealthCheck { interval: Duration::from_secs(10), timeout: Duration::from_secs(5), failures: 3 };
+
+pub(super) fn validate(raw: RawConfig, problems: &mut Vec<Problem>) -> Option<Config> {
+    let listen_text = raw.listen.unwrap_or_else(|| DEFAULT_LISTEN.to_string());
+    let listen = match listen_text.parse::<SocketAddr>() {
+        Ok(addr) => Some(addr),
+        Err(_) => {
+            problems.push(Problem {
+                path: "listen".into(),
+                reason: format!("{listen_text:?} is not an address like 127.0.0.1:8000"),
+            });
+            None
+        }
+    };
+
+    let mut backends = BTreeMap::new();
+    for (name, value) in raw.backends {
+        let path = format!("backends.{name}");
+        let Some(b) = typed::<RawBackend>(value, &path, problems) else { continue };
+        if let Some(backend) = validate_backend(name, &path, b, problems) {
+            backends.insert(backend.name.clone(), backend);
+        }
+    }
+    let mut ports: BTreeMap<u16, &str> = BTreeMap::new();
+    for b in backends.values() {
+        let Some(m) = &b.managed else { continue };
+        if let Some(other) = ports.insert(m.port, &b.name) {
+            problems.push(Problem {
+                path: format!("backends.{}.port", b.name),
+                reason: format!("port {} is also backend {other:?}'s", m.port),
+            });
+        }
+        if listen.is_some_and(|l| l.port() == m.port) {
+            problems.push(Problem {
+                path: format!("backends.{}.port", b.name),
+                reason: format!("port {} is the gateway's own listen port", m.port),
+            });
+        }
+    }
+    let gpu_preloads: Vec<&str> = backends
+        .values()
+        .filter(|b| b.managed.as_ref().is_some_and(|m| m.gpu && m.preload))
+        .map(|b| b.name.as_str())
+        .collect();
+    if gpu_preloads.len() > 1 {
+        problems.push(Problem {
+            path: format!("backends.{}.preload", gpu_preloads[1]),
+            reason: format!("only one GPU backend can run at a time, and {} already preloads", gpu_preloads[0]),
+        });
+    }
+
+    let swap_after = positive(raw.swap_after, DEFAULT_SWAP_AFTER, "swap_after", problems);
+    let mut models = BTreeMap::new();
+    for (name, value) in raw.models {
+        let path = format!("models.{name}");
+        let Some(m) = typed::<RawModel>(value, &path, problems) else {
+            continue;
+        };
+        let model = validate_model(name, &path, m, &backends, swap_after, problems);
+        models.insert(model.name.clone(), model);
+    }
+    if models.is_empty() && !problems.iter().any(|p| p.path.starts_with("models")) {
+        problems.push(Problem {
+            path: "models".into(),
+            reason: "no models configured: clients need at least one public model name".into(),
+        });
+    }
+
+    let metrics_listen = match raw.metrics_listen.map(|t| (t.parse::<SocketAddr>(), t)) {
+        None => None,
+        Some((Ok(addr), _)) => Some(addr),
+        Some((Err(_), text)) => {
+            problems.push(Problem {
+                path: "metrics_listen".into(),
+                reason: format!("{text:?} is not an address like 127.0.0.1:9464"),
+            });
+            None
+        }
+    };
+    let (header_read_timeout, max_connections_per_client) =
+        connection_limits(raw.header_read_timeout.map(|d| d.0), raw.max_connections_per_client, problems);
+    let body_read_timeout = positive(raw.body_read_timeout, DEFAULT_BODY_READ_TIMEOUT, "body_read_timeout", problems);
+    let max_body_bytes = raw.max_body.map_or(DEFAULT_MAX_BODY, |s| s.0);
+    if max_body_bytes == 0 {
+        problems.push(Problem {
+            path: "max_body".into(),
+            reason: "must be larger than 0 (every request has a body)".into(),
+        });
+    }
+    let access = clients::validate(
+        clients::RawAccess {
+            auth: raw.auth,
+            clients: raw.clients,
+            default_limits: raw.default_limits,
+            admin_key_sha256: raw.admin_key_sha256,
+            rate_limit_store: raw.rate_limit_store,
+        },
+        &models,
+        problems,
+    );
+    let aliases = Aliases::validate(raw.aliases, &models, problems);
+    Some(Config {
+        listen: listen?,
+        metrics_listen,
+        shutdown_grace: raw.shutdown_grace.map_or(DEFAULT_SHUTDOWN_GRACE, |d| d.0),
+        max_body_bytes,
+        body_read_timeout,
+        swap_after,
+        header_read_timeout,
+        max_connections_per_client,
+        backends,
+        models,
+        auth: access.auth,
+        clients: access.clients,
+        default_limits: access.default_limits,
+        admin_key: access.admin_key,
+        rate_limit_store: access.rate_limit_store,
+        access_log: raw.access_log.unwrap_or(true),
+        aliases,
+    })
+}
+
+/// `header_read_timeout` and `max_connections_per_client`, with their defaults; zero is refused
+/// (it would close or refuse every connection).
+fn connection_limits(
+    timeout: Option<Duration>,
+    per_client: Option<usize>,
+    problems: &mut Vec<Problem>,
+) -> (Duration, usize) {
+    let timeout = timeout.unwrap_or(DEFAULT_HEADER_READ_TIMEOUT);
+    if timeout.is_zero() {
+        problems.push(Problem { path: "header_read_timeout".into(), reason: "must be longer than 0s".into() });
+    }
+    let per_client = per_client.unwrap_or(DEFAULT_MAX_CONNECTIONS_PER_CLIENT);
+    if per_client == 0 {
+        problems.push(Problem { path: "max_connections_per_client".into(), reason: "must be at least 1".into() });
+    }
+    (timeout, per_client)
+}
+
+/// Checks one model against the validated `backends`.
+fn validate_model(
+    name: String,
+    path: &str,
+    m: RawModel,
+    backends: &BTreeMap<String, BackendConfig>,
+    swap_after: Duration,
+    problems: &mut Vec<Problem>,
+) -> ModelConfig {
+    let gpu_backends = backends.values().filter(|b| b.managed.as_ref().is_some_and(|m| m.gpu)).count();
+    if !backends.contains_key(&m.backend) {
+        let known: Vec<&str> = backends.keys().map(String::as_str).collect();
+        problems.push(Problem {
+            path: format!("{path}.backend"),
+            reason: format!(
+                "no backend named {:?} (backends: {})",
+                m.backend,
+                if known.is_empty() { "none".to_string() } else { known.join(", ") }
+            ),
+        });
+    }
+    let max_wait = positive(m.max_wait, DEFAULT_MAX_WAIT, &format!("{path}.max_wait"), problems);
+    let max_queue = m.max_queue.unwrap_or(DEFAULT_MAX_QUEUE);
+    let managed = backends.get(&m.backend).and_then(|b| b.managed.as_ref());
+    if managed.is_some() && max_queue == 0 {
+        problems.push(Problem {
+            path: format!("{path}.max_queue"),
+            reason: "must be at least 1: requests for a managed backend wait while it starts, so with no \
+                     room to wait every request would be refused"
+                .into(),
+        });
+    }
+    if managed.is_some_and(|mc| mc.gpu) && gpu_backends > 1 && !max_wait.is_zero() && max_wait <= swap_after {
+        problems.push(Problem {
+            path: format!("{path}.max_wait"),
+            reason: format!(
+                "must be longer than swap_after ({}): a request for a GPU backend that is not running waits \
+                 swap_after before the running one is swapped out, so it would always time out first",
+                humantime::format_duration(swap_after)
+            ),
+        });
+    }
+    if m.min_room == Some(0) {
+        problems.push(Problem {
+            path: format!("{path}.min_room"),
+            reason: "must be at least 1: a prompt that leaves no room for its answer is over the cap".into(),
+        });
+    }
+    // A managed server knows its model by the path it loaded (mlx_lm.server would try to
+    // download any other name from the Hub).
+    let backend = backends.get(&m.backend);
+    let managed_model = backend.and_then(|b| b.managed.as_ref()).map(|mc| mc.model.clone());
+    let kind = backend.map(|b| b.kind);
+    let upstream_model = match (m.upstream_model, managed_model, kind.map(|k| (k, k.upstream_model()))) {
+        (Some(upstream), _, _) => upstream,
+        (None, _, Some((kind, UpstreamModel::DirectoryName))) => {
+            problems.push(Problem {
+                path: format!("{path}.upstream_model"),
+                reason: format!(
+                    "{kind} serves each model directory under its --model-dir by the directory's name: name it"
+                ),
+            });
+            name.clone()
+        }
+        (None, Some(model), _) => model,
+        (None, None, Some((kind, UpstreamModel::AsLoaded { how }))) => {
+            problems.push(Problem {
+                path: format!("{path}.upstream_model"),
+                reason: format!(
+                    "{kind} drops its model or looks the name up on the Hub when asked for a model it does not \
+                     serve: name the model exactly as the server loaded it{how}"
+                ),
+            });
+            name.clone()
+        }
+        (None, None, _) => name.clone(),
+    };
+    ModelConfig {
+        upstream_model,
+        name,
+        backend: m.backend,
+        max_queue,
+        default_max_tokens: m.default_max_tokens.unwrap_or(DEFAULT_MAX_TOKENS),
+        max_wait,
+        on_overflow: m.on_overflow.unwrap_or_default(),
+        min_room: m.min_room.unwrap_or(DEFAULT_MIN_ROOM),
+        tokenizer: m.tokenizer.map(PathBuf::from),
+    }
+}
+
+/// A duration that must be longer than zero (zero would refuse or cut everything at once).
+pub(super) fn positive(d: Option<RawDuration>, default: Duration, path: &str, problems: &mut Vec<Problem>) -> Duration {
+    match d {
+        Some(RawDuration(d)) if d.is_zero() => {
+            problems.push(Problem { path: path.to_string(), reason: "must be longer than 0s".into() });
+            default
+        }
+        Some(RawDuration(d)) => d,
+        None => default,
+    }
+}
