@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::{Notify, oneshot};
 
+use crate::backend::gate::Gate;
 use crate::error::GatewayError;
 use crate::metrics::Metrics;
 
@@ -277,6 +278,30 @@ impl BackendQueue {
             idle_for: state.last_activity.elapsed(),
             since_progress: state.last_progress.elapsed(),
         }
+    }
+}
+
+/// The supervisor works the queue through its gate.
+impl Gate for BackendQueue {
+    fn open(&self) {
+        BackendQueue::open(self);
+    }
+
+    fn close(&self) {
+        BackendQueue::close(self);
+    }
+
+    fn fail(&self, reason: &str) {
+        BackendQueue::fail(self, reason);
+    }
+
+    fn clear_failure(&self) {
+        BackendQueue::clear_failure(self);
+    }
+
+    fn working(&self) -> bool {
+        let state = self.shared.lock();
+        state.in_flight > state.abandoned
     }
 }
 
