@@ -122,8 +122,8 @@ struct Parsed<'s> {
 /// limits, charged with the prompt's count; a refusal before here costs nothing) → call
 /// (acquire → send, retried on a restarted backend) → wrap (by [`serve`]). The pieces of a
 /// map-reduce are part of the client's one admission.
-async fn steps<'s>(
-    state: &'s Arc<AppState>,
+async fn steps(
+    state: &Arc<AppState>,
     request: Request,
     record: &mut RequestRecord,
     read: impl FnOnce(&[u8], &mut RequestRecord) -> Result<RawBody, GatewayError>,
