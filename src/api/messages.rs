@@ -38,9 +38,6 @@ use events::{Translator, Whole};
 use request::Shape;
 use stream::PING_EVERY;
 
-/// The chat endpoint a Messages request is served as.
-const CHAT_PATH: &str = "/v1/chat/completions";
-
 /// Claude Code's session header.
 const SESSION_HEADER: &str = "x-claude-code-session-id";
 
@@ -56,7 +53,7 @@ pub async fn create(State(state): State<Arc<AppState>>, mut request: Request) ->
     let request_id = request_id_of(&request);
     // The pipeline serves it as the chat completion it becomes (the context cap counts its
     // messages; the backend gets it at its chat path).
-    *request.uri_mut() = Uri::from_static(CHAT_PATH);
+    *request.uri_mut() = Uri::from_static(pipeline::CHAT_PATH);
     let mut shape = None;
     let response = pipeline::serve(&state, request, Face::Messages, |bytes, record| {
         let translated = request::translate(bytes)?;

@@ -88,6 +88,10 @@ pub(crate) async fn serve(
     response
 }
 
+/// The chat endpoint a translating face's request is served as (its URI while in the pipeline:
+/// the context cap counts its messages; the backend gets it at its chat path).
+pub(crate) const CHAT_PATH: &str = "/v1/chat/completions";
+
 /// The prompt's tokens as the gateway counted them before sending (the context cap's count, an
 /// upper bound when the prompt fitted by its bytes; else the estimate), on the response of an
 /// answered request: a face that reports input usage before the backend's own (the Messages

@@ -31,14 +31,11 @@ use crate::error::ErrorBody;
 use events::Translator;
 use request::Shape;
 
-/// The chat endpoint a Responses request is served as.
-const CHAT_PATH: &str = "/v1/chat/completions";
-
 /// POST `/v1/responses`.
 pub async fn create(State(state): State<Arc<AppState>>, mut request: Request) -> Response {
     // The pipeline serves it as the chat completion it becomes (the context cap counts its
     // messages; the backend gets it at its chat path).
-    *request.uri_mut() = Uri::from_static(CHAT_PATH);
+    *request.uri_mut() = Uri::from_static(pipeline::CHAT_PATH);
     let mut shape = None;
     let response = pipeline::serve(&state, request, Face::Responses, |bytes, record| {
         let translated = request::translate(bytes)?;

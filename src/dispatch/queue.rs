@@ -702,4 +702,17 @@ mod gate_tests {
         let now = slot.acquire(ClientId("x".into())).await.err().expect("refused at once");
         assert!(now.to_string().contains("crashed 5 times"), "{now}");
     }
+
+    #[tokio::test]
+    async fn the_gate_is_working_while_a_slot_is_held_for_somebody() {
+        let q = BackendQueue::new("b", 2, true, Metrics::new(), Arc::new(Notify::new()));
+        let slot = q.add_model("m", 8, Duration::from_secs(60));
+        assert!(!Gate::working(&q), "no slot held");
+        let mut held = slot.acquire(ClientId("a".into())).await.expect("permit");
+        assert!(Gate::working(&q));
+        held.abandon();
+        assert!(!Gate::working(&q), "a slot held for an abandoned answer is no work a drain waits for");
+        drop(held);
+        assert!(!Gate::working(&q));
+    }
 }
