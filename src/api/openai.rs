@@ -33,10 +33,11 @@ use crate::dispatch::queue::{ClientId, Permit};
 use crate::error::{ErrorBody, GatewayError, backend_error_body};
 use crate::limits::body_fingerprint;
 use crate::outcome::{Outcome, RequestRecord};
-use crate::stream::meter::{
-    Cutoff, Mode, RequestInfo, StreamFigures, StreamMeter, StreamNormalise, drain, figures_of_whole, record_answer,
-    record_whole, stop_to_length,
-};
+use crate::stream::abandoned::drain;
+use crate::stream::figures::{StreamFigures, Whole, figures_of_whole};
+use crate::stream::finish::{StreamNormalise, stop_to_length};
+use crate::stream::meter::{RequestInfo, StreamMeter};
+use crate::stream::shutdown::Cutoff;
 use crate::tokens::Count;
 use crate::tokens::counter::Estimate;
 
@@ -107,7 +108,7 @@ pub(crate) async fn serve(
                 // Chunked embeddings: no first token to time.
                 Some(figures) => {
                     record.responded(response.status().as_u16());
-                    record_answer(record, &figures, Outcome::Ok, false);
+                    record.finish_answered(Outcome::Ok, &figures.of_whole(Whole::Embeddings));
                 }
                 // Its body finishes the record (a streamed map-reduce): it was taken.
                 None => drop(record),
@@ -560,7 +561,7 @@ impl Answered {
             head.headers.remove(header::CONTENT_LENGTH);
             let mut info = info;
             info.record.responded(head.status.as_u16());
-            let body = StreamMeter::new(body, Mode::Sse, first, permit, info);
+            let body = StreamMeter::new(body, first, permit, info);
             return Response::from_parts(head, Body::new(body));
         }
         // Whole answers (embeddings too: read whole, their usage settles the client's charge
@@ -596,7 +597,7 @@ async fn whole_answer(
         Err(e) => {
             drop(permit);
             info.record.responded(e.status().as_u16());
-            record_whole(info.record, &StreamFigures::default(), Outcome::from(&e));
+            info.record.finish_answered(Outcome::from(&e), &StreamFigures::default().of_whole(Whole::Failed));
             return e.into_response();
         }
     };
@@ -611,7 +612,7 @@ async fn whole_answer(
             reason: format!("it answered {} with a body that is not an OpenAI answer", head.status),
         };
         info.record.responded(e.status().as_u16());
-        record_whole(info.record, &StreamFigures::default(), Outcome::from(&e));
+        info.record.finish_answered(Outcome::from(&e), &StreamFigures::default().of_whole(Whole::Failed));
         return e.into_response();
     };
     info.record.responded(head.status.as_u16());
@@ -620,7 +621,7 @@ async fn whole_answer(
     headers.remove(header::CONTENT_LENGTH);
     headers.insert("x-mlxgate-queue-ms", HeaderValue::from(info.queue_wait.as_millis() as u64));
     if !generates {
-        record_answer(info.record, &figures, Outcome::Ok, false);
+        info.record.finish_answered(Outcome::Ok, &figures.of_whole(Whole::Embeddings));
         return Response::from_parts(head, Body::from(whole));
     }
     headers.insert("x-mlxgate-ttft-ms", HeaderValue::from(info.record.arrived.elapsed().as_millis() as u64));
@@ -632,7 +633,7 @@ async fn whole_answer(
         }
     }
     let whole = finish_at_length(whole, &figures, info.normalise.length_at);
-    record_whole(info.record, &figures, Outcome::Ok);
+    info.record.finish_answered(Outcome::Ok, &figures.of_whole(Whole::Answer));
     Response::from_parts(head, Body::from(whole))
 }
 
@@ -684,10 +685,9 @@ async fn error_answer(
     let outcome =
         if head.status.is_client_error() { Outcome::BackendRejected } else { Outcome::Failed("backend_error") };
     tracing::info!(backend = %backend, status = %head.status, message = %body["error"]["message"], "backend refused the request");
-    let figures = StreamFigures::default();
     let mut record = info.record;
     record.responded(head.status.as_u16());
-    record_whole(record, &figures, outcome);
+    record.finish_answered(outcome, &StreamFigures::default().of_whole(Whole::Failed));
     head.headers.remove(header::CONTENT_LENGTH);
     head.headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
     let mut response = Response::from_parts(head, Body::from(body.to_string()));
