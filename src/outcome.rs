@@ -516,7 +516,8 @@ mod tests {
         assert_eq!(m.time_to_first_token.with_label_values(&["qwen", "native", "true"]).get_sample_count(), 1);
         assert_eq!(m.generation_tokens.with_label_values(&["qwen", "native", "anonymous"]).get(), 3);
         // Each request once: as many durations as requests counted.
-        let counted: u64 = m.requests.collect()[0].get_metric().iter().map(|s| s.get_counter().get_value() as u64).sum();
+        let counted: u64 =
+            m.requests.collect()[0].get_metric().iter().map(|s| s.get_counter().get_value() as u64).sum();
         let durations: u64 =
             m.request_duration.collect()[0].get_metric().iter().map(|s| s.get_histogram().get_sample_count()).sum();
         assert_eq!((counted, durations), (4, 4));

@@ -60,14 +60,7 @@ impl Hold {
         permit.abandon();
         let held = metrics.abandoned_held.with_label_values(&[backend]);
         held.inc();
-        Hold {
-            permit: Some(permit),
-            held,
-            backend: backend.to_string(),
-            idle_timeout,
-            cutoff,
-            started: Instant::now(),
-        }
+        Hold { permit: Some(permit), held, backend: backend.to_string(), idle_timeout, cutoff, started: Instant::now() }
     }
 
     /// Holds the slot until `answer` — the abandoned answer's body once the backend has

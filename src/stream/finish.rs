@@ -242,6 +242,5 @@ pub(super) fn render(event: &Event, data: &str) -> Bytes {
     Bytes::from(out)
 }
 
-
 #[cfg(test)]
 mod tests;

@@ -180,7 +180,6 @@ impl Forward {
     }
 }
 
-
 #[cfg(test)]
 pub(super) mod tests;
 

@@ -278,4 +278,3 @@ fn cut(this: &mut StreamMeterProj<'_>, error: impl FnOnce(String) -> GatewayErro
         record(info, this.figures, outcome);
     }
 }
-

@@ -16,8 +16,7 @@ fn the_last_usage_wins_and_errors_are_failures() {
         "data: {\"choices\":[{\"delta\":{},\"finish_reason\":\"stop\"}],\"usage\":{\"completion_tokens\":2}}\n\n";
     let (f, _) = figures_of(&[TOKEN, TOKEN, twice, USAGE_ONLY], true);
     assert_eq!(f.tokens(), Some(2), "counted once");
-    let (f, _) =
-        figures_of(&[TOKEN, "data: {\"error\":{\"message\":\"boom\"}}\n\n", twice, "data: [DONE]\n\n"], true);
+    let (f, _) = figures_of(&[TOKEN, "data: {\"error\":{\"message\":\"boom\"}}\n\n", twice, "data: [DONE]\n\n"], true);
     assert_eq!(f.error.as_deref(), Some("boom"));
 }
 

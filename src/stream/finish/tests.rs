@@ -76,11 +76,8 @@ fn a_repeat_carrying_new_output_is_not_dropped() {
         assert_eq!(same_for_every_split(omni, &chunks, wants_usage), chunks.concat());
     }
     // The same output in both: a true repeat, its choices dropped.
-    let with_usage = OMNI_TOOL_FINISH.replacen(
-        "]}\n\n",
-        "], \"usage\": {\"prompt_tokens\": 3, \"completion_tokens\": 2}}\n\n",
-        1,
-    );
+    let with_usage =
+        OMNI_TOOL_FINISH.replacen("]}\n\n", "], \"usage\": {\"prompt_tokens\": 3, \"completion_tokens\": 2}}\n\n", 1);
     let sent = same_for_every_split(omni, &[OMNI_TOOL_FINISH, &with_usage, DONE], true);
     assert_eq!(sent, [OMNI_TOOL_FINISH, OMNI_USAGE_ONLY, DONE].concat());
     // A repeat without usage or output: nothing.

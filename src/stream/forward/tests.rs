@@ -21,7 +21,11 @@ pub(in crate::stream) fn figures_of(chunks: &[&str], wants_usage: bool) -> (Stre
     normalised(StreamNormalise::default(), chunks, wants_usage)
 }
 
-pub(in crate::stream) fn normalised(normalise: StreamNormalise, chunks: &[&str], wants_usage: bool) -> (StreamFigures, String) {
+pub(in crate::stream) fn normalised(
+    normalise: StreamNormalise,
+    chunks: &[&str],
+    wants_usage: bool,
+) -> (StreamFigures, String) {
     let mut forward = Forward::new(normalise);
     let mut figures = StreamFigures::default();
     for c in chunks {
@@ -33,7 +37,11 @@ pub(in crate::stream) fn normalised(normalise: StreamNormalise, chunks: &[&str],
 }
 
 /// Every split of `chunks`' bytes in two gives the same output as the whole.
-pub(in crate::stream) fn same_for_every_split(normalise: StreamNormalise, chunks: &[&str], wants_usage: bool) -> String {
+pub(in crate::stream) fn same_for_every_split(
+    normalise: StreamNormalise,
+    chunks: &[&str],
+    wants_usage: bool,
+) -> String {
     let all = chunks.concat();
     let (_, whole) = normalised(normalise, &[&all], wants_usage);
     for cut in 0..=all.len() {
@@ -116,7 +124,9 @@ mod hot_path {
     use super::*;
 
     fn reads(n: usize, model: &str) -> Vec<Bytes> {
-        let mut out = vec![Bytes::from(format!("data: {{\"id\":\"c\",\"model\":\"{model}\",\"choices\":[{{\"index\":0,\"delta\":{{\"role\":\"assistant\"}},\"finish_reason\":null}}]}}\n\n"))];
+        let mut out = vec![Bytes::from(format!(
+            "data: {{\"id\":\"c\",\"model\":\"{model}\",\"choices\":[{{\"index\":0,\"delta\":{{\"role\":\"assistant\"}},\"finish_reason\":null}}]}}\n\n"
+        ))];
         for i in 0..n {
             out.push(Bytes::from(format!("data: {{\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"{model}\",\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"tok{i} \"}},\"finish_reason\":null}}]}}\n\n")));
         }
