@@ -25,10 +25,10 @@ use crate::dispatch::queue::{ClientId, Permit};
 use crate::dispatch::{self, Route};
 use crate::error::{ErrorBody, GatewayError, backend_error_body};
 use crate::outcome::{Outcome, RequestRecord};
-use crate::stream::meter::{
-    Cutoff, Mode, RequestInfo, StreamFigures, StreamMeter, StreamNormalise, figures_of_whole, record_answer,
-    record_whole, stop_to_length,
-};
+use crate::stream::figures::{StreamFigures, Whole, figures_of_whole};
+use crate::stream::finish::{StreamNormalise, stop_to_length};
+use crate::stream::meter::{RequestInfo, StreamMeter};
+use crate::stream::shutdown::Cutoff;
 
 /// call: the request prepared for `route`'s backend ([`prepare`]), then dispatch's call
 /// (acquire → send → first bytes, retried as its rules say), its answer held for wrapping.
@@ -110,7 +110,7 @@ impl Answered {
             head.headers.remove(header::CONTENT_LENGTH);
             let mut info = info;
             info.record.responded(head.status.as_u16());
-            let body = StreamMeter::new(body, Mode::Sse, first, permit, info);
+            let body = StreamMeter::new(body, first, permit, info);
             return Response::from_parts(head, Body::new(body));
         }
         // Whole answers (embeddings too: read whole, their usage settles the client's charge
@@ -146,7 +146,7 @@ async fn whole_answer(
         Err(e) => {
             drop(permit);
             info.record.responded(e.status().as_u16());
-            record_whole(info.record, &StreamFigures::default(), Outcome::from(&e));
+            info.record.finish_answered(Outcome::from(&e), &StreamFigures::default().of_whole(Whole::Failed));
             return e.into_response();
         }
     };
@@ -161,7 +161,7 @@ async fn whole_answer(
             reason: format!("it answered {} with a body that is not an OpenAI answer", head.status),
         };
         info.record.responded(e.status().as_u16());
-        record_whole(info.record, &StreamFigures::default(), Outcome::from(&e));
+        info.record.finish_answered(Outcome::from(&e), &StreamFigures::default().of_whole(Whole::Failed));
         return e.into_response();
     };
     info.record.responded(head.status.as_u16());
@@ -170,7 +170,7 @@ async fn whole_answer(
     headers.remove(header::CONTENT_LENGTH);
     headers.insert("x-mlxgate-queue-ms", HeaderValue::from(info.queue_wait.as_millis() as u64));
     if !generates {
-        record_answer(info.record, &figures, Outcome::Ok, false);
+        info.record.finish_answered(Outcome::Ok, &figures.of_whole(Whole::Embeddings));
         return Response::from_parts(head, Body::from(whole));
     }
     headers.insert("x-mlxgate-ttft-ms", HeaderValue::from(info.record.arrived.elapsed().as_millis() as u64));
@@ -182,7 +182,7 @@ async fn whole_answer(
         }
     }
     let whole = finish_at_length(whole, &figures, info.normalise.length_at);
-    record_whole(info.record, &figures, Outcome::Ok);
+    info.record.finish_answered(Outcome::Ok, &figures.of_whole(Whole::Answer));
     Response::from_parts(head, Body::from(whole))
 }
 
@@ -234,10 +234,9 @@ async fn error_answer(
     let outcome =
         if head.status.is_client_error() { Outcome::BackendRejected } else { Outcome::Failed("backend_error") };
     tracing::info!(backend = %backend, status = %head.status, message = %body["error"]["message"], "backend refused the request");
-    let figures = StreamFigures::default();
     let mut record = info.record;
     record.responded(head.status.as_u16());
-    record_whole(record, &figures, outcome);
+    record.finish_answered(outcome, &StreamFigures::default().of_whole(Whole::Failed));
     head.headers.remove(header::CONTENT_LENGTH);
     head.headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
     let mut response = Response::from_parts(head, Body::from(body.to_string()));

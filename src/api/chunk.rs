@@ -30,7 +30,7 @@ use crate::dispatch::call::{self, Held, Prepared};
 use crate::dispatch::queue::ClientId;
 use crate::error::{ErrorBody, GatewayError, backend_error_body, with_request_id};
 use crate::outcome::{Outcome, RequestRecord};
-use crate::stream::meter::{StreamFigures, figures_of_whole, record_whole};
+use crate::stream::figures::{StreamFigures, Whole, figures_of_whole};
 use crate::tokens::overflow::{ChunkPlan, average_embeddings};
 
 /// How long a map part that found the queue full waits before it asks again.
@@ -425,7 +425,7 @@ async fn whole_answer(
     let figures = figures_of_whole(&whole).unwrap_or_default();
     if let Some(mut piece) = piece {
         piece.responded(head.status.as_u16());
-        record_whole(piece, &figures, Outcome::Ok);
+        piece.finish_answered(Outcome::Ok, &figures.of_whole(Whole::Answer));
     }
     Ok((whole, figures))
 }

@@ -35,7 +35,7 @@ use crate::dispatch::Dispatch;
 use crate::limits::Limiter;
 use crate::log_throttle::LogThrottle;
 use crate::metrics::Metrics;
-use crate::stream::meter::Cutoff;
+use crate::stream::shutdown::Cutoff;
 use crate::tokens::registry::Registry;
 
 /// State shared by all handlers. Immutable after start-up apart from queues, metrics and the

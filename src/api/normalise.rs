@@ -5,7 +5,7 @@
 use super::outgoing::Outgoing;
 use crate::backend::profile::Kind;
 use crate::config::BackendConfig;
-use crate::stream::meter::StreamNormalise;
+use crate::stream::finish::StreamNormalise;
 
 /// The backend's normalisations that act on its answer to this request.
 pub(crate) fn stream_normalise(config: &BackendConfig, outgoing: &Outgoing) -> StreamNormalise {

@@ -29,7 +29,7 @@ use crate::dispatch::queue::ClientId;
 use crate::error::GatewayError;
 use crate::limits::body_fingerprint;
 use crate::outcome::{Outcome, RequestRecord};
-use crate::stream::meter::{StreamFigures, record_answer};
+use crate::stream::figures::{StreamFigures, Whole};
 
 /// The pipeline every face shares, for `request` at an OpenAI path. `face`: which API the
 /// client spoke, a label for the access log (nothing below branches on it). `read` turns the
@@ -71,7 +71,7 @@ pub(crate) async fn serve(
                 // Chunked embeddings: no first token to time.
                 Some(figures) => {
                     record.responded(response.status().as_u16());
-                    record_answer(record, &figures, Outcome::Ok, false);
+                    record.finish_answered(Outcome::Ok, &figures.of_whole(Whole::Embeddings));
                 }
                 // Its body finishes the record (a streamed map-reduce): it was taken.
                 None => drop(record),

@@ -30,7 +30,8 @@ use super::queue::{ClientId, Permit, Previous};
 use crate::backend::handle::{Answer, BackendHandle, Failure, Outbound, busy};
 use crate::error::GatewayError;
 use crate::metrics::Metrics;
-use crate::stream::meter::{Cutoff, drain};
+use crate::stream::abandoned::Hold;
+use crate::stream::shutdown::Cutoff;
 
 /// Sends to a restarted managed backend at most this many times.
 const MAX_RETRIES: u32 = 2;
@@ -227,36 +228,18 @@ async fn retry_or_final(backend: &BackendHandle, generation: Option<u64>, failur
 }
 
 /// Holds `permit` for an attempt whose client left before its answer's first bytes: until the
-/// backend has `answered` and its answer has been read to its end (bounded as
-/// [`drain`] is), or the gateway's shutdown.
+/// backend has `answered` and its answer has been read to its end, or the gateway's shutdown
+/// (the one [`Hold`], the meter's too).
 async fn held_for_abandoned(
     answered: impl std::future::Future<Output = Result<Answer, SendFailure>>,
-    mut permit: Permit,
+    permit: Permit,
     backend: &BackendHandle,
     metrics: &Metrics,
-    cutoff: &Cutoff,
+    cutoff: &Arc<Cutoff>,
 ) {
-    permit.abandon();
-    let name = &backend.config.name;
-    let held = metrics.abandoned_held.with_label_values(&[name]);
-    held.inc();
-    let started = Instant::now();
-    let notified = cutoff.notified();
-    let shutdown = async {
-        if !cutoff.is_cut() {
-            notified.await;
-        }
-    };
-    let (end, bytes) = tokio::select! {
-        answered = answered => match answered {
-            Ok(answer) => drain(answer.body, backend.config.stream_idle_timeout, cutoff).await,
-            Err(_) => ("failed", 0),
-        },
-        () = shutdown => ("shutdown", 0),
-    };
-    drop(permit);
-    held.dec();
-    tracing::info!(backend = %name, end, bytes, held_for = ?started.elapsed(), "abandoned answer read to its end; its slot is free");
+    let config = &backend.config;
+    let hold = Hold::begin(permit, &config.name, config.stream_idle_timeout, metrics, Arc::clone(cutoff));
+    hold.until_ended(async { answered.await.ok().map(|answer| answer.body) }).await;
 }
 
 #[cfg(test)]
