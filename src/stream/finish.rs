@@ -2,7 +2,7 @@
 //! `finish_length` (a `stop` finish at the request's `max_tokens` becomes `length`, as OpenAI
 //! says it; [`stop_to_length`] does it to a whole answer too) and `single_finish` (a repeated
 //! finish chunk, mlx-omni-server's, reaches the client as the usage it adds, the first with its
-//! output as it was). Only the frames they change are re-serialised ([`render`]); every other
+//! output as it was). Only the frames they change are re-serialised (`render`); every other
 //! frame goes on as the backend's own bytes.
 
 use bytes::Bytes;

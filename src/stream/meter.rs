@@ -1,15 +1,15 @@
 //! `StreamMeter`: the one wrapper around every proxied streaming response body. It measures and
 //! hands off (tower-http's trace body is the model):
 //!
-//! - forwards the backend's own bytes as soon as each SSE frame is complete ([`super::forward`],
+//! - forwards the backend's own bytes as soon as each SSE frame is complete (`stream/forward.rs`,
 //!   which also drops the usage-only chunk when the client did not ask for usage, applies the
-//!   backend's finish normalisations, [`super::finish`], and names the model as the client did);
+//!   backend's finish normalisations, `stream/finish.rs`, and names the model as the client did);
 //! - measures what the client really got ([`StreamFigures`]: time to first token, decode speed,
 //!   tokens from the backend's last `usage`, an `{"error": …}` event as a failure whatever
 //!   `finish_reason` follows);
 //! - holds the request's queue [`Permit`] until the body ends or the client goes away — or, for
 //!   a backend that keeps generating after its client left (`hold_abandoned`), hands it to a
-//!   [`super::abandoned`] hold until the backend has ended the answer;
+//!   `stream/abandoned.rs` hold until the backend has ended the answer;
 //! - classifies how the stream ended, once: complete (`[DONE]` or a `finish_reason` seen), an
 //!   error event, or cut — an end of file before the answer's end (HTTP/1.0 bodies end at the
 //!   close, so a crashed mlx_lm.server looks like a normal end), a broken connection, silence
