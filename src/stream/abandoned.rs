@@ -5,9 +5,7 @@
 //! request waits for the slot in the queue, where its wait shows, and not unseen at a backend
 //! still busy with the abandoned answer. [`Hold`] is the one way to do it: the meter's, for a
 //! client that left mid-stream ([`hold_in_background`]), and the call's, for one that left
-//! before the first bytes (`Hold::begin(…).until_ended(answer)`; `api/openai.rs`'s
-//! `held_for_abandoned` is still its own copy, over [`drain`], until the call moves to
-//! `dispatch/`).
+//! before the first bytes (`Hold::begin(…).until_ended(answer)`, in `dispatch/call.rs`).
 
 use std::future::Future;
 use std::sync::Arc;
