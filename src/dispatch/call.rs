@@ -5,17 +5,17 @@
 //!
 //! Every retry rule is here, each in one place, decided by what the backend can have done with
 //! the request (the client has seen nothing before the first bytes):
-//! - **a restarted backend** ([`retry_or_final`]): a refused connection (nothing reached the
+//! - **a restarted backend** (`retry_or_final`): a refused connection (nothing reached the
 //!   server) or a failure on a process that is gone (whatever it began died with it) is sent
-//!   again, after getting a slot again, at most [`MAX_RETRIES`] times; a live server that
-//!   dropped the connection or answered an empty 2xx may be generating the answer still, and a
-//!   timeout may be a server still working on it: never sent again (a server that drops
-//!   connections would otherwise prefill the same prompt three times);
-//! - **a busy serialized backend** ([`busy_retries`], [`send`]): a backend with
+//!   again, after getting a slot again, at most twice; a live server that dropped the
+//!   connection or answered an empty 2xx may be generating the answer still, and a timeout may
+//!   be a server still working on it: never sent again (a server that drops connections would
+//!   otherwise prefill the same prompt three times);
+//! - **a busy serialized backend** ([`busy_retries`], `send`): a backend with
 //!   `normalise.serialize` still busy with the previous request answers busy having generated
 //!   nothing; the request is sent again after a short pause, a few times, bounded, and the
 //!   client sees only the answer that was not busy;
-//! - **an abandoned answer** ([`attempt`], [`held_for_abandoned`]): for a backend that keeps
+//! - **an abandoned answer** (`attempt`, `held_for_abandoned`): for a backend that keeps
 //!   generating for a client that left (`hold_abandoned`), an attempt whose client leaves
 //!   before the first bytes keeps its slot until the backend has answered and its answer has
 //!   been read to its end, so the next request waits in the queue rather than, unseen, at the
