@@ -55,7 +55,8 @@ pub struct Declared {
     pub inter_token_latency: HistogramVec,
     /// Decode speed of one stream: (tokens − 1) / (last token − first token).
     pub tokens_per_second: HistogramVec,
-    /// Arrival to the last byte.
+    /// Arrival to the last byte, of every request `requests` counts (refusals too), by model,
+    /// backend and `outcome` (the same label values).
     pub request_duration: HistogramVec,
     /// Prompt tokens from the backend's usage, by model, backend and client.
     pub prompt_tokens: IntCounterVec,
@@ -180,8 +181,12 @@ impl Metrics {
             &TPS_BUCKETS,
             &mb,
         );
-        let request_duration =
-            histogram("mlxgate_request_duration_seconds", "Arrival to the last byte.", &TTFT_BUCKETS, &mb);
+        let request_duration = histogram(
+            "mlxgate_request_duration_seconds",
+            "Arrival to the last byte, by outcome (refusals included).",
+            &TTFT_BUCKETS,
+            &["model", "backend", "outcome"],
+        );
         let mbc = ["model", "backend", "client"];
         let prompt_tokens = counter("mlxgate_prompt_tokens_total", "Prompt tokens, from the backend's usage.", &mbc);
         let prompt_cached_tokens = counter(

@@ -20,6 +20,12 @@
 //! admission is settled to the pieces' usage plus the reduce's (or, when no reduce answered, to
 //! the pieces' alone).
 //!
+//! Finishing the record is also where every metric of the finished request is recorded, once,
+//! for every request `mlxgate_requests_total` counts — refusals included: its duration
+//! (`mlxgate_request_duration_seconds`, by model, backend and outcome), and for an answer the
+//! [`Measured`] figures its stream meter or its whole-answer reading handed over (time to first
+//! token, tokens, decode speed, bursts, usage mismatch). No other module records them.
+//!
 //! Finishing the record also writes the request's one access-log line (`access_log.rs`): the
 //! record carries the line's fields, filled on the way (status at the headers, queue wait,
 //! time to first token, tokens). A record the access layer made for a request that no API
@@ -28,7 +34,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use http::HeaderMap;
 
@@ -94,6 +100,32 @@ impl Usage {
     fn total(self) -> u64 {
         self.prompt_tokens.unwrap_or(0).saturating_add(self.generated_tokens.unwrap_or(0))
     }
+}
+
+/// What an answer showed, handed to its record to be recorded with its outcome: made of the
+/// stream meter's figures, or of a whole answer's usage (`stream::figures`).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Measured {
+    /// When the first generated token reached the gateway: a stream's first output frame, a
+    /// whole answer's end; `None`: no time to first token (none came, or nothing is timed).
+    pub first_token: Option<Instant>,
+    /// The answer was streamed (the `streaming` label of the time to first token).
+    pub streaming: bool,
+    /// The backend's `usage`, as it reported it.
+    pub prompt_tokens: Option<u64>,
+    pub cached_tokens: Option<u64>,
+    pub completion_tokens: Option<u64>,
+    /// A generation endpoint's answer: a generated count the backend did not report is counted
+    /// as unknown (embeddings generate nothing: no count is missing).
+    pub generates: bool,
+    /// Decode speed, for a spread-out stream with known tokens only.
+    pub decode_tokens_per_second: Option<f64>,
+    /// Most of the stream's tokens came in one read.
+    pub burst: bool,
+    /// The stream's usage disagrees with what it showed.
+    pub usage_mismatch: bool,
+    /// What the client's token limit is settled to.
+    pub used: Usage,
 }
 
 /// The one record of a request. Labels hold configured names only: before a request is routed
@@ -199,20 +231,6 @@ impl RequestRecord {
         self.access.queue_wait = Some(wait);
     }
 
-    /// What the answer showed: time to first token (from arrival) and the backend's token counts.
-    pub fn measured(
-        &mut self,
-        ttft: Option<std::time::Duration>,
-        prompt: Option<u64>,
-        cached: Option<u64>,
-        completion: Option<u64>,
-    ) {
-        self.access.ttft = ttft;
-        self.access.prompt_tokens = prompt;
-        self.access.cached_tokens = cached;
-        self.access.completion_tokens = completion;
-    }
-
     /// Names the client the request's key identified (a configured name, or `anonymous`).
     pub fn identified(&mut self, client: &str) {
         self.client = client.to_string();
@@ -304,16 +322,19 @@ impl RequestRecord {
         taken
     }
 
-    /// Records `outcome` of a request no backend answered: its rate-limit charge is given
-    /// back, except what its map pieces used (they were answered). The record is spent.
+    /// Records `outcome` of a request no backend answered (a refusal, a failure before any
+    /// answer) with its duration: its rate-limit charge is given back, except what its map
+    /// pieces used (they were answered). The record is spent.
     pub fn finish(mut self, outcome: Outcome) {
-        self.count(outcome);
+        self.count(outcome, None);
     }
 
-    /// Records `outcome` of a request a backend answered, and settles the client's token charge
-    /// to `used` plus what its map pieces used (a prompt count not told is the prompt's
-    /// estimate: the up-front charge, or a reduce's own). The record is spent.
-    pub fn finish_used(mut self, outcome: Outcome, used: Usage) {
+    /// Records `outcome` of a request a backend answered, with what its answer showed
+    /// (`measured`), and settles the client's token charge to what the answer used plus what
+    /// its map pieces used (a prompt count not told is the prompt's estimate: the up-front
+    /// charge, or a reduce's own). The record is spent.
+    pub fn finish_answered(mut self, outcome: Outcome, measured: &Measured) {
+        let used = measured.used;
         if let Some(mut admission) = self.admission.take() {
             admission.leave();
             let estimate = self.prompt_estimate.unwrap_or_else(|| admission.tokens_charged());
@@ -322,10 +343,12 @@ impl RequestRecord {
             let pieces = self.pieces_used.load(Ordering::Relaxed);
             spawn_charge(async move { admission.settle(prompt.saturating_add(pieces), generated).await });
         }
-        self.count(outcome);
+        self.count(outcome, Some(measured));
     }
 
-    fn count(&mut self, outcome: Outcome) {
+    /// Ends the record, once: the answer's figures (`measured`) and the request's duration
+    /// recorded, the request counted, its access line written.
+    fn count(&mut self, outcome: Outcome, measured: Option<&Measured>) {
         if let Some(mut admission) = self.admission.take() {
             admission.leave();
             let pieces = self.pieces_used.load(Ordering::Relaxed);
@@ -343,19 +366,73 @@ impl RequestRecord {
         }
         if !self.finished {
             self.finished = true;
+            let duration = self.arrived.elapsed();
+            if let Some(measured) = measured {
+                self.access.ttft = measured.first_token.map(|first| first.duration_since(self.arrived));
+                self.access.prompt_tokens = measured.prompt_tokens;
+                self.access.cached_tokens = measured.cached_tokens;
+                self.access.completion_tokens = measured.completion_tokens;
+            }
             if self.metered {
-                let labels = [self.model.as_str(), self.backend.as_str(), self.client.as_str(), outcome.label()];
-                self.metrics.requests.with_label_values(&labels).inc();
+                self.record(outcome, measured, duration);
             }
             let end = Ending {
                 model: &self.model,
                 backend: &self.backend,
                 client: &self.client,
                 outcome: outcome.label(),
-                duration: self.arrived.elapsed(),
+                duration,
             };
             access_log::write(&self.access, &end);
         }
+    }
+}
+
+impl RequestRecord {
+    /// Records the metrics of the finished request: what its answer showed, if it had one,
+    /// its duration, and the request itself.
+    fn record(&self, outcome: Outcome, measured: Option<&Measured>, duration: Duration) {
+        let m = &self.metrics;
+        let (model, backend, client) = (self.model.as_str(), self.backend.as_str(), self.client.as_str());
+        if let Some(measured) = measured {
+            record_answer(m, [model, backend, client], self.arrived, measured);
+        }
+        m.request_duration.with_label_values(&[model, backend, outcome.label()]).observe(duration.as_secs_f64());
+        m.requests.with_label_values(&[model, backend, client, outcome.label()]).inc();
+    }
+}
+
+/// The metrics of an answer (`labels`: model, backend, client): time to first token from
+/// `arrived`, the backend's token counts — or that the generated count is unknown; a reported
+/// cache count of 0 still makes its series (a backend that reports misses shows a hit ratio of
+/// 0, not no data) —, and for a stream its burst, decode speed and usage mismatch.
+fn record_answer(m: &Metrics, labels: [&str; 3], arrived: Instant, measured: &Measured) {
+    let [model, backend, _] = labels;
+    if let Some(first) = measured.first_token {
+        let streaming = if measured.streaming { "true" } else { "false" };
+        let ttft = first.duration_since(arrived).as_secs_f64();
+        m.time_to_first_token.with_label_values(&[model, backend, streaming]).observe(ttft);
+    }
+    if let Some(prompt) = measured.prompt_tokens {
+        m.prompt_tokens.with_label_values(&labels).inc_by(prompt);
+    }
+    if let Some(cached) = measured.cached_tokens {
+        m.prompt_cached_tokens.with_label_values(&[model, backend]).inc_by(cached);
+    }
+    match measured.completion_tokens {
+        Some(generated) => m.generation_tokens.with_label_values(&labels).inc_by(generated),
+        None if measured.generates => m.generation_tokens_unknown.with_label_values(&labels).inc(),
+        None => {}
+    }
+    if measured.burst {
+        m.stream_bursts.with_label_values(&[backend]).inc();
+    }
+    if let Some(tps) = measured.decode_tokens_per_second {
+        m.tokens_per_second.with_label_values(&[model, backend]).observe(tps);
+        m.inter_token_latency.with_label_values(&[model, backend]).observe(1.0 / tps);
+    }
+    if measured.usage_mismatch {
+        m.usage_mismatch.with_label_values(&[backend]).inc();
     }
 }
 
@@ -373,12 +450,14 @@ fn spawn_charge(charge: impl std::future::Future<Output = ()> + Send + 'static) 
 
 impl Drop for RequestRecord {
     fn drop(&mut self) {
-        self.count(Outcome::ClientClosed);
+        self.count(Outcome::ClientClosed, None);
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use prometheus::core::Collector;
+
     use super::*;
 
     fn count(m: &Metrics, model: &str, backend: &str, outcome: &str) -> u64 {
@@ -401,6 +480,50 @@ mod tests {
 
         RequestRecord::new(m.clone()).finish(Outcome::from(&GatewayError::ModelNotFound("gpt-9".into())));
         assert_eq!(count(&m, "", "", "invalid_request_error"), 1, "unrouted: no client text in labels");
+    }
+
+    fn timed(m: &Metrics, model: &str, backend: &str, outcome: &str) -> u64 {
+        m.request_duration.with_label_values(&[model, backend, outcome]).get_sample_count()
+    }
+
+    #[test]
+    fn every_counted_request_records_its_duration_refusals_included() {
+        let m = Metrics::new();
+        // Refused before it was routed (an unknown model, bad JSON, a wrong key).
+        RequestRecord::new(m.clone()).finish(Outcome::from(&GatewayError::ModelNotFound("gpt-9".into())));
+        assert_eq!(timed(&m, "", "", "invalid_request_error"), 1, "unrouted: empty labels");
+        // Refused once routed (its queue full), and gone while it waited.
+        let mut r = RequestRecord::new(m.clone());
+        r.routed("qwen", "native");
+        r.finish(Outcome::Failed("server_overloaded"));
+        let mut r = RequestRecord::new(m.clone());
+        r.routed("qwen", "native");
+        drop(r);
+        assert_eq!(timed(&m, "qwen", "native", "server_overloaded"), 1);
+        assert_eq!(timed(&m, "qwen", "native", "client_closed"), 1);
+        // An answer: its duration, and what it showed.
+        let mut r = RequestRecord::new(m.clone());
+        r.routed("qwen", "native");
+        let shown = Measured {
+            first_token: Some(Instant::now()),
+            streaming: true,
+            completion_tokens: Some(3),
+            generates: true,
+            ..Measured::default()
+        };
+        r.finish_answered(Outcome::Ok, &shown);
+        assert_eq!(timed(&m, "qwen", "native", "ok"), 1);
+        assert_eq!(m.time_to_first_token.with_label_values(&["qwen", "native", "true"]).get_sample_count(), 1);
+        assert_eq!(m.generation_tokens.with_label_values(&["qwen", "native", "anonymous"]).get(), 3);
+        // Each request once: as many durations as requests counted.
+        let counted: u64 =
+            m.requests.collect()[0].get_metric().iter().map(|s| s.get_counter().get_value() as u64).sum();
+        let durations: u64 =
+            m.request_duration.collect()[0].get_metric().iter().map(|s| s.get_histogram().get_sample_count()).sum();
+        assert_eq!((counted, durations), (4, 4));
+        // An operator request (`/health`) is neither counted nor timed.
+        RequestRecord::at_arrival(m.clone(), AccessLine::none()).finish(Outcome::Ok);
+        assert_eq!(timed(&m, "", "", "ok"), 0);
     }
 }
 
@@ -501,7 +624,8 @@ mod charge_tests {
         record.add_pieces_used(Usage { prompt_tokens: Some(300), generated_tokens: Some(40) });
         record.add_pieces_used(Usage { prompt_tokens: Some(250), generated_tokens: None });
         // The reduce's usage: 60 + 20; with the pieces' 590, 670 in all.
-        record.finish_used(Outcome::Ok, Usage { prompt_tokens: Some(60), generated_tokens: Some(20) });
+        let used = Usage { prompt_tokens: Some(60), generated_tokens: Some(20) };
+        record.finish_answered(Outcome::Ok, &Measured { used, ..Measured::default() });
         settled_to(&limiter, u64::from(TPM) - 670).await;
     }
 

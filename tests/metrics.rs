@@ -194,3 +194,18 @@ async fn metrics_on_their_own_listener() {
     let text = client().get(&url).send().await.expect("send").text().await.expect("text");
     assert!(text.contains("mlxgate_generation_tokens_total"), "{text}");
 }
+
+#[tokio::test]
+async fn a_refusal_records_its_duration_under_its_outcome() {
+    let sim = sim().await;
+    let gw = gateway(&one_model_yaml(&sim.url(), 2, 4)).await;
+    // Refused before it was routed (a model nobody configured): its duration, unrouted.
+    let unknown = json!({"model": "gpt-9", "messages": [{"role": "user", "content": "hi"}]});
+    assert_eq!(post(&gw, "/v1/chat/completions", &unknown).await.status(), 404);
+    let refused = "backend=\"\",model=\"\",outcome=\"invalid_request_error\"";
+    assert_eq!(histogram(&gw, "mlxgate_request_duration_seconds", refused).await.0, 1.0);
+    // An answer's duration goes under its own outcome.
+    stream(&gw, json!({"tokens": 2}), true).await;
+    let answered = format!("{MB},outcome=\"ok\"");
+    assert_eq!(histogram(&gw, "mlxgate_request_duration_seconds", &answered).await.0, 1.0);
+}

@@ -19,14 +19,18 @@ use bytes::Bytes;
 use http_body_util::BodyExt;
 
 use super::AppState;
+use super::answer;
+use super::body::{MAX_WHOLE_ANSWER, read_whole};
+use super::fields::{RawBody, estimated_prompt_tokens};
 use super::fit::{Chunked, EmbedPlan, raw};
-use super::openai::{MAX_WHOLE_ANSWER, RawBody, dispatch, estimated_prompt_tokens, parse, read_whole, send};
+use super::outgoing::prepare;
 use crate::backend::handle::Answer;
 use crate::dispatch::Route;
+use crate::dispatch::call::{self, Held, Prepared};
 use crate::dispatch::queue::ClientId;
 use crate::error::{ErrorBody, GatewayError, backend_error_body, with_request_id};
 use crate::outcome::{Outcome, RequestRecord};
-use crate::stream::meter::{StreamFigures, figures_of_whole, record_whole};
+use crate::stream::figures::{StreamFigures, Whole, figures_of_whole};
 use crate::tokens::overflow::{ChunkPlan, average_embeddings};
 
 /// How long a map part that found the queue full waits before it asks again.
@@ -194,7 +198,7 @@ async fn run_streamed(state: Arc<AppState>, job: StreamedJob, mut record: Reques
         let reduce_estimate = estimated_prompt_tokens(&fields);
         // The reduce's prefill can take minutes too: the comments go on until its first byte.
         let sent = record.sent_flag();
-        let reduce = send(&state, route, &client, &parts, fields, None, &sent);
+        let reduce = answer::call(&state, route, &client, &parts, fields, None, &sent);
         tokio::pin!(reduce);
         loop {
             tokio::select! {
@@ -378,7 +382,7 @@ async fn whole_answer(
             piece.finish(outcome);
         }
     };
-    let parsed = parse(parts, body, route)?;
+    let outgoing = prepare(parts, body, route)?;
     // Sent: the piece's own record (the client's request is sent only with its reduce: one
     // that ends during the map is charged its pieces' usage alone), or, for the one request
     // of chunked embeddings, the client's request itself.
@@ -386,9 +390,10 @@ async fn whole_answer(
     // A part that finds the queue full waits for room within the model's max_wait rather than
     // failing the whole request after the parts before it did their work.
     let deadline = Instant::now() + route.model.max_wait;
-    let (permit, answer, _) = loop {
-        match dispatch(state, route, client, &parsed.outbound, &sent).await {
-            Ok(sent) => break sent,
+    let Held { permit, answer, .. } = loop {
+        let prepared = Prepared { route, client, outbound: &outgoing.outbound, sent: &sent };
+        match call::call(prepared, &state.metrics, &state.cutoff).await {
+            Ok(held) => break held,
             Err(GatewayError::QueueFull { .. }) if Instant::now() < deadline => {
                 tokio::time::sleep(QUEUE_FULL_PAUSE).await;
             }
@@ -420,7 +425,7 @@ async fn whole_answer(
     let figures = figures_of_whole(&whole).unwrap_or_default();
     if let Some(mut piece) = piece {
         piece.responded(head.status.as_u16());
-        record_whole(piece, &figures, Outcome::Ok);
+        piece.finish_answered(Outcome::Ok, &figures.of_whole(Whole::Answer));
     }
     Ok((whole, figures))
 }

@@ -12,7 +12,7 @@ use std::time::Instant;
 use serde_json::Value;
 use serde_json::value::RawValue;
 
-use super::openai::RawBody;
+use super::fields::RawBody;
 use crate::dispatch::Route;
 use crate::error::{GatewayError, PromptPart};
 use crate::kinds::Kind;

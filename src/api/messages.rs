@@ -2,10 +2,11 @@
 //! Anthropic Messages API face, for Claude Code and the anthropic SDKs. A request is
 //! translated onto the backend's chat completions (`request`: the billing block dropped,
 //! everything rendered deterministically for the backend's prompt cache) and goes through the
-//! chat face's own pipeline ([`openai::serve`]: auth — `x-api-key` or Bearer —, body limits,
-//! rate limits, the context cap and room for `max_tokens`, queue, send, retry, the stream
-//! meter, metrics, the outcome); its answer is translated back (`events`), a stream event by
-//! event as the metered chat stream delivers them (`body`), a whole answer as one `message`
+//! pipeline every face shares ([`pipeline::serve`]: auth — `x-api-key` or Bearer —, body
+//! limits, rate limits, the context cap and room for `max_tokens`, queue, send, retry, the
+//! stream meter, metrics, the outcome); its answer is translated back (`events`), a stream
+//! event by event as the metered chat stream delivers them (`stream`: the state machine the
+//! shared [`TranslatedBody`] drives, with its ping timer), a whole answer as one `message`
 //! object. Every refusal, the gateway's or a backend's, is given in Anthropic's error shape
 //! (`error`).
 //!
@@ -13,11 +14,11 @@
 //! `X-Claude-Code-Session-Id` header, else the body's `metadata.user_id`. Every answer carries
 //! the request's id in Anthropic's `request-id` header too (beside `x-request-id`).
 
-mod body;
 pub mod count;
 pub(crate) mod error;
 mod events;
 pub(crate) mod request;
+mod stream;
 
 use std::sync::Arc;
 
@@ -29,15 +30,13 @@ use http_body_util::BodyExt;
 
 use super::AppState;
 use super::arrival::Arrival;
-use super::openai;
+use super::pipeline;
+use super::translate::TranslatedBody;
 use crate::access_log::Face;
 use crate::error::ErrorBody;
-use body::{MessagesBody, PING_EVERY};
 use events::{Translator, Whole};
 use request::Shape;
-
-/// The chat endpoint a Messages request is served as.
-const CHAT_PATH: &str = "/v1/chat/completions";
+use stream::PING_EVERY;
 
 /// Claude Code's session header.
 const SESSION_HEADER: &str = "x-claude-code-session-id";
@@ -54,10 +53,9 @@ pub async fn create(State(state): State<Arc<AppState>>, mut request: Request) ->
     let request_id = request_id_of(&request);
     // The pipeline serves it as the chat completion it becomes (the context cap counts its
     // messages; the backend gets it at its chat path).
-    *request.uri_mut() = Uri::from_static(CHAT_PATH);
+    *request.uri_mut() = Uri::from_static(pipeline::CHAT_PATH);
     let mut shape = None;
-    let response = openai::serve(&state, request, |bytes, record| {
-        record.set_face(Face::Messages);
+    let response = pipeline::serve(&state, request, Face::Messages, |bytes, record| {
         let translated = request::translate(bytes)?;
         state.metrics.anthropic_billing_blocks_stripped.inc_by(translated.billing_blocks_stripped);
         if let Some(key) = session_header.or(translated.session) {
@@ -118,9 +116,9 @@ async fn answer(response: Response, shape: Shape) -> Response {
         .is_some_and(|v| v.starts_with("text/event-stream"));
     parts.headers.remove(header::CONTENT_LENGTH);
     if sse {
-        let counted = parts.extensions.get::<openai::PromptTokens>().map_or(0, |p| p.0);
+        let counted = parts.extensions.get::<pipeline::PromptTokens>().map_or(0, |p| p.0);
         let translator = Translator::new(shape).with_counted_prompt(counted);
-        let stream = MessagesBody::new(body, translator, PING_EVERY);
+        let stream = TranslatedBody::new(body, translator, Some(PING_EVERY));
         return Response::from_parts(parts, Body::new(stream));
     }
     // A whole answer is already read (and recorded) by the pipeline: collecting it copies

@@ -2,14 +2,21 @@
 //! `mlxgate serve` and the integration tests run.
 
 pub mod admin;
+mod answer;
 pub mod arrival;
+mod body;
 mod chunk;
 mod completion;
+mod fields;
 mod fit;
 pub mod messages;
 pub mod models;
+mod normalise;
 pub mod openai;
+mod outgoing;
+mod pipeline;
 pub mod responses;
+mod translate;
 
 use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
@@ -28,7 +35,7 @@ use crate::dispatch::Dispatch;
 use crate::limits::Limiter;
 use crate::log_throttle::LogThrottle;
 use crate::metrics::Metrics;
-use crate::stream::meter::Cutoff;
+use crate::stream::shutdown::Cutoff;
 use crate::tokens::registry::Registry;
 
 /// State shared by all handlers. Immutable after start-up apart from queues, metrics and the

@@ -1,18 +1,18 @@
 //! `POST /v1/responses`: the Responses API face. A request is translated onto the backend's
-//! chat completions (`request`) and goes through the chat face's own pipeline
-//! ([`openai::serve`]: auth, body limits, rate limits, the context cap, queue, send, retry,
+//! chat completions (`request`) and goes through the pipeline every face shares
+//! ([`pipeline::serve`]: auth, body limits, rate limits, the context cap, queue, send, retry,
 //! the stream meter, metrics, the outcome); its answer is translated back (`events`), a
-//! stream event by event as the metered chat stream delivers them (`body`), a whole answer as
-//! one `response` object. Refusals and backend errors keep OpenAI's error shape, which the
+//! stream event by event as the metered chat stream delivers them (`stream`: the state
+//! machine the shared [`TranslatedBody`] drives), a whole answer as one `response` object. Refusals and backend errors keep OpenAI's error shape, which the
 //! Responses API shares; a prompt over the context cap is refused on `input` (the field the
 //! client sent), not on the `messages` it became.
 //!
 //! Only stateless requests are served: `store: true`, `previous_response_id` and
 //! `conversation` get a 400 (Codex sends `store: false` and the whole conversation each turn).
 
-mod body;
 mod events;
 mod request;
+mod stream;
 
 use std::sync::Arc;
 
@@ -24,22 +24,20 @@ use http_body_util::BodyExt;
 use serde_json::Value;
 
 use super::AppState;
-use super::openai;
+use super::pipeline;
+use super::translate::TranslatedBody;
+use crate::access_log::Face;
 use crate::error::ErrorBody;
-use body::ResponsesBody;
 use events::Translator;
 use request::Shape;
-
-/// The chat endpoint a Responses request is served as.
-const CHAT_PATH: &str = "/v1/chat/completions";
 
 /// POST `/v1/responses`.
 pub async fn create(State(state): State<Arc<AppState>>, mut request: Request) -> Response {
     // The pipeline serves it as the chat completion it becomes (the context cap counts its
     // messages; the backend gets it at its chat path).
-    *request.uri_mut() = Uri::from_static(CHAT_PATH);
+    *request.uri_mut() = Uri::from_static(pipeline::CHAT_PATH);
     let mut shape = None;
-    let response = openai::serve(&state, request, |bytes, record| {
+    let response = pipeline::serve(&state, request, Face::Responses, |bytes, record| {
         let translated = request::translate(bytes)?;
         if let Some(key) = translated.session {
             record.conversation = Some(key);
@@ -96,7 +94,7 @@ async fn answer(response: Response, shape: Shape) -> Response {
         .is_some_and(|v| v.starts_with("text/event-stream"));
     parts.headers.remove(header::CONTENT_LENGTH);
     if sse {
-        let stream = ResponsesBody::new(body, Translator::new(shape));
+        let stream = TranslatedBody::new(body, Translator::new(shape), None);
         return Response::from_parts(parts, Body::new(stream));
     }
     // A whole answer is already read (and recorded) by the pipeline: collecting it copies

@@ -1,23 +1,16 @@
-//! One backend as the request path sees it: send a request, wait for the answer's first body
-//! bytes, and decide whether a failure may be sent again (DESIGN.md rule 10: one handle owns
-//! send → first byte → retry).
+//! One backend as the request path sees it: one attempt — send a request, wait for the answer's
+//! first body bytes — and what the attempt saw, told apart as the retry rules need it
+//! ([`Failure`]: refused, broken, timed out); and whether a serialized backend's answer says it
+//! is busy ([`busy`]). Whether and when to send again is decided by the call
+//! (`dispatch::call`), which owns every retry rule.
 //!
 //! The answer is held until its first body bytes, so a failure before them has shown the client
-//! nothing. Whether sending again is safe depends on what the backend may have done with it:
-//! - the connection was never made (refused): nothing reached it — safe;
-//! - the process that had the request is gone (crashed, replaced): whatever it began died with
-//!   it — safe, once a new process is up;
-//! - a live backend dropped the connection or answered an empty 2xx: it may be generating the
-//!   answer still — never sent again (a server that drops connections would otherwise prefill
-//!   the same prompt three times);
-//! - a timeout: the backend may still be working on it — never sent again.
+//! nothing.
 //!
 //! A serialized backend (`normalise.serialize`: vllm-mlx without `--continuous-batching`) that
 //! is still busy with the previous request — a moment after a client aborted a stream, and now
 //! and then right after a stream that ended normally (measured) — answers 200, a role chunk and
-//! an error event, or 503 "busy" to a whole answer. It generated nothing: the request is sent
-//! again after a short pause (a few times, bounded), and the client sees only the answer that
-//! was not busy.
+//! an error event, or 503 "busy" to a whole answer. [`busy`] reads that from the answer's front.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -32,27 +25,6 @@ use super::upstream::{Upstream, UpstreamError};
 use crate::config::BackendConfig;
 use crate::error::GatewayError;
 
-/// Pauses before sending again to a serialized backend that answered "busy". vllm-mlx's
-/// serialized route stayed busy 47–99 ms after a client aborted a stream (measured).
-const BUSY_PAUSES: [Duration; 4] =
-    [Duration::from_millis(100), Duration::from_millis(200), Duration::from_millis(400), Duration::from_millis(800)];
-
-/// A serialized backend is taken to be busy with the previous request only when that request
-/// ended less than this before the new one got its slot: the route stayed busy 47–99 ms after a
-/// client's abort (measured). Later, the same error event is a real failure, never sent again.
-pub const BUSY_AFTER_RELEASE: Duration = Duration::from_secs(1);
-
-/// How often a request is sent again to a serialized backend that answers busy: after an
-/// aborted (or failed) request, every pause of [`BUSY_PAUSES`]; after one that ended normally
-/// (busy then was seen once in ten raw-socket tries, never through the gateway), once.
-pub fn busy_retries(previous: Option<crate::dispatch::queue::Previous>) -> usize {
-    match previous {
-        Some(p) if p.ended_ago < BUSY_AFTER_RELEASE && !p.finished => BUSY_PAUSES.len(),
-        Some(p) if p.ended_ago < BUSY_AFTER_RELEASE => 1,
-        _ => 0,
-    }
-}
-
 /// How long after its first bytes a serialized backend's stream is watched for the busy error
 /// event (it follows the role chunk at once); a stream still silent then is prefilling.
 const BUSY_WINDOW: Duration = Duration::from_secs(1);
@@ -60,11 +32,6 @@ const BUSY_WINDOW: Duration = Duration::from_secs(1);
 /// The most of a serialized backend's stream read while looking for the busy error event (it
 /// comes within the first few hundred bytes); past it the stream is taken as generating.
 const BUSY_LOOK_BYTES: usize = 64 * 1024;
-
-/// How long a failed attempt waits to see the managed process that had it gone. A crash closes
-/// the connection and ends the process at once (the supervisor sees the exit within
-/// milliseconds); this bounds the wait when the process lives on (no retry then).
-const REPLACEMENT_WAIT: Duration = Duration::from_secs(2);
 
 /// A request as it goes to the backend.
 pub struct Outbound {
@@ -85,22 +52,35 @@ pub struct Answer {
     pub sent_at: Instant,
 }
 
-/// Why an attempt failed, and whether the caller may send the request again.
+/// Why an attempt got no answer, as the retry rules tell failures apart: by what the backend can
+/// have done with the request.
 #[derive(Debug)]
-pub enum SendFailure {
-    /// Nothing reached the client and nothing the backend began survives: send again (after
-    /// getting a slot again: the backend has restarted).
-    Retry(GatewayError),
-    /// Give the client this error.
-    Final(GatewayError),
+pub enum Failure {
+    /// The connection was never made: nothing reached the backend.
+    Refused(GatewayError),
+    /// The connection broke, or a 2xx came without a byte of its body: the backend may have
+    /// received the request (and may be generating its answer still).
+    Broken(GatewayError),
+    /// No headers or first bytes within `first_byte_timeout`: the backend may still be working.
+    TimedOut(GatewayError),
 }
 
-/// What happened before the first body byte.
-enum Broke {
-    /// Nothing reached the backend.
-    Refused(String),
-    /// The backend may have received the request.
+/// What waiting for an answer's first body bytes came to.
+enum FirstBytes {
+    /// The answer, its first bytes read (none: an empty non-2xx body).
+    Answer(Answer),
+    /// The body broke before its first byte, or a 2xx ended without one.
     Broken(String),
+    /// The first byte did not come within `first_byte_timeout`.
+    TimedOut(GatewayError),
+}
+
+/// A serialized backend's answer, read at its front for the busy sign (see [`busy`]).
+pub struct Inspected {
+    /// It says the backend is busy with the previous request: it generated nothing.
+    pub busy: bool,
+    /// The answer, what was read of it back at its front.
+    pub answer: Answer,
 }
 
 /// Sends to one backend.
@@ -122,29 +102,8 @@ impl BackendHandle {
         self.supervisor.as_ref()
     }
 
-    /// Sends `request`: one attempt, sent again (after a pause, at most `busy_retries` times,
-    /// see [`busy_retries`]) while a serialized backend answers that it is busy.
-    pub async fn send(&self, request: &Outbound, busy_retries: usize) -> Result<Answer, SendFailure> {
-        let mut pauses = BUSY_PAUSES.iter().take(busy_retries);
-        loop {
-            let answer = self.attempt(request).await?;
-            if !self.config.normalise.serialize || busy_retries == 0 {
-                return Ok(answer);
-            }
-            let (busy, answer) = busy(answer).await;
-            match pauses.next() {
-                Some(pause) if busy => {
-                    tracing::info!(backend = %self.config.name, pause_ms = pause.as_millis() as u64, "the serialized backend answered busy; sending again");
-                    tokio::time::sleep(*pause).await;
-                }
-                _ => return Ok(answer),
-            }
-        }
-    }
-
     /// One attempt: send, wait for the headers and the first body bytes.
-    async fn attempt(&self, request: &Outbound) -> Result<Answer, SendFailure> {
-        let generation = self.supervisor.as_ref().map(|s| s.status().generation);
+    pub async fn attempt(&self, request: &Outbound) -> Result<Answer, Failure> {
         let sent_at = Instant::now();
         // The first byte comes with or after the headers: its deadline bounds both.
         let first_byte_deadline = tokio::time::Instant::from_std(sent_at + self.config.first_byte_timeout);
@@ -158,62 +117,48 @@ impl BackendHandle {
         let sent = tokio::time::timeout_at(first_byte_deadline, send)
             .await
             .unwrap_or(Err(UpstreamError::Timeout(self.config.first_byte_timeout)));
-        let broke = match sent {
+        let error = |reason| GatewayError::Backend { backend: self.name(), reason };
+        match sent {
             Ok(response) => match self.first_bytes(response, sent_at).await {
-                Ok(answer) => return Ok(answer),
-                Err(Ok(broke)) => broke,
-                Err(Err(timeout)) => return Err(SendFailure::Final(timeout)),
+                FirstBytes::Answer(answer) => Ok(answer),
+                FirstBytes::Broken(reason) => Err(Failure::Broken(error(reason))),
+                FirstBytes::TimedOut(timeout) => Err(Failure::TimedOut(timeout)),
             },
             Err(UpstreamError::Timeout(after)) => {
-                return Err(SendFailure::Final(GatewayError::BackendTimeout { backend: self.name(), after }));
+                Err(Failure::TimedOut(GatewayError::BackendTimeout { backend: self.name(), after }))
             }
-            Err(UpstreamError::Connect(reason)) => Broke::Refused(reason),
-            Err(UpstreamError::Broken(reason)) => Broke::Broken(reason),
-        };
-        let (refused, reason) = match broke {
-            Broke::Refused(r) => (true, r),
-            Broke::Broken(r) => (false, r),
-        };
-        let error = GatewayError::Backend { backend: self.name(), reason };
-        let (Some(supervisor), Some(generation)) = (&self.supervisor, generation) else {
-            return Err(SendFailure::Final(error));
-        };
-        // A refused connection is safe to retry, but only once the process can have been
-        // replaced; otherwise retrying is safe only when the process that had it is gone.
-        let gone = supervisor.replaced(generation, REPLACEMENT_WAIT).await;
-        if refused || gone { Err(SendFailure::Retry(error)) } else { Err(SendFailure::Final(error)) }
+            Err(UpstreamError::Connect(reason)) => Err(Failure::Refused(error(reason))),
+            Err(UpstreamError::Broken(reason)) => Err(Failure::Broken(error(reason))),
+        }
     }
 
-    /// Waits (within `first_byte_timeout` of sending) for the first body bytes. `Err(Ok(_))`:
-    /// the answer broke or was an empty 2xx; `Err(Err(_))`: the timeout.
-    async fn first_bytes(
-        &self,
-        response: hyper::Response<Incoming>,
-        sent_at: Instant,
-    ) -> Result<Answer, Result<Broke, GatewayError>> {
+    /// Waits (within `first_byte_timeout` of sending) for the first body bytes.
+    async fn first_bytes(&self, response: hyper::Response<Incoming>, sent_at: Instant) -> FirstBytes {
         let (head, mut body) = response.into_parts();
         let deadline = tokio::time::Instant::from_std(sent_at + self.config.first_byte_timeout);
         loop {
             let frame = match tokio::time::timeout_at(deadline, body.frame()).await {
                 Err(_) => {
-                    return Err(Err(GatewayError::BackendTimeout {
+                    return FirstBytes::TimedOut(GatewayError::BackendTimeout {
                         backend: self.name(),
                         after: self.config.first_byte_timeout,
-                    }));
+                    });
                 }
                 Ok(frame) => frame,
             };
             match frame {
                 None if head.status.is_success() => {
-                    return Err(Ok(Broke::Broken(format!(
+                    return FirstBytes::Broken(format!(
                         "it answered {} and then closed the connection without a byte of the answer",
                         head.status
-                    ))));
+                    ));
                 }
-                None => return Ok(Answer { head, body, first: None, sent_at }),
-                Some(Err(e)) => return Err(Ok(Broke::Broken(format!("the answer broke before its first byte: {e}")))),
+                None => return FirstBytes::Answer(Answer { head, body, first: None, sent_at }),
+                Some(Err(e)) => return FirstBytes::Broken(format!("the answer broke before its first byte: {e}")),
                 Some(Ok(frame)) => match frame.into_data() {
-                    Ok(data) if !data.is_empty() => return Ok(Answer { head, body, first: Some(data), sent_at }),
+                    Ok(data) if !data.is_empty() => {
+                        return FirstBytes::Answer(Answer { head, body, first: Some(data), sent_at });
+                    }
                     // An empty data frame or trailers: keep waiting for bytes.
                     _ => {}
                 },
@@ -230,10 +175,10 @@ impl BackendHandle {
 /// whose first event after any role-only or empty chunks is an error event. A stream is read
 /// (at most [`BUSY_WINDOW`]) until it shows a generating event, an error, or silence; what was
 /// read stays at the front of the answer.
-async fn busy(mut answer: Answer) -> (bool, Answer) {
+pub async fn busy(mut answer: Answer) -> Inspected {
     let first = answer.first.clone().unwrap_or_default();
     if answer.head.status == hyper::StatusCode::SERVICE_UNAVAILABLE {
-        return (String::from_utf8_lossy(&first).contains("busy"), answer);
+        return Inspected { busy: String::from_utf8_lossy(&first).contains("busy"), answer };
     }
     let sse = answer
         .head
@@ -242,7 +187,7 @@ async fn busy(mut answer: Answer) -> (bool, Answer) {
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.starts_with("text/event-stream"));
     if !answer.head.status.is_success() || !sse {
-        return (false, answer);
+        return Inspected { busy: false, answer };
     }
     let mut seen = first.to_vec();
     let deadline = tokio::time::Instant::now() + BUSY_WINDOW;
@@ -264,7 +209,7 @@ async fn busy(mut answer: Answer) -> (bool, Answer) {
         }
     };
     answer.first = Some(Bytes::from(seen));
-    (verdict == Event::Error, answer)
+    Inspected { busy: verdict == Event::Error, answer }
 }
 
 /// What the first telling event of a stream is.

@@ -5,8 +5,8 @@
 //! drain and stop when told. The scheduler decides *when* a backend runs; this module
 //! carries it out and publishes the backend's [`Status`].
 //!
-//! While the backend is not ready its queue's gate is closed, so requests wait instead of
-//! failing; when it is failed the queue refuses them with the reason.
+//! While the backend is not ready its [`Gate`] (the request queue's, handed to it) is closed,
+//! so requests wait instead of failing; when it is failed the gate refuses them with the reason.
 
 use std::collections::VecDeque;
 use std::path::PathBuf;
@@ -20,11 +20,11 @@ use http_body_util::{BodyExt, Limited};
 use serde::Serialize;
 use tokio::sync::{Notify, mpsc, watch};
 
+use super::gate::Gate;
 use super::process::{LogBuffer, ServerProcess, describe_exit};
 use super::upstream::Upstream;
 use super::{keeper, preflight};
 use crate::config::{BackendConfig, HealthCheck, ManagedConfig};
-use crate::dispatch::queue::BackendQueue;
 use crate::metrics::Metrics;
 
 /// Where a managed backend is in its life.
@@ -98,7 +98,6 @@ pub enum Command {
 /// Handle to one managed backend.
 pub struct Supervisor {
     pub config: Arc<BackendConfig>,
-    pub queue: BackendQueue,
     pub logs: Arc<LogBuffer>,
     status: watch::Sender<Status>,
     commands: mpsc::Sender<Command>,
@@ -111,7 +110,8 @@ pub struct Supervisor {
 struct Task {
     config: Arc<BackendConfig>,
     managed: ManagedConfig,
-    queue: BackendQueue,
+    /// The gate in front of the backend's requests (its queue's).
+    gate: Arc<dyn Gate>,
     logs: Arc<LogBuffer>,
     status: watch::Sender<Status>,
     commands: mpsc::Receiver<Command>,
@@ -136,6 +136,14 @@ enum RunEnd {
     CannotStart(String),
 }
 
+/// How a ready process is to be stopped: why its run ends, and whether its requests in flight
+/// are let finish first (a stop or restart asked for) or not (a hung server finishes nothing;
+/// the gateway's shutdown has its own grace).
+struct RunStop {
+    end: RunEnd,
+    drain: bool,
+}
+
 impl RunEnd {
     fn crashed(reason: String) -> Self {
         RunEnd::Crashed { reason, cause: "crash" }
@@ -152,11 +160,12 @@ const PORT_WAIT: Duration = Duration::from_secs(5);
 
 impl Supervisor {
     /// Starts the supervisor task for a managed backend (it stays stopped until told).
+    /// `gate`: the gate in front of its requests, which the task opens, closes and fails.
     /// `upstream` is the backend's pooled client, shared with the request path.
     pub fn spawn(
         config: Arc<BackendConfig>,
         managed: ManagedConfig,
-        queue: BackendQueue,
+        gate: Arc<dyn Gate>,
         upstream: Upstream,
         keeper: PathBuf,
         metrics: Metrics,
@@ -177,7 +186,7 @@ impl Supervisor {
             upstream,
             config: Arc::clone(&config),
             managed,
-            queue: queue.clone(),
+            gate,
             logs: Arc::clone(&logs),
             status: status.clone(),
             commands: receiver,
@@ -190,7 +199,7 @@ impl Supervisor {
         let shutting_down = Arc::clone(&task.shutting_down);
         tokio::spawn(export_phase(states, task.metrics.clone(), config.name.clone()));
         tokio::spawn(task.run());
-        Arc::new(Supervisor { config, queue, logs, status, commands, changed, shutting_down })
+        Arc::new(Supervisor { config, logs, status, commands, changed, shutting_down })
     }
 
     /// The gateway begins to shut down: a backend that serves goes on serving (for the shutdown
@@ -279,7 +288,7 @@ impl Task {
                     // Not started from here: the scheduler starts it when a request waits and
                     // the GPU is free.
                     self.crashes.clear();
-                    self.queue.clear_failure();
+                    self.gate.clear_failure();
                     self.set(|s| {
                         s.phase = Phase::Stopped;
                         s.last_error = None;
@@ -384,7 +393,7 @@ impl Task {
     /// restart.
     fn fail(&mut self, why: String) {
         tracing::error!(backend = %self.config.name, %why, "backend failed; it stays down until POST /admin/backends/{}/restart", self.config.name);
-        self.queue.fail(&why);
+        self.gate.fail(&why);
         self.set(|s| {
             s.phase = Phase::Failed;
             s.pid = None;
@@ -474,39 +483,39 @@ impl Task {
             s.pid = process.pid();
             s.ready_since = Some(Instant::now());
         });
-        self.queue.open();
+        self.gate.open();
         process.record().await;
 
         let health = watch_health(self.upstream.clone(), Arc::clone(&self.config), self.managed.health);
         tokio::pin!(health);
-        let end = loop {
+        let end: RunStop = loop {
             tokio::select! {
                 status = process.wait() => {
-                    self.queue.close();
+                    self.gate.close();
                     self.metrics.backend_up.with_label_values(&[&self.config.name]).set(0);
                     return RunEnd::crashed(format!("{}{}", describe_exit(&status), self.last_log()));
                 }
                 reason = &mut health => {
                     // A hung server finishes nothing: stop it without draining.
                     tracing::warn!(backend = %self.config.name, %reason, "backend is not healthy; restarting it");
-                    break (RunEnd::Crashed { reason, cause: "health" }, false);
+                    break RunStop { end: RunEnd::Crashed { reason, cause: "health" }, drain: false };
                 }
                 command = self.commands.recv() => match command {
-                    Some(Command::Stop) => break (RunEnd::Stopped, true),
-                    Some(Command::Restart) => break (RunEnd::Restart, true),
-                    Some(Command::Shutdown) | None => break (RunEnd::Stopped, false),
+                    Some(Command::Stop) => break RunStop { end: RunEnd::Stopped, drain: true },
+                    Some(Command::Restart) => break RunStop { end: RunEnd::Restart, drain: true },
+                    Some(Command::Shutdown) | None => break RunStop { end: RunEnd::Stopped, drain: false },
                     Some(Command::Start | Command::Refuse) => {}
                 },
             }
         };
-        self.queue.close();
+        self.gate.close();
         self.metrics.backend_up.with_label_values(&[&self.config.name]).set(0);
-        if end.1 {
+        if end.drain {
             self.drain(&mut process).await;
         }
         tracing::info!(backend = %self.config.name, "stopping backend");
         process.stop(self.managed.stop_timeout).await;
-        end.0
+        end.end
     }
 
     /// Waits until the backend's port is free, first stopping the process that holds it if that
@@ -542,8 +551,7 @@ impl Task {
     async fn drain(&mut self, process: &mut ServerProcess) {
         self.set(|s| s.phase = Phase::Draining);
         let deadline = Instant::now() + self.managed.drain_timeout;
-        let working = |view: crate::dispatch::queue::QueueView| view.in_flight > view.abandoned;
-        while working(self.queue.view()) && Instant::now() < deadline {
+        while self.gate.working() && Instant::now() < deadline {
             tokio::select! {
                 _ = process.wait() => return,
                 () = tokio::time::sleep(Duration::from_millis(50)) => {}
@@ -682,24 +690,36 @@ mod tests {
     use super::*;
     use crate::config::Config;
 
-    /// A backend `b` whose program does not exist, with its queue, client and metrics.
-    fn parts() -> (Arc<BackendConfig>, BackendQueue, Upstream, Metrics, Arc<Notify>) {
+    /// A gate that nobody waits behind.
+    struct NoRequests;
+
+    impl Gate for NoRequests {
+        fn open(&self) {}
+        fn close(&self) {}
+        fn fail(&self, _: &str) {}
+        fn clear_failure(&self) {}
+        fn working(&self) -> bool {
+            false
+        }
+    }
+
+    /// A backend `b` whose program does not exist, with its gate, client and metrics.
+    fn parts() -> (Arc<BackendConfig>, Arc<dyn Gate>, Upstream, Metrics, Arc<Notify>) {
         let text = "backends:\n  b: {kind: custom, command: [/nonexistent/srv], port: 9, max_restarts: 3}\n\
                     models:\n  m: {backend: b}\n";
         let config = Config::parse(text, &|_| None).expect("valid");
         let backend = Arc::new(config.backends["b"].clone());
         let metrics = Metrics::new();
         let changed = Arc::new(Notify::new());
-        let queue = BackendQueue::new("b", 1, false, metrics.clone(), Arc::clone(&changed));
-        (backend, queue, Upstream::new(Duration::from_secs(1)), metrics, changed)
+        (backend, Arc::new(NoRequests), Upstream::new(Duration::from_secs(1)), metrics, changed)
     }
 
     #[tokio::test]
     async fn a_start_reads_as_starting_before_the_task_picks_it_up() {
-        let (backend, queue, upstream, metrics, changed) = parts();
+        let (backend, gate, upstream, metrics, changed) = parts();
         let managed = backend.managed.clone().expect("managed");
         let supervisor =
-            Supervisor::spawn(backend, managed, queue, upstream, PathBuf::from("/nonexistent"), metrics, changed);
+            Supervisor::spawn(backend, managed, gate, upstream, PathBuf::from("/nonexistent"), metrics, changed);
         assert_eq!(supervisor.status().phase, Phase::Stopped);
         supervisor.send(Command::Start);
         // Nothing has yielded to the task yet (one-threaded runtime).
@@ -716,7 +736,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_restart_during_the_crash_backoff_restarts_now() {
-        let (backend, queue, upstream, metrics, changed) = parts();
+        let (backend, gate, upstream, metrics, changed) = parts();
         let (status, _) = watch::channel(Status {
             phase: Phase::Ready,
             pid: None,
@@ -729,7 +749,7 @@ mod tests {
         let mut task = Task {
             managed: backend.managed.clone().expect("managed"),
             config: backend,
-            queue,
+            gate,
             logs: Arc::default(),
             status,
             commands: receiver,

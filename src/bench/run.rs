@@ -22,7 +22,7 @@ use tokio::sync::Barrier;
 
 use super::prompts::{CALIBRATION_WORDS, Calibration, PromptMaker, calibration_text};
 use super::stats::{Group, Sample};
-use crate::stream::meter::StreamFigures;
+use crate::stream::figures::StreamFigures;
 use crate::stream::sse::SseParser;
 
 /// Reads within this time of the first one of a run of reads count as one read for the burst
@@ -201,7 +201,7 @@ async fn read(mut connection: Connection, request: Request<Full<Bytes>>, sent: I
         };
         let now = Instant::now();
         let mut generated = 0;
-        parser.feed(&data, |item, _| generated += u64::from(figures.watch(&item, now, true).1));
+        parser.feed(&data, |item, _| generated += u64::from(figures.watch(&item, now, true).generated));
         figures.max_frames_in_one_read = figures.max_frames_in_one_read.max(together.add(now, generated));
     }
     let ended = Instant::now();

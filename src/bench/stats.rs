@@ -11,7 +11,7 @@ use std::time::Instant;
 
 use serde::Serialize;
 
-use crate::stream::meter::StreamFigures;
+use crate::stream::figures::StreamFigures;
 
 /// What one streamed request showed.
 #[derive(Debug, Clone, Default, Serialize)]

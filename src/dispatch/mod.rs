@@ -2,6 +2,7 @@
 //! place in the backend's queue, and the backend's supervisor when mlxgate runs it), plus the
 //! scheduler that decides which managed backend runs.
 
+pub mod call;
 pub mod queue;
 pub mod scheduler;
 
@@ -63,7 +64,7 @@ impl Dispatch {
                 let supervisor = Supervisor::spawn(
                     Arc::clone(&backend),
                     managed.clone(),
-                    queue.clone(),
+                    Arc::new(queue.clone()),
                     upstream.clone(),
                     keeper.clone(),
                     metrics.clone(),
@@ -98,12 +99,14 @@ impl Dispatch {
             );
         }
         let scheduler = (!supervisors.is_empty()).then(|| {
-            tokio::spawn(scheduler::run(
-                supervisors.values().cloned().collect(),
-                config.swap_after,
-                changed,
-                metrics.clone(),
-            ))
+            let managed = supervisors
+                .iter()
+                .filter_map(|(name, supervisor)| {
+                    let queue = queues.get(name)?.clone();
+                    Some(scheduler::Managed { supervisor: Arc::clone(supervisor), queue })
+                })
+                .collect();
+            tokio::spawn(scheduler::run(managed, config.swap_after, changed, metrics.clone()))
         });
         Dispatch { routes, queues, supervisors, scheduler }
     }
@@ -120,9 +123,11 @@ impl Dispatch {
         if let Some(task) = &self.scheduler {
             task.abort();
         }
-        for supervisor in self.supervisors.values() {
+        for (name, supervisor) in &self.supervisors {
             supervisor.shut_down();
-            supervisor.queue.shut_down();
+            if let Some(queue) = self.queues.get(name) {
+                queue.shut_down();
+            }
         }
     }
 

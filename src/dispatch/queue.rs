@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::{Notify, oneshot};
 
+use crate::backend::gate::Gate;
 use crate::error::GatewayError;
 use crate::metrics::Metrics;
 
@@ -277,6 +278,30 @@ impl BackendQueue {
             idle_for: state.last_activity.elapsed(),
             since_progress: state.last_progress.elapsed(),
         }
+    }
+}
+
+/// The supervisor works the queue through its gate.
+impl Gate for BackendQueue {
+    fn open(&self) {
+        BackendQueue::open(self);
+    }
+
+    fn close(&self) {
+        BackendQueue::close(self);
+    }
+
+    fn fail(&self, reason: &str) {
+        BackendQueue::fail(self, reason);
+    }
+
+    fn clear_failure(&self) {
+        BackendQueue::clear_failure(self);
+    }
+
+    fn working(&self) -> bool {
+        let state = self.shared.lock();
+        state.in_flight > state.abandoned
     }
 }
 
@@ -676,5 +701,18 @@ mod gate_tests {
         assert!(matches!(refused, GatewayError::BackendFailed { .. }), "{refused:?}");
         let now = slot.acquire(ClientId("x".into())).await.err().expect("refused at once");
         assert!(now.to_string().contains("crashed 5 times"), "{now}");
+    }
+
+    #[tokio::test]
+    async fn the_gate_is_working_while_a_slot_is_held_for_somebody() {
+        let q = BackendQueue::new("b", 2, true, Metrics::new(), Arc::new(Notify::new()));
+        let slot = q.add_model("m", 8, Duration::from_secs(60));
+        assert!(!Gate::working(&q), "no slot held");
+        let mut held = slot.acquire(ClientId("a".into())).await.expect("permit");
+        assert!(Gate::working(&q));
+        held.abandon();
+        assert!(!Gate::working(&q), "a slot held for an abandoned answer is no work a drain waits for");
+        drop(held);
+        assert!(!Gate::working(&q));
     }
 }

@@ -35,7 +35,7 @@ use std::time::Duration;
 
 use tokio::sync::Notify;
 
-use super::queue::QueueView;
+use super::queue::{BackendQueue, QueueView};
 use crate::backend::supervisor::{Command, Phase, Supervisor};
 use crate::metrics::Metrics;
 
@@ -207,13 +207,19 @@ impl Scheduler {
     }
 }
 
+/// A managed backend as the scheduler sees it: its supervisor, and its queue (from `Dispatch`).
+pub struct Managed {
+    pub supervisor: Arc<Supervisor>,
+    pub queue: BackendQueue,
+}
+
 /// Runs the rules whenever a queue or a backend changes (and on a short tick for timers).
-pub async fn run(supervisors: Vec<Arc<Supervisor>>, swap_after: Duration, changed: Arc<Notify>, metrics: Metrics) {
+pub async fn run(managed: Vec<Managed>, swap_after: Duration, changed: Arc<Notify>, metrics: Metrics) {
     let mut scheduler = Scheduler::new(swap_after);
     let by_name: HashMap<String, Arc<Supervisor>> =
-        supervisors.iter().map(|s| (s.config.name.clone(), Arc::clone(s))).collect();
+        managed.iter().map(|m| (m.supervisor.config.name.clone(), Arc::clone(&m.supervisor))).collect();
     loop {
-        let mut views: Vec<BackendView> = supervisors.iter().filter_map(|s| view_of(s)).collect();
+        let mut views: Vec<BackendView> = managed.iter().filter_map(view_of).collect();
         // A backend that cannot start (its program or venv is gone) is failed at once, before
         // any healthy backend is swapped out for it.
         for v in views.iter_mut().filter(|v| v.phase == Phase::Stopped && v.queue.waiting > 0) {
@@ -250,7 +256,8 @@ pub async fn run(supervisors: Vec<Arc<Supervisor>>, swap_after: Duration, change
 }
 
 /// The scheduler's view of a managed backend (None for a backend mlxgate does not run).
-fn view_of(supervisor: &Supervisor) -> Option<BackendView> {
+fn view_of(backend: &Managed) -> Option<BackendView> {
+    let supervisor = &backend.supervisor;
     let managed = supervisor.config.managed.as_ref()?;
     let status = supervisor.status();
     Some(BackendView {
@@ -259,7 +266,7 @@ fn view_of(supervisor: &Supervisor) -> Option<BackendView> {
         phase: status.phase,
         generation: status.generation,
         ready_for: status.ready_since.filter(|_| status.phase == Phase::Ready).map(|t| t.elapsed()),
-        queue: supervisor.queue.view(),
+        queue: backend.queue.view(),
         idle_timeout: managed.idle_timeout,
     })
 }

@@ -26,7 +26,7 @@ use crate::access_log::Face;
 use crate::api::AppState;
 use crate::api::arrival;
 use crate::api::fit;
-use crate::api::openai;
+use crate::api::{body, fields};
 use crate::auth;
 use crate::error::GatewayError;
 use crate::outcome::{Outcome, RequestRecord};
@@ -62,10 +62,10 @@ async fn count(state: &Arc<AppState>, request: Request, record: &mut RequestReco
     let access = state.access();
     let caller = auth::identify(&access, &parts.headers)?;
     record.identified(caller.name());
-    let bytes = openai::read_body(&parts, body, state.config.max_body_bytes, state.config.body_read_timeout).await?;
+    let bytes = body::read_body(&parts, body, state.config.max_body_bytes, state.config.body_read_timeout).await?;
     let translated = request::translate(&bytes)?;
     drop(bytes);
-    let asked = openai::requested_model(&translated.fields)?;
+    let asked = fields::requested_model(&translated.fields)?;
     let model = state.config.model_named(&asked).to_string();
     let route = state.dispatch.route(&model).filter(|_| caller.may_use(&access, &model)).ok_or_else(|| {
         record.asked(&asked);

@@ -35,7 +35,7 @@
 
 use serde_json::{Map, Value, json};
 
-use crate::api::openai::RawBody;
+use crate::api::fields::RawBody;
 use crate::error::GatewayError;
 
 /// Longest `metadata.user_id` kept as the conversation's key (Claude Code's is a JSON string of

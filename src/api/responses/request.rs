@@ -29,7 +29,7 @@ use std::collections::HashMap;
 
 use serde_json::{Map, Value, json};
 
-use crate::api::openai::RawBody;
+use crate::api::fields::RawBody;
 use crate::error::GatewayError;
 
 /// How a chat function the backend calls is given back to the client.

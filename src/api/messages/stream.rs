@@ -1,127 +1,52 @@
-//! `MessagesBody`: the client's streamed body, wrapped around the metered chat stream (the
-//! [`StreamMeter`](crate::stream::meter::StreamMeter) the chat face's stream goes through, so
-//! slots, figures and outcomes are the same). Each read of the chat stream is parsed with the
-//! gateway's SSE parser and its complete events translated at once ([`Translator`]); nothing is
-//! held beyond an unfinished SSE line.
+//! The Messages face's stream: its [`Translator`] as the state machine that the generic
+//! [`TranslatedBody`](crate::api::translate::TranslatedBody) drives over the metered chat
+//! stream, with a keep-alive timer of [`PING_EVERY`].
 //!
 //! `ping`: a comment in the chat stream (a server's keep-alive during prefill, the gateway's own
-//! during a map-reduce) becomes a `ping` event; until the first content block starts, a timer
-//! also sends one every [`PING_EVERY`] of silence, for servers that send nothing while they
-//! prefill. The timer lives in the body (no task): it stops with the first content and is
-//! dropped with the body.
+//! during a map-reduce) becomes a `ping` event; until the first content block starts, the
+//! body's timer also sends one every [`PING_EVERY`] of silence, for servers that send nothing
+//! while they prefill.
 
-use std::collections::VecDeque;
-use std::pin::Pin;
-use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http_body::{Body, Frame, SizeHint};
-use pin_project_lite::pin_project;
-use tokio::time::{Instant, Sleep};
 
 use super::events::Translator;
-use crate::stream::sse::{Item, SseParser};
+use crate::api::translate::Translate;
 
 /// Silence before the first content after which a `ping` is sent.
 pub const PING_EVERY: Duration = Duration::from_secs(10);
 
-pin_project! {
-    /// The Messages events of a chat SSE body.
-    pub struct MessagesBody<B> {
-        #[pin]
-        inner: B,
-        parser: SseParser,
-        translator: Translator,
-        out: VecDeque<Bytes>,
-        #[pin]
-        ping: Sleep,
-        every: Duration,
-        ended: bool,
-    }
-}
-
-impl<B> MessagesBody<B> {
-    /// Wraps `inner`; `message_start` goes out first. `every`: the ping timer's period.
-    pub fn new(inner: B, mut translator: Translator, every: Duration) -> Self {
-        let mut out = VecDeque::new();
-        out.push_back(translator.start());
-        let ping = tokio::time::sleep(every);
-        MessagesBody { inner, parser: SseParser::new(), translator, out, ping, every, ended: false }
-    }
-}
-
-/// The Messages bytes of one read of the chat stream.
-fn translate(parser: &mut SseParser, translator: &mut Translator, data: &[u8]) -> Bytes {
-    let mut out = Vec::new();
-    parser.feed(data, |item, _| match item {
-        Item::Event(event) => out.extend_from_slice(&translator.chat_event(&event.data)),
-        Item::Comment(_) => out.extend_from_slice(&translator.ping()),
-        Item::Blank => {}
-    });
-    Bytes::from(out)
-}
-
-impl<B> Body for MessagesBody<B>
-where
-    B: Body<Data = Bytes>,
-    B::Error: std::fmt::Display,
-{
-    type Data = Bytes;
-    type Error = B::Error;
-
-    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
-        let mut this = self.project();
-        loop {
-            if let Some(bytes) = this.out.pop_front() {
-                if bytes.is_empty() {
-                    continue;
-                }
-                return Poll::Ready(Some(Ok(Frame::data(bytes))));
-            }
-            if *this.ended {
-                return Poll::Ready(None);
-            }
-            match this.inner.as_mut().poll_frame(cx) {
-                Poll::Pending => {
-                    if this.translator.content_started() {
-                        return Poll::Pending;
-                    }
-                    // Silence before the first content: a ping when the timer fires.
-                    match this.ping.as_mut().poll(cx) {
-                        Poll::Pending => return Poll::Pending,
-                        Poll::Ready(()) => {
-                            this.ping.as_mut().reset(Instant::now() + *this.every);
-                            this.out.push_back(this.translator.ping());
-                        }
-                    }
-                }
-                Poll::Ready(Some(Ok(frame))) => {
-                    if let Ok(data) = frame.into_data() {
-                        this.out.push_back(translate(this.parser, this.translator, &data));
-                        this.ping.as_mut().reset(Instant::now() + *this.every);
-                    }
-                }
-                Poll::Ready(Some(Err(e))) => {
-                    *this.ended = true;
-                    this.out.push_back(this.translator.fail(&format!("The answer broke: {e}")));
-                }
-                Poll::Ready(None) => {
-                    *this.ended = true;
-                    // A last event without its blank line still counts, as the meter counts it.
-                    this.out.push_back(translate(this.parser, this.translator, b"\n\n"));
-                    this.out.push_back(this.translator.end());
-                }
-            }
-        }
+impl Translate for Translator {
+    /// `message_start`.
+    fn start(&mut self) -> Bytes {
+        Translator::start(self)
     }
 
-    fn is_end_stream(&self) -> bool {
-        self.ended && self.out.is_empty()
+    fn chat_event(&mut self, data: &str) -> Bytes {
+        Translator::chat_event(self, data)
     }
 
-    fn size_hint(&self) -> SizeHint {
-        SizeHint::default()
+    /// A `ping`.
+    fn comment(&mut self, _: &str) -> Bytes {
+        self.ping()
+    }
+
+    fn broke(&mut self, error: &str) -> Bytes {
+        self.fail(&format!("The answer broke: {error}"))
+    }
+
+    fn end(&mut self) -> Bytes {
+        Translator::end(self)
+    }
+
+    fn awaits_content(&self) -> bool {
+        !self.content_started()
+    }
+
+    /// A `ping`.
+    fn keepalive(&mut self) -> Bytes {
+        self.ping()
     }
 }
 
@@ -132,8 +57,11 @@ mod tests {
     use http_body_util::{BodyExt, StreamBody};
     use serde_json::Value;
 
+    use http_body::Frame;
+
     use super::*;
     use crate::api::messages::request::Shape;
+    use crate::api::translate::TranslatedBody;
 
     fn shape() -> Shape {
         Shape { model: "claude-x".into(), stop_sequences: Vec::new(), thinking: true, tools: Vec::new() }
@@ -144,7 +72,7 @@ mod tests {
     async fn read(chunks: Vec<&'static [u8]>) -> Vec<String> {
         let frames = chunks.into_iter().map(|c| Ok::<_, Infallible>(Frame::data(Bytes::from_static(c))));
         let inner = StreamBody::new(futures_util::stream::iter(frames));
-        let body = MessagesBody::new(inner, Translator::new(shape()), PING_EVERY);
+        let body = TranslatedBody::new(inner, Translator::new(shape()), Some(PING_EVERY));
         let bytes = body.collect().await.expect("body").to_bytes();
         events(std::str::from_utf8(&bytes).expect("utf-8"))
     }
@@ -217,7 +145,7 @@ mod tests {
         let (tx, rx) = tokio::sync::mpsc::channel::<Result<Frame<Bytes>, Infallible>>(4);
         let inner = StreamBody::new(tokio_stream_of(rx));
         // A short period: each ping below is the timer's (the backend sends nothing).
-        let mut body = Box::pin(MessagesBody::new(inner, Translator::new(shape()), Duration::from_millis(5)));
+        let mut body = Box::pin(TranslatedBody::new(inner, Translator::new(shape()), Some(Duration::from_millis(5))));
         let mut next = async || {
             let frame = body.as_mut().frame().await.expect("a frame").expect("ok");
             events(std::str::from_utf8(&frame.into_data().expect("data")).expect("utf-8"))

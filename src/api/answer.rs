@@ -1,0 +1,246 @@
+//! wrap: the backend's answer as the client gets it. [`call`] sends the prepared request
+//! through dispatch's call and holds its answer ([`Answered`]); [`Answered::into_response`]
+//! wraps it: a stream in the [`StreamMeter`] (which records the outcome at its end), a whole
+//! answer read here (its figures as headers, `finish_length` applied, the backend's name for
+//! the model replaced by the public one), a backend's error in OpenAI's shape.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use axum::http::{HeaderValue, header};
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use hyper::body::Incoming;
+
+use super::AppState;
+use super::body::{MAX_ERROR_BODY, MAX_WHOLE_ANSWER, read_whole};
+use super::fields::RawBody;
+use super::normalise::stream_normalise;
+use super::outgoing::{Outgoing, prepare};
+use crate::backend::handle::Answer;
+use crate::backend::upstream::strip_hop_by_hop;
+use crate::dispatch::call::{Held, Prepared};
+use crate::dispatch::queue::{ClientId, Permit};
+use crate::dispatch::{self, Route};
+use crate::error::{ErrorBody, GatewayError, backend_error_body};
+use crate::outcome::{Outcome, RequestRecord};
+use crate::stream::figures::{StreamFigures, Whole, figures_of_whole};
+use crate::stream::finish::{StreamNormalise, stop_to_length};
+use crate::stream::meter::{RequestInfo, StreamMeter};
+use crate::stream::shutdown::Cutoff;
+
+/// call: the request prepared for `route`'s backend ([`prepare`]), then dispatch's call
+/// (acquire → send → first bytes, retried as its rules say), its answer held for wrapping.
+pub(crate) async fn call(
+    state: &AppState,
+    route: &Route,
+    client: &ClientId,
+    parts: &axum::http::request::Parts,
+    mut fields: RawBody,
+    transform: Option<String>,
+    sent: &std::sync::atomic::AtomicBool,
+) -> Result<Answered, GatewayError> {
+    let mut outgoing = prepare(parts, &mut fields, route)?;
+    outgoing.transform = transform;
+    drop(fields);
+    let prepared = Prepared { route, client, outbound: &outgoing.outbound, sent };
+    let Held { permit, answer, queue_wait } = dispatch::call::call(prepared, &state.metrics, &state.cutoff).await?;
+    let normalise = stream_normalise(&route.backend.config, &outgoing);
+    Ok(Answered {
+        answer,
+        permit,
+        outgoing: Box::new(outgoing),
+        queue_wait,
+        idle_timeout: route.backend.config.stream_idle_timeout,
+        normalise,
+    })
+}
+
+/// A backend's answer with the slot it holds, before it is wrapped for the client.
+pub(crate) struct Answered {
+    answer: Answer,
+    permit: Permit,
+    /// Boxed: the answer is moved through the handler's result, and the request's parts are large.
+    outgoing: Box<Outgoing>,
+    /// Time spent waiting for slots (every attempt's).
+    queue_wait: Duration,
+    idle_timeout: Duration,
+    normalise: StreamNormalise,
+}
+
+impl Answered {
+    /// wrap: the client's response. Streams and raw bodies are wrapped in the [`StreamMeter`]
+    /// (which records the outcome at their end); whole answers and the backend's own errors
+    /// are read here first.
+    pub(crate) async fn into_response(self, record: RequestRecord, cutoff: Arc<Cutoff>) -> Response {
+        let Answered { answer, permit, outgoing, queue_wait, idle_timeout, normalise } = self;
+        let Answer { mut head, body, first, sent_at } = answer;
+        let mut record = record;
+        record.queued(queue_wait);
+        strip_hop_by_hop(&mut head.headers);
+        // Whatever the backend spoke (mlx_lm.server: HTTP/1.0), the client gets HTTP/1.1.
+        head.version = axum::http::Version::HTTP_11;
+        if let Some(v) = outgoing.transform.as_deref().and_then(|t| HeaderValue::from_str(t).ok()) {
+            head.headers.insert("x-mlxgate-transform", v);
+        }
+        let info = RequestInfo {
+            record,
+            queue_wait,
+            client_wants_usage: outgoing.client_wants_usage,
+            stats_comment: outgoing.stats_comment,
+            idle_timeout,
+            cutoff,
+            normalise,
+        };
+        if !head.status.is_success() {
+            return error_answer(head, body, first, permit, info).await;
+        }
+        let sse = head
+            .headers
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.starts_with("text/event-stream"));
+        if sse {
+            // Tell nginx-style proxies in front of us not to buffer, and caches not to keep it.
+            head.headers.insert("x-accel-buffering", HeaderValue::from_static("no"));
+            head.headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+            // The meter changes the length (a dropped usage chunk, an error event, the stats
+            // line): the client's body is chunked, never the backend's announced length.
+            head.headers.remove(header::CONTENT_LENGTH);
+            let mut info = info;
+            info.record.responded(head.status.as_u16());
+            let body = StreamMeter::new(body, first, permit, info);
+            return Response::from_parts(head, Body::new(body));
+        }
+        // Whole answers (embeddings too: read whole, their usage settles the client's charge
+        // and the record ends with the answer, not when hyper stops polling a body of a known
+        // length).
+        whole_answer(head, body, first, permit, info, sent_at, outgoing.generates).await
+    }
+}
+
+/// A whole (non-streaming) answer: read it (it is complete when the backend sends it) to take
+/// its usage, record it, and add the per-request figures as headers. `sent_at` is when the
+/// request went to the backend: the answer's tokens per second are over the backend's time.
+/// `generates`: a chat or completion (an embeddings answer has no first token to time).
+async fn whole_answer(
+    mut head: hyper::http::response::Parts,
+    incoming: Incoming,
+    first: Option<Bytes>,
+    permit: Permit,
+    mut info: RequestInfo,
+    sent_at: Instant,
+    generates: bool,
+) -> Response {
+    let backend = info.record.backend.clone();
+    let cut = info.cutoff.notified();
+    let read = async {
+        tokio::select! {
+            whole = read_whole(&backend, first, incoming, MAX_WHOLE_ANSWER, info.idle_timeout) => whole,
+            () = cut => Err(GatewayError::ShuttingDown),
+        }
+    };
+    let whole = match read.await {
+        Ok(whole) => whole,
+        Err(e) => {
+            drop(permit);
+            info.record.responded(e.status().as_u16());
+            info.record.finish_answered(Outcome::from(&e), &StreamFigures::default().of_whole(Whole::Failed));
+            return e.into_response();
+        }
+    };
+    let mut permit = permit;
+    if head.status.is_success() {
+        permit.finish();
+    }
+    drop(permit);
+    let Some(figures) = figures_of_whole(&whole) else {
+        let e = GatewayError::Backend {
+            backend,
+            reason: format!("it answered {} with a body that is not an OpenAI answer", head.status),
+        };
+        info.record.responded(e.status().as_u16());
+        info.record.finish_answered(Outcome::from(&e), &StreamFigures::default().of_whole(Whole::Failed));
+        return e.into_response();
+    };
+    info.record.responded(head.status.as_u16());
+    let whole = named(whole, info.record.public_model());
+    let headers = &mut head.headers;
+    headers.remove(header::CONTENT_LENGTH);
+    headers.insert("x-mlxgate-queue-ms", HeaderValue::from(info.queue_wait.as_millis() as u64));
+    if !generates {
+        info.record.finish_answered(Outcome::Ok, &figures.of_whole(Whole::Embeddings));
+        return Response::from_parts(head, Body::from(whole));
+    }
+    headers.insert("x-mlxgate-ttft-ms", HeaderValue::from(info.record.arrived.elapsed().as_millis() as u64));
+    if let Some(tokens) = figures.tokens() {
+        let seconds = sent_at.elapsed().as_secs_f64().max(1e-6);
+        let tps = format!("{:.1}", tokens as f64 / seconds);
+        if let Ok(v) = HeaderValue::from_str(&tps) {
+            headers.insert("x-mlxgate-tokens-per-second", v);
+        }
+    }
+    let whole = finish_at_length(whole, &figures, info.normalise.length_at);
+    info.record.finish_answered(Outcome::Ok, &figures.of_whole(Whole::Answer));
+    Response::from_parts(head, Body::from(whole))
+}
+
+/// A whole answer naming `model` (the public name) where the backend put its own name for it
+/// (a path on disk, say): the `model` string replaced in the answer's text, nothing re-encoded.
+pub(crate) fn named(whole: Vec<u8>, model: &str) -> Vec<u8> {
+    let Some(span) = std::str::from_utf8(&whole).ok().and_then(crate::stream::frame::model_span) else {
+        return whole;
+    };
+    let public = serde_json::Value::from(model).to_string();
+    if model.is_empty() || whole[span.clone()] == *public.as_bytes() {
+        return whole;
+    }
+    let mut out = Vec::with_capacity(whole.len() + public.len());
+    out.extend_from_slice(&whole[..span.start]);
+    out.extend_from_slice(public.as_bytes());
+    out.extend_from_slice(&whole[span.end..]);
+    out
+}
+
+/// `finish_length` on a whole answer: when its usage reached `length_at` (the request's
+/// `max_tokens`), a `stop` finish becomes `length`; the answer is re-encoded only then.
+fn finish_at_length(whole: Vec<u8>, figures: &StreamFigures, length_at: Option<u64>) -> Vec<u8> {
+    let cut = length_at.zip(figures.tokens()).is_some_and(|(at, tokens)| tokens >= at);
+    if !cut {
+        return whole;
+    }
+    let Ok(mut answer) = serde_json::from_slice::<serde_json::Value>(&whole) else { return whole };
+    let one_choice = answer.get("choices").and_then(serde_json::Value::as_array).is_some_and(|c| c.len() == 1);
+    if !one_choice || !stop_to_length(&mut answer) {
+        return whole;
+    }
+    serde_json::to_vec(&answer).unwrap_or(whole)
+}
+
+/// The backend's own error answer (any non-2xx): read (bounded) and given to the client in
+/// OpenAI's shape with the backend's status and words.
+async fn error_answer(
+    mut head: hyper::http::response::Parts,
+    incoming: Incoming,
+    first: Option<Bytes>,
+    permit: Permit,
+    info: RequestInfo,
+) -> Response {
+    let backend = info.record.backend.clone();
+    let text = read_whole(&backend, first, incoming, MAX_ERROR_BODY, info.idle_timeout).await.unwrap_or_default();
+    drop(permit);
+    let body = backend_error_body(&backend, head.status, &text);
+    let outcome =
+        if head.status.is_client_error() { Outcome::BackendRejected } else { Outcome::Failed("backend_error") };
+    tracing::info!(backend = %backend, status = %head.status, message = %body["error"]["message"], "backend refused the request");
+    let mut record = info.record;
+    record.responded(head.status.as_u16());
+    record.finish_answered(outcome, &StreamFigures::default().of_whole(Whole::Failed));
+    head.headers.remove(header::CONTENT_LENGTH);
+    head.headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    let mut response = Response::from_parts(head, Body::from(body.to_string()));
+    // The access layer adds the request id to it, as to the gateway's own errors.
+    response.extensions_mut().insert(ErrorBody { body, outcome: outcome.label() });
+    response
+}
