@@ -551,3 +551,31 @@ async fn during_the_shutdown_grace_a_crash_is_not_restarted_and_waiting_answers_
     assert!(cut.contains("gateway_shutdown"), "the remote stream ran to the grace's end: {cut}");
     drop(held);
 }
+
+/// The helper that watches for restarts counts a server, never a keeper: not while the keeper
+/// runs, not as it exits, not once it is a zombie (whose command line reads empty). It once
+/// read a command line twice, and a keeper exiting between the readings was counted as a
+/// server: `during_the_shutdown_grace…` failed now and then under load, its watch seeing the
+/// crashed server's keeper go.
+#[test]
+fn a_keeper_is_never_counted_as_a_server_alive_exiting_or_exited() {
+    let port = free_port();
+    // A stand-in keeper: the keeper's marker and the server's command line in its own; it
+    // exits after 50 ms and stays a zombie until waited for.
+    let mut keeper = Command::new("sh")
+        .args(["-c", "sleep 0.05; exit 0", "mlxgate", "keep", "--grace", "1s", "--", SIM])
+        .args(["--port", &port.to_string(), "--style", "mlx-lm"])
+        .spawn()
+        .expect("sh");
+    let needle = format!("--port {port} ");
+    let mut seen_running = false;
+    while !std::fs::read_to_string(format!("/proc/{}/stat", keeper.id()))
+        .is_ok_and(|stat| stat.rsplit(')').next().is_some_and(|rest| rest.trim_start().starts_with('Z')))
+    {
+        seen_running |= processes_with(&[SIM, &needle]).contains(&keeper.id());
+        assert_eq!(servers(SIM, &needle), Vec::<u32>::new(), "a running or exiting keeper counted as a server");
+    }
+    assert_eq!(servers(SIM, &needle), Vec::<u32>::new(), "a zombie keeper counted as a server");
+    assert!(seen_running, "the stand-in keeper was seen running");
+    let _ = keeper.wait();
+}

@@ -145,15 +145,29 @@ pub async fn post(gw: &Gateway, path: &str, body: &Value) -> reqwest::Response {
 /// Pids of live processes whose command line contains every one of `needles`
 /// (from /proc; zombies, which hold no resources, are not counted).
 pub fn processes_with(needles: &[&str]) -> Vec<u32> {
+    live_processes(|cmdline| needles.iter().all(|n| cmdline.contains(n))).into_iter().map(|(pid, _)| pid).collect()
+}
+
+/// `(pid, process group)` of the live processes whose command line (its arguments joined by
+/// spaces) passes `wanted`. Each process is judged on one reading of its command line: read
+/// twice, a process could pass the first reading and exit before the second, and a process
+/// that has exited (a zombie) reads as an empty command line, which tells nothing about it.
+fn live_processes(wanted: impl Fn(&str) -> bool) -> Vec<(u32, u32)> {
     let Ok(entries) = std::fs::read_dir("/proc") else { return vec![] };
     entries
         .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|pid| {
-            let Ok(raw) = std::fs::read(format!("/proc/{pid}/cmdline")) else { return false };
+        .filter_map(|pid| {
+            let raw = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
             let cmdline = String::from_utf8_lossy(&raw).replace('\0', " ");
-            let zombie = std::fs::read_to_string(format!("/proc/{pid}/stat"))
-                .is_ok_and(|stat| stat.rsplit(')').next().is_some_and(|rest| rest.trim_start().starts_with('Z')));
-            !zombie && needles.iter().all(|n| cmdline.contains(n))
+            if cmdline.is_empty() || !wanted(&cmdline) {
+                return None;
+            }
+            // Fields after the command name: state, ppid, pgrp.
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            let mut fields = stat.rsplit(')').next()?.split_whitespace();
+            let state = fields.next()?;
+            let group = fields.nth(1)?.parse().ok()?;
+            (state != "Z").then_some((pid, group))
         })
         .collect()
 }
@@ -200,20 +214,18 @@ pub async fn backend_state(gw: &Gateway, name: &str) -> Value {
 /// Live servers: the process groups of processes whose command line contains `program` and
 /// `arg`. Each managed server leads a group of its own, so a server that forks (a subprocess
 /// call between fork and exec has the parent's command line) still counts once, and the group
-/// id is the server's pid. Keepers, whose command lines contain the server's, are not counted.
+/// id is the server's pid. Keepers, whose command lines contain the server's, are not counted:
+/// told apart on the same reading of the command line that matched them (a keeper that exited
+/// between two readings read as an empty command line the second time, and so as no keeper,
+/// and was counted as a server: the flaky failure of
+/// `lifecycle::during_the_shutdown_grace_a_crash_is_not_restarted…`).
 pub fn servers(program: &str, arg: &str) -> Vec<u32> {
-    let mut groups: Vec<u32> = processes_with(&[program, arg])
-        .into_iter()
-        .filter(|pid| {
-            std::fs::read(format!("/proc/{pid}/cmdline"))
-                .is_ok_and(|raw| !String::from_utf8_lossy(&raw).replace('\0', " ").contains(" keep --grace "))
-        })
-        .filter_map(|pid| {
-            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-            // Fields after the command name: state, ppid, pgrp.
-            stat.rsplit(')').next()?.split_whitespace().nth(2)?.parse().ok()
-        })
-        .collect();
+    let mut groups: Vec<u32> = live_processes(|cmdline| {
+        cmdline.contains(program) && cmdline.contains(arg) && !cmdline.contains(" keep --grace ")
+    })
+    .into_iter()
+    .map(|(_, group)| group)
+    .collect();
     groups.sort_unstable();
     groups.dedup();
     groups
