@@ -44,6 +44,8 @@ fn pid_of(state: &Value) -> u32 {
 }
 
 fn signal(name: &str, pid: u32) {
+    // `kill 0` would be this test's whole group, and `kill -9 1` is never meant.
+    assert!(pid > 1 && pid != std::process::id(), "refusing to signal pid {pid}");
     assert!(Command::new("kill").args([name, &pid.to_string()]).status().expect("kill").success());
 }
 
@@ -363,8 +365,8 @@ struct KillServersOnDrop(String);
 
 impl Drop for KillServersOnDrop {
     fn drop(&mut self) {
-        for pid in servers(SIM, &self.0) {
-            let _ = Command::new("kill").args(["-9", &format!("-{pid}")]).status();
+        for group in servers(SIM, &self.0) {
+            kill_group(group);
         }
     }
 }

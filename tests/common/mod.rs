@@ -166,10 +166,32 @@ fn live_processes(wanted: impl Fn(&str) -> bool) -> Vec<(u32, u32)> {
             let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
             let mut fields = stat.rsplit(')').next()?.split_whitespace();
             let state = fields.next()?;
-            let group = fields.nth(1)?.parse().ok()?;
-            (state != "Z").then_some((pid, group))
+            let group: u32 = fields.nth(1)?.parse().ok()?;
+            // A process being torn down (state X, or Z) reads as group 0: never a server's.
+            (state != "Z" && state != "X" && group > 1).then_some((pid, group))
         })
         .collect()
+}
+
+/// SIGKILL to the process group `group` — only when it is a live group a test may kill: its
+/// leader alive and leading it, and not this test's own group. A bogus group is refused, never
+/// signalled: `kill(-0)` is the caller's own group (in CI, the test runner's), and `kill(-1)`
+/// every process the caller may signal (as root: the whole machine, the CI run included).
+pub fn kill_group(group: u32) {
+    let leads = |pid: u32| {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        let mut fields = stat.rsplit(')').next()?.split_whitespace();
+        let dead = matches!(fields.next()?, "Z" | "X");
+        let group: u32 = fields.nth(1)?.parse().ok()?;
+        Some((dead, group))
+    };
+    let own = leads(std::process::id()).map(|(_, g)| g);
+    let Some((dead, leader_group)) = leads(group) else { return };
+    if group <= 1 || Some(group) == own || leader_group != group || dead {
+        return;
+    }
+    let Ok(raw) = i32::try_from(group) else { return };
+    let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(raw), nix::sys::signal::Signal::SIGKILL);
 }
 
 /// A TCP port on 127.0.0.1 that no other test takes, for a server a test starts later.
