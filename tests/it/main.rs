@@ -21,6 +21,7 @@ mod context_real;
 mod context_shapes;
 mod dashboards;
 mod dashboards_files;
+mod docs;
 mod faults;
 mod hostile;
 mod kinds_real;

@@ -394,7 +394,7 @@ fn replay_requests() -> Vec<Value> {
             .replace("{NONCE}", &format!("{:05x}", n * 48271 % 1048576));
         body["system"][0]["text"] = Value::from(line);
         body["messages"] = Value::Array(messages.clone());
-        // A local model's name, as the README advises for Claude Code's main model.
+        // A local model's name, as docs/agents.md advises for Claude Code's main model.
         body["model"] = json!("qwen");
         body["max_tokens"] = json!(8);
         body["temperature"] = json!(0);
