@@ -1,6 +1,6 @@
 //! One backend as the request path sees it: send a request, wait for the answer's first body
-//! bytes, and decide whether a failure may be sent again (DESIGN.md rule 10: one handle owns
-//! send → first byte → retry).
+//! bytes, and decide whether a failure may be sent again: this one handle owns send → first
+//! byte → retry, so no other part of the request path sends or retries.
 //!
 //! The answer is held until its first body bytes, so a failure before them has shown the client
 //! nothing. Whether sending again is safe depends on what the backend may have done with it:

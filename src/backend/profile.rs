@@ -1,5 +1,6 @@
-//! What mlxgate knows about each kind of server (DESIGN.md's backend table): how to launch it,
-//! which path says it is up, and whether `/health` can be trusted before the model is loaded.
+//! What mlxgate knows about each kind of server (docs/servers.md, "What each server does on the
+//! wire"): how to launch it, which path says it is up, and whether `/health` can be trusted
+//! before the model is loaded.
 
 use std::time::Duration;
 
@@ -145,7 +146,7 @@ impl Kind {
     }
 }
 
-/// What the gateway does about one backend's measured quirks (DESIGN.md's wire facts). Each
+/// What the gateway does about one backend's measured quirks (docs/wire-facts.md). Each
 /// field defaults from the backend's kind ([`Kind::normalise`]) and can be switched under the
 /// backend's `normalise:` key; `/admin/backends` lists the ones in force ([`Normalise::active`]).
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -1,5 +1,5 @@
 //! `mlxgate probe URL [--model M] [--json]`: measures, with hand-written HTTP/1.1 on raw
-//! sockets, what `wire-facts.md` records of an OpenAI-compatible server — HTTP version and
+//! sockets, what `docs/wire-facts.md` records of an OpenAI-compatible server — HTTP version and
 //! framing, keep-alive and its idle timeout, the Host and Origin checks, the SSE shape (role
 //! chunk, keepalives, usage placement, `[DONE]`, reasoning field, finish reason at `max_tokens`,
 //! cached tokens), error statuses and shapes, what two concurrent streams get and whether a
@@ -47,12 +47,12 @@ const FOREIGN_HOST: &str = "mlxgate-probe.invalid";
 /// The `Origin` sent by the Origin check: a browser UI on the same machine.
 const BROWSER_ORIGIN: &str = "http://localhost:3000";
 
-/// Kinds known to refuse `max_tokens: -1` before generating (wire-facts §4: mlx_lm 400,
+/// Kinds known to refuse `max_tokens: -1` before generating (docs/wire-facts.md §4: mlx_lm 400,
 /// vllm-mlx 422, Rapid-MLX 400, mlx-vlm 400).
 const REFUSE_NEGATIVE: &[&str] = &["mlx-lm", "vllm-mlx", "rapid-mlx", "mlx-vlm"];
-/// Kinds known to take `max_tokens: -1` as unlimited (wire-facts §4: 200, generated until EOS).
+/// Kinds known to take `max_tokens: -1` as unlimited (docs/wire-facts.md §4: 200, generated until EOS).
 const UNLIMITED_NEGATIVE: &[&str] = &["mlx-openai-server", "mlx-omni-server"];
-/// Kinds known to check the prompt's length before generating (wire-facts §4: 400).
+/// Kinds known to check the prompt's length before generating (docs/wire-facts.md §4: 400).
 const CHECK_CONTEXT: &[&str] = &["rapid-mlx", "mlx-vlm"];
 
 /// The kinds `--kind` takes (the gateway's `kind:` names).
@@ -581,7 +581,7 @@ fn kind_from_head(head: &Head) -> Option<String> {
     }
 }
 
-/// The server, when a stream's body shows which (wire-facts.md): mlx-vlm's `timings`,
+/// The server, when a stream's body shows which (docs/wire-facts.md): mlx-vlm's `timings`,
 /// vllm-mlx's `generation_metadata`, Rapid-MLX's `metrics.time_to_first_token_ms`,
 /// mlx-openai-server's `chatcmpl_` ids with usage on the finish chunk, mlx-omni-server's role on
 /// every delta with a doubled finish chunk.

@@ -23,7 +23,7 @@
 //!   close, so a crashed mlx_lm.server looks like a normal end), a broken connection, silence
 //!   longer than `stream_idle_timeout`, or an event larger than [`MAX_EVENT_BYTES`]; a cut
 //!   stream gets a final SSE error event and counts as a backend failure;
-//! - records everything once, when the stream ends (DESIGN.md, "Streams and metrics").
+//! - records everything once, when the stream ends (what each figure means: docs/metrics.md).
 
 use std::collections::VecDeque;
 use std::future::Future;
@@ -1287,7 +1287,7 @@ mod tests {
     }
 }
 
-/// Property tests: for generated transcripts in the style of every server in DESIGN.md's table,
+/// Property tests: for generated transcripts in the style of every server in docs/wire-facts.md,
 /// split at random, the parser sees the same events, the figures are the same, and the client
 /// gets the same bytes (exactly the backend's, less the usage-only chunk when not asked for;
 /// with `finish_length` and `single_finish`, one finish chunk, saying `length`).

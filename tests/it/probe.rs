@@ -1,7 +1,7 @@
 //! `mlxgate probe` against mlxgate-sim in each server style (the probe reports what the style
 //! does on the wire, fails on a server that cuts its streams, ends at its deadline on one that
 //! hangs) and against each real server available here — mlx_lm.server, mlx-openai-server,
-//! vllm-mlx, Rapid-MLX, mlx-vlm, mlx-omni-server — where it must report what wire-facts.md
+//! vllm-mlx, Rapid-MLX, mlx-vlm, mlx-omni-server — where it must report what docs/wire-facts.md
 //! records for that server, and print a stanza the gateway's own config parser takes with the
 //! normalisations those facts call for.
 
@@ -430,7 +430,7 @@ async fn probe_real(real: &Real, model: Option<&str>, idle_wait: u64) -> Report 
     r
 }
 
-/// The wire-facts.md row of one server, as the probe's keys.
+/// The docs/wire-facts.md row of one server, as the probe's keys.
 struct Row<'a> {
     http: (&'static str, &'static str, bool, Option<f64>),
     role_chunk: &'static str,
