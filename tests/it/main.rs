@@ -23,6 +23,7 @@ mod dashboards;
 mod dashboards_files;
 mod docs;
 mod faults;
+mod golden;
 mod hostile;
 mod kinds_real;
 mod lifecycle;

@@ -7,8 +7,8 @@ use std::path::PathBuf;
 
 use serde_json::Value;
 
-use super::common::{Gateway, client};
 use super::mask::mask;
+use crate::common::{Gateway, client};
 
 /// One request a case sends.
 pub struct Request {
@@ -83,11 +83,11 @@ impl Transcript {
         let headers = response.headers().clone();
         let mut body = Vec::new();
         let ended = loop {
-            match tokio::time::timeout(super::common::PATIENCE, response.chunk()).await {
+            match tokio::time::timeout(crate::common::PATIENCE, response.chunk()).await {
                 Ok(Ok(Some(chunk))) => body.extend_from_slice(&chunk),
                 Ok(Ok(None)) => break "### end",
                 Ok(Err(_)) => break "### end: the body broke off (not a clean end of the message)",
-                Err(_) => panic!("no end of the body within {:?}: {}", super::common::PATIENCE, self.text),
+                Err(_) => panic!("no end of the body within {:?}: {}", crate::common::PATIENCE, self.text),
             }
         };
         let mut names: Vec<&str> = headers.keys().map(|k| k.as_str()).collect();

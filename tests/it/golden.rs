@@ -11,13 +11,10 @@
 //! again (only when a change to what clients see is meant); a missing one is written and said
 //! so, and fails under `CI=true`.
 
-mod common;
-#[path = "golden/mask.rs"]
 mod mask;
-#[path = "golden/transcript.rs"]
 mod transcript;
 
-use common::*;
+use crate::common::*;
 use mlxgate::sim::{self, Behaviour, Script, SimConfig, SimHandle, Style};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
@@ -541,6 +538,6 @@ mod replay {
             .filter(|name| !CASES.contains(&name.as_str()))
             .collect();
         stale.sort();
-        assert!(stale.is_empty(), "recordings without a case in tests/golden.rs: {stale:?}");
+        assert!(stale.is_empty(), "recordings without a case in tests/it/golden.rs: {stale:?}");
     }
 }
