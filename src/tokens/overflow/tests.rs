@@ -7,7 +7,12 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use proptest::prelude::*;
 use proptest::strategy::ValueTree;
+use serde_json::{Value, json};
 
+use super::chunk::{MAX_OVERLAP, piece_ranges};
+use super::cut::{MAX_BOUNDARY_SHIFT, cut_middle};
+use super::messages::{is_instruction, role, text_only, text_segments, tool_call_text};
+use super::middle_out::{MIN_KEPT_TOKENS, last_user};
 use super::*;
 
 /// Template tokens per message, for the generation prompt, per tool, per image, and the
