@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Reference prompt renderings and token counts from transformers, for tests/tokens_reference.rs.
+"""Reference prompt renderings and token counts from transformers, for tests/it/tokens_reference.rs.
 
 usage: token-reference.py TOKENIZER_DIR CORPUS_JSON [--template FILE]
 

@@ -1,6 +1,6 @@
 //! `GatewayError`: every failure a client can see. One `match` decides the HTTP status, the
 //! OpenAI-shaped body `{"error": {"message", "type", "param", "code"}}` and the metric label,
-//! so the three never disagree (DESIGN.md, "Errors clients see").
+//! so the three never disagree (the table of them all: docs/errors.md).
 //!
 //! Every error body the gateway makes carries the request's id as an extra member of `error`,
 //! `request_id` (the OpenAI SDKs keep members they do not know; the message stays OpenAI's own

@@ -1,6 +1,6 @@
 //! mlxgate: an OpenAI-compatible gateway in front of local MLX servers.
 //!
-//! The request's path and the module layout are described in DESIGN.md; `app()` is the one
+//! The request's path and the module layout are described in ARCHITECTURE.md; `app()` is the one
 //! router used by `mlxgate serve` and by the integration tests alike.
 #![forbid(unsafe_code)]
 

@@ -1,7 +1,7 @@
 //! Every Prometheus metric the gateway exports, declared once on one `Registry` that travels in
-//! the application state. Names follow DESIGN.md ("Streams and metrics"): prefix `mlxgate_`,
-//! seconds as the unit, labels from bounded sets only (configured model, backend and client
-//! names, `anonymous`, error types).
+//! the application state. Names follow vLLM's and the OpenTelemetry GenAI conventions (the
+//! list: docs/metrics.md): prefix `mlxgate_`, seconds as the unit, labels from bounded sets only
+//! (configured model, backend and client names, `anonymous`, error types).
 
 use prometheus::{
     Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder,

@@ -1,4 +1,5 @@
-//! What became of a request, recorded exactly once (DESIGN.md rule 10).
+//! What became of a request, recorded exactly once and in this one place: ok, client_closed,
+//! stream_error, backend_rejected, or a `GatewayError`.
 //!
 //! A [`RequestRecord`] is made when a request arrives. It learns the model and backend once
 //! the request is routed, travels with the request (into the response body for streams), and is

@@ -10,8 +10,9 @@
 //! draining (requests wait, they do not fail), open once it is ready. A failed backend's queue
 //! refuses at once with the failure's reason.
 //!
-//! The slot is a [`Permit`] that releases on drop. It travels inside the response body
-//! (DESIGN.md rule 3), so a stream holds its slot until its last byte or until the client goes.
+//! The slot is a [`Permit`] that releases on drop. It travels inside the response body (not
+//! tower's `ConcurrencyLimit`, which frees it at the headers while a stream lasts minutes), so a
+//! stream holds its slot until its last byte or until the client goes.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard};

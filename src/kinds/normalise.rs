@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use super::Kind;
 
-/// What the gateway does about one backend's measured quirks (DESIGN.md's wire facts). Each
+/// What the gateway does about one backend's measured quirks (docs/wire-facts.md). Each
 /// field defaults from the backend's kind ([`Kind::normalise`]) and can be switched under the
 /// backend's `normalise:` key; `/admin/backends` lists the ones in force ([`Normalise::active`]).
 #[derive(Debug, Clone, PartialEq, Eq)]

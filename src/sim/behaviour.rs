@@ -1,6 +1,6 @@
 //! The simulator's knobs. One `Behaviour` type is read from command-line flags (the server's
 //! defaults) and from a request's `"sim": {…}` object (per-request overrides), then laid over a
-//! `Style` preset that reproduces one real server's quirks (DESIGN.md's table).
+//! `Style` preset that reproduces one real server's quirks (as measured in docs/wire-facts.md).
 
 use serde::Deserialize;
 

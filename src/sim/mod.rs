@@ -1,9 +1,10 @@
 //! `mlxgate-sim`: an OpenAI-compatible server for tests and benchmarks whose timing and quirks
 //! are set by flags (server defaults) and per request (a `"sim": {…}` object in the body, which
-//! the gateway forwards untouched). It reproduces the servers of DESIGN.md's table: keepalive
-//! styles, usage placement, error events, crashes, hangs, prompt caps, a prompt cache (the previous
-//! prompt, reported as `cached_tokens` in the styles that report it) and a batching capacity
-//! with a speedup curve. Never used by `mlxgate serve`.
+//! the gateway forwards untouched). It reproduces the servers of docs/wire-facts.md (summed up in
+//! docs/servers.md, "What each server does on the wire"): keepalive styles, usage placement,
+//! error events, crashes, hangs, prompt caps, a prompt cache (the previous prompt, reported as
+//! `cached_tokens` in the styles that report it) and a batching capacity with a speedup curve.
+//! Never used by `mlxgate serve`.
 //!
 //! With a server-level script (`script.rs`), chat answers follow it: tool calls streamed as real
 //! servers stream them, then text after the tool results; side requests get plain text or JSON.

@@ -1,4 +1,4 @@
-//! Property tests: for generated transcripts in the style of every server in DESIGN.md's table,
+//! Property tests: for generated transcripts in the style of every server in docs/wire-facts.md,
 //! split at random, the parser sees the same events, the figures are the same, and the client
 //! gets the same bytes (exactly the backend's, less the usage-only chunk when not asked for;
 //! with `finish_length` and `single_finish`, one finish chunk, saying `length`).

@@ -1,0 +1,108 @@
+"""The command line: parse the flags, run the phases in order, stop everything, write the report."""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+from . import __doc__ as USAGE
+from . import settings
+from .load import wrk
+from .phases import measure_latency, measure_many_streams, measure_rate, measure_soak, measure_streams, measure_ttfb
+from .processes import Procs, choose_tokenizer, loadavg, port_free, rss_kib, start_all
+from .profile import measure_profiles
+from .report import machine, write_report
+from .settings import (
+    FULL, GATEWAYS, HOST, LITELLM_PORT, LOAD_CPU, NGINX_PORTS, PROXIES, QUICK, ROOT, SIM_PORTS, TARGETS, log,
+)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=USAGE.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="shorter runs, no soak (about 3 minutes)")
+    ap.add_argument("--soak-minutes", type=float,
+                    help="minutes of the RSS soak through mlxgate-full (default 10; --quick: 0; 0 skips it)")
+    ap.add_argument("--no-setup", action="store_true", help="do not run bench/setup first")
+    ap.add_argument("--no-perf", action="store_true", help="skip the perf profiles")
+    ap.add_argument("--out", help="markdown report (default: BENCHMARKS.md; --quick: bench/results/quick.md)")
+    ap.add_argument("--keep", action="store_true", help="keep the work directory (logs, perf.data)")
+    ap.add_argument("--bin-dir", help="where mlxgate and mlxgate-sim are (default: target/release)")
+    ap.add_argument("--render-only", metavar="JSON", help="rewrite the report from a saved raw-figures file")
+    args = ap.parse_args()
+    if args.bin_dir:
+        settings.RELEASE = Path(args.bin_dir).resolve()
+    mode = QUICK if args.quick else FULL
+    if args.soak_minutes is not None:
+        mode.soak_minutes = args.soak_minutes
+    out_md = Path(args.out) if args.out else (ROOT / "bench" / "results" / "quick.md" if args.quick
+                                              else ROOT / "BENCHMARKS.md")
+    if args.render_only:
+        res = json.loads(Path(args.render_only).read_text())
+        for r in res["rate"]["summary"].values():  # JSON made the connection counts strings
+            r["steps"] = {int(c): v for c, v in r["steps"].items()}
+        write_report(out_md, res)
+        return 0
+    if not args.no_setup:
+        subprocess.run([str(ROOT / "bench" / "setup")], check=True)
+    ports = [*SIM_PORTS.values(), *GATEWAYS.values(), *NGINX_PORTS.values(), LITELLM_PORT]
+    busy = [p for p in ports if not port_free(p)]
+    if busy:
+        raise SystemExit(f"ports in use on {HOST}: {busy}")
+    os.sched_setaffinity(0, {int(LOAD_CPU)})
+    # A bounded run: whatever hangs, everything started is stopped by then (the finally below).
+    limit = int((6 if args.quick else 20) * 60 + mode.soak_minutes * 60)
+
+    def overtime(_sig, _frame):  # noqa: ANN001
+        raise SystemExit(f"bench/overhead: over its {limit // 60} minutes: stopped")
+
+    signal.signal(signal.SIGALRM, overtime)
+    signal.alarm(limit)
+    workdir = Path(tempfile.mkdtemp(prefix="mlxgate-bench-"))
+    workdir.chmod(0o755)  # nginx's worker runs as another user
+    procs = Procs(workdir)
+    began = time.monotonic()
+    res: dict = {"date": dt.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z"), "quick": args.quick,
+                 "mode": mode.__dict__, "machine": machine(), "loadavg_start": loadavg(), "notes": []}
+    try:
+        res["tokenizer"] = choose_tokenizer()
+        log(f"starting simulators, mlxgate, mlxgate-full ({res['tokenizer']['short']}), nginx, LiteLLM "
+            f"(work dir {workdir})")
+        start_all(procs, workdir, mode, res["tokenizer"]["dir"])
+        time.sleep(1)
+        res["rss_idle_kib"] = {t: rss_kib(procs.pid(t)) for t in PROXIES}
+        # Warm-up: connections, caches, LiteLLM's first-request imports.
+        for t in TARGETS:
+            wrk(workdir, t, 4, 1)
+        measure_latency(procs, workdir, mode, res)
+        measure_ttfb(procs, mode, res)
+        measure_rate(procs, workdir, mode, res)
+        measure_streams(procs, mode, res)
+        measure_many_streams(procs, mode, res)
+        time.sleep(1)
+        res["rss_after_kib"] = {t: rss_kib(procs.pid(t)) for t in PROXIES}
+        if not args.no_perf:
+            measure_profiles(procs, workdir, mode, res)
+        if mode.soak_minutes > 0:
+            measure_soak(procs, workdir, mode, res)
+        res["loadavg_end"] = loadavg()
+        res["elapsed_s"] = time.monotonic() - began
+    finally:
+        signal.alarm(0)
+        procs.stop_all()
+    results = ROOT / "bench" / "results"
+    results.mkdir(parents=True, exist_ok=True)
+    raw = results / ("quick.json" if args.quick else "overhead.json")
+    raw.write_text(json.dumps(res, indent=1, default=str))
+    write_report(out_md, res)
+    log(f"done in {res['elapsed_s']:.0f}s: {out_md} (raw figures: {raw}; logs: {workdir})")
+    if not args.keep:
+        shutil.rmtree(workdir, ignore_errors=True)
+    return 0
