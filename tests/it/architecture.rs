@@ -42,6 +42,30 @@ const GATEWAY: &[&str] = &[
     "tokens",
 ];
 
+/// Every top-level module of the crate, the tools included: a rule `to: EVERY_MODULE` forbids
+/// every module but the rule's own.
+const EVERY_MODULE: &[&str] = &[
+    "accept",
+    "access_log",
+    "api",
+    "auth",
+    "backend",
+    "config",
+    "dispatch",
+    "error",
+    "kinds",
+    "limits",
+    "log_throttle",
+    "metrics",
+    "outcome",
+    "reload",
+    "stream",
+    "tokens",
+    "sim",
+    "probe",
+    "bench",
+];
+
 /// The three faces: translators at the edge, each into the one pipeline and back.
 const FACES: [&str; 3] = ["api::openai", "api::responses", "api::messages"];
 
@@ -77,26 +101,7 @@ const RULES: &[Rule] = &[
     },
     Rule {
         from: &["kinds"],
-        to: &[
-            "accept",
-            "access_log",
-            "api",
-            "auth",
-            "backend",
-            "config",
-            "dispatch",
-            "error",
-            "limits",
-            "log_throttle",
-            "metrics",
-            "outcome",
-            "reload",
-            "stream",
-            "tokens",
-            "sim",
-            "probe",
-            "bench",
-        ],
+        to: EVERY_MODULE,
         why: "kinds is the catalogue of what each server is and needs: a leaf, it imports nothing of the crate",
     },
     Rule {
@@ -106,25 +111,7 @@ const RULES: &[Rule] = &[
     },
     Rule {
         from: &["metrics"],
-        to: &[
-            "accept",
-            "access_log",
-            "api",
-            "auth",
-            "backend",
-            "config",
-            "dispatch",
-            "error",
-            "limits",
-            "log_throttle",
-            "outcome",
-            "reload",
-            "stream",
-            "tokens",
-            "sim",
-            "probe",
-            "bench",
-        ],
+        to: EVERY_MODULE,
         why: "metrics.rs only declares the metrics: it imports nothing of the crate",
     },
     Rule {
@@ -302,7 +289,12 @@ fn starts_with(module: &[String], prefix: &str) -> bool {
 fn broken<'r>(module: &[String], target: &[String], rules: &'r [Rule]) -> Vec<&'r Rule> {
     rules
         .iter()
-        .filter(|r| r.from.iter().any(|f| starts_with(module, f)) && r.to.iter().any(|t| starts_with(target, t)))
+        .filter(|r| {
+            r.from.iter().any(|f| starts_with(module, f))
+                && r.to.iter().any(|t| starts_with(target, t))
+                // Within its own module a module may reach anything.
+                && !r.from.iter().any(|f| starts_with(target, f))
+        })
         .collect()
 }
 
