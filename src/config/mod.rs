@@ -8,7 +8,7 @@
 //! ([`problem`]). Clients, keys and limits are checked in [`clients`], `aliases:` in [`aliases`].
 
 mod aliases;
-mod backend;
+mod backend_keys;
 mod clients;
 mod env;
 mod paths;

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use super::aliases::Aliases;
-use super::backend::validate_backend;
+use super::backend_keys::validate_backend;
 use super::clients;
 use super::problem::{Problem, typed};
 use super::raw::{RawBackend, RawConfig, RawDuration, RawModel};
