@@ -55,13 +55,10 @@ pub async fn list(
 ) -> Response {
     let shape = Shape::of(&headers);
     let access = state.access();
-    let caller = match auth::identify(&access, &headers) {
+    let caller = match identified(&access, arrival, &headers) {
         Ok(caller) => caller,
         Err(e) => return refusal(shape, e),
     };
-    if let Some(axum::Extension(arrival)) = arrival {
-        arrival.with(|record| record.identified(caller.name()));
-    }
     let listed: Vec<Listed<'_>> = state
         .config
         .models
@@ -70,6 +67,19 @@ pub async fn list(
         .map(|name| Listed { id: name, context_length: state.tokens.get(name).and_then(|t| t.cap) })
         .collect();
     Json(list_body(shape, &listed, state.started)).into_response()
+}
+
+/// The caller named by the request's key, written on its arrival record for the access log.
+fn identified(
+    access: &crate::auth::Access,
+    arrival: Option<axum::Extension<Arrival>>,
+    headers: &HeaderMap,
+) -> Result<crate::auth::Client, crate::error::GatewayError> {
+    let caller = auth::identify(access, headers)?;
+    if let Some(axum::Extension(arrival)) = arrival {
+        arrival.with(|record| record.identified(caller.name()));
+    }
+    Ok(caller)
 }
 
 /// GET `/v1/models/{id}`: one model the client may use, by its name or an alias of it (the
@@ -82,13 +92,10 @@ pub async fn retrieve(
 ) -> Response {
     let shape = Shape::of(&headers);
     let access = state.access();
-    let caller = match auth::identify(&access, &headers) {
+    let caller = match identified(&access, arrival, &headers) {
         Ok(caller) => caller,
         Err(e) => return refusal(shape, e),
     };
-    if let Some(axum::Extension(arrival)) = arrival {
-        arrival.with(|record| record.identified(caller.name()));
-    }
     let model = state.config.model_named(&id);
     if !state.config.models.contains_key(model) || !caller.may_use(&access, model) {
         return refusal(shape, GatewayError::ModelNotFound(id));
