@@ -347,7 +347,7 @@ fn no_module_imports_what_the_rules_forbid() {
     let found = violations(Path::new(env!("CARGO_MANIFEST_DIR")), RULES);
     assert!(
         found.is_empty(),
-        "{} forbidden imports (the rules: tests/architecture.rs, RULES):\n{}",
+        "{} forbidden imports (the rules: tests/it/architecture.rs, RULES):\n{}",
         found.len(),
         found.join("\n")
     );
