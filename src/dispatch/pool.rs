@@ -203,6 +203,8 @@ pub struct Granted<G> {
     pub model: usize,
     pub position: usize,
     pub trial: bool,
+    /// The backend's previous request, as the grant sees it.
+    pub previous: Option<Previous>,
 }
 
 /// Every backend and every model.
@@ -261,6 +263,48 @@ impl<G> Core<G> {
             self.backends[b].models.push(index);
         }
         index
+    }
+
+    /// Opens backend `b`'s gate (a new process is ready): a failure is forgotten.
+    pub fn open(&mut self, b: usize, now: Instant) {
+        let backend = &mut self.backends[b];
+        backend.open = true;
+        backend.failure = None;
+        backend.opened += 1;
+        backend.last_progress = now;
+    }
+
+    /// Closes backend `b`'s gate: its waiters go to other backends; during the gateway's
+    /// shutdown, those no other backend can serve are refused (returned).
+    pub fn close(&mut self, b: usize) -> Vec<Waiter<G>> {
+        self.backends[b].open = false;
+        self.drop_preferences_for(b);
+        self.refuse_hopeless()
+    }
+
+    /// Marks backend `b` failed with `reason`: waiters no other backend can serve are refused
+    /// (returned).
+    pub fn fail(&mut self, b: usize, reason: &str) -> Vec<Waiter<G>> {
+        let backend = &mut self.backends[b];
+        backend.open = false;
+        backend.failure = Some(reason.to_string());
+        self.drop_preferences_for(b);
+        self.refuse_hopeless()
+    }
+
+    /// The gateway shuts down: behind `b`'s closed gate nobody waits who has nowhere else to
+    /// go (returned).
+    pub fn shut_down(&mut self, b: usize) -> Vec<Waiter<G>> {
+        self.backends[b].shutting_down = true;
+        self.refuse_hopeless()
+    }
+
+    /// Drains backend `b` or ends its drain.
+    pub fn set_drained(&mut self, b: usize, drained: bool) {
+        self.backends[b].drained = drained;
+        if drained {
+            self.drop_preferences_for(b);
+        }
     }
 
     /// Whether any queued waiter may take backend `b`'s slot at `now`.
@@ -443,9 +487,39 @@ impl<G> Core<G> {
             model.waiting -= 1;
             self.backends[b].next_model = (k + 1) % n;
             let trial = self.backends[b].mark_grant(now);
-            return Some(Granted { waiter, model: m, position, trial });
+            let previous = self.backends[b].previous();
+            return Some(Granted { waiter, model: m, position, trial, previous });
         }
         None
+    }
+
+    /// Passes a held slot of backend `b` to the next waiter that may take it, or frees it
+    /// (`None`): `in_flight` is unchanged by a hand-over.
+    pub fn hand_over(&mut self, b: usize, now: Instant) -> Option<Granted<G>> {
+        let next = if self.backends[b].takes_new(now) { self.next_for(b, now) } else { None };
+        if next.is_none() {
+            self.backends[b].in_flight -= 1;
+        }
+        next
+    }
+
+    /// A free slot of backend `b` for the next waiter that may take it, if it takes requests,
+    /// has a free slot and such a waiter exists.
+    pub fn grant_free(&mut self, b: usize, now: Instant) -> Option<Granted<G>> {
+        let backend = &self.backends[b];
+        if !backend.takes_new(now) || backend.in_flight >= backend.max_concurrency || !self.anyone_for(b, now) {
+            return None;
+        }
+        self.backends[b].in_flight += 1;
+        self.hand_over(b, now)
+    }
+
+    /// A half-open backend's trial was granted to a waiter that was gone: another may take it.
+    pub fn trial_untaken(&mut self, b: usize) {
+        let backend = &mut self.backends[b];
+        if backend.health == (Health::HalfOpen { trial: true }) {
+            backend.health = Health::HalfOpen { trial: false };
+        }
     }
 
     /// A slot of `b` freed after `held` (`abandoned`: it was held for an abandoned answer;

@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::{Notify, oneshot};
 
-use super::pool::{Arrival, Change, Core, Granted, Health, HealthPolicy};
+use super::pool::{Arrival, Change, Core, Granted, HealthPolicy};
 use super::route::{Candidate, Choice};
 use crate::backend::gate::Gate;
 use crate::error::GatewayError;
@@ -224,14 +224,7 @@ impl BackendQueue {
     /// Opens the gate (backend ready, a new process): waiters get free slots in fair order, and
     /// whoever listens is told of the restart.
     pub fn open(&self) {
-        {
-            let mut state = self.shared.lock();
-            let backend = &mut state.backends[self.index];
-            backend.open = true;
-            backend.failure = None;
-            backend.opened += 1;
-            backend.last_progress = Instant::now();
-        }
+        self.shared.lock().open(self.index, Instant::now());
         self.shared.tell_restarted(self.index);
         self.shared.dispatch_free_slots(self.index);
     }
@@ -240,12 +233,7 @@ impl BackendQueue {
     /// other backends); in-flight ones go on. During the gateway's shutdown nobody waits
     /// behind a closed gate.
     pub fn close(&self) {
-        let refused = {
-            let mut state = self.shared.lock();
-            state.backends[self.index].open = false;
-            state.drop_preferences_for(self.index);
-            state.refuse_hopeless()
-        };
+        let refused = self.shared.lock().close(self.index);
         self.shared.refused(refused);
         self.shared.dispatch_all();
     }
@@ -253,14 +241,7 @@ impl BackendQueue {
     /// Marks the backend failed: its waiting and new requests that no other backend can serve
     /// are refused with `reason` until [`BackendQueue::open`] or [`BackendQueue::clear_failure`].
     pub fn fail(&self, reason: &str) {
-        let refused = {
-            let mut state = self.shared.lock();
-            let backend = &mut state.backends[self.index];
-            backend.open = false;
-            backend.failure = Some(reason.to_string());
-            state.drop_preferences_for(self.index);
-            state.refuse_hopeless()
-        };
+        let refused = self.shared.lock().fail(self.index, reason);
         self.shared.refused(refused);
         self.shared.dispatch_all();
     }
@@ -269,11 +250,7 @@ impl BackendQueue {
     /// is not serving and will not start again) that no other backend can serve are refused
     /// with `gateway_shutdown`, and so is any new one that would wait there.
     pub fn shut_down(&self) {
-        let refused = {
-            let mut state = self.shared.lock();
-            state.backends[self.index].shutting_down = true;
-            state.refuse_hopeless()
-        };
+        let refused = self.shared.lock().shut_down(self.index);
         self.shared.refused(refused);
     }
 
@@ -285,13 +262,7 @@ impl BackendQueue {
     /// Drains the backend (`true`: no new requests, running ones go on; its waiters go to the
     /// model's other backends) or ends the drain.
     pub fn drain(&self, drained: bool) {
-        {
-            let mut state = self.shared.lock();
-            state.backends[self.index].drained = drained;
-            if drained {
-                state.drop_preferences_for(self.index);
-            }
-        }
+        self.shared.lock().set_drained(self.index, drained);
         self.shared.dispatch_all();
         self.shared.changed.notify_one();
     }
@@ -561,20 +532,16 @@ impl Shared {
     /// Gives backend `b`'s free slots to waiters while it takes requests and has free slots.
     fn dispatch_free_slots(self: &Arc<Self>, b: usize) {
         loop {
-            {
+            let granted = {
                 let mut state = self.lock();
-                let now = Instant::now();
-                let backend = &state.backends[b];
-                if !backend.takes_new(now) || backend.in_flight >= backend.max_concurrency || !state.anyone_for(b, now)
-                {
-                    return;
-                }
-                let backend = &mut state.backends[b];
-                backend.in_flight += 1;
-                self.metrics.inflight.with_label_values(&[&backend.name]).set(backend.in_flight as i64);
+                let granted = state.grant_free(b, Instant::now());
+                self.gauges(&state, b, granted.as_ref());
+                granted
+            };
+            match granted {
+                Some(granted) => self.deliver(b, granted),
+                None => return,
             }
-            // The new slot goes to the next waiter (or back, if that waiter just left).
-            self.hand_over(b);
         }
     }
 
@@ -588,39 +555,43 @@ impl Shared {
 
     /// Passes one held slot of backend `b` to the next waiter that may take it, or frees it.
     fn hand_over(self: &Arc<Self>, b: usize) {
-        loop {
-            let (granted, previous) = {
-                let mut state = self.lock();
-                let now = Instant::now();
-                let next = if state.backends[b].takes_new(now) { state.next_for(b, now) } else { None };
-                match next {
-                    Some(granted) => {
-                        let model = &state.models[granted.model];
-                        self.metrics.queue_depth.with_label_values(&[&model.name]).set(model.waiting as i64);
-                        (granted, state.backends[b].previous())
-                    }
-                    None => {
-                        let backend = &mut state.backends[b];
-                        backend.in_flight -= 1;
-                        self.metrics.inflight.with_label_values(&[&backend.name]).set(backend.in_flight as i64);
-                        return;
-                    }
-                }
-            };
+        let granted = {
+            let mut state = self.lock();
+            let granted = state.hand_over(b, Instant::now());
+            self.gauges(&state, b, granted.as_ref());
+            granted
+        };
+        if let Some(granted) = granted {
+            self.deliver(b, granted);
+        }
+    }
+
+    /// Sends a slot of `b` to the waiter `granted` took out of the queue; a waiter gone hands
+    /// it over again (a trial not taken is free again).
+    fn deliver(self: &Arc<Self>, b: usize, granted: Granted<oneshot::Sender<Permit>>) {
+        let mut next = Some(granted);
+        while let Some(Granted { waiter, position, trial, previous, .. }) = next.take() {
             // The slot moves to the waiter; `in_flight` is unchanged.
-            let Granted { waiter, position, trial, .. } = granted;
             let permit = self.permit(b, position, trial, previous);
-            match waiter.grant.send(permit) {
-                Ok(()) => return,
-                // That waiter is gone; disarm the returned permit and try the next one (a trial
-                // not taken is free again).
-                Err(mut unclaimed) => {
-                    unclaimed.shared = None;
-                    if trial {
-                        self.lock().released(b, Duration::ZERO, false, true, true, Instant::now());
-                    }
-                }
+            let Err(mut unclaimed) = waiter.grant.send(permit) else { return };
+            // That waiter is gone: disarm the returned permit and try the next one.
+            unclaimed.shared = None;
+            let mut state = self.lock();
+            if trial {
+                state.trial_untaken(b);
             }
+            next = state.hand_over(b, Instant::now());
+            self.gauges(&state, b, next.as_ref());
+        }
+    }
+
+    /// The gauges of backend `b` (slots in flight) and of the model a grant came from.
+    fn gauges(&self, state: &Core<oneshot::Sender<Permit>>, b: usize, granted: Option<&Granted<oneshot::Sender<Permit>>>) {
+        let backend = &state.backends[b];
+        self.metrics.inflight.with_label_values(&[&backend.name]).set(backend.in_flight as i64);
+        if let Some(granted) = granted {
+            let model = &state.models[granted.model];
+            self.metrics.queue_depth.with_label_values(&[&model.name]).set(model.waiting as i64);
         }
     }
 
@@ -673,9 +644,6 @@ impl Shared {
         }
     }
 }
-
-/// Health as the pool keeps it, re-exported for views.
-pub type BackendHealth = Health;
 
 #[cfg(test)]
 mod tests;
