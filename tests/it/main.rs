@@ -44,6 +44,7 @@ mod metrics_real;
 mod model_names;
 mod normalise_stream;
 mod normalise_transport;
+mod pool;
 mod probe;
 mod profile;
 mod proxy;
