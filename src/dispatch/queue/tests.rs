@@ -160,3 +160,129 @@ mod gate {
         assert!(!Gate::working(&q));
     }
 }
+
+mod several {
+    use super::super::*;
+    use crate::dispatch::route::Reason;
+
+    fn two(slots: usize) -> (BackendQueue, BackendQueue, ModelSlot) {
+        let pool = Pool::new(Metrics::new(), Arc::new(Notify::new()));
+        let a = pool.add_backend("a", slots, true);
+        let b = pool.add_backend("b", slots, true);
+        let slot = pool.add_model("m", 8, Duration::from_secs(60), &[&a, &b]);
+        (a, b, slot)
+    }
+
+    fn client(name: &str) -> ClientId {
+        ClientId(name.to_string())
+    }
+
+    #[tokio::test]
+    async fn equal_load_goes_to_the_first_then_the_least_loaded() {
+        let (a, b, slot) = two(2);
+        let first = slot.acquire(client("x")).await.expect("slot");
+        let second = slot.acquire(client("x")).await.expect("slot");
+        assert_eq!((first.position(), second.position()), (0, 1));
+        assert_eq!((a.view().in_flight, b.view().in_flight), (1, 1));
+    }
+
+    #[tokio::test]
+    async fn a_preferring_waiter_takes_any_free_slot_at_its_deadline() {
+        let (_a, b, slot) = two(1);
+        let held = slot.acquire(client("x")).await.expect("slot");
+        assert_eq!(held.position(), 0);
+        let mut prefer_a =
+            |_: &[Candidate<'_>]| Choice { now: None, prefer: Some((0, Duration::from_millis(30))), reason: Reason::CacheHit };
+        let ask = Ask { client: client("y"), limit: Duration::MAX, excluded: 0, router: Some(&mut prefer_a) };
+        let permit = slot.acquire_with(ask).await.expect("slot");
+        assert_eq!(permit.position(), 1, "after its deadline it took b's free slot");
+        assert_eq!(b.view().in_flight, 1);
+        drop(held);
+    }
+
+    #[tokio::test]
+    async fn a_preferring_waiter_gets_its_backend_when_it_frees_first() {
+        let (_a, _b, slot) = two(1);
+        let held = slot.acquire(client("x")).await.expect("slot");
+        let s2 = slot.clone();
+        let waiter = tokio::spawn(async move {
+            let mut prefer_a =
+                |_: &[Candidate<'_>]| Choice { now: None, prefer: Some((0, Duration::from_secs(600))), reason: Reason::CacheHit };
+            let ask = Ask { client: client("y"), limit: Duration::MAX, excluded: 0, router: Some(&mut prefer_a) };
+            s2.acquire_with(ask).await.map(|p| p.position())
+        });
+        while slot.shared.lock().models[0].waiting != 1 {
+            tokio::task::yield_now().await;
+        }
+        drop(held);
+        assert_eq!(waiter.await.expect("task").expect("slot"), 0, "its preferred backend's slot");
+    }
+
+    #[tokio::test]
+    async fn an_excluded_or_drained_backend_is_never_given() {
+        let (a, _b, slot) = two(2);
+        let ask = Ask { client: client("x"), limit: Duration::MAX, excluded: bit(0), router: None };
+        assert_eq!(slot.acquire_with(ask).await.expect("slot").position(), 1);
+        a.drain(true);
+        assert_eq!(a.status().drained, true);
+        assert_eq!(slot.acquire(client("x")).await.expect("slot").position(), 1);
+        a.drain(false);
+        assert_eq!(slot.acquire(client("x")).await.expect("slot").position(), 0);
+    }
+
+    #[tokio::test]
+    async fn one_failed_backend_leaves_the_model_served_and_both_refuse_it() {
+        let (a, b, slot) = two(1);
+        a.fail("crashed 5 times");
+        assert_eq!(slot.acquire(client("x")).await.expect("b serves").position(), 1);
+        b.fail("gone");
+        let refused = slot.acquire(client("x")).await.err().expect("refused");
+        assert!(matches!(refused, GatewayError::BackendFailed { .. }), "{refused:?}");
+        assert!(!slot.has_other(0));
+    }
+
+    #[tokio::test]
+    async fn failures_in_a_row_eject_and_the_other_backend_serves() {
+        let (a, _b, slot) = two(1);
+        a.set_health_policy(Some(HealthPolicy { request_failures: 2, eject_for: Duration::from_secs(600) }));
+        slot.report(0, false);
+        assert_eq!(a.status().health, "healthy");
+        slot.report(0, false);
+        assert_eq!((a.status().health, a.status().ejections), ("ejected", 1));
+        assert_eq!(slot.acquire(client("x")).await.expect("slot").position(), 1);
+        a.probe_passed();
+        assert_eq!(a.status().health, "ejected", "a request's ejection is ended by its trial, not a probe");
+        a.probe_failed(Duration::from_secs(600));
+        a.probe_passed();
+        assert_eq!(a.status().health, "healthy", "a probe's ejection ends with a passing probe");
+    }
+
+    #[tokio::test]
+    async fn a_new_process_is_told_with_the_backend_position() {
+        let (a, b, slot) = two(1);
+        let told = Arc::new(Mutex::new(Vec::new()));
+        let seen = Arc::clone(&told);
+        slot.on_restart(Arc::new(move |position| seen.lock().expect("lock").push(position)));
+        b.close();
+        b.open();
+        a.close();
+        a.open();
+        assert_eq!(*told.lock().expect("lock"), [1, 0]);
+    }
+
+    #[tokio::test]
+    async fn a_stopped_backend_is_not_counted_for_waiters_another_serves() {
+        let (a, b, slot) = two(1);
+        a.close();
+        let _held = slot.acquire(client("x")).await.expect("b");
+        let s2 = slot.clone();
+        let _waiter = tokio::spawn(async move { s2.acquire(client("y")).await.map(|p| p.position()) });
+        while slot.shared.lock().models[0].waiting != 1 {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(a.view().waiting, 0, "b serves the model: a is not started for it");
+        assert_eq!(b.view().waiting, 1);
+        b.close();
+        assert_eq!(a.view().waiting, 1, "nobody else takes requests: a is needed");
+    }
+}
