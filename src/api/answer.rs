@@ -50,7 +50,10 @@ pub(crate) async fn call(
     outgoing.transform = transform;
     drop(fields);
     let other = |position: usize| {
-        let mut fields = pristine.clone().filter(|_| !same_request(route, position))?;
+        if same_request(route, position) {
+            return None;
+        }
+        let mut fields = pristine.clone()?;
         Some(prepare_for(parts, &mut fields, route, position).map(|o| o.outbound))
     };
     let encode: Option<Encode<'_>> = if pristine.is_some() { Some(&other) } else { None };

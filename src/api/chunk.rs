@@ -385,7 +385,10 @@ async fn whole_answer(
     let pristine = (route.backends.len() > 1).then(|| body.clone());
     let outgoing = prepare(parts, body, route)?;
     let other = |position: usize| {
-        let mut fields = pristine.clone().filter(|_| !same_request(route, position))?;
+        if same_request(route, position) {
+            return None;
+        }
+        let mut fields = pristine.clone()?;
         Some(prepare_for(parts, &mut fields, route, position).map(|o| o.outbound))
     };
     let encode: Option<Encode<'_>> = if pristine.is_some() { Some(&other) } else { None };

@@ -265,11 +265,15 @@ impl<G> Core<G> {
         index
     }
 
-    /// Opens backend `b`'s gate (a new process is ready): a failure is forgotten.
+    /// Opens backend `b`'s gate (a new process is ready): a failure is forgotten, and so is its
+    /// health (the process that failed is gone).
     pub fn open(&mut self, b: usize, now: Instant) {
         let backend = &mut self.backends[b];
         backend.open = true;
         backend.failure = None;
+        backend.health = Health::Healthy;
+        backend.failures_in_row = 0;
+        backend.ejected_by_probe = false;
         backend.opened += 1;
         backend.last_progress = now;
     }
