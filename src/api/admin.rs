@@ -65,8 +65,10 @@ pub async fn ready(State(state): State<Arc<AppState>>) -> impl IntoResponse {
         .models
         .values()
         .map(|m| {
-            let ready = results.get(&m.backend).is_some_and(|(r, _)| r.is_ok());
-            (m.name.clone(), json!({"backend": m.backend, "ready": ready}))
+            // single-backend until the pool
+            let backend = &m.backends[0];
+            let ready = results.get(backend).is_some_and(|(r, _)| r.is_ok());
+            (m.name.clone(), json!({"backend": backend, "ready": ready}))
         })
         .collect();
     let all_ready = results.values().all(|(r, _)| r.is_ok());

@@ -50,7 +50,7 @@ pub(crate) fn prepare(
 /// Rewrites `model`, and on generation endpoints (`path`) asks for usage and an explicit
 /// `max_tokens`.
 pub(crate) fn rewrite(path: &str, fields: &mut RawBody, route: &Route) -> Result<Rewritten, GatewayError> {
-    let upstream_model = serde_json::value::to_raw_value(&route.model.upstream_model)
+    let upstream_model = serde_json::value::to_raw_value(route.model.upstream_model_for(&route.backend.config))
         .map_err(|e| GatewayError::invalid(format!("cannot encode the model name: {e}"), Some("model")))?;
     fields.insert("model".to_string(), upstream_model);
     let generates = matches!(path, "/v1/chat/completions" | "/v1/completions");

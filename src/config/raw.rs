@@ -166,11 +166,14 @@ pub(super) struct RawHealth {
 #[derive(Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub(super) struct RawModel {
-    /// The backend this model's requests go to.
-    pub(super) backend: String,
+    /// The backend this model's requests go to (or `backends:` for several; one of the two).
+    pub(super) backend: Option<String>,
+    /// The backends that serve this model, in order (instead of `backend:`): each request goes
+    /// to one of them, chosen by `balance:`.
+    pub(super) backends: Option<Vec<String>>,
     /// max_tokens sent when a request gives none (default 4096).
     pub(super) default_max_tokens: Option<u32>,
-    /// The model value the backend expects (default: a managed backend's model, else this name).
+    /// The model value every backend is sent (default: per backend, a managed backend's model, else this name).
     pub(super) upstream_model: Option<String>,
     /// Requests waiting beyond those in flight; more get 503 (default 64).
     pub(super) max_queue: Option<usize>,

@@ -134,9 +134,12 @@ pub struct HealthCheck {
 #[derive(Debug, Clone)]
 pub struct ModelConfig {
     pub name: String,
-    pub backend: String,
-    /// The `model` value the backend expects.
-    pub upstream_model: String,
+    /// The backends that serve it, in the file's order: `backends: [studio, mini]`, or the one
+    /// of `backend: studio`. Never empty, each configured, none twice (validation guarantees it).
+    pub backends: Vec<String>,
+    /// The `model` value every backend is sent, when the file writes `upstream_model:`; else
+    /// each backend has its own ([`ModelConfig::upstream_model_for`]).
+    pub upstream_model: Option<String>,
     /// Requests waiting beyond those in flight; more get 503.
     pub max_queue: usize,
     /// Longest time a request waits for a slot; then 503.
@@ -152,6 +155,19 @@ pub struct ModelConfig {
     /// A directory with the model's `tokenizer.json` (and chat template), when the backend's
     /// model is not a local directory or a Hugging Face id in the local cache.
     pub tokenizer: Option<PathBuf>,
+}
+
+impl ModelConfig {
+    /// The `model` value `backend` expects for this model: the file's `upstream_model:` when
+    /// written (it applies to every backend), else a managed backend's own model (the path or
+    /// id it loaded), else the public name.
+    pub fn upstream_model_for<'a>(&'a self, backend: &'a BackendConfig) -> &'a str {
+        match (&self.upstream_model, &backend.managed) {
+            (Some(written), _) => written,
+            (None, Some(managed)) => &managed.model,
+            (None, None) => &self.name,
+        }
+    }
 }
 
 impl Config {

@@ -81,14 +81,14 @@ impl Dispatch {
         }
         let mut routes = HashMap::new();
         for (name, model) in &config.models {
-            // `Config::validate` guarantees every model's backend exists.
+            // `Config::validate` guarantees every model's backends exist (at least one).
+            let first = &model.backends[0]; // single-backend until the pool
             let (Some(backend), Some(queue), Some(upstream)) =
-                (backends.get(&model.backend), queues.get(&model.backend), upstreams.get(&model.backend))
+                (backends.get(first), queues.get(first), upstreams.get(first))
             else {
                 continue;
             };
-            let handle =
-                BackendHandle::new(Arc::clone(backend), upstream.clone(), supervisors.get(&model.backend).cloned());
+            let handle = BackendHandle::new(Arc::clone(backend), upstream.clone(), supervisors.get(first).cloned());
             routes.insert(
                 name.clone(),
                 Route {
