@@ -12,6 +12,7 @@ use serde_yaml::Value;
 
 use super::clients::{AuthMode, RawClient, RawLimits, RawSecret};
 use super::schema::StoreText;
+use super::types::BalancePolicy;
 
 use crate::kinds::Kind;
 use crate::tokens::OnOverflow;
@@ -103,8 +104,12 @@ pub(super) struct RawBackend {
     pub(super) max_restarts: Option<u32>,
     /// The window max_restarts counts crashes in (default 5m).
     pub(super) restart_window: Option<RawDuration>,
-    /// How a ready managed server is probed; a hung one is restarted.
+    /// How the server is probed: a hung managed server is restarted; a url one is ejected for a
+    /// while (probed only when its model has several backends).
     pub(super) health: Option<RawHealth>,
+    /// How many whole prompts the server keeps in its prompt cache (default: mlx-lm's 10, or its
+    /// --prompt-cache-size; unknown kinds: 10). The size of the gateway's index of what it holds.
+    pub(super) prompt_cache_sequences: Option<usize>,
     /// Requests in flight at this backend at once (default 1).
     pub(super) max_concurrency: Option<usize>,
     /// Longest wait for the TCP connection (default 5s).
@@ -159,8 +164,12 @@ pub(super) struct RawHealth {
     pub(super) interval: Option<RawDuration>,
     /// A probe slower than this fails (default 5s).
     pub(super) timeout: Option<RawDuration>,
-    /// Failed probes in a row that restart the server (default 3).
+    /// Failed probes in a row that restart a managed server, or eject a url one (default 3).
     pub(super) failures: Option<u32>,
+    /// url backends: how long an ejected backend rests before one request tries it (default 10s).
+    pub(super) eject_for: Option<RawDuration>,
+    /// url backends: requests in a row failing before their first byte that eject it (default 3).
+    pub(super) request_failures: Option<u32>,
 }
 
 #[derive(Deserialize, JsonSchema)]
@@ -185,6 +194,19 @@ pub(super) struct RawModel {
     pub(super) min_room: Option<u32>,
     /// A directory with the model's tokenizer.json, when the backend's model is not local.
     pub(super) tokenizer: Option<String>,
+    /// How each request is given one of several backends.
+    pub(super) balance: Option<RawBalance>,
+}
+
+/// A model's `balance:`.
+#[derive(Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawBalance {
+    /// cache_aware (default: where the prompt is cached, by cost in seconds), least_loaded, round_robin or session.
+    pub(super) policy: Option<BalancePolicy>,
+    /// A request header holding the session key for policy session, e.g. x-claude-code-session-id
+    /// (default: the body's prompt_cache_key, else user, else metadata.user_id).
+    pub(super) session_header: Option<String>,
 }
 
 /// A duration written as `30s`, `5m`, `1h 30m`.

@@ -2,7 +2,7 @@ use std::time::Duration;
 
 use super::raw::parse_size;
 use super::validate::DEFAULT_MAX_QUEUE;
-use super::{Config, ConfigError, HealthCheck};
+use super::{BalanceConfig, BalancePolicy, Config, ConfigError, HealthCheck, RemoteHealth};
 use crate::kinds::{Kind, launch};
 
 fn no_env(_: &str) -> Option<String> {
@@ -282,16 +282,22 @@ fn health_probe_defaults_and_checks() {
     .expect("valid");
     let health = c.backends["a"].managed.as_ref().expect("managed").health;
     assert_eq!(health, HealthCheck { interval: Duration::from_secs(2), timeout: Duration::from_secs(5), failures: 5 });
+    assert_eq!(c.backends["a"].health, None, "a managed server's supervisor probes it");
     let p = problems(
         "backends:\n  a: {kind: custom, command: [s], port: 9001, health: {interval: 0s, timeout: 0s, failures: 0}}\n  \
-             r: {url: 'http://x:1', health: {interval: 1s}}\n\
+             e: {kind: custom, command: [s], port: 9002, health: {eject_for: 5s, request_failures: 2}}\n  \
+             r: {url: 'http://x:1', health: {interval: 0s, eject_for: 0s, request_failures: 0}}\n\
              models:\n  m: {backend: a}\n",
     );
     for expected in [
         "backends.a.health.interval: must be longer than 0s",
         "backends.a.health.timeout: must be longer than 0s",
         "backends.a.health.failures: must be at least 1",
-        "backends.r.health: only for managed backends",
+        "backends.e.health.eject_for: only for url backends",
+        "backends.e.health.request_failures: only for url backends",
+        "backends.r.health.interval: must be longer than 0s",
+        "backends.r.health.eject_for: must be longer than 0s",
+        "backends.r.health.request_failures: must be at least 1",
     ] {
         assert!(p.iter().any(|l| l.starts_with(expected)), "{expected:?} not in {p:#?}");
     }
@@ -422,4 +428,71 @@ fn upstream_model_is_the_files_for_every_backend_else_each_backends_own() {
     );
     assert_eq!(p.len(), 1, "once per kind: {p:#?}");
     assert!(p[0].starts_with("models.q.upstream_model: mlx-lm drops its model"), "{p:#?}");
+}
+
+#[test]
+fn a_url_backend_has_health_rules_with_defaults() {
+    let c = Config::parse(
+        "backends:\n  plain: {url: 'http://10.0.0.2:8080'}\n  \
+         tuned: {url: 'http://10.0.0.3:8080', health: {interval: 2s, eject_for: 30s, request_failures: 1}}\n\
+         models:\n  m: {backends: [plain, tuned]}\n",
+        &no_env,
+    )
+    .expect("valid");
+    let defaults = RemoteHealth {
+        probe: HealthCheck { interval: Duration::from_secs(10), timeout: Duration::from_secs(5), failures: 3 },
+        eject_for: Duration::from_secs(10),
+        request_failures: 3,
+    };
+    assert_eq!(c.backends["plain"].health, Some(defaults), "filled in whether written or not");
+    let tuned = c.backends["tuned"].health.expect("health");
+    assert_eq!((tuned.probe.interval, tuned.probe.timeout), (Duration::from_secs(2), Duration::from_secs(5)));
+    assert_eq!((tuned.eject_for, tuned.request_failures), (Duration::from_secs(30), 1));
+}
+
+#[test]
+fn the_prompt_cache_size_is_the_files_else_the_servers() {
+    let c = Config::parse(
+        "backends:\n  lm: {url: 'http://10.0.0.2:8080', kind: mlx-lm}\n  \
+         small: {kind: mlx-lm, model: /m, port: 9101, command: [mlx_lm.server, --model, '{model}', --port, '{port}', \
+         --prompt-cache-size, '4']}\n  \
+         other: {url: 'http://10.0.0.3:8080', kind: vllm-mlx}\n  \
+         written: {url: 'http://10.0.0.4:8080', kind: mlx-lm, prompt_cache_sequences: 0}\n\
+         models:\n  m: {backends: [lm, small, other, written], upstream_model: qwen}\n",
+        &no_env,
+    )
+    .expect("valid");
+    let sequences = |b: &str| c.backends[b].prompt_cache_sequences;
+    assert_eq!(sequences("lm"), 10, "mlx_lm.server's default");
+    assert_eq!(sequences("small"), 4, "its launch command's --prompt-cache-size");
+    assert_eq!(sequences("other"), crate::kinds::ASSUMED_PROMPT_CACHE_SEQUENCES, "unknown: assumed");
+    assert_eq!(sequences("written"), 0, "the file's, even none");
+}
+
+#[test]
+fn balance_has_a_policy_and_a_session_header() {
+    let c = Config::parse(
+        "backends:\n  a: {url: 'http://10.0.0.2:8080'}\n  b: {url: 'http://10.0.0.3:8080'}\n\
+         models:\n  plain: {backends: [a, b]}\n  \
+         sessions: {backends: [a, b], balance: {policy: session, session_header: X-Claude-Code-Session-Id}}\n  \
+         rr: {backends: [a, b], balance: {policy: round_robin}}\n",
+        &no_env,
+    )
+    .expect("valid");
+    assert_eq!(c.models["plain"].balance, BalanceConfig::default());
+    assert_eq!(c.models["plain"].balance.policy, BalancePolicy::CacheAware, "the default");
+    let sessions = &c.models["sessions"].balance;
+    assert_eq!(sessions.policy, BalancePolicy::Session);
+    assert_eq!(sessions.session_header.as_ref().map(|h| h.as_str()), Some("x-claude-code-session-id"));
+    assert_eq!(c.models["rr"].balance.policy.label(), "round_robin");
+
+    let p = problems(
+        "backends:\n  a: {url: 'http://10.0.0.2:8080'}\n\
+         models:\n  m: {backend: a, balance: {policy: fastest}}\n  \
+         h: {backend: a, balance: {session_header: 'bad header'}}\n  k: {backend: a, balance: {polcy: session}}\n",
+    );
+    assert!(p.iter().any(|l| l.starts_with("models.m.balance.policy: unknown variant `fastest`")), "{p:#?}");
+    assert!(p.iter().any(|l| l == "models.h.balance.session_header: \"bad header\" is not a header name"), "{p:#?}");
+    assert!(p.iter().any(|l| l.starts_with("models.k.balance.polcy: unknown field")), "{p:#?}");
+    assert_eq!(p.len(), 3, "{p:#?}");
 }

@@ -7,12 +7,14 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use http::HeaderName;
+
 use super::aliases::Aliases;
 use super::backend_keys::validate_backend;
 use super::clients;
 use super::problem::{Problem, push_at, typed};
-use super::raw::{RawBackend, RawConfig, RawDuration, RawModel};
-use super::types::{BackendConfig, Config, HealthCheck, ModelConfig};
+use super::raw::{RawBackend, RawBalance, RawConfig, RawDuration, RawModel};
+use super::types::{BackendConfig, BalanceConfig, Config, HealthCheck, ModelConfig, RemoteHealth};
 use crate::kinds::UpstreamModel;
 
 pub(super) const DEFAULT_LISTEN: &str = "127.0.0.1:8000";
@@ -44,6 +46,10 @@ pub(super) const DEFAULT_MAX_RESTARTS: u32 = 5;
 pub(super) const DEFAULT_RESTART_WINDOW: Duration = Duration::from_secs(300);
 pub(super) const DEFAULT_HEALTH: HealthCheck =
     HealthCheck { interval: Duration::from_secs(10), timeout: Duration::from_secs(5), failures: 3 };
+/// A url backend's: the managed probe's keys, a rest of 10s once ejected (a Mac that rebooted
+/// or lost Wi-Fi is back within a few trials), 3 failed requests in a row.
+pub(super) const DEFAULT_REMOTE_HEALTH: RemoteHealth =
+    RemoteHealth { probe: DEFAULT_HEALTH, eject_for: Duration::from_secs(10), request_failures: 3 };
 
 pub(super) fn validate(raw: RawConfig, problems: &mut Vec<Problem>) -> Option<Config> {
     let listen_text = raw.listen.unwrap_or_else(|| DEFAULT_LISTEN.to_string());
@@ -225,6 +231,7 @@ fn validate_model(
     if m.upstream_model.is_none() {
         upstream_model_needed(path, &served_by, problems);
     }
+    let balance = validate_balance(m.balance, path, problems);
     ModelConfig {
         upstream_model: m.upstream_model,
         name,
@@ -235,7 +242,21 @@ fn validate_model(
         on_overflow: m.on_overflow.unwrap_or_default(),
         min_room: m.min_room.unwrap_or(DEFAULT_MIN_ROOM),
         tokenizer: m.tokenizer.map(PathBuf::from),
+        balance,
     }
+}
+
+/// A model's `balance:`, defaults filled: `cache_aware`, the session key from the body.
+fn validate_balance(raw: Option<RawBalance>, path: &str, problems: &mut Vec<Problem>) -> BalanceConfig {
+    let Some(raw) = raw else { return BalanceConfig::default() };
+    let session_header = raw.session_header.and_then(|text| match HeaderName::from_bytes(text.trim().as_bytes()) {
+        Ok(name) => Some(name),
+        Err(_) => {
+            push_at(problems, path, "balance.session_header", format!("{text:?} is not a header name"));
+            None
+        }
+    });
+    BalanceConfig { policy: raw.policy.unwrap_or_default(), session_header }
 }
 
 /// A model's backends: `backend: a` or `backends: [a, b]` (exactly one of the two), at least
