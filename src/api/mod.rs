@@ -178,6 +178,8 @@ pub fn app(state: Arc<AppState>) -> Router {
         .route("/admin/backends", get(admin::backends))
         .route("/admin/backends/{name}/logs", get(admin::logs))
         .route("/admin/backends/{name}/restart", post(admin::restart))
+        .route("/admin/backends/{name}/drain", post(admin::drain))
+        .route("/admin/backends/{name}/undrain", post(admin::undrain))
         .route_layer(middleware::from_fn_with_state(Arc::clone(&state), admin::require_admin));
     Router::new()
         .route("/v1/chat/completions", post(openai::proxy))

@@ -172,13 +172,16 @@ pub(super) struct RawHealth {
     pub(super) request_failures: Option<u32>,
 }
 
+/// A public model: its backend (or backends) and its request settings.
 #[derive(Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(extend("oneOf" = [{"required": ["backend"]}, {"required": ["backends"]}]))]
 pub(super) struct RawModel {
     /// The backend this model's requests go to (or `backends:` for several; one of the two).
     pub(super) backend: Option<String>,
     /// The backends that serve this model, in order (instead of `backend:`): each request goes
     /// to one of them, chosen by `balance:`.
+    #[schemars(length(min = 1), extend("uniqueItems" = true))]
     pub(super) backends: Option<Vec<String>>,
     /// max_tokens sent when a request gives none (default 4096).
     pub(super) default_max_tokens: Option<u32>,

@@ -2,6 +2,7 @@
 //! place in the backend's queue, and the backend's supervisor when mlxgate runs it), plus the
 //! scheduler that decides which managed backend runs.
 
+mod admin_stub;
 pub mod call;
 pub mod queue;
 pub mod scheduler;
