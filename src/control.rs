@@ -81,7 +81,7 @@ async fn post(url: &str, key: Option<&str>) -> Result<(StatusCode, Bytes), Strin
             .await
             .map_err(|e| format!("{url}: the answer could not be read: {e}"))?
             .to_bytes();
-        Ok((status, body))
+        Ok::<_, String>((status, body))
     };
     tokio::time::timeout(CALL_TIMEOUT, call)
         .await

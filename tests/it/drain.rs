@@ -83,7 +83,7 @@ async fn a_model_of_two_backends_is_ready_while_one_answers() {
     assert_eq!(ready["backends"]["b"]["ready"], false, "{ready}");
     assert_eq!(ready["models"]["qwen"]["ready"], true, "{ready}");
 
-    // A backend of no other model than one of its own is still needed: 503.
+    // A model whose only backend is down is not servable: 503.
     let alone = format!("{yaml}  solo: {{backend: b, upstream_model: tiny-qwen3}}\n");
     let gw = gateway(&alone).await;
     assert_eq!(client().get(gw.url("/ready")).send().await.expect("send").status(), 503);
