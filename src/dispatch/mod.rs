@@ -199,8 +199,20 @@ impl Dispatch {
     }
 }
 
-/// When a backend of a model of several is ejected, and how it is probed (a remote backend
-/// with `health:`; a managed one has its supervisor's health check).
-fn health_of(_backend: &BackendConfig) -> (HealthPolicy, Option<probe_remote::Terms>) {
-    (HealthPolicy { request_failures: REQUEST_FAILURES, eject_for: EJECT_FOR }, None)
+/// When a backend of a model of several is ejected, and how it is probed: a remote backend by
+/// its `health:` (its defaults filled in by the configuration); a managed one by the defaults
+/// here and no probe of ours (its supervisor's health check restarts it).
+fn health_of(backend: &BackendConfig) -> (HealthPolicy, Option<probe_remote::Terms>) {
+    match &backend.health {
+        Some(health) => (
+            HealthPolicy { request_failures: health.request_failures, eject_for: health.eject_for },
+            Some(probe_remote::Terms {
+                interval: health.probe.interval,
+                timeout: health.probe.timeout,
+                failures: health.probe.failures,
+                eject_for: health.eject_for,
+            }),
+        ),
+        None => (HealthPolicy { request_failures: REQUEST_FAILURES, eject_for: EJECT_FOR }, None),
+    }
 }

@@ -23,6 +23,7 @@ mod context_shapes;
 mod dashboards;
 mod dashboards_files;
 mod docs;
+mod drain;
 mod faults;
 mod golden;
 mod hostile;
