@@ -140,7 +140,9 @@ pub async fn call(request: Prepared<'_>, metrics: &Metrics, cutoff: &Arc<Cutoff>
         // A request sent again waits again, within what is left of its max_wait.
         let left = route.model.max_wait.saturating_sub(queue_wait).max(Duration::from_millis(1));
         let asked = Instant::now();
-        let ask = Ask { client: client.clone(), limit: left, excluded, router: router.as_deref_mut() };
+        // A reborrow for this acquire (the router's object lifetime shortened to it).
+        let this_time = router.as_mut().map(|r| &mut **r as &mut (dyn FnMut(&[Candidate<'_>]) -> Choice + Send));
+        let ask = Ask { client: client.clone(), limit: left, excluded, router: this_time };
         let acquired = route.slot.acquire_with(ask).await;
         queue_wait += asked.elapsed();
         let permit = match acquired {
