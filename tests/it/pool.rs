@@ -13,10 +13,15 @@ use serde_json::{Value, json};
 const SIM: &str = env!("CARGO_BIN_EXE_mlxgate-sim");
 
 /// A gateway whose model `qwen` is served by remote backends `a` (`a_url`) and `b` (`b_url`),
-/// one slot each unless `extra` says otherwise (keys added to both backends).
+/// one slot each, with `extra` keys on both.
 fn two_remote_yaml(a_url: &str, b_url: &str, extra: &str) -> String {
+    two_remote_yaml_with(a_url, b_url, 1, extra)
+}
+
+/// As [`two_remote_yaml`] with `slots` slots each.
+fn two_remote_yaml_with(a_url: &str, b_url: &str, slots: usize, extra: &str) -> String {
     format!(
-        "backends:\n  a: {{url: '{a_url}', max_concurrency: 1{extra}}}\n  b: {{url: '{b_url}', max_concurrency: 1{extra}}}\n\
+        "backends:\n  a: {{url: '{a_url}', max_concurrency: {slots}{extra}}}\n  b: {{url: '{b_url}', max_concurrency: {slots}{extra}}}\n\
          models:\n  qwen: {{backends: [a, b], upstream_model: tiny-qwen3, max_queue: 8, max_wait: 120s}}\n"
     )
 }
@@ -114,7 +119,7 @@ async fn a_backend_refusing_connections_is_failed_over() {
 #[tokio::test]
 async fn a_drained_backend_finishes_its_stream_and_takes_no_new_request() {
     let (a, b) = (sim().await, sim().await);
-    let gw = gateway(&two_remote_yaml(&a.url(), &b.url(), ", max_concurrency: 4")).await;
+    let gw = gateway(&two_remote_yaml_with(&a.url(), &b.url(), 4, "")).await;
     let running = held_stream(&gw, "d1");
     eventually("the stream held at a", || async { held(&a).await == 1 }).await;
     let drained = client().post(gw.url("/admin/backends/a/drain")).send().await.expect("drain");
@@ -157,7 +162,7 @@ async fn kill_9_of_one_managed_backend_mid_stream_ends_that_stream_and_the_other
     // The first request goes to a (equal load: the first backend); it is held after a token.
     let mut stream = post(&gw, "/v1/chat/completions", &chat(true, json!({"tokens": 5, "hold_after": 1, "hold_key": "x"}))).await;
     assert_eq!(stream.status(), 200);
-    read_until(&mut stream, "t1").await;
+    read_until(&mut stream, "t0").await;
     assert!(Command::new("kill").args(["-9", &pid.to_string()]).status().expect("kill").success());
     let text = text_of(stream).await;
     let last: Value = serde_json::from_str(data_lines(&text).last().expect("an event")).expect("json");
