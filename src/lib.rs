@@ -11,6 +11,7 @@ pub mod auth;
 pub mod backend;
 pub mod bench;
 pub mod config;
+pub mod control;
 pub mod dispatch;
 pub mod error;
 pub mod kinds;

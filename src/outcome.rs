@@ -283,6 +283,14 @@ impl RequestRecord {
         self.backend = backend.to_string();
     }
 
+    /// Names the backend that answered, when the model has several (the one routed to until
+    /// then is its first).
+    pub fn served_by(&mut self, backend: &str) {
+        if self.backend != backend {
+            self.backend = backend.to_string();
+        }
+    }
+
     /// Notes that the client asked for `model` by an alias, `asked` (logged as `alias=`).
     pub fn aliased(&mut self, asked: &str) {
         self.alias = Some(asked.to_string());

@@ -17,10 +17,11 @@ use super::AppState;
 use super::body::{MAX_ERROR_BODY, MAX_WHOLE_ANSWER, read_whole};
 use super::fields::RawBody;
 use super::normalise::stream_normalise;
-use super::outgoing::{Outgoing, prepare};
+use super::outgoing::{Outgoing, prepare, prepare_for, same_request};
 use crate::backend::handle::Answer;
 use crate::backend::upstream::strip_hop_by_hop;
-use crate::dispatch::call::{Held, Prepared};
+use crate::config::BackendConfig;
+use crate::dispatch::call::{Encode, Held, Prepared};
 use crate::dispatch::queue::{ClientId, Permit};
 use crate::dispatch::{self, Route};
 use crate::error::{ErrorBody, GatewayError, backend_error_body};
@@ -30,8 +31,10 @@ use crate::stream::finish::{StreamNormalise, stop_to_length};
 use crate::stream::meter::{RequestInfo, StreamMeter};
 use crate::stream::shutdown::Cutoff;
 
-/// call: the request prepared for `route`'s backend ([`prepare`]), then dispatch's call
-/// (acquire → send → first bytes, retried as its rules say), its answer held for wrapping.
+/// call: the request prepared for `route`'s backend ([`prepare`]; for a model of several
+/// backends, built again for another backend when it differs and the call is given it), then
+/// dispatch's call (acquire → send → first bytes, retried as its rules say), its answer held
+/// for wrapping.
 pub(crate) async fn call(
     state: &AppState,
     route: &Route,
@@ -41,19 +44,32 @@ pub(crate) async fn call(
     transform: Option<String>,
     sent: &std::sync::atomic::AtomicBool,
 ) -> Result<Answered, GatewayError> {
+    // A model of several backends keeps the client's fields, to build another backend's request.
+    let pristine = (route.backends.len() > 1).then(|| fields.clone());
     let mut outgoing = prepare(parts, &mut fields, route)?;
     outgoing.transform = transform;
     drop(fields);
-    let prepared = Prepared { route, client, outbound: &outgoing.outbound, sent };
-    let Held { permit, answer, queue_wait } = dispatch::call::call(prepared, &state.metrics, &state.cutoff).await?;
-    let normalise = stream_normalise(&route.backend.config, &outgoing);
+    let other = |position: usize| {
+        if same_request(route, position) {
+            return None;
+        }
+        let mut fields = pristine.clone()?;
+        Some(prepare_for(parts, &mut fields, route, position).map(|o| o.outbound))
+    };
+    let encode: Option<Encode<'_>> = if pristine.is_some() { Some(&other) } else { None };
+    let prepared = Prepared { route, client, outbound: &outgoing.outbound, encode, router: None, sent };
+    let held = dispatch::call::call(prepared, &state.metrics, &state.cutoff).await?;
+    let backend = route.backends.get(held.position()).unwrap_or(&route.backend);
+    let Held { permit, answer, queue_wait } = held;
+    let normalise = stream_normalise(&backend.config, &outgoing);
     Ok(Answered {
         answer,
         permit,
         outgoing: Box::new(outgoing),
         queue_wait,
-        idle_timeout: route.backend.config.stream_idle_timeout,
+        idle_timeout: backend.config.stream_idle_timeout,
         normalise,
+        backend: Arc::clone(&backend.config),
     })
 }
 
@@ -67,6 +83,8 @@ pub(crate) struct Answered {
     queue_wait: Duration,
     idle_timeout: Duration,
     normalise: StreamNormalise,
+    /// The backend that answered.
+    backend: Arc<BackendConfig>,
 }
 
 impl Answered {
@@ -74,9 +92,10 @@ impl Answered {
     /// (which records the outcome at their end); whole answers and the backend's own errors
     /// are read here first.
     pub(crate) async fn into_response(self, record: RequestRecord, cutoff: Arc<Cutoff>) -> Response {
-        let Answered { answer, permit, outgoing, queue_wait, idle_timeout, normalise } = self;
+        let Answered { answer, permit, outgoing, queue_wait, idle_timeout, normalise, backend } = self;
         let Answer { mut head, body, first, sent_at } = answer;
         let mut record = record;
+        record.served_by(&backend.name);
         record.queued(queue_wait);
         strip_hop_by_hop(&mut head.headers);
         // Whatever the backend spoke (mlx_lm.server: HTTP/1.0), the client gets HTTP/1.1.

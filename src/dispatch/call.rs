@@ -19,14 +19,21 @@
 //!   generating for a client that left (`hold_abandoned`), an attempt whose client leaves
 //!   before the first bytes keeps its slot until the backend has answered and its answer has
 //!   been read to its end, so the next request waits in the queue rather than, unseen, at the
-//!   backend.
+//!   backend;
+//! - **another backend** (`failover`): on a model served by several backends, an attempt that
+//!   failed before its first byte — refused, reset, timed out, or answered a 5xx — is sent to
+//!   another of them (the failed one excluded: at most once per backend), within what is left
+//!   of `max_wait`; never after the first byte (the client has seen it). The failure counts
+//!   against the backend's health, an answer for it. A model of one backend keeps the rules
+//!   above alone.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use super::Route;
-use super::queue::{ClientId, Permit, Previous};
+use super::queue::{Ask, ClientId, Permit, Previous, bit};
+use super::route::{Candidate, Choice};
 use crate::backend::handle::{Answer, BackendHandle, Failure, Outbound, busy};
 use crate::error::GatewayError;
 use crate::metrics::Metrics;
@@ -51,12 +58,25 @@ pub const BUSY_AFTER_RELEASE: Duration = Duration::from_secs(1);
 /// milliseconds); this bounds the wait when the process lives on (no retry then).
 const REPLACEMENT_WAIT: Duration = Duration::from_secs(2);
 
+/// Builds the request for the model's backend at a position (its upstream model name, its
+/// normalisations): `None` when it takes the first backend's request as it is.
+pub type Encode<'a> = &'a (dyn Fn(usize) -> Option<Result<Outbound, GatewayError>> + Send + Sync);
+
+/// Chooses among a model's backends at the request's arrival (see `dispatch::route`).
+pub type Router<'a> = &'a mut (dyn FnMut(&[Candidate<'_>]) -> Choice + Send);
+
 /// A request ready for its backend: its route, its client (for the queue's fairness), the
 /// bytes to send, and the flag set once it got a slot (it may reach a backend from then on).
 pub struct Prepared<'a> {
     pub route: &'a Route,
     pub client: &'a ClientId,
+    /// The request for the model's first backend.
     pub outbound: &'a Outbound,
+    /// The request for another backend, built once when the call is given it (`None`: every
+    /// backend takes `outbound`).
+    pub encode: Option<Encode<'a>>,
+    /// The model's router (`None`: the least loaded backend).
+    pub router: Option<Router<'a>>,
     pub sent: &'a AtomicBool,
 }
 
@@ -70,53 +90,119 @@ pub struct Held {
     pub queue_wait: Duration,
 }
 
+impl Held {
+    /// The model's backend that answered: its position in the model's list.
+    pub fn position(&self) -> usize {
+        self.permit.position()
+    }
+}
+
 /// Why an attempt failed, and whether the call may send the request again.
 #[derive(Debug)]
 enum SendFailure {
     /// Nothing reached the client and nothing the backend began survives: send again (after
     /// getting a slot again: the backend has restarted).
     Retry(GatewayError),
-    /// Give the client this error.
-    Final(GatewayError),
+    /// Give the client this error — or, on a model of several backends, send it to another
+    /// (`failover`: it failed before its first byte).
+    Final { error: GatewayError, failover: bool },
+}
+
+/// What an attempt came to, as the call decides on it.
+enum Attempted {
+    Answered(Answer, Permit),
+    /// A 5xx answer before any byte reached the client: another backend may serve it.
+    ServerError(Answer, Permit),
+    Failed(SendFailure),
 }
 
 /// acquire → send, sent again (up to [`MAX_RETRIES`]) when the managed process that had it is
-/// gone before the first byte. Returns the slot, the answer and the time spent waiting for
-/// slots. `metrics`: the queue wait and held abandoned answers are observed there; `cutoff`:
-/// the end of the shutdown grace, which ends the hold of an abandoned answer.
+/// gone before the first byte, or to another backend of the model when one failed before it.
+/// Returns the slot, the answer and the time spent waiting for slots. `metrics`: the queue wait
+/// and held abandoned answers are observed there; `cutoff`: the end of the shutdown grace,
+/// which ends the hold of an abandoned answer.
 pub async fn call(request: Prepared<'_>, metrics: &Metrics, cutoff: &Arc<Cutoff>) -> Result<Held, GatewayError> {
-    let Prepared { route, client, outbound, sent } = request;
+    let Prepared { route, client, outbound, encode, mut router, sent } = request;
     let model = &route.model.name;
+    let several = route.backends.len() > 1;
     let mut retries = 0;
+    // Backends tried and failed before their first byte (a model of several backends).
+    let mut excluded = 0u64;
+    // The requests built for other backends than the first, by position, when they differ.
+    let mut others: Vec<Option<Outbound>> = Vec::new();
     // A request's queue wait is the time it waited for slots: a retry's wait for the restarted
     // backend counts, its failed attempt at the backend does not. Recorded once, when the
     // request got at least one slot.
     let mut queue_wait = Duration::ZERO;
     let observe_wait = |waited: Duration| metrics.queue_wait.with_label_values(&[&model]).observe(waited.as_secs_f64());
+    let mut attempts = 0u32;
     let (permit, answer) = loop {
-        // A retried request waits again for the restarted backend, within what is left of its
-        // max_wait.
+        // A request sent again waits again, within what is left of its max_wait.
         let left = route.model.max_wait.saturating_sub(queue_wait).max(Duration::from_millis(1));
         let asked = Instant::now();
-        let acquired = route.slot.acquire_within(client.clone(), left).await;
+        // A reborrow for this acquire (the router's object lifetime shortened to it).
+        let this_time = router.as_mut().map(|r| &mut **r as &mut (dyn FnMut(&[Candidate<'_>]) -> Choice + Send));
+        let ask = Ask { client: client.clone(), limit: left, excluded, router: this_time };
+        let acquired = route.slot.acquire_with(ask).await;
         queue_wait += asked.elapsed();
         let permit = match acquired {
             Ok(permit) => permit,
             Err(e) => {
-                if retries > 0 {
+                if attempts > 0 {
                     observe_wait(queue_wait);
                 }
                 return Err(e);
             }
         };
-        sent.store(true, Ordering::SeqCst);
-        match attempt(route, outbound, permit, retries == 0, metrics, cutoff).await {
-            Ok((answer, permit)) => break (permit, answer),
-            Err(SendFailure::Retry(e)) if retries < MAX_RETRIES => {
-                retries += 1;
-                tracing::warn!(backend = %route.backend.config.name, error = %e, retries, "backend failed before the first byte and its process is gone; sending again");
+        attempts += 1;
+        let position = permit.position();
+        let backend = &route.backends[position];
+        let outbound = match outbound_for(outbound, encode, &mut others, position) {
+            Ok(outbound) => outbound,
+            Err(e) => {
+                observe_wait(queue_wait);
+                return Err(e);
             }
-            Err(SendFailure::Retry(e) | SendFailure::Final(e)) => {
+        };
+        sent.store(true, Ordering::SeqCst);
+        let attempted = attempt(backend, outbound, permit, retries == 0, metrics, cutoff).await;
+        let may_fail_over = |excluded: u64| several && route.slot.has_other(excluded | bit(position));
+        let failed = match attempted {
+            Attempted::Answered(answer, permit) => {
+                if several {
+                    route.slot.report(position, true);
+                }
+                break (permit, answer);
+            }
+            Attempted::ServerError(answer, permit) => {
+                if !several {
+                    break (permit, answer);
+                }
+                route.slot.report(position, false);
+                if !may_fail_over(excluded) {
+                    break (permit, answer);
+                }
+                let status = answer.head.status;
+                drop((answer, permit));
+                tracing::warn!(backend = %backend.config.name, %status, "backend answered an error before its first byte; sending to another backend");
+                excluded |= bit(position);
+                continue;
+            }
+            Attempted::Failed(failed) => failed,
+        };
+        if several {
+            route.slot.report(position, false);
+        }
+        match failed {
+            SendFailure::Retry(e) | SendFailure::Final { error: e, failover: true } if may_fail_over(excluded) => {
+                tracing::warn!(backend = %backend.config.name, error = %e, "backend failed before the first byte; sending to another backend");
+                excluded |= bit(position);
+            }
+            SendFailure::Retry(e) if retries < MAX_RETRIES => {
+                retries += 1;
+                tracing::warn!(backend = %backend.config.name, error = %e, retries, "backend failed before the first byte and its process is gone; sending again");
+            }
+            SendFailure::Retry(e) | SendFailure::Final { error: e, .. } => {
                 observe_wait(queue_wait);
                 return Err(e);
             }
@@ -126,31 +212,71 @@ pub async fn call(request: Prepared<'_>, metrics: &Metrics, cutoff: &Arc<Cutoff>
     Ok(Held { permit, answer, queue_wait })
 }
 
+/// The request for the backend at `position`: the first backend's, or the one `encode` builds
+/// for it (once: kept in `others`).
+fn outbound_for<'o>(
+    first: &'o Outbound,
+    encode: Option<Encode<'_>>,
+    others: &'o mut Vec<Option<Outbound>>,
+    position: usize,
+) -> Result<&'o Outbound, GatewayError> {
+    let Some(encode) = encode.filter(|_| position > 0) else { return Ok(first) };
+    if others.len() <= position {
+        others.resize_with(position + 1, || None);
+    }
+    if others[position].is_none() {
+        match encode(position) {
+            None => return Ok(first),
+            Some(built) => others[position] = Some(built?),
+        }
+    }
+    Ok(others[position].as_ref().unwrap_or(first))
+}
+
 /// One attempt at the backend, holding `permit`. For a backend that keeps generating for a
 /// client that left (`hold_abandoned`), the attempt runs as its own task: if the client goes
 /// away before the answer's first bytes (a long prefill, a whole answer being generated), the
 /// slot stays held until the backend has answered and its answer has been read to its end, so
 /// the next request waits in the queue rather than, unseen, at the backend.
 async fn attempt(
-    route: &Route,
+    backend: &BackendHandle,
     outbound: &Outbound,
     permit: Permit,
     first_attempt: bool,
     metrics: &Metrics,
     cutoff: &Arc<Cutoff>,
-) -> Result<(Answer, Permit), SendFailure> {
+) -> Attempted {
     // A request sent again after a restart was its own previous request: no busy retries.
     let busy_retries = if first_attempt { busy_retries(permit.previous()) } else { 0 };
-    if !route.backend.config.normalise.hold_abandoned {
-        return send(&route.backend, outbound, busy_retries).await.map(|answer| (answer, permit));
+    let answered = if !backend.config.normalise.hold_abandoned {
+        send(backend, outbound, busy_retries).await.map(|answer| (answer, permit))
+    } else {
+        held(backend, outbound, permit, busy_retries, metrics, cutoff).await
+    };
+    match answered {
+        Ok((answer, permit)) if answer.head.status.is_server_error() => Attempted::ServerError(answer, permit),
+        Ok((answer, permit)) => Attempted::Answered(answer, permit),
+        Err(failed) => Attempted::Failed(failed),
     }
-    let backend = route.backend.clone();
+}
+
+/// The attempt of a `hold_abandoned` backend, as its own task (see [`attempt`]).
+async fn held(
+    backend: &BackendHandle,
+    outbound: &Outbound,
+    permit: Permit,
+    busy_retries: usize,
+    metrics: &Metrics,
+    cutoff: &Arc<Cutoff>,
+) -> Result<(Answer, Permit), SendFailure> {
+    let backend = backend.clone();
     let copy = Outbound {
         method: outbound.method.clone(),
         path_and_query: outbound.path_and_query.clone(),
         headers: outbound.headers.clone(),
         body: outbound.body.clone(),
     };
+    let name = backend.config.name.clone();
     let (metrics, cutoff) = (metrics.clone(), Arc::clone(cutoff));
     let (mut tx, rx) = tokio::sync::oneshot::channel();
     tokio::spawn(async move {
@@ -170,7 +296,7 @@ async fn attempt(
         Err(_) => {
             // The attempt's task failed (and its slot went with it).
             let reason = "the attempt ended without an answer".to_string();
-            Err(SendFailure::Final(GatewayError::Backend { backend: route.backend.config.name.clone(), reason }))
+            Err(SendFailure::Final { error: GatewayError::Backend { backend: name, reason }, failover: false })
         }
     }
 }
@@ -215,16 +341,17 @@ async fn send(backend: &BackendHandle, request: &Outbound, busy_retries: usize) 
 /// have been replaced; otherwise retrying is safe only when the process that had it is gone.
 /// A timeout is never retried.
 async fn retry_or_final(backend: &BackendHandle, generation: Option<u64>, failure: Failure) -> SendFailure {
+    // Every failure before the first byte may go to another backend of the model.
     let (refused, error) = match failure {
-        Failure::TimedOut(error) => return SendFailure::Final(error),
+        Failure::TimedOut(error) => return SendFailure::Final { error, failover: true },
         Failure::Refused(error) => (true, error),
         Failure::Broken(error) => (false, error),
     };
     let (Some(supervisor), Some(generation)) = (backend.supervisor(), generation) else {
-        return SendFailure::Final(error);
+        return SendFailure::Final { error, failover: true };
     };
     let gone = supervisor.replaced(generation, REPLACEMENT_WAIT).await;
-    if refused || gone { SendFailure::Retry(error) } else { SendFailure::Final(error) }
+    if refused || gone { SendFailure::Retry(error) } else { SendFailure::Final { error, failover: true } }
 }
 
 /// Holds `permit` for an attempt whose client left before its answer's first bytes: until the

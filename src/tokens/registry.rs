@@ -46,7 +46,8 @@ impl Registry {
         let mut loaded: BTreeMap<PathBuf, Arc<dyn Count>> = BTreeMap::new();
         let mut models = BTreeMap::new();
         for model in config.models.values() {
-            let Some(backend) = config.backends.get(&model.backend) else { continue };
+            // single-backend until the pool
+            let Some(backend) = config.backends.get(&model.backends[0]) else { continue };
             let tokens = resolve(model, backend, &mut loaded)?;
             models.insert(model.name.clone(), tokens);
         }
@@ -144,7 +145,7 @@ fn backend_model_dir(backend: &BackendConfig) -> Option<PathBuf> {
 /// that is a Hub id (`org/name`) and not a path: a directory that happens to sit where the
 /// gateway was started never decides a remote server's tokenizer or cap.
 fn hub_model_dir(backend: &BackendConfig, model: &ModelConfig) -> Option<PathBuf> {
-    let id = model.upstream_model.as_str();
+    let id = model.upstream_model_for(backend);
     let hub_id = backend.managed.is_none()
         && id.matches('/').count() == 1
         && !id.starts_with(['.', '/', '~'])

@@ -30,6 +30,7 @@ const EVERY_MODULE: &[&str] = &[
     "auth",
     "backend",
     "config",
+    "control",
     "dispatch",
     "error",
     "kinds",
