@@ -22,10 +22,10 @@ pub const MAX_CAPACITY: usize = 1024;
 /// A reported count is taken as up to this fraction larger, and [`SLACK_TOKENS`] more, before
 /// it contradicts a prediction: a prompt's tokens are not spread evenly over its bytes (the
 /// chat template's own tokens, dense JSON in tools).
-pub const TOLERANCE: f64 = 0.10;
+pub const TOLERANCE: f64 = 0.25;
 
 /// See [`TOLERANCE`]; also covers mlx_lm.server's one token held back on an exact match.
-pub const SLACK_TOKENS: f64 = 32.0;
+pub const SLACK_TOKENS: f64 = 64.0;
 
 /// The tokens per byte taken when an answer reports no prompt count.
 pub const DEFAULT_TOKENS_PER_BYTE: f64 = 1.0 / 3.5;

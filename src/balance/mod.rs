@@ -27,7 +27,7 @@ use serde::{Deserialize, Serialize};
 pub use index::{Correction, Match, PrefixIndex};
 pub use policy::{Candidate, Choice, Estimate, Inputs, Reason, choose};
 pub use prompt::Prompt;
-pub use rates::{Observed, Rates};
+pub use rates::{Ewma, Observed, Rates};
 
 /// How a model with several backends chooses one (`balance: policy:` in gateway.yaml).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize, schemars::JsonSchema)]
@@ -86,6 +86,8 @@ struct Backend {
 struct State {
     backends: Vec<Backend>,
     round_robin: u64,
+    /// The model's prompt tokens per byte (its tokenizer's, whichever backend answered).
+    tokens_per_byte: Ewma,
 }
 
 /// One model's balancer (see the module's header). Its memory is bounded: per backend at most
@@ -104,7 +106,8 @@ impl Balancer {
             .iter()
             .map(|b| Backend { index: PrefixIndex::new(b.cache_sequences), rates: Rates::default() })
             .collect();
-        Balancer { policy, state: Mutex::new(State { backends, round_robin: 0 }) }
+        let tokens_per_byte = Ewma::new(rates::PRIOR_TOKENS_PER_BYTE);
+        Balancer { policy, state: Mutex::new(State { backends, round_robin: 0, tokens_per_byte }) }
     }
 
     /// Its policy.
@@ -124,12 +127,12 @@ impl Balancer {
     pub fn plan(&self, prompt: &Prompt, candidates: &[Candidate], session_key: Option<&str>) -> (Choice, Vec<Match>) {
         let mut state = self.state();
         let matches: Vec<Match> = state.backends.iter().map(|b| b.index.predict(prompt)).collect();
+        let per_byte = state.tokens_per_byte.value();
         let estimates: Vec<Estimate> = candidates
             .iter()
             .map(|c| {
                 let rates = state.backends.get(c.backend).map(|b| b.rates).unwrap_or_default();
                 let matched = matches.get(c.backend).copied().unwrap_or_default();
-                let per_byte = rates.tokens_per_byte();
                 Estimate {
                     prompt_tokens: (prompt.bytes() as f64 * per_byte) as u64,
                     cached_tokens: (matched.bytes as f64 * per_byte) as u64,
@@ -140,11 +143,16 @@ impl Balancer {
             .collect();
         let round_robin = state.round_robin;
         state.round_robin = state.round_robin.wrapping_add(1);
+        let cold = candidates
+            .iter()
+            .filter(|c| c.usable)
+            .all(|c| matches.get(c.backend).map_or(0, |m| m.segments) < prompt.opening_segments());
         let inputs = Inputs {
             estimates: &estimates,
             session: session_key.map(rendezvous::key_of),
             conversation: prompt.conversation_key(),
             round_robin,
+            cold,
         };
         (choose(self.policy, candidates, &inputs), matches)
     }
@@ -155,12 +163,19 @@ impl Balancer {
     /// ignored.
     pub fn observe_answer(&self, backend: usize, prompt: &Prompt, predicted: Match, observed: &Observed) -> Feedback {
         let mut state = self.state();
-        let Some(b) = state.backends.get_mut(backend) else { return Feedback::default() };
+        if backend >= state.backends.len() {
+            return Feedback::default();
+        }
         let per_byte = match observed.prompt_tokens {
-            Some(tokens) if tokens > 0 && prompt.bytes() > 0 => tokens as f64 / prompt.bytes() as f64,
-            _ => b.rates.tokens_per_byte(),
+            Some(tokens) if tokens > 0 && prompt.bytes() > 0 => {
+                let per_byte = tokens as f64 / prompt.bytes() as f64;
+                state.tokens_per_byte.add(per_byte);
+                per_byte
+            }
+            _ => state.tokens_per_byte.value(),
         };
-        b.rates.observe(observed, prompt.bytes());
+        let b = &mut state.backends[backend];
+        b.rates.observe(observed);
         let correction = b.index.observe(prompt, predicted, observed.cached_tokens, observed.prompt_tokens);
         Feedback {
             predicted_tokens: (predicted.bytes as f64 * per_byte) as u64,
@@ -185,6 +200,11 @@ impl Balancer {
     /// Each backend's learnt rates, in the model's order (for `/admin/backends`).
     pub fn rates(&self) -> Vec<Rates> {
         self.state().backends.iter().map(|b| b.rates).collect()
+    }
+
+    /// The model's learnt prompt tokens per byte.
+    pub fn tokens_per_byte(&self) -> f64 {
+        self.state().tokens_per_byte.value()
     }
 }
 

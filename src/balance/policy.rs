@@ -3,14 +3,20 @@
 //! estimates); nothing here waits, locks or reads a clock.
 //!
 //! `cache_aware` (the default) ranks by a cost in seconds: the tokens the backend would have to
-//! prefill (the prompt less the prefix it is believed to hold) ÷ its prefill rate, plus the
-//! time until a slot of it frees (0 with a free slot; else the requests ahead × its mean service
-//! ÷ its slots). The cheapest wins; costs within [`TIE_FRACTION`] (or [`TIE_SECONDS`]) of the
-//! cheapest are ties, broken by load, then by a rendezvous hash of the conversation (so that
-//! two gateways agree on a cold conversation). When the cheapest has no free slot, the request
-//! prefers it for as long as waiting still costs less than prefilling on the best free one.
-//! This is SGLang's cache-aware router (prefix match, shortest queue when unbalanced) and
-//! Dynamo's KV router cost (uncached prefill + load) put in one unit, seconds.
+//! prefill (the prompt less the prefix it is believed to hold) ÷ its prefill rate, plus its
+//! expected wait: the work in it and waiting for it (requests × mean service) ÷ its slots — the
+//! time for it to clear what is ahead, which with a free slot stands for the share of the
+//! server the request gets. The cheapest wins; costs within [`TIE_FRACTION`] (or
+//! [`TIE_SECONDS`]) of the cheapest are ties, broken by load, then by a rendezvous hash of the
+//! conversation (so that two gateways agree). A *cold* conversation — one no backend holds past
+//! the prefix conversations share (tools, system prompt) — is placed by wait alone, then
+//! rendezvous: the shared prefix is a one-time cost on a backend that lacks it, and counting it
+//! would pile every new conversation onto the first backend that served one. When the chosen
+//! backend has no free slot, the request prefers it for as long as waiting still costs less
+//! than prefilling on the best free one.
+//!
+//! This is SGLang's cache-aware router (prefix match; load when unbalanced) and Dynamo's KV
+//! router cost (uncached prefill + load) put in one unit, seconds.
 
 use std::time::Duration;
 
@@ -79,6 +85,8 @@ pub struct Inputs<'a> {
     pub conversation: u64,
     /// A counter, one step per request (`round_robin`).
     pub round_robin: u64,
+    /// No backend holds the conversation past the prefix conversations share: ignore the cache.
+    pub cold: bool,
 }
 
 /// Why a backend was chosen (a metric label: [`Reason::label`]).
@@ -140,12 +148,10 @@ impl Choice {
     }
 }
 
-/// Seconds until one of `candidate`'s slots is free for a new request.
+/// Seconds for `candidate` to clear the requests in it and waiting for it, at `service` each,
+/// its slots in parallel (0 for an idle backend).
 pub fn wait_seconds(candidate: &Candidate, service: Duration) -> f64 {
-    if candidate.free_slots > 0 {
-        return 0.0;
-    }
-    let ahead = candidate.waiting_for as f64 + 1.0;
+    let ahead = (candidate.in_flight + candidate.waiting_for) as f64;
     ahead * service.as_secs_f64() / candidate.max_concurrency.max(1) as f64
 }
 
@@ -218,16 +224,21 @@ fn round_robin(candidates: &[Candidate], counter: u64, usable: &[usize]) -> Choi
 }
 
 fn cache_aware(candidates: &[Candidate], inputs: &Inputs, usable: &[usize]) -> Choice {
-    let costs: Vec<f64> = (0..candidates.len())
-        .map(|i| match inputs.estimates.get(i) {
-            Some(e) => cost(&candidates[i], e),
-            None => f64::INFINITY,
+    // Cold: every backend counted as holding what the one holding least does.
+    let least_held = usable.iter().filter_map(|&i| inputs.estimates.get(i)).map(|e| e.cached_tokens).min();
+    let estimate = |i: usize| {
+        inputs.estimates.get(i).map(|e| match (inputs.cold, least_held) {
+            (true, Some(held)) => Estimate { cached_tokens: held.min(e.prompt_tokens), ..*e },
+            _ => *e,
         })
+    };
+    let costs: Vec<f64> = (0..candidates.len())
+        .map(|i| estimate(i).map_or(f64::INFINITY, |e| cost(&candidates[i], &e)))
         .collect();
     let cheapest = usable.iter().map(|&i| costs[i]).fold(f64::INFINITY, f64::min);
     let bound = cheapest + (cheapest * TIE_FRACTION).max(TIE_SECONDS);
     let near: Vec<usize> = usable.iter().copied().filter(|&i| costs[i] <= bound).collect();
-    let uncached = |i: usize| inputs.estimates.get(i).map_or(u64::MAX, Estimate::uncached_tokens);
+    let uncached = |i: usize| estimate(i).map_or(u64::MAX, |e| e.uncached_tokens());
     let (chosen, reason) = match near.as_slice() {
         [one] => {
             let fewest_elsewhere = usable.iter().filter(|&&i| i != *one).map(|&i| uncached(i)).min();
@@ -244,13 +255,13 @@ fn cache_aware(candidates: &[Candidate], inputs: &Inputs, usable: &[usize]) -> C
         return Choice { now: Some(target.backend), prefer: None, reason };
     }
     // Waiting for it is worth as long as it still beats the best other backend.
-    let prefill = inputs.estimates.get(chosen).map_or(0.0, Estimate::prefill_seconds);
+    let prefill = estimate(chosen).map_or(0.0, |e| e.prefill_seconds());
     let cheapest_of = |free: bool| {
         usable
             .iter()
             .copied()
             .filter(|&i| i != chosen && (!free || candidates[i].free_slots > 0))
-            .min_by(|&a, &b| costs[a].total_cmp(&costs[b]))
+            .min_by(|&a, &b| costs[a].total_cmp(&costs[b]).then_with(|| candidates[a].name.cmp(candidates[b].name)))
     };
     let best_free = cheapest_of(true);
     let patience = best_free.or_else(|| cheapest_of(false)).map_or(f64::INFINITY, |i| costs[i]) - prefill;

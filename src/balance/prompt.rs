@@ -54,6 +54,8 @@ pub struct Prompt {
     bytes: u64,
     /// See [`Prompt::conversation_key`].
     conversation: u64,
+    /// See [`Prompt::opening_segments`].
+    opening: usize,
 }
 
 impl Prompt {
@@ -109,6 +111,12 @@ impl Prompt {
     pub fn conversation_key(&self) -> u64 {
         self.conversation
     }
+
+    /// How many segments the conversation key covers: a backend holding fewer of them holds
+    /// only what conversations share (tools, system prompt), not this conversation.
+    pub fn opening_segments(&self) -> usize {
+        self.opening
+    }
 }
 
 /// A value read canonically.
@@ -148,11 +156,12 @@ impl Read {
                 ends.push(bytes);
             }
         }
-        let conversation = match opening.min(chain.len()) {
+        let opening = opening.min(chain.len());
+        let conversation = match opening {
             0 => 0,
             n => chain[n - 1],
         };
-        Prompt { chain, ends, bytes: bytes + self.messages_size, conversation }
+        Prompt { chain, ends, bytes: bytes + self.messages_size, conversation, opening }
     }
 }
 

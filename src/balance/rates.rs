@@ -1,8 +1,9 @@
 //! What one backend's answers showed, as moving averages with priors: prefill tokens per second
-//! (`(prompt − cached) ÷ (TTFT − queue wait)`), decode tokens per second, prompt tokens per
-//! byte of a [`Prompt`](super::Prompt)'s size, and the mean completion length. The prior counts
-//! as one answer, so the first real answers replace it quickly; after that each answer weighs
-//! [`ALPHA`].
+//! (`(prompt − cached) ÷ (TTFT − queue wait)`), decode tokens per second and the mean
+//! completion length ([`Rates`]); and, for the model (its tokenizer's, whichever backend
+//! answered), prompt tokens per byte of a [`Prompt`](super::Prompt)'s size ([`Ewma`] with
+//! [`PRIOR_TOKENS_PER_BYTE`]). A prior counts as one answer, so the first real answers replace
+//! it quickly; after that each answer weighs [`ALPHA`].
 
 use std::time::Duration;
 
@@ -70,7 +71,6 @@ pub struct Observed {
 pub struct Rates {
     prefill_per_s: Ewma,
     decode_per_s: Ewma,
-    tokens_per_byte: Ewma,
     completion_tokens: Ewma,
 }
 
@@ -79,19 +79,15 @@ impl Default for Rates {
         Rates {
             prefill_per_s: Ewma::new(PRIOR_PREFILL_PER_S),
             decode_per_s: Ewma::new(PRIOR_DECODE_PER_S),
-            tokens_per_byte: Ewma::new(PRIOR_TOKENS_PER_BYTE),
             completion_tokens: Ewma::new(PRIOR_COMPLETION_TOKENS),
         }
     }
 }
 
 impl Rates {
-    /// Learns from one answer to a prompt of `prompt_bytes` bytes.
-    pub fn observe(&mut self, observed: &Observed, prompt_bytes: u64) {
+    /// Learns from one answer.
+    pub fn observe(&mut self, observed: &Observed) {
         if let Some(prompt) = observed.prompt_tokens {
-            if prompt_bytes > 0 {
-                self.tokens_per_byte.add(prompt as f64 / prompt_bytes as f64);
-            }
             let uncached = prompt.saturating_sub(observed.cached_tokens.unwrap_or(0));
             if let Some(time) = observed.ttft_after_queue
                 && uncached >= MIN_PREFILL_SAMPLE
@@ -116,11 +112,6 @@ impl Rates {
     /// Decode tokens per second.
     pub fn decode_per_s(&self) -> f64 {
         self.decode_per_s.value()
-    }
-
-    /// Prompt tokens per byte.
-    pub fn tokens_per_byte(&self) -> f64 {
-        self.tokens_per_byte.value()
     }
 
     /// Mean completion tokens.
@@ -178,11 +169,9 @@ mod tests {
                 ttft_after_queue: Some(Duration::from_secs(2)),
                 ..Observed::default()
             },
-            35_000,
         );
         // One sample against the prior: the mean of 1000 and the prior.
         assert_eq!(r.prefill_per_s(), (1000.0 + PRIOR_PREFILL_PER_S) / 2.0);
-        assert_eq!(r.tokens_per_byte(), (10_000.0 / 35_000.0 + PRIOR_TOKENS_PER_BYTE) / 2.0);
     }
 
     #[test]
@@ -195,7 +184,6 @@ mod tests {
                 ttft_after_queue: Some(Duration::from_millis(300)),
                 ..Observed::default()
             },
-            35_000,
         );
         assert_eq!(r.prefill_per_s(), PRIOR_PREFILL_PER_S);
     }
@@ -205,10 +193,7 @@ mod tests {
         let mut r = Rates::default();
         assert_eq!(r.service(), Duration::from_secs_f64(PRIOR_COMPLETION_TOKENS / PRIOR_DECODE_PER_S));
         for _ in 0..100 {
-            r.observe(
-                &Observed { completion_tokens: Some(100), decode_tokens_per_s: Some(50.0), ..Observed::default() },
-                0,
-            );
+            r.observe(&Observed { completion_tokens: Some(100), decode_tokens_per_s: Some(50.0), ..Observed::default() });
         }
         assert!((r.service().as_secs_f64() - 2.0).abs() < 0.01, "{:?}", r.service());
     }
