@@ -138,6 +138,7 @@ impl Balancer {
                     cached_tokens: (matched.bytes as f64 * per_byte) as u64,
                     prefill_per_s: rates.prefill_per_s(),
                     service: if c.mean_service.is_zero() { rates.service() } else { c.mean_service },
+                    held_sequences: state.backends.get(c.backend).map_or(0, |b| b.index.len()),
                 }
             })
             .collect();
@@ -150,7 +151,11 @@ impl Balancer {
         let inputs = Inputs {
             estimates: &estimates,
             session: session_key.map(rendezvous::key_of),
-            conversation: prompt.conversation_key(),
+            // No prompt (embeddings, a malformed body): ties spread by the counter.
+            conversation: match prompt.segments() {
+                0 => round_robin.wrapping_mul(0x9e37_79b9_7f4a_7c15),
+                _ => prompt.conversation_key(),
+            },
             round_robin,
             cold,
         };
@@ -158,9 +163,9 @@ impl Balancer {
     }
 
     /// `backend` answered `prompt` (predicted to hold `predicted` at the plan): its rates learn,
-    /// its index is corrected by the report and holds `prompt` now. Call it for an answer that
-    /// reached its end (a failed request taught nothing of the cache); an unknown `backend` is
-    /// ignored.
+    /// its index is corrected by the report and holds `prompt` now. Call it once per answer
+    /// the server generated (its usage seen, or at least its first token: the server then holds
+    /// the prompt); not for a request that failed before it. An unknown `backend` is ignored.
     pub fn observe_answer(&self, backend: usize, prompt: &Prompt, predicted: Match, observed: &Observed) -> Feedback {
         let mut state = self.state();
         if backend >= state.backends.len() {

@@ -9,11 +9,14 @@
 //! server the request gets. The cheapest wins; costs within [`TIE_FRACTION`] (or
 //! [`TIE_SECONDS`]) of the cheapest are ties, broken by load, then by a rendezvous hash of the
 //! conversation (so that two gateways agree). A *cold* conversation — one no backend holds past
-//! the prefix conversations share (tools, system prompt) — is placed by wait alone, then
-//! rendezvous: the shared prefix is a one-time cost on a backend that lacks it, and counting it
-//! would pile every new conversation onto the first backend that served one. When the chosen
-//! backend has no free slot, the request prefers it for as long as waiting still costs less
-//! than prefilling on the best free one.
+//! the prefix conversations share (tools, system prompt) — is placed by wait alone: the shared
+//! prefix is a one-time cost on a backend that lacks it, and counting it would pile every new
+//! conversation onto the first backend that served one. And since a conversation then stays
+//! where it is cached, where it starts decides the balance for good: a cold one goes only to a
+//! backend holding no more than [`BOUNDED_LOAD`] over the average of the conversations the
+//! backends hold or run (consistent hashing with bounded loads: while the backends are even,
+//! pure rendezvous, so gateways agree). When the chosen backend has no free slot, the request
+//! prefers it for as long as waiting still costs less than prefilling on the best free one.
 //!
 //! This is SGLang's cache-aware router (prefix match; load when unbalanced) and Dynamo's KV
 //! router cost (uncached prefill + load) put in one unit, seconds.
@@ -23,6 +26,9 @@ use std::time::Duration;
 use super::Policy;
 use super::rendezvous;
 
+/// A cold conversation goes to a backend holding fewer than this fraction over the average of
+/// the conversations the backends hold (the new one counted), if any does.
+pub const BOUNDED_LOAD: f64 = 0.25;
 /// Costs within this fraction of the cheapest are ties.
 pub const TIE_FRACTION: f64 = 0.05;
 /// Costs within this many seconds of the cheapest are ties.
@@ -60,6 +66,8 @@ pub struct Estimate {
     pub prefill_per_s: f64,
     /// How long a request holds a slot.
     pub service: Duration,
+    /// How many conversations (prompts) the backend is believed to hold.
+    pub held_sequences: usize,
 }
 
 impl Estimate {
@@ -223,6 +231,21 @@ fn round_robin(candidates: &[Candidate], counter: u64, usable: &[usize]) -> Choi
         .map_or(Choice::wait_for_any(Reason::RoundRobin), |c| Choice::at(c, Reason::RoundRobin))
 }
 
+/// The usable backends whose conversations — those held, and the requests in them or waiting
+/// for them (a new conversation placed a moment ago is not held yet) — stay under the bound
+/// (see [`BOUNDED_LOAD`]); all of them if none does.
+fn within_bound(candidates: &[Candidate], inputs: &Inputs, usable: &[usize]) -> Vec<usize> {
+    let load = |i: usize| {
+        let c = &candidates[i];
+        inputs.estimates.get(i).map_or(0, |e| e.held_sequences) + c.in_flight + c.waiting_for
+    };
+    let total: usize = usable.iter().map(|&i| load(i)).sum();
+    let average = (total + 1) as f64 / usable.len().max(1) as f64;
+    let bound = ((average * (1.0 + BOUNDED_LOAD)).floor() as usize).max(1);
+    let under: Vec<usize> = usable.iter().copied().filter(|&i| load(i) < bound).collect();
+    if under.is_empty() { usable.to_vec() } else { under }
+}
+
 fn cache_aware(candidates: &[Candidate], inputs: &Inputs, usable: &[usize]) -> Choice {
     // Cold: every backend counted as holding what the one holding least does.
     let least_held = usable.iter().filter_map(|&i| inputs.estimates.get(i)).map(|e| e.cached_tokens).min();
@@ -235,9 +258,10 @@ fn cache_aware(candidates: &[Candidate], inputs: &Inputs, usable: &[usize]) -> C
     let costs: Vec<f64> = (0..candidates.len())
         .map(|i| estimate(i).map_or(f64::INFINITY, |e| cost(&candidates[i], &e)))
         .collect();
-    let cheapest = usable.iter().map(|&i| costs[i]).fold(f64::INFINITY, f64::min);
+    let open = if inputs.cold { within_bound(candidates, inputs, usable) } else { usable.to_vec() };
+    let cheapest = open.iter().map(|&i| costs[i]).fold(f64::INFINITY, f64::min);
     let bound = cheapest + (cheapest * TIE_FRACTION).max(TIE_SECONDS);
-    let near: Vec<usize> = usable.iter().copied().filter(|&i| costs[i] <= bound).collect();
+    let near: Vec<usize> = open.iter().copied().filter(|&i| costs[i] <= bound).collect();
     let uncached = |i: usize| estimate(i).map_or(u64::MAX, |e| e.uncached_tokens());
     let (chosen, reason) = match near.as_slice() {
         [one] => {

@@ -39,13 +39,7 @@ fn conversation(c: usize, turns: usize, system: usize, turn: usize) -> Prompt {
 
 /// What a server answered: every token counted, the cached ones as it reports them.
 fn answered(p: &Prompt, cached_bytes: u64) -> Observed {
-    Observed {
-        prompt_tokens: Some(p.bytes()),
-        cached_tokens: Some(cached_bytes),
-        completion_tokens: Some(100),
-        ttft_after_queue: Some(Duration::from_millis(100)),
-        decode_tokens_per_s: Some(30.0),
-    }
+    Observed { prompt_tokens: Some(p.bytes()), cached_tokens: Some(cached_bytes), ..Observed::default() }
 }
 
 #[test]
@@ -182,10 +176,13 @@ fn replay(policy: Policy, conversations: usize, turns: usize, clients: usize) ->
     while next_turn.iter().any(|&t| t < turns) {
         let mut round = Vec::new();
         let mut in_flight = [0usize; 2];
-        while round.len() < clients && next_turn.iter().any(|&t| t < turns) {
+        for _ in 0..conversations {
+            if round.len() == clients {
+                break;
+            }
             let c = cursor % conversations;
             cursor += 1;
-            if next_turn[c] >= turns || round.iter().any(|(rc, ..)| *rc == c) {
+            if next_turn[c] >= turns {
                 continue;
             }
             let p = conversation(c, next_turn[c], 3000, 200);

@@ -22,7 +22,13 @@ fn busy(backend: usize) -> Candidate<'static> {
 }
 
 fn estimate(prompt: u64, cached: u64) -> Estimate {
-    Estimate { prompt_tokens: prompt, cached_tokens: cached, prefill_per_s: 1000.0, service: Duration::from_secs(10) }
+    Estimate {
+        prompt_tokens: prompt,
+        cached_tokens: cached,
+        prefill_per_s: 1000.0,
+        service: Duration::from_secs(10),
+        held_sequences: 0,
+    }
 }
 
 fn inputs(estimates: &[Estimate]) -> Inputs<'_> {
@@ -66,6 +72,28 @@ fn a_cold_conversation_ignores_the_shared_prefix_and_goes_to_the_lighter() {
     // Both idle: rendezvous.
     let cold = choose(Policy::CacheAware, &[idle(0), idle(1)], &Inputs { cold: true, ..inputs(&estimates) });
     assert_eq!(cold.reason, Reason::Cold);
+}
+
+#[test]
+fn a_cold_conversation_goes_to_a_backend_within_the_bound() {
+    let with_held = |held: [usize; 2]| [0, 1].map(|i| Estimate { held_sequences: held[i], ..estimate(5_000, 0) });
+    // Rendezvous alone would send this conversation to `first`.
+    let estimates = with_held([0, 0]);
+    let first = choose(Policy::CacheAware, &[idle(0), idle(1)], &Inputs { cold: true, ..inputs(&estimates) }).now.expect("free");
+    let other = 1 - first;
+    // Even: rendezvous still.
+    let mut held = [1, 1];
+    let estimates = with_held(held);
+    assert_eq!(choose(Policy::CacheAware, &[idle(0), idle(1)], &Inputs { cold: true, ..inputs(&estimates) }).now, Some(first));
+    // `first` holding one more: the other.
+    held[first] = 2;
+    held[other] = 1;
+    let estimates = with_held(held);
+    assert_eq!(choose(Policy::CacheAware, &[idle(0), idle(1)], &Inputs { cold: true, ..inputs(&estimates) }).now, Some(other));
+    // A warm conversation stays where it is cached, whatever the counts.
+    let mut estimates = with_held([9, 0]);
+    estimates[0].cached_tokens = 4_000;
+    assert_eq!(choose(Policy::CacheAware, &[idle(0), idle(1)], &inputs(&estimates)).now, Some(0));
 }
 
 #[test]
@@ -164,8 +192,8 @@ fn session_sticks_to_its_key_and_waits_for_it() {
 }
 
 fn candidate() -> impl Strategy<Value = (Candidate<'static>, Estimate)> {
-    (any::<bool>(), 0usize..3, 0usize..4, 0usize..6, 1usize..4, 0u64..20_000, 0u64..20_000, 1u64..30)
-        .prop_map(|(usable, free, in_flight, waiting, slots, prompt, cached, service)| {
+    (any::<bool>(), 0usize..3, 0usize..4, 0usize..6, 1usize..4, 0u64..20_000, 0u64..20_000, 1u64..30, 0usize..6)
+        .prop_map(|(usable, free, in_flight, waiting, slots, prompt, cached, service, held)| {
             (
                 Candidate {
                     backend: 0,
@@ -182,6 +210,7 @@ fn candidate() -> impl Strategy<Value = (Candidate<'static>, Estimate)> {
                     cached_tokens: cached.min(prompt),
                     prefill_per_s: 500.0,
                     service: Duration::from_secs(service),
+                    held_sequences: held,
                 },
             )
         })
