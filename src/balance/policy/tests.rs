@@ -253,6 +253,28 @@ proptest! {
         }
     }
 
+    /// `session` (and a cold `cache_aware` conversation on even backends): a backend leaving
+    /// (drained, ejected) moves only the sessions it had.
+    #[test]
+    fn a_backend_leaving_moves_only_its_sessions(
+        policy in prop_oneof![Just(Policy::Session), Just(Policy::CacheAware)],
+        leaving in 0usize..4,
+        keys in proptest::collection::vec(any::<u64>(), 1..50),
+    ) {
+        let estimates = [estimate(1_000, 0); 4];
+        let all = [idle(0), idle(1), idle(2), idle(3)];
+        let mut rest = all;
+        rest[leaving].usable = false;
+        for key in keys {
+            let inputs = Inputs { session: Some(key), conversation: key, cold: true, ..inputs(&estimates) };
+            let before = choose(policy, &all, &inputs).now.expect("free");
+            let after = choose(policy, &rest, &inputs).now.expect("free");
+            if before != leaving {
+                prop_assert_eq!(before, after);
+            }
+        }
+    }
+
     /// Cost rises with the uncached tokens and with the wait.
     #[test]
     fn cost_is_monotone_in_uncached_tokens_and_wait(
