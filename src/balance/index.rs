@@ -11,10 +11,17 @@
 //! held; every sequence believed at the plan that shares more with the prompt than that is gone
 //! from the server and is dropped (a sequence inserted since the plan is newer evidence and
 //! stays). Then the prompt just served is inserted at the front: the server holds it now.
+//!
+//! The server stores a prompt with the answer it generated, which the client sends back as the
+//! next turn's assistant message. Whether that message's tokens are the ones generated depends
+//! on the chat template (one that strips earlier turns' reasoning renders them anew), so the
+//! index learns, per backend, the fraction of such an answer the reports show held (an
+//! [`Ewma`], prior ½) and expects that much of it ([`Match::expected_bytes`]).
 
 use std::collections::VecDeque;
 
 use super::prompt::Prompt;
+use super::rates::Ewma;
 
 /// The largest capacity an index takes, whatever a configuration says.
 pub const MAX_CAPACITY: usize = 1024;
@@ -37,6 +44,12 @@ pub struct Match {
     pub segments: usize,
     /// Their size in bytes.
     pub bytes: u64,
+    /// The size of the assistant message after them, when a stored sequence ends there: the
+    /// answer the server generated after it.
+    pub answer_bytes: u64,
+    /// What the server is expected to hold: `bytes`, and of `answer_bytes` the fraction this
+    /// server was found to hold.
+    pub expected_bytes: u64,
     /// The index's clock at the prediction: only sequences inserted before it are judged by the
     /// answer's report.
     pub clock: u64,
@@ -67,6 +80,8 @@ pub struct PrefixIndex {
     stored: VecDeque<Stored>,
     /// Counts insertions.
     clock: u64,
+    /// The fraction of an answer sent back that the server is found to hold.
+    answers_held: Ewma,
 }
 
 /// How many leading hashes `a` and `b` share (binary search: chained hashes are equal up to
@@ -88,7 +103,7 @@ impl PrefixIndex {
     /// An empty index of at most `capacity` sequences (clamped to 1..=[`MAX_CAPACITY`]).
     pub fn new(capacity: usize) -> PrefixIndex {
         let capacity = capacity.clamp(1, MAX_CAPACITY);
-        PrefixIndex { capacity, stored: VecDeque::with_capacity(capacity), clock: 0 }
+        PrefixIndex { capacity, stored: VecDeque::with_capacity(capacity), clock: 0, answers_held: Ewma::new(0.5) }
     }
 
     /// How many sequences it holds.
@@ -101,10 +116,32 @@ impl PrefixIndex {
         self.stored.is_empty()
     }
 
-    /// The longest prefix of `prompt` a stored sequence shares.
+    /// The longest prefix of `prompt` a stored sequence shares (and the answer after it).
     pub fn predict(&self, prompt: &Prompt) -> Match {
-        let segments = self.stored.iter().map(|s| shared(&s.chain, prompt.chain())).max().unwrap_or(0);
-        Match { segments, bytes: prompt.bytes_of(segments), clock: self.clock }
+        let mut segments = 0;
+        let mut whole = false;
+        // `whole`: a stored sequence of the longest match ends there (its answer may follow).
+        for s in &self.stored {
+            let n = shared(&s.chain, prompt.chain());
+            if n > segments {
+                segments = n;
+                whole = n == s.chain.len();
+            } else if n == segments && n == s.chain.len() {
+                whole = true;
+            }
+        }
+        let bytes = prompt.bytes_of(segments);
+        let answer_bytes = match whole && segments > 0 && prompt.is_assistant(segments) {
+            true => prompt.bytes_of(segments + 1) - bytes,
+            false => 0,
+        };
+        let expected_bytes = bytes + (answer_bytes as f64 * self.answers_held.value()) as u64;
+        Match { segments, bytes, answer_bytes, expected_bytes, clock: self.clock }
+    }
+
+    /// The fraction of an answer sent back that the server is found to hold.
+    pub fn answers_held(&self) -> f64 {
+        self.answers_held.value()
     }
 
     /// After an answer to `prompt` predicted as `predicted`: corrects the index by the server's
@@ -125,6 +162,10 @@ impl PrefixIndex {
             };
             let held_bytes = (cached as f64 * (1.0 + TOLERANCE) + SLACK_TOKENS) / per_byte;
             let held = prompt.segments_within(held_bytes);
+            if predicted.answer_bytes > 0 && held >= predicted.segments {
+                let beyond = cached as f64 / per_byte - predicted.bytes as f64;
+                self.answers_held.add((beyond / predicted.answer_bytes as f64).clamp(0.0, 1.0));
+            }
             correction.reported_segments = Some(held);
             correction.dropped = self.correct(prompt, held, predicted.clock);
         }

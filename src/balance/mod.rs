@@ -68,7 +68,8 @@ pub struct BackendSpec {
 /// What one answer taught, for the metrics: the prediction against the report.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct Feedback {
-    /// The cached tokens predicted at the plan (its bytes at this answer's tokens per byte).
+    /// The cached tokens predicted at the plan (its expected bytes at this answer's tokens per
+    /// byte).
     pub predicted_tokens: u64,
     /// The cached tokens the server reported (`None`: it reports none).
     pub reported_tokens: Option<u64>,
@@ -135,7 +136,7 @@ impl Balancer {
                 let matched = matches.get(c.backend).copied().unwrap_or_default();
                 Estimate {
                     prompt_tokens: (prompt.bytes() as f64 * per_byte) as u64,
-                    cached_tokens: (matched.bytes as f64 * per_byte) as u64,
+                    cached_tokens: (matched.expected_bytes as f64 * per_byte) as u64,
                     prefill_per_s: rates.prefill_per_s(),
                     service: if c.mean_service.is_zero() { rates.service() } else { c.mean_service },
                     held_sequences: state.backends.get(c.backend).map_or(0, |b| b.index.len()),
@@ -183,7 +184,7 @@ impl Balancer {
         b.rates.observe(observed);
         let correction = b.index.observe(prompt, predicted, observed.cached_tokens, observed.prompt_tokens);
         Feedback {
-            predicted_tokens: (predicted.bytes as f64 * per_byte) as u64,
+            predicted_tokens: (predicted.expected_bytes as f64 * per_byte) as u64,
             reported_tokens: observed.cached_tokens,
             correction,
             sequences: b.index.len(),

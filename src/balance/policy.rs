@@ -4,12 +4,11 @@
 //!
 //! `cache_aware` (the default) ranks by a cost in seconds: the tokens the backend would have to
 //! prefill (the prompt less the prefix it is believed to hold) ÷ its prefill rate, plus its
-//! expected wait: the work in it and waiting for it (requests × mean service) ÷ its slots — the
-//! time for it to clear what is ahead, which with a free slot stands for the share of the
-//! server the request gets. The cheapest wins; costs within [`TIE_FRACTION`] (or
+//! expected wait for a slot (none with a free slot; else the requests ahead × its mean service
+//! ÷ its slots). The cheapest wins; costs within [`TIE_FRACTION`] (or
 //! [`TIE_SECONDS`]) of the cheapest are ties, broken by load, then by a rendezvous hash of the
 //! conversation (so that two gateways agree). A *cold* conversation — one no backend holds past
-//! the prefix conversations share (tools, system prompt) — is placed by wait alone: the shared
+//! the prefix conversations share (tools, system prompt) — is placed as if none held any: the shared
 //! prefix is a one-time cost on a backend that lacks it, and counting it would pile every new
 //! conversation onto the first backend that served one. And since a conversation then stays
 //! where it is cached, where it starts decides the balance for good: a cold one goes only to a
@@ -156,10 +155,13 @@ impl Choice {
     }
 }
 
-/// Seconds for `candidate` to clear the requests in it and waiting for it, at `service` each,
-/// its slots in parallel (0 for an idle backend).
+/// Seconds until a slot of `candidate` is free for the request: none with a free slot; else
+/// the requests ahead of it (those waiting for it, and itself) × `service` ÷ its slots.
 pub fn wait_seconds(candidate: &Candidate, service: Duration) -> f64 {
-    let ahead = (candidate.in_flight + candidate.waiting_for) as f64;
+    if candidate.free_slots > 0 {
+        return 0.0;
+    }
+    let ahead = candidate.waiting_for as f64 + 1.0;
     ahead * service.as_secs_f64() / candidate.max_concurrency.max(1) as f64
 }
 
@@ -255,9 +257,8 @@ fn cache_aware(candidates: &[Candidate], inputs: &Inputs, usable: &[usize]) -> C
             _ => *e,
         })
     };
-    let costs: Vec<f64> = (0..candidates.len())
-        .map(|i| estimate(i).map_or(f64::INFINITY, |e| cost(&candidates[i], &e)))
-        .collect();
+    let costs: Vec<f64> =
+        (0..candidates.len()).map(|i| estimate(i).map_or(f64::INFINITY, |e| cost(&candidates[i], &e))).collect();
     let open = if inputs.cold { within_bound(candidates, inputs, usable) } else { usable.to_vec() };
     let cheapest = open.iter().map(|&i| costs[i]).fold(f64::INFINITY, f64::min);
     let bound = cheapest + (cheapest * TIE_FRACTION).max(TIE_SECONDS);

@@ -56,6 +56,8 @@ pub struct Prompt {
     conversation: u64,
     /// See [`Prompt::opening_segments`].
     opening: usize,
+    /// `assistant[i]`: segment `i` is an assistant message (an answer the client sends back).
+    assistant: Vec<bool>,
 }
 
 impl Prompt {
@@ -112,6 +114,11 @@ impl Prompt {
         self.conversation
     }
 
+    /// Whether segment `i` is an assistant message.
+    pub fn is_assistant(&self, i: usize) -> bool {
+        self.assistant.get(i).copied().unwrap_or(false)
+    }
+
     /// How many segments the conversation key covers: a backend holding fewer of them holds
     /// only what conversations share (tools, system prompt), not this conversation.
     pub fn opening_segments(&self) -> usize {
@@ -146,6 +153,7 @@ impl Read {
         let opening = if opening == 0 { segments.len().min(2) } else { opening };
         let mut chain = Vec::with_capacity(segments.len().min(MAX_SEGMENTS));
         let mut ends = Vec::with_capacity(chain.capacity());
+        let mut assistant = Vec::with_capacity(chain.capacity());
         let mut hash = CHAIN;
         let mut bytes = 0u64;
         for (i, segment) in segments.iter().enumerate() {
@@ -154,6 +162,7 @@ impl Read {
                 hash = xxh3_64_with_seed(&segment.hash.to_le_bytes(), hash);
                 chain.push(hash);
                 ends.push(bytes);
+                assistant.push(segment.assistant);
             }
         }
         let opening = opening.min(chain.len());
@@ -161,7 +170,7 @@ impl Read {
             0 => 0,
             n => chain[n - 1],
         };
-        Prompt { chain, ends, bytes: bytes + self.messages_size, conversation, opening }
+        Prompt { chain, ends, bytes: bytes + self.messages_size, conversation, opening, assistant }
     }
 }
 

@@ -36,9 +36,9 @@ impl Ewma {
         Ewma { value: prior, samples: 1 }
     }
 
-    /// Takes a sample; one that is not finite and positive is ignored.
+    /// Takes a sample; one that is not finite or is negative is ignored.
     pub fn add(&mut self, sample: f64) {
-        if !(sample.is_finite() && sample > 0.0) {
+        if !(sample.is_finite() && sample >= 0.0) {
             return;
         }
         self.samples = self.samples.saturating_add(1);
@@ -96,7 +96,7 @@ impl Rates {
                 self.prefill_per_s.add(uncached as f64 / time.as_secs_f64());
             }
         }
-        if let Some(rate) = observed.decode_tokens_per_s {
+        if let Some(rate) = observed.decode_tokens_per_s.filter(|r| *r > 0.0) {
             self.decode_per_s.add(rate);
         }
         if let Some(tokens) = observed.completion_tokens {
@@ -153,7 +153,7 @@ mod tests {
     #[test]
     fn nonsense_samples_are_ignored() {
         let mut e = Ewma::new(5.0);
-        for bad in [0.0, -1.0, f64::NAN, f64::INFINITY] {
+        for bad in [-1.0, f64::NAN, f64::INFINITY] {
             e.add(bad);
         }
         assert_eq!(e, Ewma::new(5.0));
@@ -162,14 +162,12 @@ mod tests {
     #[test]
     fn prefill_is_the_uncached_tokens_over_the_time_to_first_token_after_the_queue() {
         let mut r = Rates::default();
-        r.observe(
-            &Observed {
-                prompt_tokens: Some(10_000),
-                cached_tokens: Some(8_000),
-                ttft_after_queue: Some(Duration::from_secs(2)),
-                ..Observed::default()
-            },
-        );
+        r.observe(&Observed {
+            prompt_tokens: Some(10_000),
+            cached_tokens: Some(8_000),
+            ttft_after_queue: Some(Duration::from_secs(2)),
+            ..Observed::default()
+        });
         // One sample against the prior: the mean of 1000 and the prior.
         assert_eq!(r.prefill_per_s(), (1000.0 + PRIOR_PREFILL_PER_S) / 2.0);
     }
@@ -177,14 +175,12 @@ mod tests {
     #[test]
     fn a_mostly_cached_prompt_teaches_no_prefill_rate() {
         let mut r = Rates::default();
-        r.observe(
-            &Observed {
-                prompt_tokens: Some(10_000),
-                cached_tokens: Some(9_990),
-                ttft_after_queue: Some(Duration::from_millis(300)),
-                ..Observed::default()
-            },
-        );
+        r.observe(&Observed {
+            prompt_tokens: Some(10_000),
+            cached_tokens: Some(9_990),
+            ttft_after_queue: Some(Duration::from_millis(300)),
+            ..Observed::default()
+        });
         assert_eq!(r.prefill_per_s(), PRIOR_PREFILL_PER_S);
     }
 
@@ -193,7 +189,11 @@ mod tests {
         let mut r = Rates::default();
         assert_eq!(r.service(), Duration::from_secs_f64(PRIOR_COMPLETION_TOKENS / PRIOR_DECODE_PER_S));
         for _ in 0..100 {
-            r.observe(&Observed { completion_tokens: Some(100), decode_tokens_per_s: Some(50.0), ..Observed::default() });
+            r.observe(&Observed {
+                completion_tokens: Some(100),
+                decode_tokens_per_s: Some(50.0),
+                ..Observed::default()
+            });
         }
         assert!((r.service().as_secs_f64() - 2.0).abs() < 0.01, "{:?}", r.service());
     }

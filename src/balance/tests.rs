@@ -28,7 +28,10 @@ fn idle(backend: usize) -> Candidate<'static> {
 /// its opening user message, then an answer and a user message per turn (`turn` bytes each,
 /// more on some turns).
 fn conversation(c: usize, turns: usize, system: usize, turn: usize) -> Prompt {
-    let mut messages = vec![json!({"role": "system", "content": "s".repeat(system)}), json!({"role": "user", "content": format!("task {c}")})];
+    let mut messages = vec![
+        json!({"role": "system", "content": "s".repeat(system)}),
+        json!({"role": "user", "content": format!("task {c}")}),
+    ];
     for t in 0..turns {
         let size = turn + 97 * ((c * 7 + t) % 5);
         messages.push(json!({"role": "assistant", "content": format!("{c}/{t} ").repeat(size / 5)}));
@@ -61,7 +64,7 @@ fn a_conversation_stays_where_its_prefix_is() {
         let held = matches[served];
         assert!(held.segments >= 2 && held.bytes <= next.bytes());
         let feedback = balancer.observe_answer(served, &next, held, &answered(&next, held.bytes));
-        assert_eq!(feedback.predicted_tokens, held.bytes, "one token per byte in this test");
+        assert_eq!(feedback.predicted_tokens, held.expected_bytes, "one token per byte in this test");
         assert_eq!(feedback.correction.dropped, 0);
     }
     assert_eq!(balancer.sequences()[served], 1, "one conversation, one place");
@@ -149,12 +152,17 @@ impl Server {
         self.stored.iter().map(|s| s.iter().zip(p.chain()).take_while(|(a, b)| a == b).count()).max().unwrap_or(0)
     }
 
-    fn serve(&mut self, p: &Prompt, capacity: usize) {
-        let chain = p.chain();
+    fn serve(&mut self, chain: &[u64], capacity: usize) {
         self.stored.retain(|s| !(s.len() <= chain.len() && chain[..s.len()] == s[..]));
         self.stored.insert(0, chain.to_vec());
         self.stored.truncate(capacity);
     }
+}
+
+/// `p` (conversation `c` at `turns` turns) and the answer the next turn sends back.
+fn with_answer(p: &Prompt, c: usize, turns: usize) -> Vec<u64> {
+    let next = conversation(c, turns, 3000, 200);
+    next.chain()[..(p.segments() + 1).min(next.segments())].to_vec()
 }
 
 /// What a replay gave.
@@ -188,19 +196,25 @@ fn replay(policy: Policy, conversations: usize, turns: usize, clients: usize) ->
             let p = conversation(c, next_turn[c], 3000, 200);
             next_turn[c] += 1;
             let candidates: Vec<Candidate> = (0..2)
-                .map(|b| Candidate { in_flight: in_flight[b], free_slots: 4 - in_flight[b], mean_service: Duration::from_secs(5), ..idle(b) })
+                .map(|b| Candidate {
+                    in_flight: in_flight[b],
+                    free_slots: 4 - in_flight[b],
+                    mean_service: Duration::from_secs(5),
+                    ..idle(b)
+                })
                 .collect();
             let (choice, matches) = balancer.plan(&p, &candidates, None);
             let b = choice.backend().unwrap_or(0);
             in_flight[b] += 1;
             round.push((c, b, p, matches[b]));
         }
-        for (_, b, p, predicted) in round {
+        for (c, b, p, predicted) in round {
             let held = p.bytes_of(servers[b].cached(&p));
             result.prefilled += p.bytes() - held;
             result.per_backend[b] += 1;
             balancer.observe_answer(b, &p, predicted, &answered(&p, held));
-            servers[b].serve(&p, 10);
+            // The server keeps the prompt and its answer, which the next turn sends back.
+            servers[b].serve(&with_answer(&p, c, next_turn[c]), 10);
         }
     }
     result
@@ -216,7 +230,7 @@ fn oracle(conversations: usize, turns: usize) -> u64 {
                 .map(|t| {
                     let p = conversation(c, t, 3000, 200);
                     let held = if t == 0 { 0 } else { p.bytes_of(servers.cached(&p)) };
-                    servers.serve(&p, usize::MAX);
+                    servers.serve(&with_answer(&p, c, t + 1), usize::MAX);
                     p.bytes() - held
                 })
                 .sum::<u64>()
@@ -314,8 +328,11 @@ fn the_opening_of_a_conversation_is_what_marks_it_cold() {
     let (choice, matches) = balancer.plan(&new, &[busy0, idle(1)], None);
     assert_eq!(matches[0].segments, 1, "the shared system prompt");
     assert_eq!(choice.now, Some(1), "cold: the lighter backend, though it lacks the system prompt");
-    // Its next turn, once backend 1 served it, stays there.
+    // Its next turn, once backend 1 served it, stays there: backend 1 holds its opening and
+    // the answer it sends back.
     balancer.observe_answer(1, &new, matches[1], &answered(&new, 0));
-    let (choice, _) = balancer.plan(&conversation(2, 1, 5000, 200), &[idle(0), idle(1)], None);
+    let next = conversation(2, 1, 5000, 200);
+    let (choice, matches) = balancer.plan(&next, &[idle(0), idle(1)], None);
+    assert!(matches[1].answer_bytes > 0 && matches[1].expected_bytes > matches[1].bytes);
     assert_eq!((choice.now, choice.reason), (Some(1), Reason::CacheHit));
 }

@@ -79,17 +79,25 @@ fn a_cold_conversation_goes_to_a_backend_within_the_bound() {
     let with_held = |held: [usize; 2]| [0, 1].map(|i| Estimate { held_sequences: held[i], ..estimate(5_000, 0) });
     // Rendezvous alone would send this conversation to `first`.
     let estimates = with_held([0, 0]);
-    let first = choose(Policy::CacheAware, &[idle(0), idle(1)], &Inputs { cold: true, ..inputs(&estimates) }).now.expect("free");
+    let first = choose(Policy::CacheAware, &[idle(0), idle(1)], &Inputs { cold: true, ..inputs(&estimates) })
+        .now
+        .expect("free");
     let other = 1 - first;
     // Even: rendezvous still.
     let mut held = [1, 1];
     let estimates = with_held(held);
-    assert_eq!(choose(Policy::CacheAware, &[idle(0), idle(1)], &Inputs { cold: true, ..inputs(&estimates) }).now, Some(first));
+    assert_eq!(
+        choose(Policy::CacheAware, &[idle(0), idle(1)], &Inputs { cold: true, ..inputs(&estimates) }).now,
+        Some(first)
+    );
     // `first` holding one more: the other.
     held[first] = 2;
     held[other] = 1;
     let estimates = with_held(held);
-    assert_eq!(choose(Policy::CacheAware, &[idle(0), idle(1)], &Inputs { cold: true, ..inputs(&estimates) }).now, Some(other));
+    assert_eq!(
+        choose(Policy::CacheAware, &[idle(0), idle(1)], &Inputs { cold: true, ..inputs(&estimates) }).now,
+        Some(other)
+    );
     // A warm conversation stays where it is cached, whatever the counts.
     let mut estimates = with_held([9, 0]);
     estimates[0].cached_tokens = 4_000;
@@ -145,7 +153,10 @@ fn no_usable_backend_or_only_one() {
         let none = [Candidate { usable: false, ..idle(0) }, Candidate { usable: false, ..idle(1) }];
         assert_eq!(choose(policy, &none, &inputs(&estimates)), Choice::wait_for_any(Reason::NoneUsable));
         let one = [Candidate { usable: false, ..idle(0) }, idle(1)];
-        assert_eq!(choose(policy, &one, &inputs(&estimates)), Choice { now: Some(1), prefer: None, reason: Reason::OnlyChoice });
+        assert_eq!(
+            choose(policy, &one, &inputs(&estimates)),
+            Choice { now: Some(1), prefer: None, reason: Reason::OnlyChoice }
+        );
         let one_busy = [Candidate { usable: false, ..idle(0) }, busy(1)];
         assert_eq!(choose(policy, &one_busy, &inputs(&estimates)), Choice::wait_for_any(Reason::OnlyChoice));
     }
@@ -154,7 +165,8 @@ fn no_usable_backend_or_only_one() {
 #[test]
 fn least_loaded_takes_the_most_free_slots_then_the_fewest_in_flight() {
     let estimates = [estimate(10, 0); 3];
-    let candidates = [Candidate { free_slots: 1, in_flight: 1, ..idle(0) }, idle(1), Candidate { free_slots: 1, ..idle(2) }];
+    let candidates =
+        [Candidate { free_slots: 1, in_flight: 1, ..idle(0) }, idle(1), Candidate { free_slots: 1, ..idle(2) }];
     let choice = choose(Policy::LeastLoaded, &candidates, &inputs(&estimates));
     assert_eq!(choice, Choice { now: Some(1), prefer: None, reason: Reason::LeastLoaded });
     let all_busy = [busy(0), busy(1)];

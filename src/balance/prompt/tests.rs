@@ -32,7 +32,8 @@ fn tools_then_each_message_one_segment_each() {
         "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}],
     });
     assert!(same(&p, &prompt(&reordered)));
-    let without_tools = prompt(&chat(json!([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}])));
+    let without_tools =
+        prompt(&chat(json!([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}])));
     assert_eq!(without_tools.segments(), 2);
     assert_ne!(without_tools.chain()[0], p.chain()[0]);
 }
@@ -138,7 +139,8 @@ fn what_is_not_a_request_gives_the_empty_prompt() {
 
 #[test]
 fn at_most_max_segments_are_hashed_the_rest_still_counts_in_the_size() {
-    let messages: Vec<Value> = (0..MAX_SEGMENTS + 10).map(|i| json!({"role": "user", "content": i.to_string()})).collect();
+    let messages: Vec<Value> =
+        (0..MAX_SEGMENTS + 10).map(|i| json!({"role": "user", "content": i.to_string()})).collect();
     let p = prompt(&chat(Value::Array(messages)));
     assert_eq!(p.segments(), MAX_SEGMENTS);
     assert!(p.bytes() > p.bytes_of(MAX_SEGMENTS));
@@ -214,7 +216,8 @@ proptest! {
 #[ignore = "a timing figure, run by hand in release mode; timing is not a test"]
 fn timing() {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/agents");
-    let one: Value = serde_json::from_slice(&std::fs::read(dir.join("qwen-code-chat.json")).expect("read")).expect("json");
+    let one: Value =
+        serde_json::from_slice(&std::fs::read(dir.join("qwen-code-chat.json")).expect("read")).expect("json");
     let mut body = one.clone();
     // Grow it to ~200 KB of turns, as a long agent conversation.
     let turns: Vec<Value> = one["messages"].as_array().expect("messages").clone();
