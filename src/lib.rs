@@ -9,6 +9,7 @@ pub mod access_log;
 pub mod api;
 pub mod auth;
 pub mod backend;
+pub mod balance;
 pub mod bench;
 pub mod config;
 pub mod control;
