@@ -47,6 +47,11 @@ pub struct Declared {
     pub backend_restarts: IntCounterVec,
     /// Times the scheduler stopped one GPU backend to start another.
     pub backend_swaps: IntCounter,
+    /// A backend's health, one-hot (healthy, ejected, half_open), for backends of models of
+    /// several backends (the only ones ever ejected).
+    pub backend_health: IntGaugeVec,
+    /// Ejections of a backend (failed requests or probes in a row, or a failed trial).
+    pub backend_ejections: IntCounterVec,
     /// Spawn-to-ready time of a managed backend (warm-up included).
     pub backend_start_seconds: HistogramVec,
     /// Arrival to the first frame carrying output; `streaming="false"`: to the whole answer.
@@ -156,6 +161,22 @@ impl Metrics {
         let backend_swaps =
             IntCounter::new("mlxgate_backend_swaps_total", "GPU backend swaps (one stopped for another to start).")
                 .expect("static metric definition");
+        let backend_health = IntGaugeVec::new(
+            Opts::new(
+                "mlxgate_backend_health",
+                "A backend's health, for backends of models of several: 1 for the state it is in (healthy, ejected, half_open).",
+            ),
+            &["backend", "state"],
+        )
+        .expect("static metric definition");
+        let backend_ejections = IntCounterVec::new(
+            Opts::new(
+                "mlxgate_backend_ejections_total",
+                "Times a backend was taken out of its models' choice (failed requests or probes in a row, or a failed trial).",
+            ),
+            &["backend"],
+        )
+        .expect("static metric definition");
         let backend_start_seconds = HistogramVec::new(
             HistogramOpts::new("mlxgate_backend_start_seconds", "Time from spawn to ready, warm-up included.")
                 .buckets(vec![0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0]),
@@ -251,6 +272,8 @@ impl Metrics {
             Box::new(backend_state.clone()),
             Box::new(backend_restarts.clone()),
             Box::new(backend_swaps.clone()),
+            Box::new(backend_health.clone()),
+            Box::new(backend_ejections.clone()),
             Box::new(backend_start_seconds.clone()),
             Box::new(time_to_first_token.clone()),
             Box::new(inter_token_latency.clone()),
@@ -283,6 +306,8 @@ impl Metrics {
             backend_state,
             backend_restarts,
             backend_swaps,
+            backend_health,
+            backend_ejections,
             backend_start_seconds,
             time_to_first_token,
             inter_token_latency,

@@ -225,6 +225,7 @@ impl BackendQueue {
     /// whoever listens is told of the restart.
     pub fn open(&self) {
         self.shared.lock().open(self.index, Instant::now());
+        self.shared.health_gauge(self.index);
         self.shared.tell_restarted(self.index);
         self.shared.dispatch_free_slots(self.index);
     }
@@ -270,6 +271,11 @@ impl BackendQueue {
     /// Sets when requests eject this backend (`None`: never; the default).
     pub fn set_health_policy(&self, policy: Option<HealthPolicy>) {
         self.shared.lock().backends[self.index].policy = policy;
+        if policy.is_some() {
+            self.shared.health_gauge(self.index);
+            let name = self.name();
+            self.shared.metrics.backend_ejections.with_label_values(&[&name]);
+        }
     }
 
     /// A probe of its ready path failed `failures` times in a row: ejected for `eject_for`.
@@ -616,21 +622,41 @@ impl Shared {
             Change::None => {}
             Change::Ejected(until) => {
                 let name = self.lock().backends[b].name.clone();
-                tracing::warn!(backend = %name, "backend ejected");
+                tracing::warn!(backend = %name, "backend ejected: its models' requests go to their other backends");
+                self.metrics.backend_ejections.with_label_values(&[&name]).inc();
+                self.health_gauge(b);
                 self.dispatch_all();
                 let shared = Arc::clone(self);
                 tokio::spawn(async move {
                     tokio::time::sleep_until(tokio::time::Instant::from_std(until)).await;
+                    shared.health_gauge(b);
                     shared.dispatch_free_slots(b);
                     shared.changed.notify_one();
                 });
             }
             Change::Healed => {
+                self.health_gauge(b);
                 self.tell_restarted(b);
                 self.dispatch_free_slots(b);
             }
         }
         self.changed.notify_one();
+    }
+
+    /// `mlxgate_backend_health` one-hot on backend `b`'s health now (backends with a health
+    /// policy only).
+    fn health_gauge(&self, b: usize) {
+        let (name, label) = {
+            let state = self.lock();
+            let backend = &state.backends[b];
+            if backend.policy.is_none() {
+                return;
+            }
+            (backend.name.clone(), backend.health.label(Instant::now()))
+        };
+        for each in ["healthy", "ejected", "half_open"] {
+            self.metrics.backend_health.with_label_values(&[&name, each]).set(i64::from(each == label));
+        }
     }
 
     /// Tells whoever listens that backend `b` has a new process.
