@@ -54,6 +54,19 @@ pub struct Declared {
     pub backend_ejections: IntCounterVec,
     /// Spawn-to-ready time of a managed backend (warm-up included).
     pub backend_start_seconds: HistogramVec,
+    /// Routing decisions of models of several backends, by model, backend chosen and reason
+    /// (`cache_hit`, `cold`, `least_loaded`, `round_robin`, `session`, `only_choice`,
+    /// `none_usable`).
+    pub route_decisions: IntCounterVec,
+    /// Cached prompt tokens the balancer predicted for the backend that served the request.
+    pub route_predicted_cached_tokens: IntCounterVec,
+    /// Cached prompt tokens that backend reported for the same requests (answers without a
+    /// report are not counted in either).
+    pub route_reported_cached_tokens: IntCounterVec,
+    /// |predicted − reported| cached tokens, per answer with a report.
+    pub route_prediction_error_tokens: HistogramVec,
+    /// Prompts the balancer believes a backend's cache holds.
+    pub route_index_sequences: IntGaugeVec,
     /// Arrival to the first frame carrying output; `streaming="false"`: to the whole answer.
     pub time_to_first_token: HistogramVec,
     /// Mean time between tokens of one stream (spread-out streams with known tokens only).
@@ -184,6 +197,32 @@ impl Metrics {
         )
         .expect("static metric definition");
         let mb = ["model", "backend"];
+        let route_decisions = counter(
+            "mlxgate_route_decisions_total",
+            "Requests of models of several backends, by the backend chosen at arrival and why.",
+            &["model", "backend", "reason"],
+        );
+        let route_predicted_cached_tokens = counter(
+            "mlxgate_route_predicted_cached_tokens_total",
+            "Cached prompt tokens the balancer predicted for the backend that served the request (answers with a report).",
+            &mb,
+        );
+        let route_reported_cached_tokens = counter(
+            "mlxgate_route_reported_cached_tokens_total",
+            "Cached prompt tokens the serving backend reported, for the answers counted in the predicted total.",
+            &mb,
+        );
+        let route_prediction_error_tokens = histogram(
+            "mlxgate_route_prediction_error_tokens",
+            "Per answer: |predicted - reported| cached prompt tokens.",
+            &[0.0, 16.0, 64.0, 256.0, 1024.0, 4096.0, 16384.0, 65536.0],
+            &mb,
+        );
+        let route_index_sequences = IntGaugeVec::new(
+            Opts::new("mlxgate_route_index_sequences", "Prompts the balancer believes a backend's prompt cache holds."),
+            &mb,
+        )
+        .expect("static metric definition");
         let time_to_first_token = histogram(
             "mlxgate_time_to_first_token_seconds",
             "Arrival to the first frame with generated output (streaming=\"false\": to the whole answer).",
@@ -275,6 +314,11 @@ impl Metrics {
             Box::new(backend_health.clone()),
             Box::new(backend_ejections.clone()),
             Box::new(backend_start_seconds.clone()),
+            Box::new(route_decisions.clone()),
+            Box::new(route_predicted_cached_tokens.clone()),
+            Box::new(route_reported_cached_tokens.clone()),
+            Box::new(route_prediction_error_tokens.clone()),
+            Box::new(route_index_sequences.clone()),
             Box::new(time_to_first_token.clone()),
             Box::new(inter_token_latency.clone()),
             Box::new(tokens_per_second.clone()),
@@ -309,6 +353,11 @@ impl Metrics {
             backend_health,
             backend_ejections,
             backend_start_seconds,
+            route_decisions,
+            route_predicted_cached_tokens,
+            route_reported_cached_tokens,
+            route_prediction_error_tokens,
+            route_index_sequences,
             time_to_first_token,
             inter_token_latency,
             tokens_per_second,

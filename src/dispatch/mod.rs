@@ -3,6 +3,7 @@
 //! `route.rs`), the call (`call.rs`), the scheduler that decides which managed backend runs, and
 //! the drain and health of backends.
 
+pub mod balancing;
 pub mod call;
 pub mod pool;
 pub mod queue;
@@ -17,6 +18,7 @@ use std::time::Duration;
 use tokio::sync::Notify;
 
 use crate::backend::handle::BackendHandle;
+use crate::balance::Balancer;
 use crate::backend::probe_remote;
 use crate::backend::supervisor::{Command, Supervisor};
 use crate::backend::upstream::Upstream;
@@ -44,6 +46,8 @@ pub struct Route {
     pub backend: BackendHandle,
     /// Every backend, in the model's order: a permit's position names one.
     pub backends: Vec<BackendHandle>,
+    /// A model of several backends: its balancer, and its backends' names in its order.
+    pub balancer: Option<(Arc<Balancer>, Arc<[String]>)>,
 }
 
 /// The routing table and the managed backends, built once from the configuration.
@@ -127,7 +131,25 @@ impl Dispatch {
                 continue;
             }
             let slot = pool.add_model(name, model.max_queue, model.max_wait, &served_by);
-            routes.insert(name.clone(), Route { model: model.clone(), slot, backend: first, backends: handles });
+            let balancer = (handles.len() > 1).then(|| {
+                let configs: Vec<&BackendConfig> = handles.iter().map(|h| h.config.as_ref()).collect();
+                let balancer = Arc::new(balancing::balancer_for(model, &configs));
+                let names: Arc<[String]> = model.backends.iter().cloned().collect();
+                for backend in names.iter() {
+                    metrics.route_index_sequences.with_label_values(&[name, backend]).set(0);
+                }
+                // A backend's new process (or its return from an ejection) holds no prompt.
+                let (forget, model_name, labels) = (Arc::clone(&balancer), name.clone(), Arc::clone(&names));
+                let metrics = metrics.clone();
+                slot.on_restart(Arc::new(move |position| {
+                    forget.backend_restarted(position);
+                    if let Some(backend) = labels.get(position) {
+                        metrics.route_index_sequences.with_label_values(&[&model_name, backend]).set(0);
+                    }
+                }));
+                (balancer, names)
+            });
+            routes.insert(name.clone(), Route { model: model.clone(), slot, backend: first, backends: handles, balancer });
         }
         let scheduler = (!supervisors.is_empty()).then(|| {
             let managed = supervisors

@@ -2,67 +2,11 @@
 //! lock, the model's backends are offered as [`Candidate`]s and a router answers a [`Choice`]
 //! (take this backend's free slot now, or wait for this one at most so long, or wait for any).
 //!
-//! The types are the balance module's (`balance::policy`), defined here with the same fields
-//! until it is merged; [`least_loaded`] is the built-in choice a model uses without a balancer:
+//! The types are the balance module's (`balance::policy`); [`least_loaded`] is the built-in
+//! choice when a request has no balancer's plan (a model of one backend never asks):
 //! the usable backend with the most free slots, then the fewest in flight, then the first.
 
-use std::time::Duration;
-
-/// One backend of a model as a router sees it at a request's arrival.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Candidate<'a> {
-    /// Its index in the model's list of backends.
-    pub backend: usize,
-    pub name: &'a str,
-    /// It may be given the request: open, not drained, not ejected (a half-open one counts
-    /// once, for its one trial), not excluded (tried already by this request).
-    pub usable: bool,
-    /// Slots it could hand this request now (0 when not usable).
-    pub free_slots: usize,
-    pub in_flight: usize,
-    /// Waiting requests that prefer it.
-    pub waiting_for: usize,
-    pub max_concurrency: usize,
-    /// Smoothed time a request holds one of its slots.
-    pub mean_service: Duration,
-}
-
-/// Why a backend was chosen (a label for metrics).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Reason {
-    CacheHit,
-    /// A cold conversation, placed by rendezvous hashing.
-    Cold,
-    LeastLoaded,
-    RoundRobin,
-    Session,
-    /// Only one backend could take it.
-    OnlyChoice,
-}
-
-impl Reason {
-    /// The metric label.
-    pub fn label(self) -> &'static str {
-        match self {
-            Reason::CacheHit => "cache_hit",
-            Reason::Cold => "cold",
-            Reason::LeastLoaded => "least_loaded",
-            Reason::RoundRobin => "round_robin",
-            Reason::Session => "session",
-            Reason::OnlyChoice => "only_choice",
-        }
-    }
-}
-
-/// A router's answer for one request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Choice {
-    /// Take this candidate's free slot now.
-    pub now: Option<usize>,
-    /// Wait for this candidate's slot, at most this long; then any backend's.
-    pub prefer: Option<(usize, Duration)>,
-    pub reason: Reason,
-}
+pub use crate::balance::{Candidate, Choice, Reason};
 
 /// The built-in choice: the usable candidate with the most free slots, then the fewest in
 /// flight, then the first in the model's order; none free: wait for whichever frees first.
@@ -78,6 +22,8 @@ pub fn least_loaded(candidates: &[Candidate<'_>]) -> Choice {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
 
     fn candidate(backend: usize, usable: bool, free_slots: usize, in_flight: usize) -> Candidate<'static> {
