@@ -1,0 +1,1 @@
+"""bench/balance: routing policies side by side on a fixed workload of agent sessions (issue 21)."""
