@@ -2,20 +2,24 @@
 //! are set by flags (server defaults) and per request (a `"sim": {…}` object in the body, which
 //! the gateway forwards untouched). It reproduces the servers of docs/wire-facts.md (summed up in
 //! docs/servers.md, "What each server does on the wire"): keepalive styles, usage placement,
-//! error events, crashes, hangs, prompt caps, a prompt cache (the previous prompt, reported as
-//! `cached_tokens` in the styles that report it) and a batching capacity with a speedup curve.
-//! Never used by `mlxgate serve`.
+//! error events, crashes, hangs, prompt caps, a prompt cache reported as `cached_tokens` in the
+//! styles that report it (by default the previous prompt; with `prompt_cache_size`, mlx_lm.server's
+//! LRU of whole sequences, `prompt_cache.rs`), a prefill time per uncached prompt token, and a
+//! batching capacity with a speedup curve. Never used by `mlxgate serve`.
 //!
 //! With a server-level script (`script.rs`), chat answers follow it: tool calls streamed as real
 //! servers stream them, then text after the tool results; side requests get plain text or JSON.
 //!
 //! Inspection endpoints for tests: `GET /sim/requests` (the last bodies and headers received,
 //! POSTs to unknown paths included),
-//! `GET /sim/stats` (active, peak, held and total requests), `POST /sim/release/{key}`.
+//! `GET /sim/stats` (active, peak, held and total requests; the prompt cache's sequences, lookups
+//! and hits), `POST /sim/release/{key}`, `POST /sim/prompt-cache/reset` (empties the prompt cache,
+//! as a restart does).
 
 pub mod behaviour;
 mod http10;
 mod idle;
+pub mod prompt_cache;
 pub mod script;
 mod stream;
 
@@ -40,6 +44,7 @@ use tokio::task::JoinSet;
 
 pub use behaviour::{Behaviour, Plan, Style};
 use behaviour::{CapStyle, PromptCache};
+use prompt_cache::{Kind, LruPromptCache};
 pub use script::Script;
 use stream::Job;
 
@@ -74,6 +79,9 @@ pub struct SimConfig {
     /// Scripted turns for chat requests (the simulator playing an agent's backend): tool calls,
     /// then text once the results are back (see `script`). `None`: the generated `t0 t1 …`.
     pub script: Option<Script>,
+    /// mlx_lm.server's prompt cache of this many whole sequences (`--prompt-cache-size`; 0 keeps
+    /// nothing). `None`: the simpler cache of the previous prompt alone.
+    pub prompt_cache_size: Option<usize>,
 }
 
 /// How the simulator frames its responses on the wire.
@@ -107,8 +115,8 @@ pub struct SimState {
     recorded: Mutex<VecDeque<Value>>,
     holds: Mutex<HashMap<String, Arc<Semaphore>>>,
     crashed: Notify,
-    /// The previous prompt's tokens: the server's prompt cache.
-    cached_prompt: Mutex<Vec<String>>,
+    /// The server's prompt cache.
+    prompt_cache: Mutex<CacheState>,
     /// A request is generating on the one serialized route (`busy_event`).
     route_busy: AtomicBool,
 }
@@ -190,6 +198,7 @@ impl SimState {
     /// Fresh state for one server.
     pub fn new(config: SimConfig) -> Arc<Self> {
         let capacity = (config.capacity > 0).then(|| Semaphore::new(config.capacity));
+        let prompt_cache = Mutex::new(CacheState::new(config.prompt_cache_size));
         Arc::new(SimState {
             config,
             capacity,
@@ -200,7 +209,7 @@ impl SimState {
             recorded: Mutex::new(VecDeque::new()),
             holds: Mutex::new(HashMap::new()),
             crashed: Notify::new(),
-            cached_prompt: Mutex::new(Vec::new()),
+            prompt_cache,
             route_busy: AtomicBool::new(false),
         })
     }
@@ -233,19 +242,65 @@ impl SimState {
         }
     }
 
-    /// Puts `prompt` in the prompt cache in place of the previous one; returns the cached
-    /// tokens the style reports for it: the prefix the two share, capped as the style caps it.
-    fn cache_prompt(&self, prompt: Vec<String>, report: PromptCache) -> Option<u32> {
-        let mut cached = lock(&self.cached_prompt);
-        let shared = cached.iter().zip(prompt.iter()).take_while(|(a, b)| a == b).count();
-        let shared = u32::try_from(shared).unwrap_or(u32::MAX);
-        let tokens = u32::try_from(prompt.len()).unwrap_or(u32::MAX);
-        *cached = prompt;
-        match report {
+    /// Looks `prompt` up in the prompt cache when it arrives. Returns the tokens the style
+    /// reports as cached (`None`: it reports none) and the tokens the cache spares the prefill.
+    /// The previous-prompt cache takes `prompt` in place of the previous one at once; the LRU
+    /// gets it when the answer ends (`remember`).
+    fn cache_prompt(&self, prompt: &[String], report: PromptCache) -> (Option<u32>, u32) {
+        let to_u32 = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
+        let mut cache = lock(&self.prompt_cache);
+        let (less_last, shared) = match &mut cache.store {
+            Store::Previous(previous) => {
+                let shared = previous.iter().zip(prompt.iter()).take_while(|(a, b)| a == b).count();
+                *previous = prompt.to_vec();
+                (shared.min(prompt.len().saturating_sub(1)), shared)
+            }
+            Store::Lru(lru) => {
+                let found = lru.fetch(prompt);
+                (found.cached, found.shared)
+            }
+        };
+        cache.lookups += 1;
+        let reported = match report {
             PromptCache::Unreported => None,
-            PromptCache::LessLastToken => Some(shared.min(tokens.saturating_sub(1))),
-            PromptCache::Whole => Some(shared),
+            PromptCache::LessLastToken => Some(to_u32(less_last)),
+            PromptCache::Whole => Some(to_u32(shared)),
+        };
+        let reused = reported.unwrap_or(to_u32(less_last));
+        if reused > 0 {
+            cache.hits += 1;
         }
+        (reported, reused)
+    }
+
+    /// True when the prompt cache is mlx_lm.server's LRU (sequences stored when answers end).
+    fn lru_cache(&self) -> bool {
+        self.config.prompt_cache_size.is_some()
+    }
+
+    /// Stores a sequence in the LRU prompt cache (a no-op for the previous-prompt cache).
+    pub(crate) fn remember(&self, tokens: Vec<String>, kind: Kind) {
+        if let Store::Lru(lru) = &mut lock(&self.prompt_cache).store {
+            lru.insert(tokens, kind);
+        }
+    }
+
+    /// Empties the prompt cache (`POST /sim/prompt-cache/reset`).
+    fn reset_prompt_cache(&self) {
+        match &mut lock(&self.prompt_cache).store {
+            Store::Previous(previous) => previous.clear(),
+            Store::Lru(lru) => lru.clear(),
+        }
+    }
+
+    /// The prompt cache's figures for `/sim/stats`.
+    fn prompt_cache_stats(&self) -> Value {
+        let cache = lock(&self.prompt_cache);
+        let (size, sequences) = match &cache.store {
+            Store::Previous(previous) => (Value::Null, usize::from(!previous.is_empty())),
+            Store::Lru(lru) => (json!(lru.capacity()), lru.len()),
+        };
+        json!({"size": size, "sequences": sequences, "lookups": cache.lookups, "hits": cache.hits})
     }
 
     /// Keeps `body` (with `_path` and `_authorization` added) for `/sim/requests`.
@@ -311,6 +366,31 @@ impl Drop for Route {
     }
 }
 
+/// The prompt cache and its counters.
+struct CacheState {
+    store: Store,
+    lookups: u64,
+    /// Lookups that spared some prefill.
+    hits: u64,
+}
+
+enum Store {
+    /// The previous prompt alone (the default).
+    Previous(Vec<String>),
+    /// mlx_lm.server's LRU of whole sequences.
+    Lru(LruPromptCache),
+}
+
+impl CacheState {
+    fn new(size: Option<usize>) -> Self {
+        let store = match size {
+            Some(n) => Store::Lru(LruPromptCache::new(n)),
+            None => Store::Previous(Vec::new()),
+        };
+        CacheState { store, lookups: 0, hits: 0 }
+    }
+}
+
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
@@ -367,6 +447,13 @@ fn router(state: Arc<SimState>) -> Router {
         .route("/sim/requests", get(|State(s): State<Arc<SimState>>| async move { Json(s.requests()) }))
         .route("/sim/stats", get(stats))
         .route("/sim/release/{key}", post(release))
+        .route(
+            "/sim/prompt-cache/reset",
+            post(|State(s): State<Arc<SimState>>| async move {
+                s.reset_prompt_cache();
+                StatusCode::NO_CONTENT
+            }),
+        )
         .fallback(unknown)
         .layer(axum::middleware::from_fn_with_state(Arc::clone(&state), trusted_hosts))
         .with_state(state)
@@ -402,6 +489,7 @@ async fn stats(State(state): State<Arc<SimState>>) -> Json<Value> {
         "peak": state.peak(),
         "held": state.held.load(Ordering::SeqCst),
         "total": state.total.load(Ordering::SeqCst),
+        "prompt_cache": state.prompt_cache_stats(),
     }))
 }
 
@@ -450,7 +538,7 @@ async fn generate(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    let (request, plan) = match admit(&state, uri.path(), &headers, &body) {
+    let (request, mut plan) = match admit(&state, uri.path(), &headers, &body) {
         Ok(v) => v,
         Err(r) => return r.into_response(),
     };
@@ -470,7 +558,14 @@ async fn generate(
             return over_cap(plan.cap_style, cap, prompt_tokens, max_tokens.unwrap_or(0));
         }
     }
-    let cached_tokens = state.cache_prompt(prompt, plan.prompt_cache);
+    let (cached_tokens, reused) = state.cache_prompt(&prompt, plan.prompt_cache);
+    // Prefill takes its time on the tokens the cache did not spare.
+    let per_token = plan.prefill_ms_per_token;
+    let prefill_ms = |tokens: usize| (tokens as f64 * per_token).round() as u64;
+    plan.ttft_ms += prefill_ms(prompt.len().saturating_sub(reused as usize));
+    if state.lru_cache() && chat {
+        checkpoint_system_prompt(&state, &request, &prompt, reused as usize, prefill_ms);
+    }
     let scripted = state.config.script.as_ref().filter(|_| chat).map(|s| stream::Scripted::of(s.reply(&request)));
     let completion_tokens = match (&scripted, max_tokens) {
         (Some(s), _) => s.completion_tokens(),
@@ -479,7 +574,7 @@ async fn generate(
     };
     // A scripted answer is sent whole whatever max_tokens says.
     let cut = scripted.is_none() && max_tokens.is_some_and(|m| m < plan.tokens as u64);
-    let job = Job {
+    let mut job = Job {
         id: format!("{}sim{}", plan.id_prefix, state.total.load(Ordering::SeqCst)),
         model: request.get("model").and_then(Value::as_str).unwrap_or("sim").to_string(),
         chat,
@@ -489,7 +584,11 @@ async fn generate(
         finish_reason: if cut && !plan.stop_at_max_tokens { "length" } else { "stop" },
         include_usage: request.pointer("/stream_options/include_usage").and_then(Value::as_bool).unwrap_or(false),
         scripted,
+        remember: None,
     };
+    if state.lru_cache() {
+        job.remember = Some(stored_sequence(prompt, &job));
+    }
     let streaming = request.get("stream").and_then(Value::as_bool).unwrap_or(false);
     let route = if plan.busy_event { Route::claim(&state).map(Some) } else { Some(None) };
     let Some(route) = route else {
@@ -518,6 +617,47 @@ async fn generate(
         .header(header::CACHE_CONTROL, "no-cache")
         .body(Body::from_stream(body))
         .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response())
+}
+
+/// mlx_lm.server's system-prompt checkpoint (its batched path): a chat prompt ending with a user
+/// message whose leading system messages are not all served from the cache has them saved as a
+/// sequence of their own once they are prefilled (after `prefill_ms` of the tokens still to do).
+fn checkpoint_system_prompt(
+    state: &Arc<SimState>,
+    request: &Value,
+    prompt: &[String],
+    reused: usize,
+    prefill_ms: impl Fn(usize) -> u64,
+) {
+    let messages = request.get("messages").and_then(Value::as_array).map_or(&[][..], Vec::as_slice);
+    if messages.last().and_then(|m| m.get("role")) != Some(&json!("user")) {
+        return;
+    }
+    let system: usize = messages
+        .iter()
+        .take_while(|m| m.get("role") == Some(&json!("system")))
+        .map(|m| prompt_words(&json!({"messages": [m]})).len())
+        .sum();
+    if system == 0 || system >= prompt.len() || reused >= system {
+        return;
+    }
+    let tokens = prompt[..system].to_vec();
+    let wait = Duration::from_millis(prefill_ms(system - reused));
+    let state = Arc::clone(state);
+    tokio::spawn(async move {
+        tokio::time::sleep(wait).await;
+        state.remember(tokens, Kind::System);
+    });
+}
+
+/// What mlx_lm.server stores when an answer ends: the prompt and the generated tokens whose keys
+/// and values were computed, i.e. all but the last one (never fed back to the model).
+fn stored_sequence(mut prompt: Vec<String>, job: &Job) -> Vec<String> {
+    let text: String = (0..job.text_tokens()).map(|i| job.token(i)).collect();
+    let generated: Vec<&str> = text.split_whitespace().collect();
+    let fed = generated.len().saturating_sub(1);
+    prompt.extend(generated[..fed].iter().map(|w| (*w).to_string()));
+    prompt
 }
 
 /// vllm-mlx's simple mode, busy: a stream gets 200 and an in-band error event, a whole answer
@@ -557,6 +697,9 @@ async fn complete(state: &SimState, plan: &Plan, job: &Job) -> Response {
             return std::future::pending().await;
         }
         tokio::time::sleep(state.token_interval(plan)).await;
+    }
+    if let Some(sequence) = &job.remember {
+        state.remember(sequence.clone(), Kind::Assistant);
     }
     let text: String = (0..job.text_tokens()).map(|i| job.token(i)).collect();
     let usage = stream::usage_of(job);
