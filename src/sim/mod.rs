@@ -43,8 +43,8 @@ use tokio::sync::{Notify, Semaphore, mpsc};
 use tokio::task::JoinSet;
 
 pub use behaviour::{Behaviour, Plan, Style};
-use behaviour::{CapStyle, PromptCache};
-use prompt_cache::{Kind, LruPromptCache};
+use behaviour::CapStyle;
+use prompt_cache::{Kind, SimCache};
 pub use script::Script;
 use stream::Job;
 
@@ -116,7 +116,7 @@ pub struct SimState {
     holds: Mutex<HashMap<String, Arc<Semaphore>>>,
     crashed: Notify,
     /// The server's prompt cache.
-    prompt_cache: Mutex<CacheState>,
+    prompt_cache: Mutex<SimCache>,
     /// A request is generating on the one serialized route (`busy_event`).
     route_busy: AtomicBool,
 }
@@ -198,7 +198,7 @@ impl SimState {
     /// Fresh state for one server.
     pub fn new(config: SimConfig) -> Arc<Self> {
         let capacity = (config.capacity > 0).then(|| Semaphore::new(config.capacity));
-        let prompt_cache = Mutex::new(CacheState::new(config.prompt_cache_size));
+        let prompt_cache = Mutex::new(SimCache::new(config.prompt_cache_size));
         Arc::new(SimState {
             config,
             capacity,
@@ -242,37 +242,6 @@ impl SimState {
         }
     }
 
-    /// Looks `prompt` up in the prompt cache when it arrives. Returns the tokens the style
-    /// reports as cached (`None`: it reports none) and the tokens the cache spares the prefill.
-    /// The previous-prompt cache takes `prompt` in place of the previous one at once; the LRU
-    /// gets it when the answer ends (`remember`).
-    fn cache_prompt(&self, prompt: &[String], report: PromptCache) -> (Option<u32>, u32) {
-        let to_u32 = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
-        let mut cache = lock(&self.prompt_cache);
-        let (less_last, shared) = match &mut cache.store {
-            Store::Previous(previous) => {
-                let shared = previous.iter().zip(prompt.iter()).take_while(|(a, b)| a == b).count();
-                *previous = prompt.to_vec();
-                (shared.min(prompt.len().saturating_sub(1)), shared)
-            }
-            Store::Lru(lru) => {
-                let found = lru.fetch(prompt);
-                (found.cached, found.shared)
-            }
-        };
-        cache.lookups += 1;
-        let reported = match report {
-            PromptCache::Unreported => None,
-            PromptCache::LessLastToken => Some(to_u32(less_last)),
-            PromptCache::Whole => Some(to_u32(shared)),
-        };
-        let reused = reported.unwrap_or(to_u32(less_last));
-        if reused > 0 {
-            cache.hits += 1;
-        }
-        (reported, reused)
-    }
-
     /// True when the prompt cache is mlx_lm.server's LRU (sequences stored when answers end).
     fn lru_cache(&self) -> bool {
         self.config.prompt_cache_size.is_some()
@@ -280,27 +249,7 @@ impl SimState {
 
     /// Stores a sequence in the LRU prompt cache (a no-op for the previous-prompt cache).
     pub(crate) fn remember(&self, tokens: Vec<String>, kind: Kind) {
-        if let Store::Lru(lru) = &mut lock(&self.prompt_cache).store {
-            lru.insert(tokens, kind);
-        }
-    }
-
-    /// Empties the prompt cache (`POST /sim/prompt-cache/reset`).
-    fn reset_prompt_cache(&self) {
-        match &mut lock(&self.prompt_cache).store {
-            Store::Previous(previous) => previous.clear(),
-            Store::Lru(lru) => lru.clear(),
-        }
-    }
-
-    /// The prompt cache's figures for `/sim/stats`.
-    fn prompt_cache_stats(&self) -> Value {
-        let cache = lock(&self.prompt_cache);
-        let (size, sequences) = match &cache.store {
-            Store::Previous(previous) => (Value::Null, usize::from(!previous.is_empty())),
-            Store::Lru(lru) => (json!(lru.capacity()), lru.len()),
-        };
-        json!({"size": size, "sequences": sequences, "lookups": cache.lookups, "hits": cache.hits})
+        lock(&self.prompt_cache).remember(tokens, kind);
     }
 
     /// Keeps `body` (with `_path` and `_authorization` added) for `/sim/requests`.
@@ -366,31 +315,6 @@ impl Drop for Route {
     }
 }
 
-/// The prompt cache and its counters.
-struct CacheState {
-    store: Store,
-    lookups: u64,
-    /// Lookups that spared some prefill.
-    hits: u64,
-}
-
-enum Store {
-    /// The previous prompt alone (the default).
-    Previous(Vec<String>),
-    /// mlx_lm.server's LRU of whole sequences.
-    Lru(LruPromptCache),
-}
-
-impl CacheState {
-    fn new(size: Option<usize>) -> Self {
-        let store = match size {
-            Some(n) => Store::Lru(LruPromptCache::new(n)),
-            None => Store::Previous(Vec::new()),
-        };
-        CacheState { store, lookups: 0, hits: 0 }
-    }
-}
-
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
@@ -450,7 +374,7 @@ fn router(state: Arc<SimState>) -> Router {
         .route(
             "/sim/prompt-cache/reset",
             post(|State(s): State<Arc<SimState>>| async move {
-                s.reset_prompt_cache();
+                lock(&s.prompt_cache).reset();
                 StatusCode::NO_CONTENT
             }),
         )
@@ -489,7 +413,7 @@ async fn stats(State(state): State<Arc<SimState>>) -> Json<Value> {
         "peak": state.peak(),
         "held": state.held.load(Ordering::SeqCst),
         "total": state.total.load(Ordering::SeqCst),
-        "prompt_cache": state.prompt_cache_stats(),
+        "prompt_cache": lock(&state.prompt_cache).stats(),
     }))
 }
 
@@ -558,7 +482,7 @@ async fn generate(
             return over_cap(plan.cap_style, cap, prompt_tokens, max_tokens.unwrap_or(0));
         }
     }
-    let (cached_tokens, reused) = state.cache_prompt(&prompt, plan.prompt_cache);
+    let (cached_tokens, reused) = lock(&state.prompt_cache).lookup(&prompt, plan.prompt_cache);
     // Prefill takes its time on the tokens the cache did not spare.
     let per_token = plan.prefill_ms_per_token;
     let prefill_ms = |tokens: usize| (tokens as f64 * per_token).round() as u64;
@@ -587,7 +511,8 @@ async fn generate(
         remember: None,
     };
     if state.lru_cache() {
-        job.remember = Some(stored_sequence(prompt, &job));
+        let text: String = (0..job.text_tokens()).map(|i| job.token(i)).collect();
+        job.remember = Some(prompt_cache::stored_sequence(prompt, &text));
     }
     let streaming = request.get("stream").and_then(Value::as_bool).unwrap_or(false);
     let route = if plan.busy_event { Route::claim(&state).map(Some) } else { Some(None) };
@@ -638,26 +563,13 @@ fn checkpoint_system_prompt(
         .take_while(|m| m.get("role") == Some(&json!("system")))
         .map(|m| prompt_words(&json!({"messages": [m]})).len())
         .sum();
-    if system == 0 || system >= prompt.len() || reused >= system {
-        return;
-    }
-    let tokens = prompt[..system].to_vec();
-    let wait = Duration::from_millis(prefill_ms(system - reused));
+    let Some(tokens) = prompt_cache::system_checkpoint(prompt, system, reused) else { return };
+    let wait = Duration::from_millis(prefill_ms(tokens.len() - reused));
     let state = Arc::clone(state);
     tokio::spawn(async move {
         tokio::time::sleep(wait).await;
         state.remember(tokens, Kind::System);
     });
-}
-
-/// What mlx_lm.server stores when an answer ends: the prompt and the generated tokens whose keys
-/// and values were computed, i.e. all but the last one (never fed back to the model).
-fn stored_sequence(mut prompt: Vec<String>, job: &Job) -> Vec<String> {
-    let text: String = (0..job.text_tokens()).map(|i| job.token(i)).collect();
-    let generated: Vec<&str> = text.split_whitespace().collect();
-    let fed = generated.len().saturating_sub(1);
-    prompt.extend(generated[..fed].iter().map(|w| (*w).to_string()));
-    prompt
 }
 
 /// vllm-mlx's simple mode, busy: a stream gets 200 and an in-band error event, a whole answer

@@ -24,6 +24,10 @@
 
 use std::collections::VecDeque;
 
+use serde_json::{Value, json};
+
+use super::behaviour::PromptCache;
+
 /// The kind of a stored sequence (mlx_lm's `cache_type`), in eviction order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
@@ -138,6 +142,104 @@ impl LruPromptCache {
         let kinds = [Kind::Assistant, Kind::User, Kind::System];
         kinds.iter().flat_map(|k| self.lrus[*k as usize].iter().map(move |e| (*k, e.as_slice()))).collect()
     }
+}
+
+/// A simulator's prompt cache: the previous prompt alone (the default), or mlx_lm.server's LRU;
+/// with the counters `/sim/stats` shows.
+#[derive(Debug)]
+pub struct SimCache {
+    store: Store,
+    lookups: u64,
+    /// Lookups that spared some prefill.
+    hits: u64,
+}
+
+#[derive(Debug)]
+enum Store {
+    Previous(Vec<String>),
+    Lru(LruPromptCache),
+}
+
+impl SimCache {
+    /// mlx_lm.server's LRU of `size` sequences, or (`None`) the previous prompt alone.
+    pub fn new(size: Option<usize>) -> Self {
+        let store = match size {
+            Some(n) => Store::Lru(LruPromptCache::new(n)),
+            None => Store::Previous(Vec::new()),
+        };
+        SimCache { store, lookups: 0, hits: 0 }
+    }
+
+    /// Looks `prompt` up when it arrives. Returns the tokens the style reports as cached (`None`:
+    /// it reports none) and the tokens the cache spares the prefill. The previous-prompt cache
+    /// takes `prompt` in place of the previous one at once; the LRU gets it when the answer ends
+    /// (`remember`).
+    pub fn lookup(&mut self, prompt: &[String], report: PromptCache) -> (Option<u32>, u32) {
+        let to_u32 = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
+        let (less_last, shared) = match &mut self.store {
+            Store::Previous(previous) => {
+                let shared = common_prefix(previous, prompt);
+                *previous = prompt.to_vec();
+                (shared.min(prompt.len().saturating_sub(1)), shared)
+            }
+            Store::Lru(lru) => {
+                let found = lru.fetch(prompt);
+                (found.cached, found.shared)
+            }
+        };
+        self.lookups += 1;
+        let reported = match report {
+            PromptCache::Unreported => None,
+            PromptCache::LessLastToken => Some(to_u32(less_last)),
+            PromptCache::Whole => Some(to_u32(shared)),
+        };
+        let reused = reported.unwrap_or(to_u32(less_last));
+        if reused > 0 {
+            self.hits += 1;
+        }
+        (reported, reused)
+    }
+
+    /// Stores a sequence in the LRU (a no-op for the previous-prompt cache).
+    pub fn remember(&mut self, tokens: Vec<String>, kind: Kind) {
+        if let Store::Lru(lru) = &mut self.store {
+            lru.insert(tokens, kind);
+        }
+    }
+
+    /// Empties the cache (`POST /sim/prompt-cache/reset`; a restart does too).
+    pub fn reset(&mut self) {
+        match &mut self.store {
+            Store::Previous(previous) => previous.clear(),
+            Store::Lru(lru) => lru.clear(),
+        }
+    }
+
+    /// `{size, sequences, lookups, hits}` for `/sim/stats` (`size` null: the previous prompt).
+    pub fn stats(&self) -> Value {
+        let (size, sequences) = match &self.store {
+            Store::Previous(previous) => (Value::Null, usize::from(!previous.is_empty())),
+            Store::Lru(lru) => (json!(lru.capacity()), lru.len()),
+        };
+        json!({"size": size, "sequences": sequences, "lookups": self.lookups, "hits": self.hits})
+    }
+}
+
+/// What mlx_lm.server stores when an answer ends: the prompt and the generated tokens whose keys
+/// and values were computed, i.e. all but the last one (never fed back to the model). `text`:
+/// the answer's text, a token a word.
+pub fn stored_sequence(mut prompt: Vec<String>, text: &str) -> Vec<String> {
+    let generated: Vec<&str> = text.split_whitespace().collect();
+    let fed = generated.len().saturating_sub(1);
+    prompt.extend(generated[..fed].iter().map(|w| (*w).to_string()));
+    prompt
+}
+
+/// mlx_lm.server's system-prompt checkpoint: the first `system` tokens of a chat prompt that ends
+/// with a user message, when they are not all served from the cache (`reused`) and are not the
+/// whole prompt; `None` otherwise.
+pub fn system_checkpoint(prompt: &[String], system: usize, reused: usize) -> Option<Vec<String>> {
+    (system > 0 && system < prompt.len() && reused < system).then(|| prompt[..system].to_vec())
 }
 
 fn common_prefix(a: &[String], b: &[String]) -> usize {

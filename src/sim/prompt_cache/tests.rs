@@ -125,3 +125,34 @@ proptest! {
         prop_assert!(exact || p.is_empty() || found.cached < p.len());
     }
 }
+
+#[test]
+fn the_simulators_cache_reports_in_each_style_and_counts() {
+    let mut lru = SimCache::new(Some(10));
+    assert_eq!(lru.lookup(&toks("a b c"), PromptCache::LessLastToken), (Some(0), 0));
+    lru.remember(stored_sequence(toks("a b c"), "t0 t1 "), Kind::Assistant);
+    assert_eq!(lru.lookup(&toks("a b c"), PromptCache::LessLastToken), (Some(2), 2));
+    assert_eq!(lru.lookup(&toks("a b c"), PromptCache::Whole), (Some(3), 3));
+    assert_eq!(lru.lookup(&toks("a b c"), PromptCache::Unreported), (None, 2), "unreported, still spared");
+    assert_eq!(lru.stats(), serde_json::json!({"size": 10, "sequences": 1, "lookups": 4, "hits": 3}));
+    lru.reset();
+    assert_eq!(lru.stats()["sequences"], 0);
+    // The previous prompt alone: replaced at each lookup, nothing remembered.
+    let mut previous = SimCache::new(None);
+    previous.lookup(&toks("a b c"), PromptCache::LessLastToken);
+    previous.remember(toks("x y"), Kind::Assistant);
+    assert_eq!(previous.lookup(&toks("a b c d"), PromptCache::LessLastToken), (Some(3), 3));
+    assert_eq!(previous.lookup(&toks("a b c d"), PromptCache::LessLastToken), (Some(3), 3));
+    assert_eq!(previous.stats()["size"], serde_json::Value::Null);
+}
+
+#[test]
+fn what_is_stored_and_checkpointed() {
+    assert_eq!(stored_sequence(toks("p q"), "t0 t1 t2 "), toks("p q t0 t1"), "all generated tokens but the last");
+    assert_eq!(stored_sequence(toks("p q"), ""), toks("p q"));
+    let prompt = toks("s1 s2 u1");
+    assert_eq!(system_checkpoint(&prompt, 2, 0), Some(toks("s1 s2")));
+    assert_eq!(system_checkpoint(&prompt, 2, 2), None, "already served from the cache");
+    assert_eq!(system_checkpoint(&prompt, 3, 0), None, "the whole prompt");
+    assert_eq!(system_checkpoint(&prompt, 0, 0), None, "no system message");
+}
