@@ -190,6 +190,9 @@ class Wire(unittest.TestCase):
         y = gateway_yaml("cache_aware", "/m/x", health=True)
         self.assertIn("    upstream_model: /m/x\n", y)
         self.assertEqual(y.count("health: {interval: 1s"), 2)
+        y = gateway_yaml("single", None, health=False)
+        self.assertIn("    backend: a\n", y)
+        self.assertNotIn("balance:", y)
 
 
 class Report(unittest.TestCase):

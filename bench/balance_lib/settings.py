@@ -19,6 +19,9 @@ PUBLIC_MODEL = "agent"
 # The policies compared, in the report's order (gateway.yaml's `balance: {policy: …}`).
 POLICIES = ["cache_aware", "least_loaded", "round_robin", "session"]
 
+# A pseudo-policy (`--policies single`): the model served by backend `a` alone (`backend: a`).
+SINGLE = "single"
+
 # Requests a backend runs at once (the gateway's max_concurrency, the simulator's capacity).
 MAX_CONCURRENCY = 2
 
