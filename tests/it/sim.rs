@@ -405,3 +405,22 @@ async fn prefill_time_follows_the_uncached_tokens() {
     assert!(keepalives[0] >= 1, "400 ms of prefill: {keepalives:?}");
     assert_eq!(keepalives[1], 0, "4 ms of prefill (1 uncached token): {keepalives:?}");
 }
+
+/// mlx_lm.server's system checkpoint: while one conversation's answer is still generating (its
+/// sequence not stored yet), another with the same system prompt is served that system prompt;
+/// once both answers are stored, the checkpoint (a prefix of both) is gone.
+#[tokio::test]
+async fn a_system_prompt_is_checkpointed_during_prefill() {
+    let s = mlx_lm_with_cache(10, Behaviour::default()).await;
+    let system = json!({"role": "system", "content": words(30, "s")});
+    let held = json!({"model": "m", "stream": true, "max_tokens": 4, "sim": {"hold_after": 1, "hold_key": "a"},
+        "messages": [system, {"role": "user", "content": words(10, "u")}]});
+    let mut a = client().post(format!("{}/v1/chat/completions", s.url())).json(&held).send().await.expect("send");
+    read_until(&mut a, "t0").await;
+    let other = json!([system, {"role": "user", "content": words(10, "o")}]);
+    assert_eq!(turn(&s.url(), &other, false).await.1, (40, 30), "the system prompt, from the checkpoint");
+    client().post(format!("{}/sim/release/a", s.url())).send().await.expect("release");
+    assert!(text_of(a).await.contains("[DONE]"));
+    let stats = sim_stats(&s).await;
+    assert_eq!(stats["prompt_cache"]["sequences"], 2, "the two answers, not the checkpoint: {stats}");
+}
