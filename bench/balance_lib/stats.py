@@ -30,8 +30,8 @@ def oracle(workload: dict) -> dict:
     convs = workload["conversations"]
     prompts = {c["id"]: [wl.words_of(m) for m in wl.prompts(workload, c)] for c in convs}
     prefilled = sum(len(p[-1]) for p in prompts.values())
-    # What the simulator stores of an answer: its generated tokens but the last.
-    generated = [f"t{i}" for i in range(MAX_TOKENS - 1)]
+    # What the simulator stores of an answer: the prompt and its generated tokens.
+    generated = [f"t{i}" for i in range(MAX_TOKENS)]
     caches = [LruPromptCache(None), LruPromptCache(None)]
     shared_total = 0
     longest = max(len(c["turns"]) for c in convs)

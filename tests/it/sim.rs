@@ -352,8 +352,8 @@ async fn the_lru_prompt_cache_reports_cached_tokens_as_mlx_lm_server_does() {
     let mut second = first.as_array().expect("array").clone();
     second.push(json!({"role": "assistant", "content": answer}));
     second.push(json!({"role": "user", "content": words(5, "v")}));
-    // Stored: the prompt and the generated tokens but the last (never fed to the model).
-    assert_eq!(turn(&s.url(), &json!(second), true).await.1, (49, 43), "the previous prompt and 3 of its 4 tokens");
+    // Stored: the prompt and every generated token (the real server: 83 + 8 = 91 of 111).
+    assert_eq!(turn(&s.url(), &json!(second), true).await.1, (49, 44), "the previous prompt and its answer");
     let other = json!([system, {"role": "user", "content": words(10, "o")}]);
     assert_eq!(turn(&s.url(), &other, false).await.1, (40, 30), "the shared system prompt");
     let mut third = second.clone();

@@ -148,7 +148,7 @@ fn the_simulators_cache_reports_in_each_style_and_counts() {
 
 #[test]
 fn what_is_stored_and_checkpointed() {
-    assert_eq!(stored_sequence(toks("p q"), "t0 t1 t2 "), toks("p q t0 t1"), "all generated tokens but the last");
+    assert_eq!(stored_sequence(toks("p q"), "t0 t1 t2 "), toks("p q t0 t1 t2"), "every generated token");
     assert_eq!(stored_sequence(toks("p q"), ""), toks("p q"));
     let prompt = toks("s1 s2 u1");
     assert_eq!(system_checkpoint(&prompt, 2, 0), Some(toks("s1 s2")));
