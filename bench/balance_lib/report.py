@@ -66,7 +66,7 @@ def render(res: dict) -> str:
             "",
             "### Self-correction: small caches and a restart",
             "",
-            f"The same workload with `cache_aware`, each server keeping only {sc['cache_size']} sequences "
+            f"The same workload with `{sc.get('policy', 'cache_aware')}`, each server keeping only {sc['cache_size']} sequences "
             f"(`--prompt-cache-size {sc['cache_size']}`; the gateway's index assumes the kind's default), so more "
             f"conversations run at once than a server's cache holds; backend `a` killed (-9) and restarted "
             f"after {sc['restart_after']} answers ({fmt(sc.get('restart_at_s'), 1)} s into the run). "

@@ -185,7 +185,7 @@ class Wire(unittest.TestCase):
         self.assertIn("    backends: [a, b]\n", y)
         self.assertIn("    balance: {policy: session}\n", y)
         self.assertEqual(y.count("kind: mlx-lm"), 2)
-        self.assertNotIn("upstream_model", y)
+        self.assertIn("    upstream_model: default_model\n", y)
         self.assertNotIn("health:", y)
         y = gateway_yaml("cache_aware", "/m/x", health=True)
         self.assertIn("    upstream_model: /m/x\n", y)
