@@ -42,8 +42,8 @@ use tokio::net::TcpListener;
 use tokio::sync::{Notify, Semaphore, mpsc};
 use tokio::task::JoinSet;
 
-pub use behaviour::{Behaviour, Plan, Style};
 use behaviour::CapStyle;
+pub use behaviour::{Behaviour, Plan, Style};
 use prompt_cache::{Kind, SimCache};
 pub use script::Script;
 use stream::Job;

@@ -9,11 +9,8 @@ use crate::common::ROOT;
 
 #[test]
 fn the_harness_pieces_pass_their_self_test() {
-    let out = Command::new("python3")
-        .arg(format!("{ROOT}/bench/balance"))
-        .arg("--self-test")
-        .output()
-        .expect("python3 runs");
+    let out =
+        Command::new("python3").arg(format!("{ROOT}/bench/balance")).arg("--self-test").output().expect("python3 runs");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "bench/balance --self-test failed:\n{stderr}");
     let ran: usize = stderr

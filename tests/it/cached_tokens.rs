@@ -179,9 +179,10 @@ async fn a_real_mlx_lm_server_reports_its_prompt_cache() {
 #[tokio::test]
 async fn the_lru_simulator_reports_through_the_gateway_what_mlx_lm_server_reports() {
     let defaults = Behaviour { style: Some(Style::MlxLm), ..Default::default() };
-    let sim = mlxgate::sim::spawn(mlxgate::sim::SimConfig { defaults, prompt_cache_size: Some(10), ..Default::default() })
-        .await
-        .expect("sim");
+    let sim =
+        mlxgate::sim::spawn(mlxgate::sim::SimConfig { defaults, prompt_cache_size: Some(10), ..Default::default() })
+            .await
+            .expect("sim");
     let gw = gateway(&one_model_yaml(&sim.url(), 1, 8)).await;
     let chat = gw.url("/v1/chat/completions");
     let prompt = long_prompt();
