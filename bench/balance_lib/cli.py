@@ -141,6 +141,17 @@ def self_correction(workdir: Path, workload: dict, real_model: Path | None, pred
     return out
 
 
+def finite(value):
+    """`value` with every infinite or NaN float replaced by None (standard JSON has neither)."""
+    if isinstance(value, float) and (value != value or value in (float("inf"), float("-inf"))):
+        return None
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [finite(v) for v in value]
+    return value
+
+
 def workload_facts(workload: dict) -> dict:
     convs = workload["conversations"]
     turns = sorted(len(c["turns"]) for c in convs)
@@ -202,9 +213,11 @@ def main() -> int:
     sim_what = (f"two `mlxgate-sim --style mlx-lm --prompt-cache-size {PROMPT_CACHE_SIZE}` (prefill "
                 f"{SIM_PREFILL_MS_PER_TOKEN} ms per uncached token, {SIM_TOKENS_PER_SECOND} tokens/s, speedup "
                 f"{SIM_SPEEDUP}), max_concurrency {settings.MAX_CONCURRENCY} each")
-    real_what = (f"two `mlx_lm.server --prompt-cache-size {PROMPT_CACHE_SIZE}` on the CPU, model "
-                 f"`{real_model.relative_to(ROOT) if real_model and real_model.is_relative_to(ROOT) else real_model}` "
-                 f"(random weights, {' '.join(settings.REAL_MODEL_ARGS)}), max_concurrency {settings.MAX_CONCURRENCY} each")
+    shown = real_model.relative_to(ROOT) if real_model and real_model.is_relative_to(ROOT) else real_model
+    made = (f" (random weights, scripts/make-tiny-model.py {' '.join(settings.REAL_MODEL_ARGS)})"
+            if real_model == REAL_MODEL_DIR.resolve() else "")
+    real_what = (f"two `mlx_lm.server --prompt-cache-size {PROMPT_CACHE_SIZE}` on the CPU, model `{shown}`{made}, "
+                 f"max_concurrency {settings.MAX_CONCURRENCY} each")
     res: dict = {"date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "machine": machine(),
                  "commit": commit(), "loadavg_start": loadavg(), "backends": "real" if args.real else "sim",
                  "backends_what": real_what if args.real else sim_what, "max_tokens": MAX_TOKENS,
@@ -232,7 +245,7 @@ def main() -> int:
     res["elapsed_s"] = time.monotonic() - began
     raw = out_md.with_suffix(".json")
     raw.parent.mkdir(parents=True, exist_ok=True)
-    raw.write_text(json.dumps(res, indent=1, default=str))
+    raw.write_text(json.dumps(finite(res), indent=1, default=str, allow_nan=False))
     write(out_md, res)
     log(f"done in {res['elapsed_s']:.0f}s: {out_md} (raw figures: {raw}; logs: {workdir})")
     if not args.keep:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 def fmt(v, digits: int = 2) -> str:
     if v is None:
-        return "-"
+        return "-"  # a figure that could not be had (e.g. max/min with a backend that served none)
     if isinstance(v, float):
         if v != v:
             return "-"

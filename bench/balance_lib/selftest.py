@@ -195,6 +195,13 @@ class Wire(unittest.TestCase):
         self.assertNotIn("balance:", y)
 
 
+class Json(unittest.TestCase):
+    def test_the_raw_figures_are_standard_json(self):
+        from .cli import finite
+        self.assertEqual(finite({"a": [float("inf"), 1.5, float("nan")], "b": {"c": float("-inf")}, "d": "x"}),
+                         {"a": [None, 1.5, None], "b": {"c": None}, "d": "x"})
+
+
 class Report(unittest.TestCase):
     def test_it_renders_policies_the_oracle_goals_and_the_self_correction(self):
         s = stats.summarize([{"prompt_tokens": 100, "cached_tokens": 60, "ttft_s": 0.1}], {"a": 1.0, "b": 1.0})
