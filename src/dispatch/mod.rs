@@ -18,10 +18,10 @@ use std::time::Duration;
 use tokio::sync::Notify;
 
 use crate::backend::handle::BackendHandle;
-use crate::balance::Balancer;
 use crate::backend::probe_remote;
 use crate::backend::supervisor::{Command, Supervisor};
 use crate::backend::upstream::Upstream;
+use crate::balance::Balancer;
 use crate::config::{BackendConfig, Config, ModelConfig};
 use crate::error::GatewayError;
 use crate::metrics::Metrics;
@@ -104,7 +104,8 @@ impl Dispatch {
             config.models.values().filter(|m| m.backends.len() > 1).flat_map(|m| &m.backends).collect();
         let mut probes = Vec::new();
         for name in shared {
-            let (Some(queue), Some(backend), Some(upstream)) = (queues.get(name), backends.get(name), upstreams.get(name))
+            let (Some(queue), Some(backend), Some(upstream)) =
+                (queues.get(name), backends.get(name), upstreams.get(name))
             else {
                 continue;
             };
@@ -149,7 +150,10 @@ impl Dispatch {
                 }));
                 (balancer, names)
             });
-            routes.insert(name.clone(), Route { model: model.clone(), slot, backend: first, backends: handles, balancer });
+            routes.insert(
+                name.clone(),
+                Route { model: model.clone(), slot, backend: first, backends: handles, balancer },
+            );
         }
         let scheduler = (!supervisors.is_empty()).then(|| {
             let managed = supervisors

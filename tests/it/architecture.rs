@@ -62,6 +62,7 @@ const ALL_BUT_KINDS: &[&str] = &[
     "auth",
     "backend",
     "config",
+    "control",
     "dispatch",
     "error",
     "limits",

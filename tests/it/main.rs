@@ -13,6 +13,7 @@ mod access_log;
 mod agents;
 mod architecture;
 mod auth;
+mod balance;
 mod bench_balance;
 mod bench_cli;
 mod cached_tokens;

@@ -13,7 +13,9 @@ use serde_json::{Value, json};
 const SIM: &str = env!("CARGO_BIN_EXE_mlxgate-sim");
 
 /// A gateway whose model `qwen` is served by remote backends `a` (`a_url`) and `b` (`b_url`),
-/// one slot each, with `extra` keys on both.
+/// one slot each, with `extra` keys on both. The model is balanced `round_robin`, so that which
+/// backend a request is offered first is known (the counter's turn, from `a`): these tests
+/// are about the pool's binding, failover and drain, not about the policy.
 fn two_remote_yaml(a_url: &str, b_url: &str, extra: &str) -> String {
     two_remote_yaml_with(a_url, b_url, 1, extra)
 }
@@ -22,7 +24,7 @@ fn two_remote_yaml(a_url: &str, b_url: &str, extra: &str) -> String {
 fn two_remote_yaml_with(a_url: &str, b_url: &str, slots: usize, extra: &str) -> String {
     format!(
         "backends:\n  a: {{url: '{a_url}', max_concurrency: {slots}{extra}}}\n  b: {{url: '{b_url}', max_concurrency: {slots}{extra}}}\n\
-         models:\n  qwen: {{backends: [a, b], upstream_model: tiny-qwen3, max_queue: 8, max_wait: 120s}}\n"
+         models:\n  qwen: {{backends: [a, b], upstream_model: tiny-qwen3, max_queue: 8, max_wait: 120s, balance: {{policy: round_robin}}}}\n"
     )
 }
 
@@ -53,7 +55,7 @@ fn held_stream(gw: &Gateway, key: &str) -> tokio::task::JoinHandle<(u16, String)
 async fn a_waiting_request_goes_to_whichever_backend_frees_a_slot_first() {
     let (a, b) = (sim().await, sim().await);
     let gw = gateway(&two_remote_yaml(&a.url(), &b.url(), "")).await;
-    // One slot each, both taken (the first to a: equal load goes to the first backend).
+    // One slot each, both taken (round robin: the first to a, the second to b).
     let first = held_stream(&gw, "k1");
     eventually("the first held at a", || async { held(&a).await == 1 }).await;
     let second = held_stream(&gw, "k2");
@@ -137,7 +139,7 @@ async fn a_drained_backend_finishes_its_stream_and_takes_no_new_request() {
     let undrained = client().post(gw.url("/admin/backends/a/undrain")).send().await.expect("undrain");
     assert_eq!(undrained.json::<Value>().await.expect("json")["drained"], false);
     assert_eq!(post(&gw, "/v1/chat/completions", &chat(false, json!({"tokens": 2}))).await.status(), 200);
-    assert_eq!(total(&a).await, 2, "undrained: a serves again (least loaded, first)");
+    assert_eq!(total(&a).await, 2, "undrained: a serves again (round robin's turn)");
 }
 
 #[tokio::test]
@@ -150,7 +152,7 @@ async fn kill_9_of_one_managed_backend_mid_stream_ends_that_stream_and_the_other
         )
     };
     let yaml = format!(
-        "backends:\n{}{}models:\n  qwen: {{backends: [a, b], upstream_model: tiny-qwen3, max_wait: 120s}}\n",
+        "backends:\n{}{}models:\n  qwen: {{backends: [a, b], upstream_model: tiny-qwen3, max_wait: 120s, balance: {{policy: round_robin}}}}\n",
         backend("a", pa),
         backend("b", pb)
     );
@@ -159,8 +161,9 @@ async fn kill_9_of_one_managed_backend_mid_stream_ends_that_stream_and_the_other
         eventually("both ready", || async { backend_state(&gw, name).await["state"] == "ready" }).await;
     }
     let pid = backend_state(&gw, "a").await["pid"].as_u64().expect("pid");
-    // The first request goes to a (equal load: the first backend); it is held after a token.
-    let mut stream = post(&gw, "/v1/chat/completions", &chat(true, json!({"tokens": 5, "hold_after": 1, "hold_key": "x"}))).await;
+    // The first request goes to a (round robin's first turn); it is held after a token.
+    let mut stream =
+        post(&gw, "/v1/chat/completions", &chat(true, json!({"tokens": 5, "hold_after": 1, "hold_key": "x"}))).await;
     assert_eq!(stream.status(), 200);
     read_until(&mut stream, "t0").await;
     assert!(Command::new("kill").args(["-9", &pid.to_string()]).status().expect("kill").success());
