@@ -100,7 +100,8 @@ impl Dispatch {
             config.models.values().filter(|m| m.backends.len() > 1).flat_map(|m| &m.backends).collect();
         let mut probes = Vec::new();
         for name in shared {
-            let (Some(queue), Some(backend), Some(upstream)) = (queues.get(name), backends.get(name), upstreams.get(name))
+            let (Some(queue), Some(backend), Some(upstream)) =
+                (queues.get(name), backends.get(name), upstreams.get(name))
             else {
                 continue;
             };

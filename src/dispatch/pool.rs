@@ -39,9 +39,13 @@ pub fn bit(position: usize) -> u64 {
 pub enum Health {
     Healthy,
     /// Taken out until then; half-open after.
-    Ejected { until: Instant },
+    Ejected {
+        until: Instant,
+    },
     /// One trial request allowed (`trial`: it is out); its outcome heals or ejects again.
-    HalfOpen { trial: bool },
+    HalfOpen {
+        trial: bool,
+    },
 }
 
 impl Health {
@@ -370,7 +374,12 @@ impl<G> Core<G> {
         let in_flight = self.models[m].backends.iter().map(|&b| self.backends[b].in_flight).sum();
         let model = &mut self.models[m];
         if model.waiting >= model.max_queue {
-            return Err(GatewayError::QueueFull { model: model.name.clone(), waiting: model.waiting, in_flight, retry_after });
+            return Err(GatewayError::QueueFull {
+                model: model.name.clone(),
+                waiting: model.waiting,
+                in_flight,
+                retry_after,
+            });
         }
         let prefer = prefer.map(|(position, wait)| (position, now + wait));
         let waiter = Waiter { id, since: now, grant: make(), prefer, excluded };
@@ -479,9 +488,11 @@ impl<G> Core<G> {
                 continue;
             }
             let Some(position) = model.backends.iter().position(|&x| x == b) else { continue };
-            let found = model.clients.iter().enumerate().find_map(|(c, (_, fifo))| {
-                fifo.iter().position(|w| w.may_take(position, now)).map(|w| (c, w))
-            });
+            let found = model
+                .clients
+                .iter()
+                .enumerate()
+                .find_map(|(c, (_, fifo))| fifo.iter().position(|w| w.may_take(position, now)).map(|w| (c, w)));
             let Some((c, w)) = found else { continue };
             let (client, mut fifo) = model.clients.remove(c)?;
             let waiter = fifo.remove(w)?;
@@ -714,11 +725,12 @@ impl<G> Core<G> {
         for &m in &self.backends[b].models {
             let model = &self.models[m];
             let Some(position) = model.backends.iter().position(|&x| x == b) else { continue };
-            let others_serve = |w: &Waiter<G>| {
-                model.backends.iter().enumerate().any(|(p, &other)| {
-                    p != position && w.excluded & bit(p) == 0 && self.backends[other].takes_new(now)
-                })
-            };
+            let others_serve =
+                |w: &Waiter<G>| {
+                    model.backends.iter().enumerate().any(|(p, &other)| {
+                        p != position && w.excluded & bit(p) == 0 && self.backends[other].takes_new(now)
+                    })
+                };
             for w in model.clients.iter().flat_map(|(_, fifo)| fifo.iter()) {
                 let counted = model.backends.len() == 1
                     || (w.may_take(position, now) && (w.preferring(now) == Some(position) || !others_serve(w)));

@@ -288,7 +288,11 @@ impl BackendQueue {
     pub fn status(&self) -> PoolStatus {
         let state = self.shared.lock();
         let backend = &state.backends[self.index];
-        PoolStatus { drained: backend.drained, health: backend.health.label(Instant::now()), ejections: backend.ejections }
+        PoolStatus {
+            drained: backend.drained,
+            health: backend.health.label(Instant::now()),
+            ejections: backend.ejections,
+        }
     }
 
     /// What the scheduler needs to know.
@@ -586,7 +590,12 @@ impl Shared {
     }
 
     /// The gauges of backend `b` (slots in flight) and of the model a grant came from.
-    fn gauges(&self, state: &Core<oneshot::Sender<Permit>>, b: usize, granted: Option<&Granted<oneshot::Sender<Permit>>>) {
+    fn gauges(
+        &self,
+        state: &Core<oneshot::Sender<Permit>>,
+        b: usize,
+        granted: Option<&Granted<oneshot::Sender<Permit>>>,
+    ) {
         let backend = &state.backends[b];
         self.metrics.inflight.with_label_values(&[&backend.name]).set(backend.in_flight as i64);
         if let Some(granted) = granted {

@@ -160,7 +160,8 @@ async fn kill_9_of_one_managed_backend_mid_stream_ends_that_stream_and_the_other
     }
     let pid = backend_state(&gw, "a").await["pid"].as_u64().expect("pid");
     // The first request goes to a (equal load: the first backend); it is held after a token.
-    let mut stream = post(&gw, "/v1/chat/completions", &chat(true, json!({"tokens": 5, "hold_after": 1, "hold_key": "x"}))).await;
+    let mut stream =
+        post(&gw, "/v1/chat/completions", &chat(true, json!({"tokens": 5, "hold_after": 1, "hold_key": "x"}))).await;
     assert_eq!(stream.status(), 200);
     read_until(&mut stream, "t0").await;
     assert!(Command::new("kill").args(["-9", &pid.to_string()]).status().expect("kill").success());

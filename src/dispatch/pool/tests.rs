@@ -57,7 +57,11 @@ impl Harness {
     /// Checks a grant the pool just made, and keeps its slot.
     fn granted(&mut self, g: Granted<u64>, b: usize) {
         let backend = &self.core.backends[b];
-        assert!(backend.open && !backend.drained && backend.failure.is_none(), "granted {} while not taking", backend.name);
+        assert!(
+            backend.open && !backend.drained && backend.failure.is_none(),
+            "granted {} while not taking",
+            backend.name
+        );
         assert!(g.waiter.excluded & bit(g.position) == 0, "granted an excluded backend");
         assert!(g.waiter.may_take(g.position, self.now), "granted past a live preference for another backend");
         assert_eq!(self.core.models[g.model].backends[g.position], b);
@@ -104,7 +108,8 @@ impl Harness {
     fn arrive(&mut self, m: usize, c: u8, excluded: u64, choice: Option<Choice>) -> bool {
         let tag = self.next_tag;
         self.next_tag += 1;
-        let mut router = |_: &[Candidate<'_>]| choice.unwrap_or(Choice { now: None, prefer: None, reason: Reason::LeastLoaded });
+        let mut router =
+            |_: &[Candidate<'_>]| choice.unwrap_or(Choice { now: None, prefer: None, reason: Reason::LeastLoaded });
         let router: Option<&mut (dyn FnMut(&[Candidate<'_>]) -> Choice + Send)> =
             if choice.is_some() { Some(&mut router) } else { None };
         match self.core.arrive(m, client(c), excluded, router, Duration::MAX, self.now, || tag) {
@@ -192,7 +197,12 @@ impl Harness {
                 for (p, &b) in model.backends.iter().enumerate() {
                     let backend = &self.core.backends[b];
                     let free = backend.takes_new(self.now) && backend.in_flight < backend.max_concurrency;
-                    assert!(!(w.may_take(p, self.now) && free), "{} waits while {} has a slot for it", model.name, backend.name);
+                    assert!(
+                        !(w.may_take(p, self.now) && free),
+                        "{} waits while {} has a slot for it",
+                        model.name,
+                        backend.name
+                    );
                 }
             }
         }

@@ -191,8 +191,11 @@ mod several {
         let (_a, b, slot) = two(1);
         let held = slot.acquire(client("x")).await.expect("slot");
         assert_eq!(held.position(), 0);
-        let mut prefer_a =
-            |_: &[Candidate<'_>]| Choice { now: None, prefer: Some((0, Duration::from_millis(30))), reason: Reason::CacheHit };
+        let mut prefer_a = |_: &[Candidate<'_>]| Choice {
+            now: None,
+            prefer: Some((0, Duration::from_millis(30))),
+            reason: Reason::CacheHit,
+        };
         let ask = Ask { client: client("y"), limit: Duration::MAX, excluded: 0, router: Some(&mut prefer_a) };
         let permit = slot.acquire_with(ask).await.expect("slot");
         assert_eq!(permit.position(), 1, "after its deadline it took b's free slot");
@@ -206,8 +209,11 @@ mod several {
         let held = slot.acquire(client("x")).await.expect("slot");
         let s2 = slot.clone();
         let waiter = tokio::spawn(async move {
-            let mut prefer_a =
-                |_: &[Candidate<'_>]| Choice { now: None, prefer: Some((0, Duration::from_secs(600))), reason: Reason::CacheHit };
+            let mut prefer_a = |_: &[Candidate<'_>]| Choice {
+                now: None,
+                prefer: Some((0, Duration::from_secs(600))),
+                reason: Reason::CacheHit,
+            };
             let ask = Ask { client: client("y"), limit: Duration::MAX, excluded: 0, router: Some(&mut prefer_a) };
             s2.acquire_with(ask).await.map(|p| p.position())
         });
