@@ -54,6 +54,9 @@ impl Reason {
     }
 }
 
+/// Chooses among a model's backends at a request's arrival, under the pool's lock.
+pub type Router<'a> = &'a mut (dyn FnMut(&[Candidate<'_>]) -> Choice + Send);
+
 /// A router's answer for one request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Choice {
