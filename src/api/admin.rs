@@ -129,7 +129,8 @@ pub async fn backends(State(state): State<Arc<AppState>>) -> Json<serde_json::Va
         .map(|m| {
             let balance = &m.balance;
             let session_header = balance.session_header.as_ref().map(|h| h.as_str());
-            let entry = json!({"backends": m.backends, "policy": balance.policy.label(), "session_header": session_header});
+            let entry =
+                json!({"backends": m.backends, "policy": balance.policy.label(), "session_header": session_header});
             (m.name.clone(), entry)
         })
         .collect();

@@ -137,7 +137,9 @@ fn declare_client_series(metrics: &Metrics, config: &Config, limiter: &Limiter) 
     for client in names {
         // 503s and backend failures per model: the first burst is an increase the alerts see.
         for model in config.models.values() {
-            for (backend, outcome) in model.backends.iter().flat_map(|b| [(b, "server_overloaded"), (b, "backend_error")]) {
+            for (backend, outcome) in
+                model.backends.iter().flat_map(|b| [(b, "server_overloaded"), (b, "backend_error")])
+            {
                 metrics.requests.with_label_values(&[&model.name, backend, client, outcome]);
             }
         }

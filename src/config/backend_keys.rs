@@ -172,7 +172,10 @@ fn validate_managed(
     };
     let ready = b.ready.as_ref();
     let health = validate_health(b.health.as_ref(), path, problems);
-    let ejection = b.health.as_ref().map(|h| [(h.eject_for.is_some(), "eject_for"), (h.request_failures.is_some(), "request_failures")]);
+    let ejection = b
+        .health
+        .as_ref()
+        .map(|h| [(h.eject_for.is_some(), "eject_for"), (h.request_failures.is_some(), "request_failures")]);
     for (_, key) in ejection.into_iter().flatten().filter(|(set, _)| *set) {
         push_at(
             problems,
@@ -278,7 +281,8 @@ impl Timeouts {
 fn validate_remote_health(raw: Option<&RawHealth>, path: &str, problems: &mut Vec<Problem>) -> RemoteHealth {
     let probe = validate_health(raw, path, problems);
     let Some(raw) = raw else { return DEFAULT_REMOTE_HEALTH };
-    let eject_for = positive(raw.eject_for, DEFAULT_REMOTE_HEALTH.eject_for, &format!("{path}.health.eject_for"), problems);
+    let eject_for =
+        positive(raw.eject_for, DEFAULT_REMOTE_HEALTH.eject_for, &format!("{path}.health.eject_for"), problems);
     let request_failures = raw.request_failures.unwrap_or(DEFAULT_REMOTE_HEALTH.request_failures);
     if request_failures == 0 {
         push_at(problems, path, "health.request_failures", "must be at least 1");

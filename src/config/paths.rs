@@ -38,7 +38,8 @@ pub(super) fn resolve(config: &mut Config, file: &Path) {
     }
     for (backend, relative, absolute) in renamed {
         // A model naming the relative path itself means the same directory.
-        let named_relative = |m: &ModelConfig| m.backends.contains(&backend) && m.upstream_model == Some(relative.clone());
+        let named_relative =
+            |m: &ModelConfig| m.backends.contains(&backend) && m.upstream_model == Some(relative.clone());
         for model in config.models.values_mut().filter(|m| named_relative(m)) {
             model.upstream_model = Some(absolute.clone());
         }

@@ -46,7 +46,8 @@ async fn admin_backends_shows_each_models_backends_and_each_backends_drain_and_h
     let (a, b) = (sim().await, sim().await);
     let gw = gateway(&two_backends_yaml(&a.url(), &b.url(), "")).await;
     let listed: Value = client().get(gw.url("/admin/backends")).send().await.expect("send").json().await.expect("json");
-    let names: Vec<&str> = listed["backends"].as_array().expect("list").iter().filter_map(|e| e["name"].as_str()).collect();
+    let names: Vec<&str> =
+        listed["backends"].as_array().expect("list").iter().filter_map(|e| e["name"].as_str()).collect();
     assert_eq!(names, ["a", "b", "solo"]);
     for entry in listed["backends"].as_array().expect("list") {
         assert_eq!((&entry["drained"], &entry["health"]), (&json!(false), &json!("healthy")), "{entry}");
@@ -125,7 +126,8 @@ async fn the_drain_command_finds_the_gateway_sends_the_key_and_says_why_it_faile
     assert!(stderr.contains("nope not drained") && stderr.contains("401"), "{stderr}");
 
     // The key from the environment is sent: past the guard, the name is unknown.
-    let out = drain_command(vec!["nope".into(), "--undrain".into(), "--url".into(), url.clone()], Some(ADMIN_KEY)).await;
+    let out =
+        drain_command(vec!["nope".into(), "--undrain".into(), "--url".into(), url.clone()], Some(ADMIN_KEY)).await;
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{stderr}");
     assert!(stderr.contains("nope not undrained") && stderr.contains("404"), "{stderr}");
@@ -136,7 +138,8 @@ async fn the_drain_command_finds_the_gateway_sends_the_key_and_says_why_it_faile
     let file = dir.path().join("gateway.yaml");
     let yaml = two_backends_yaml(&a.url(), &b.url(), &format!("listen: {}\n{top}", gw.addr));
     std::fs::write(&file, yaml).expect("write");
-    let args = vec!["nope".into(), "--config".into(), file.display().to_string(), "--admin-key".into(), ADMIN_KEY.into()];
+    let args =
+        vec!["nope".into(), "--config".into(), file.display().to_string(), "--admin-key".into(), ADMIN_KEY.into()];
     let out = drain_command(args, None).await;
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains(&format!("http://{}/admin/backends/nope/drain", gw.addr)), "{stderr}");
