@@ -33,7 +33,7 @@ use std::time::{Duration, Instant};
 
 use super::Route;
 use super::queue::{Ask, ClientId, Permit, Previous, bit};
-use super::route::{Candidate, Choice};
+use super::route::Router;
 use crate::backend::handle::{Answer, BackendHandle, Failure, Outbound, busy};
 use crate::error::GatewayError;
 use crate::metrics::Metrics;
@@ -61,9 +61,6 @@ const REPLACEMENT_WAIT: Duration = Duration::from_secs(2);
 /// Builds the request for the model's backend at a position (its upstream model name, its
 /// normalisations): `None` when it takes the first backend's request as it is.
 pub type Encode<'a> = &'a (dyn Fn(usize) -> Option<Result<Outbound, GatewayError>> + Send + Sync);
-
-/// Chooses among a model's backends at the request's arrival (see `dispatch::route`).
-pub type Router<'a> = &'a mut (dyn FnMut(&[Candidate<'_>]) -> Choice + Send);
 
 /// A request ready for its backend: its route, its client (for the queue's fairness), the
 /// bytes to send, and the flag set once it got a slot (it may reach a backend from then on).
@@ -141,7 +138,7 @@ pub async fn call(request: Prepared<'_>, metrics: &Metrics, cutoff: &Arc<Cutoff>
         let left = route.model.max_wait.saturating_sub(queue_wait).max(Duration::from_millis(1));
         let asked = Instant::now();
         // A reborrow for this acquire (the router's object lifetime shortened to it).
-        let this_time = router.as_mut().map(|r| &mut **r as &mut (dyn FnMut(&[Candidate<'_>]) -> Choice + Send));
+        let this_time = router.as_mut().map(|r| &mut **r as Router<'_>);
         let ask = Ask { client: client.clone(), limit: left, excluded, router: this_time };
         let acquired = route.slot.acquire_with(ask).await;
         queue_wait += asked.elapsed();

@@ -28,14 +28,6 @@ use crate::metrics::Metrics;
 use pool::HealthPolicy;
 use queue::{BackendQueue, ModelSlot, Pool};
 
-/// Failed requests in a row that eject a backend of a model of several, when its
-/// configuration does not say.
-const REQUEST_FAILURES: u32 = 3;
-
-/// How long an ejected backend rests before its half-open trial, when its configuration does
-/// not say.
-const EJECT_FOR: Duration = Duration::from_secs(10);
-
 /// Everything needed to send one model's requests.
 pub struct Route {
     pub model: ModelConfig,
@@ -98,8 +90,9 @@ impl Dispatch {
             backends.insert(name.clone(), backend);
             queues.insert(name.clone(), queue);
         }
-        // The backends of models of several: their health is watched (a single-backend model's
-        // backend is never taken out: there is nowhere else to go).
+        // The remote backends of models of several: their health is watched (a single-backend
+        // model's backend is never taken out: there is nowhere else to go; a managed one is
+        // watched and restarted by its supervisor).
         let shared: HashSet<&String> =
             config.models.values().filter(|m| m.backends.len() > 1).flat_map(|m| &m.backends).collect();
         let mut probes = Vec::new();
@@ -109,11 +102,9 @@ impl Dispatch {
             else {
                 continue;
             };
-            let (policy, probe) = health_of(backend);
+            let Some((policy, terms)) = health_of(backend) else { continue };
             queue.set_health_policy(Some(policy));
-            if let Some(terms) = probe.filter(|_| backend.managed.is_none()) {
-                probes.push(probe_remote::spawn(Arc::clone(backend), terms, upstream.clone(), Arc::new(queue.clone())));
-            }
+            probes.push(probe_remote::spawn(Arc::clone(backend), terms, upstream.clone(), Arc::new(queue.clone())));
         }
         let mut routes = HashMap::new();
         for (name, model) in &config.models {
@@ -225,20 +216,17 @@ impl Dispatch {
     }
 }
 
-/// When a backend of a model of several is ejected, and how it is probed: a remote backend by
-/// its `health:` (its defaults filled in by the configuration); a managed one by the defaults
-/// here and no probe of ours (its supervisor's health check restarts it).
-fn health_of(backend: &BackendConfig) -> (HealthPolicy, Option<probe_remote::Terms>) {
-    match &backend.health {
-        Some(health) => (
-            HealthPolicy { request_failures: health.request_failures, eject_for: health.eject_for },
-            Some(probe_remote::Terms {
-                interval: health.probe.interval,
-                timeout: health.probe.timeout,
-                failures: health.probe.failures,
-                eject_for: health.eject_for,
-            }),
-        ),
-        None => (HealthPolicy { request_failures: REQUEST_FAILURES, eject_for: EJECT_FOR }, None),
-    }
+/// When a remote backend of a model of several is ejected, and how it is probed: its `health:`
+/// (defaults filled in by the configuration; `None` for a managed backend, which its
+/// supervisor's health check restarts instead).
+fn health_of(backend: &BackendConfig) -> Option<(HealthPolicy, probe_remote::Terms)> {
+    let health = backend.health.as_ref().filter(|_| backend.managed.is_none())?;
+    let policy = HealthPolicy { request_failures: health.request_failures, eject_for: health.eject_for };
+    let terms = probe_remote::Terms {
+        interval: health.probe.interval,
+        timeout: health.probe.timeout,
+        failures: health.probe.failures,
+        eject_for: health.eject_for,
+    };
+    Some((policy, terms))
 }

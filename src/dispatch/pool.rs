@@ -22,7 +22,7 @@ use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use super::queue::{ClientId, Previous};
-use super::route::{Candidate, Choice, least_loaded};
+use super::route::{Candidate, Choice, Router, least_loaded};
 use crate::error::GatewayError;
 
 /// A model's backends are told apart in a 64-bit mask (the backends a waiter excluded): a model
@@ -193,6 +193,17 @@ impl<G> Waiter<G> {
     }
 }
 
+/// A request's terms at the queue.
+pub struct Ask<'a> {
+    pub client: ClientId,
+    /// Waits at most this long (when less than the model's `max_wait`).
+    pub limit: Duration,
+    /// Positions of backends it must not be given (a mask of [`bit`]s): those tried already.
+    pub excluded: u64,
+    /// Chooses among a model's several backends (`None`: the least loaded).
+    pub router: Option<Router<'a>>,
+}
+
 /// What an arrival came to.
 pub enum Arrival {
     /// A slot now, at the model's backend at this position (`trial`: a half-open backend's).
@@ -337,20 +348,19 @@ impl<G> Core<G> {
         backend.takes_new(now) && backend.in_flight < backend.max_concurrency && !self.anyone_for(b, now)
     }
 
-    /// A request of model `m` arrives (`excluded`: positions it must not be given). A model of
-    /// one backend takes its free slot; a model of several asks `choose` (under this lock).
+    /// A request of model `m` arrives on the terms of `ask` (`excluded`: positions it must not
+    /// be given). A model of one backend takes its free slot; a model of several asks its router
+    /// (under this lock).
     /// Queued, it keeps the grant `make` returns. Refused: none of its backends can serve it,
     /// or its queue is full.
     pub fn arrive(
         &mut self,
         m: usize,
-        client: ClientId,
-        excluded: u64,
-        choose: Option<&mut (dyn FnMut(&[Candidate<'_>]) -> Choice + Send)>,
-        limit: Duration,
+        ask: Ask<'_>,
         now: Instant,
         make: impl FnOnce() -> G,
     ) -> Result<Arrival, GatewayError> {
+        let Ask { client, limit, excluded, router: choose } = ask;
         self.refuse_if_hopeless(m, excluded)?;
         let positions = self.models[m].backends.len();
         let (take, prefer) = if positions == 1 {
@@ -453,7 +463,7 @@ impl<G> Core<G> {
         &mut self,
         m: usize,
         excluded: u64,
-        choose: Option<&mut (dyn FnMut(&[Candidate<'_>]) -> Choice + Send)>,
+        choose: Option<Router<'_>>,
         now: Instant,
     ) -> (Option<usize>, Option<(usize, Duration)>) {
         let candidates = self.candidates(m, excluded, now);

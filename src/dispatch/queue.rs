@@ -26,12 +26,11 @@ use std::time::{Duration, Instant};
 use tokio::sync::{Notify, oneshot};
 
 use super::pool::{Arrival, Change, Core, Granted, HealthPolicy};
-use super::route::{Candidate, Choice};
 use crate::backend::gate::Gate;
 use crate::error::GatewayError;
 use crate::metrics::Metrics;
 
-pub use super::pool::{MAX_BACKENDS_PER_MODEL, bit};
+pub use super::pool::{Ask, MAX_BACKENDS_PER_MODEL, bit};
 
 /// Who a waiting request belongs to, for fairness: the API key if one was sent, else the peer IP.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -160,17 +159,6 @@ pub struct PoolStatus {
     pub health: &'static str,
     /// Times it was ejected.
     pub ejections: u64,
-}
-
-/// A request's terms at the queue.
-pub struct Ask<'a> {
-    pub client: ClientId,
-    /// Waits at most this long (when less than the model's `max_wait`).
-    pub limit: Duration,
-    /// Positions of backends it must not be given (a mask of [`bit`]s): those tried already.
-    pub excluded: u64,
-    /// Chooses among a model's several backends (`None`: the least loaded).
-    pub router: Option<&'a mut (dyn FnMut(&[Candidate<'_>]) -> Choice + Send)>,
 }
 
 impl Pool {
@@ -368,7 +356,7 @@ impl ModelSlot {
     /// Waits for a slot on the terms of `ask`: at one of the model's backends it did not
     /// exclude, chosen by its router at arrival, else the first to have a slot for it.
     pub async fn acquire_with(&self, ask: Ask<'_>) -> Result<Permit, GatewayError> {
-        let Ask { client, limit, excluded, router } = ask;
+        let excluded = ask.excluded;
         let arrived = Instant::now();
         let shared = &self.shared;
         let mut receiver = None;
@@ -379,7 +367,7 @@ impl ModelSlot {
                 receiver = Some(r);
                 grant
             };
-            match state.arrive(self.index, client, excluded, router, limit, arrived, make)? {
+            match state.arrive(self.index, ask, arrived, make)? {
                 Arrival::Granted { position, backend, trial } => {
                     let in_flight = state.backends[backend].in_flight;
                     let name = &state.backends[backend].name;

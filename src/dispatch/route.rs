@@ -8,6 +8,9 @@
 
 pub use crate::balance::{Candidate, Choice, Reason};
 
+/// Chooses among a model's backends at a request's arrival, under the pool's lock.
+pub type Router<'a> = &'a mut (dyn FnMut(&[Candidate<'_>]) -> Choice + Send);
+
 /// The built-in choice: the usable candidate with the most free slots, then the fewest in
 /// flight, then the first in the model's order; none free: wait for whichever frees first.
 pub fn least_loaded(candidates: &[Candidate<'_>]) -> Choice {

@@ -176,3 +176,18 @@ async fn kill_9_of_one_managed_backend_mid_stream_ends_that_stream_and_the_other
     }
     eventually("a rejoins", || async { backend_state(&gw, "a").await["state"] == "ready" }).await;
 }
+
+#[tokio::test]
+async fn a_remote_backend_whose_ready_path_fails_is_ejected_by_its_probe_alone() {
+    let (a, b) = (sim().await, sim().await);
+    let health = ", health: {interval: 200ms, timeout: 1s, failures: 2, eject_for: 60s}";
+    let gw = gateway(&two_remote_yaml(&a.url(), &b.url(), health)).await;
+    assert_eq!(backend_state(&gw, "a").await["health"], "healthy");
+    a.kill();
+    eventually("a's failed probes eject it", || async { backend_state(&gw, "a").await["health"] == "ejected" }).await;
+    assert_eq!(backend_state(&gw, "b").await["health"], "healthy");
+    for _ in 0..3 {
+        assert_eq!(post(&gw, "/v1/chat/completions", &chat(false, json!({"tokens": 2}))).await.status(), 200);
+    }
+    assert_eq!(total(&b).await, 3, "b serves everything while a is out");
+}

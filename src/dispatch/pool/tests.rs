@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use proptest::prelude::*;
 
 use super::*;
-use crate::dispatch::route::Reason;
+use crate::dispatch::route::{Reason, Router};
 
 const POLICY: HealthPolicy = HealthPolicy { request_failures: 2, eject_for: Duration::from_secs(5) };
 
@@ -110,9 +110,9 @@ impl Harness {
         self.next_tag += 1;
         let mut router =
             |_: &[Candidate<'_>]| choice.unwrap_or(Choice { now: None, prefer: None, reason: Reason::LeastLoaded });
-        let router: Option<&mut (dyn FnMut(&[Candidate<'_>]) -> Choice + Send)> =
-            if choice.is_some() { Some(&mut router) } else { None };
-        match self.core.arrive(m, client(c), excluded, router, Duration::MAX, self.now, || tag) {
+        let router: Option<Router<'_>> = if choice.is_some() { Some(&mut router) } else { None };
+        let ask = Ask { client: client(c), limit: Duration::MAX, excluded, router };
+        match self.core.arrive(m, ask, self.now, || tag) {
             Ok(Arrival::Granted { position, backend, trial }) => {
                 let b = self.core.backends[backend].name.clone();
                 assert!(excluded & bit(position) == 0, "arrival granted an excluded backend {b}");

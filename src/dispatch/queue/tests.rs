@@ -163,7 +163,7 @@ mod gate {
 
 mod several {
     use super::super::*;
-    use crate::dispatch::route::Reason;
+    use crate::dispatch::route::{Candidate, Choice, Reason};
 
     fn two(slots: usize) -> (BackendQueue, BackendQueue, ModelSlot) {
         let pool = Pool::new(Metrics::new(), Arc::new(Notify::new()));
@@ -230,7 +230,7 @@ mod several {
         let ask = Ask { client: client("x"), limit: Duration::MAX, excluded: bit(0), router: None };
         assert_eq!(slot.acquire_with(ask).await.expect("slot").position(), 1);
         a.drain(true);
-        assert_eq!(a.status().drained, true);
+        assert!(a.status().drained);
         assert_eq!(slot.acquire(client("x")).await.expect("slot").position(), 1);
         a.drain(false);
         assert_eq!(slot.acquire(client("x")).await.expect("slot").position(), 0);
