@@ -162,8 +162,11 @@ pub async fn call(request: Prepared<'_>, metrics: &Metrics, cutoff: &Arc<Cutoff>
             }
         };
         sent.store(true, Ordering::SeqCst);
-        let attempted = attempt(backend, outbound, permit, retries == 0, metrics, cutoff).await;
         let may_fail_over = |excluded: u64| several && route.slot.has_other(excluded | bit(position));
+        // Another backend could take it: a failure goes there at once, not waiting to see
+        // whether a managed process is gone.
+        let elsewhere = may_fail_over(excluded);
+        let attempted = attempt(backend, outbound, permit, retries == 0, elsewhere, metrics, cutoff).await;
         let failed = match attempted {
             Attempted::Answered(answer, permit) => {
                 if several {
@@ -240,15 +243,16 @@ async fn attempt(
     outbound: &Outbound,
     permit: Permit,
     first_attempt: bool,
+    elsewhere: bool,
     metrics: &Metrics,
     cutoff: &Arc<Cutoff>,
 ) -> Attempted {
     // A request sent again after a restart was its own previous request: no busy retries.
     let busy_retries = if first_attempt { busy_retries(permit.previous()) } else { 0 };
     let answered = if !backend.config.normalise.hold_abandoned {
-        send(backend, outbound, busy_retries).await.map(|answer| (answer, permit))
+        send(backend, outbound, busy_retries, elsewhere).await.map(|answer| (answer, permit))
     } else {
-        held(backend, outbound, permit, busy_retries, metrics, cutoff).await
+        held(backend, outbound, permit, (busy_retries, elsewhere), metrics, cutoff).await
     };
     match answered {
         Ok((answer, permit)) if answer.head.status.is_server_error() => Attempted::ServerError(answer, permit),
@@ -262,7 +266,7 @@ async fn held(
     backend: &BackendHandle,
     outbound: &Outbound,
     permit: Permit,
-    busy_retries: usize,
+    (busy_retries, elsewhere): (usize, bool),
     metrics: &Metrics,
     cutoff: &Arc<Cutoff>,
 ) -> Result<(Answer, Permit), SendFailure> {
@@ -277,7 +281,7 @@ async fn held(
     let (metrics, cutoff) = (metrics.clone(), Arc::clone(cutoff));
     let (mut tx, rx) = tokio::sync::oneshot::channel();
     tokio::spawn(async move {
-        let send = send(&backend, &copy, busy_retries);
+        let send = send(&backend, &copy, busy_retries, elsewhere);
         tokio::pin!(send);
         let answered = tokio::select! {
             answered = &mut send => answered,
@@ -310,14 +314,20 @@ pub fn busy_retries(previous: Option<Previous>) -> usize {
 }
 
 /// Sends `request`: one attempt, sent again (after a pause, at most `busy_retries` times, see
-/// [`busy_retries`]) while a serialized backend answers that it is busy.
-async fn send(backend: &BackendHandle, request: &Outbound, busy_retries: usize) -> Result<Answer, SendFailure> {
+/// [`busy_retries`]) while a serialized backend answers that it is busy. `elsewhere`: another
+/// backend of the model could take it (see [`retry_or_final`]).
+async fn send(
+    backend: &BackendHandle,
+    request: &Outbound,
+    busy_retries: usize,
+    elsewhere: bool,
+) -> Result<Answer, SendFailure> {
     let mut pauses = BUSY_PAUSES.iter().take(busy_retries);
     loop {
         let generation = backend.supervisor().map(|s| s.status().generation);
         let answer = match backend.attempt(request).await {
             Ok(answer) => answer,
-            Err(failure) => return Err(retry_or_final(backend, generation, failure).await),
+            Err(failure) => return Err(retry_or_final(backend, generation, failure, elsewhere).await),
         };
         if !backend.config.normalise.serialize || busy_retries == 0 {
             return Ok(answer);
@@ -336,15 +346,21 @@ async fn send(backend: &BackendHandle, request: &Outbound, busy_retries: usize) 
 /// Whether a failed attempt on process `generation` (`None`: a backend mlxgate does not run)
 /// may be sent again. A refused connection is safe to retry, but only once the process can
 /// have been replaced; otherwise retrying is safe only when the process that had it is gone.
-/// A timeout is never retried.
-async fn retry_or_final(backend: &BackendHandle, generation: Option<u64>, failure: Failure) -> SendFailure {
+/// A timeout is never retried. With `elsewhere` (another backend of the model could take it),
+/// every failure goes there at once.
+async fn retry_or_final(
+    backend: &BackendHandle,
+    generation: Option<u64>,
+    failure: Failure,
+    elsewhere: bool,
+) -> SendFailure {
     // Every failure before the first byte may go to another backend of the model.
     let (refused, error) = match failure {
         Failure::TimedOut(error) => return SendFailure::Final { error, failover: true },
         Failure::Refused(error) => (true, error),
         Failure::Broken(error) => (false, error),
     };
-    let (Some(supervisor), Some(generation)) = (backend.supervisor(), generation) else {
+    let (Some(supervisor), Some(generation), false) = (backend.supervisor(), generation, elsewhere) else {
         return SendFailure::Final { error, failover: true };
     };
     let gone = supervisor.replaced(generation, REPLACEMENT_WAIT).await;
