@@ -50,13 +50,11 @@ MLX_LM_VENV = ROOT / ".venv-mlx-lm"
 PROMPT_CACHE_SIZE = 10
 SMALL_PROMPT_CACHE_SIZE = 2
 
-# HOOK(metrics): the gateway's counters of predicted and reported cached tokens per backend, read
-# from /metrics for the prediction error of the self-correction run. The reported one exists
-# (mlxgate_prompt_cached_tokens_total{model,backend}); the predicted one is named by the
-# integrator of issue 21: set it here (or with --predicted-metric). Until it exists the report
-# says "not measured" for the prediction error.
-PREDICTED_METRIC = "mlxgate_balance_predicted_cached_tokens_total"
-REPORTED_METRIC = "mlxgate_prompt_cached_tokens_total"
+# The gateway's counters of predicted and reported cached tokens per backend (the same answers:
+# those of a model of several backends that report cached_tokens), read from /metrics for the
+# prediction error of the self-correction run.
+PREDICTED_METRIC = "mlxgate_route_predicted_cached_tokens_total"
+REPORTED_METRIC = "mlxgate_route_reported_cached_tokens_total"
 
 # How often the metrics are sampled during the self-correction run, in seconds.
 METRICS_EVERY_S = 0.5
