@@ -217,3 +217,58 @@ proptest! {
         prop_assert_eq!(m.bytes, p.bytes_of(m.segments));
     }
 }
+
+/// A chat prompt: `turns` (user, assistant) pairs, then a user message.
+fn chat(turns: usize) -> Prompt {
+    let mut messages = vec![json!({"role": "system", "content": "s".repeat(300)})];
+    for t in 0..turns {
+        messages.push(json!({"role": "user", "content": format!("question {t} ").repeat(20)}));
+        messages.push(json!({"role": "assistant", "content": format!("answer {t} ").repeat(40)}));
+    }
+    messages.push(json!({"role": "user", "content": format!("question {turns} ").repeat(20)}));
+    Prompt::of_chat(&serde_json::to_vec(&json!({"messages": messages})).expect("encodes"))
+}
+
+#[test]
+fn the_answer_after_a_stored_prompt_is_expected_at_the_learnt_fraction() {
+    let mut index = PrefixIndex::new(10);
+    let first = chat(0); // system, user
+    index.insert(&first);
+    let second = chat(1); // system, user, assistant (the answer to `first`), user
+    let m = index.predict(&second);
+    assert_eq!(m.segments, 2);
+    assert_eq!(m.answer_bytes, second.bytes_of(3) - second.bytes_of(2));
+    assert_eq!(m.expected_bytes, m.bytes + m.answer_bytes / 2, "the prior: half");
+    // The server reports the whole answer held (a template that renders it as generated).
+    for _ in 0..30 {
+        let m = index.predict(&second);
+        let reported = m.bytes + m.answer_bytes;
+        index.observe(&second, m, Some(reported), Some(second.bytes()));
+        index.clear();
+        index.insert(&first);
+    }
+    assert!(index.answers_held() > 0.99, "{}", index.answers_held());
+    // A stored prompt matched only in part has no answer after it.
+    index.insert(&chat(3));
+    let m = index.predict(&chat(2));
+    assert_eq!(m.answer_bytes, 0);
+}
+
+#[test]
+fn an_answer_rendered_anew_teaches_that_none_of_it_is_held() {
+    let mut index = PrefixIndex::new(10);
+    let (first, second) = (chat(0), chat(1));
+    for _ in 0..30 {
+        index.clear();
+        index.insert(&first);
+        let m = index.predict(&second);
+        // A template that strips reasoning: the cache stops where the answer begins.
+        let c = index.observe(&second, m, Some(m.bytes), Some(second.bytes()));
+        assert_eq!(c.dropped, 0, "the prompt before the answer is held: nothing to drop");
+    }
+    assert!(index.answers_held() < 0.01, "{}", index.answers_held());
+    index.clear();
+    index.insert(&first);
+    let m = index.predict(&second);
+    assert_eq!(m.expected_bytes, m.bytes);
+}
