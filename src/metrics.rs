@@ -54,9 +54,9 @@ pub struct Declared {
     pub backend_ejections: IntCounterVec,
     /// Spawn-to-ready time of a managed backend (warm-up included).
     pub backend_start_seconds: HistogramVec,
-    /// Routing decisions of models of several backends, by model, backend chosen and reason
+    /// Requests of models of several backends, by model, the backend granted and the reason
     /// (`cache_hit`, `cold`, `least_loaded`, `round_robin`, `session`, `only_choice`,
-    /// `none_usable`).
+    /// `none_usable`, `rebound`: granted another backend than the one named).
     pub route_decisions: IntCounterVec,
     /// Cached prompt tokens the balancer predicted for the backend that served the request.
     pub route_predicted_cached_tokens: IntCounterVec,
@@ -199,7 +199,7 @@ impl Metrics {
         let mb = ["model", "backend"];
         let route_decisions = counter(
             "mlxgate_route_decisions_total",
-            "Requests of models of several backends, by the backend chosen at arrival and why.",
+            "Requests of models of several backends, by the backend that got them and why (rebound: not the one the balancer named).",
             &["model", "backend", "reason"],
         );
         let route_predicted_cached_tokens = counter(

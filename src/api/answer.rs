@@ -72,7 +72,10 @@ pub(crate) async fn call(
     let held = dispatch::call::call(prepared, &state.metrics, &state.cutoff).await?;
     drop(choose);
     let backend = route.backends.get(held.position()).unwrap_or(&route.backend);
-    let feedback = plan.map(|plan| plan.feedback(held.position(), held.queue_wait));
+    let feedback = plan.map(|plan| {
+        plan.granted(held.position());
+        plan.feedback(held.position(), held.queue_wait)
+    });
     let Held { permit, answer, queue_wait } = held;
     let normalise = stream_normalise(&backend.config, &outgoing);
     Ok(Answered {

@@ -43,6 +43,9 @@ pub struct Plan {
     session: Option<String>,
     /// Per backend, the prefix the balancer believed it held at the last decision.
     matches: Vec<Match>,
+    /// The last decision (the pool may grant another backend than the one it named: a
+    /// preference that ran out, a failover).
+    choice: Option<Choice>,
     metrics: Metrics,
 }
 
@@ -63,18 +66,32 @@ impl Plan {
             prompt: Prompt::of_chat(body),
             session,
             matches: Vec::new(),
+            choice: None,
             metrics: metrics.clone(),
         }
     }
 
     /// The router's answer for `candidates` (called by the pool under its lock: no await, no
-    /// other lock than the balancer's), the decision counted by the backend chosen.
+    /// other lock than the balancer's).
     pub fn choose(&mut self, candidates: &[Candidate<'_>]) -> Choice {
         let (choice, matches) = self.balancer.plan(&self.prompt, candidates, self.session.as_deref());
         self.matches = matches;
-        let backend = choice.backend().and_then(|b| self.names.get(b)).map_or("", String::as_str);
-        self.metrics.route_decisions.with_label_values(&[&self.model, backend, choice.reason.label()]).inc();
+        self.choice = Some(choice);
         choice
+    }
+
+    /// Counts the decision under the backend at `position`, which the request was granted:
+    /// the last decision's reason when it named that backend, else `rebound` (the pool bound
+    /// it elsewhere: its preference ran out, or no backend was named and the first free one
+    /// took it).
+    pub fn granted(&self, position: usize) {
+        let backend = self.names.get(position).map_or("", String::as_str);
+        let reason = match self.choice {
+            Some(choice) if choice.backend() == Some(position) => choice.reason.label(),
+            Some(_) => "rebound",
+            None => return,
+        };
+        self.metrics.route_decisions.with_label_values(&[&self.model, backend, reason]).inc();
     }
 
     /// What the answer of the backend at `position` (which the request waited `queue_wait`
