@@ -9,9 +9,11 @@ use crate::common::*;
 use mlxgate::sim::{self, Behaviour, SimConfig, SimHandle, Style};
 use serde_json::{Value, json};
 
-/// A simulator in mlx_lm.server's style keeping its prompt cache of 10 sequences.
+/// A simulator in mlx_lm.server's style keeping its prompt cache of 10 sequences, prefilling
+/// an uncached token in half a millisecond (so that what a cache saves shows in the time to
+/// first token, which the balancer learns its rates from).
 async fn caching_sim() -> SimHandle {
-    let defaults = Behaviour { style: Some(Style::MlxLm), ..Default::default() };
+    let defaults = Behaviour { style: Some(Style::MlxLm), prefill_ms_per_token: Some(0.5), ..Default::default() };
     sim::spawn(SimConfig { defaults, prompt_cache_size: Some(10), ..Default::default() }).await.expect("sim starts")
 }
 
@@ -117,4 +119,43 @@ async fn cache_aware_prefills_less_than_round_robin_on_the_same_conversations() 
         cache_aware * 3 < round_robin * 2,
         "cache_aware prefilled {cache_aware} tokens, round_robin {round_robin}: less than two thirds expected"
     );
+}
+
+#[tokio::test]
+async fn two_gateways_that_have_not_seen_a_conversation_send_it_to_the_same_backend() {
+    let (a, b) = (caching_sim().await, caching_sim().await);
+    let yaml = yaml(&a.url(), &b.url(), "cache_aware");
+    // Per conversation, two gateways that share no state and know of no other conversation
+    // (even load): each turn goes through the other gateway than the one before, so each
+    // gateway meets the conversation cold and places it by the rendezvous of its opening —
+    // the same backend for both, where its prefix then stays cached.
+    let system = format!("You are a coding agent. {}", words(60, 1));
+    let mut placed = Vec::new();
+    for c in 0..5 {
+        let gateways = [gateway(&yaml).await, gateway(&yaml).await];
+        let mut history =
+            vec![json!({"role": "system", "content": system}), json!({"role": "user", "content": words(40, 20 + c)})];
+        let mut served = Vec::new();
+        for turn in 0..4 {
+            let gw = &gateways[turn % 2];
+            let body = json!({"model": "qwen", "stream": false, "max_tokens": 4, "messages": history, "sim": {"tokens": 4}});
+            let before = sim_stats(&a).await["total"].as_u64();
+            let r = post(gw, "/v1/chat/completions", &body).await;
+            assert_eq!(r.status(), 200);
+            let answer: Value = r.json().await.expect("json");
+            served.push(if sim_stats(&a).await["total"].as_u64() != before { "a" } else { "b" });
+            if turn > 0 {
+                let prompt = answer["usage"]["prompt_tokens"].as_u64().expect("prompt");
+                let cached = answer["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap_or(0);
+                assert!(prompt - cached <= 40, "conversation {c} turn {turn}: only the new turn prefilled ({cached} of {prompt} cached): {served:?}");
+            }
+            let text = answer["choices"][0]["message"]["content"].as_str().expect("content").to_string();
+            history.push(json!({"role": "assistant", "content": text}));
+            history.push(json!({"role": "user", "content": words(30, 100 * turn + c)}));
+        }
+        assert!(served.windows(2).all(|w| w[0] == w[1]), "conversation {c} stayed on one backend: {served:?}");
+        placed.push(served[0]);
+    }
+    // The rendezvous spreads conversations: not all five on one backend.
+    assert!(placed.contains(&"a") && placed.contains(&"b"), "{placed:?}");
 }
