@@ -14,6 +14,7 @@ mod agents;
 mod architecture;
 mod auth;
 mod balance;
+mod balance_real;
 mod bench_balance;
 mod bench_cli;
 mod cached_tokens;
