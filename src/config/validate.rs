@@ -259,6 +259,10 @@ fn validate_balance(raw: Option<RawBalance>, path: &str, problems: &mut Vec<Prob
     BalanceConfig { policy: raw.policy.unwrap_or_default(), session_header }
 }
 
+/// The most backends one model may have (a request remembers the backends it tried in one
+/// 64-bit set).
+pub const MAX_BACKENDS_PER_MODEL: usize = 64;
+
 /// A model's backends: `backend: a` or `backends: [a, b]` (exactly one of the two), at least
 /// one, each configured, none twice. The names are kept in the file's order, the unknown ones
 /// too (the problem is recorded, so no `Config` is made of them).
@@ -283,6 +287,14 @@ fn model_backends(
     };
     if names.is_empty() {
         push_at(problems, path, "backends", "must name at least one backend");
+    }
+    if names.len() > MAX_BACKENDS_PER_MODEL {
+        push_at(
+            problems,
+            path,
+            "backends",
+            format!("names {} backends: at most {MAX_BACKENDS_PER_MODEL} serve one model", names.len()),
+        );
     }
     for (i, name) in names.iter().enumerate() {
         let at = if key == "backend" { key.to_string() } else { format!("{key}[{i}]") };

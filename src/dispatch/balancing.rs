@@ -110,7 +110,9 @@ impl Plan {
             prompt_tokens: measured.prompt_tokens,
             cached_tokens: measured.cached_tokens,
             completion_tokens: measured.completion_tokens,
-            ttft_after_queue: ttft.map(|t| t.saturating_sub(queue_wait)),
+            // A whole answer's "first token" is its end (prefill and the whole decode): only a
+            // stream's first token times the prefill.
+            ttft_after_queue: ttft.filter(|_| measured.streaming).map(|t| t.saturating_sub(queue_wait)),
             decode_tokens_per_s: measured.decode_tokens_per_second,
         };
         let feedback = self.balancer.observe_answer(position, &self.prompt, predicted, &observed);
@@ -124,5 +126,40 @@ impl Plan {
             m.route_prediction_error_tokens.with_label_values(&labels).observe(error as f64);
         }
         self.metrics.route_index_sequences.with_label_values(&labels).set(feedback.sequences as i64);
+    }
+}
+
+/// Found by review (issue 21). A whole (non-streamed) answer's "first token" is its end
+/// (`Figures::of_whole`), so its time is prefill + the whole decode: the balancer learns a
+/// prefill rate many times too slow from every non-streamed answer.
+#[cfg(test)]
+mod reviewed {
+    use std::time::Instant;
+
+    use super::*;
+    use crate::balance::BackendSpec;
+
+    #[test]
+    fn a_whole_answers_time_teaches_no_prefill_rate() {
+        let spec = |name: &str| BackendSpec { name: name.to_string(), cache_sequences: 10 };
+        let balancer = Arc::new(Balancer::new(Policy::CacheAware, &[spec("a"), spec("b")]));
+        let names: Arc<[String]> = vec!["a".to_string(), "b".to_string()].into();
+        let body = br#"{"messages":[{"role":"user","content":"hello"}]}"#;
+        let plan = Plan::new(Arc::clone(&balancer), "m", names, body, None, &Metrics::new());
+        let prior = balancer.rates()[0].prefill_per_s();
+        // 4000 uncached prompt tokens, 1000 generated: a whole answer read after 60 s, of which
+        // the prefill took 4 s (1000 tokens/s) and the decode 56 s.
+        let measured = Measured {
+            first_token: Some(Instant::now()),
+            streaming: false,
+            prompt_tokens: Some(4000),
+            cached_tokens: Some(0),
+            completion_tokens: Some(1000),
+            generates: true,
+            ..Measured::default()
+        };
+        (plan.feedback(0, Duration::ZERO))(&measured, Some(Duration::from_secs(60)));
+        let learnt = balancer.rates()[0].prefill_per_s();
+        assert!(learnt >= prior, "learnt {learnt:.0} tokens/s from a whole answer's end (prior {prior:.0})");
     }
 }

@@ -255,7 +255,7 @@ async fn attempt(
         held(backend, outbound, permit, (busy_retries, elsewhere), metrics, cutoff).await
     };
     match answered {
-        Ok((answer, permit)) if answer.head.status.is_server_error() => Attempted::ServerError(answer, permit),
+        Ok((answer, permit)) if fails_over(answer.head.status) => Attempted::ServerError(answer, permit),
         Ok((answer, permit)) => Attempted::Answered(answer, permit),
         Err(failed) => Attempted::Failed(failed),
     }
@@ -394,4 +394,13 @@ mod tests {
         assert_eq!(busy_retries(ended(1500, false)), 0, "long after: a real failure");
         assert_eq!(busy_retries(None), 0, "no previous request");
     }
+}
+
+/// A server's answer before any byte reached the client that another backend of the model may
+/// serve better, and that counts against the backend's health: 502, 503 and 504 (the server, or
+/// a proxy in front of it, is unavailable or overloaded). Other 5xx — a 500 a request itself
+/// provokes (a chat template that cannot render it, a model name a server does not take) —
+/// go to the client as they are: sent to every backend, one bad request would eject them all.
+fn fails_over(status: axum::http::StatusCode) -> bool {
+    matches!(status.as_u16(), 502..=504)
 }

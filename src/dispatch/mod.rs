@@ -93,8 +93,17 @@ impl Dispatch {
         // The remote backends of models of several: their health is watched (a single-backend
         // model's backend is never taken out: there is nowhere else to go; a managed one is
         // watched and restarted by its supervisor).
-        let shared: HashSet<&String> =
-            config.models.values().filter(|m| m.backends.len() > 1).flat_map(|m| &m.backends).collect();
+        // A backend that also serves a model of one backend is never taken out either: that
+        // model would have nowhere to go (and its requests would take the half-open trials).
+        let alone: HashSet<&String> =
+            config.models.values().filter(|m| m.backends.len() == 1).flat_map(|m| &m.backends).collect();
+        let shared: HashSet<&String> = config
+            .models
+            .values()
+            .filter(|m| m.backends.len() > 1)
+            .flat_map(|m| &m.backends)
+            .filter(|b| !alone.contains(b))
+            .collect();
         let mut probes = Vec::new();
         for name in shared {
             let (Some(queue), Some(backend), Some(upstream)) =

@@ -391,7 +391,10 @@ impl<G> Core<G> {
                 retry_after,
             });
         }
-        let prefer = prefer.map(|(position, wait)| (position, now + wait));
+        // A preference never outlasts half of what is left of the request's wait: after it, the
+        // request may still take any backend's slot before its max_wait runs out.
+        let patience_cap = model.max_wait.min(limit) / 2;
+        let prefer = prefer.map(|(position, wait)| (position, now + wait.min(patience_cap)));
         let waiter = Waiter { id, since: now, grant: make(), prefer, excluded };
         match model.clients.iter_mut().find(|(c, _)| *c == client) {
             Some((_, fifo)) => fifo.push_back(waiter),
@@ -706,6 +709,11 @@ impl<G> Core<G> {
     pub fn eject(&mut self, b: usize, eject_for: Duration, by_probe: bool, now: Instant) -> Change {
         let backend = &mut self.backends[b];
         let until = now + eject_for;
+        // An outage the probes keep seeing is one ejection: extended, not counted again.
+        if by_probe && backend.ejected_by_probe && matches!(backend.health, Health::Ejected { .. }) {
+            backend.health = Health::Ejected { until };
+            return Change::None;
+        }
         backend.health = Health::Ejected { until };
         backend.ejected_by_probe = by_probe;
         backend.ejections += 1;
@@ -732,6 +740,11 @@ impl<G> Core<G> {
     pub fn waiting_for(&self, b: usize, now: Instant) -> (usize, Option<Instant>) {
         let mut count = 0;
         let mut oldest: Option<Instant> = None;
+        // A drained backend takes nothing: nobody waits for it (the scheduler must not start
+        // it, or swap the GPU to it).
+        if self.backends[b].drained {
+            return (0, None);
+        }
         for &m in &self.backends[b].models {
             let model = &self.models[m];
             let Some(position) = model.backends.iter().position(|&x| x == b) else { continue };

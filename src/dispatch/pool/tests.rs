@@ -432,3 +432,39 @@ proptest! {
         run(&caps, &serves, &ops);
     }
 }
+
+/// Found by review (issue 21): one outage is one ejection; a drained backend is nobody's wait.
+mod reviewed {
+    use super::*;
+
+    fn plain(core: &mut Core<u64>, m: usize, c: u8, now: Instant) -> Arrival {
+        let ask = Ask { client: client(c), limit: Duration::MAX, excluded: 0, router: None };
+        core.arrive(m, ask, now, || 0).unwrap_or_else(|e| panic!("refused: {e}"))
+    }
+
+    /// A probe that keeps failing re-ejects every interval: one outage counts as many ejections
+    /// (mlxgate_backend_ejections_total climbs every probe interval while a Mac is off).
+    #[test]
+    fn one_outage_is_one_ejection() {
+        let now = Instant::now();
+        let mut core: Core<u64> = Core::default();
+        let a = core.add_backend("a", 1, true, now);
+        for i in 0..6 {
+            core.eject(a, Duration::from_secs(10), true, now + Duration::from_secs(10 * i));
+        }
+        assert_eq!(core.backends[a].ejections, 1, "the probe never passed in between: one outage");
+    }
+
+    /// A drained, stopped managed backend with waiters is counted for the scheduler, which
+    /// starts it (or swaps the GPU to it, stopping another model's server) though it takes nothing.
+    #[test]
+    fn a_drained_backend_is_not_counted_for_the_scheduler() {
+        let now = Instant::now();
+        let mut core: Core<u64> = Core::default();
+        let a = core.add_backend("a", 1, false, now);
+        let solo = core.add_model("solo", 8, Duration::from_secs(600), &[a]);
+        core.set_drained(a, true);
+        assert!(matches!(plain(&mut core, solo, 1, now), Arrival::Queued { .. }));
+        assert_eq!(core.waiting_for(a, now).0, 0, "the scheduler would start a drained backend");
+    }
+}

@@ -292,3 +292,32 @@ mod several {
         assert_eq!(a.view().waiting, 1, "nobody else takes requests: a is needed");
     }
 }
+
+/// Found by review (issue 21). A preference longer than what is left of max_wait (the
+/// `session` policy's is an hour; cache_aware's is cost(best free) − prefill, minutes for a long
+/// prompt) ends in a 503 queue timeout while another backend was free the whole time.
+mod reviewed {
+    use super::super::*;
+    use crate::dispatch::route::{Candidate, Choice, Reason};
+
+    #[tokio::test]
+    async fn a_preference_beyond_max_wait_does_not_time_out_while_another_backend_is_free() {
+        let pool = Pool::new(Metrics::new(), Arc::new(Notify::new()));
+        let a = pool.add_backend("a", 1, true);
+        let b = pool.add_backend("b", 1, true);
+        let slot = pool.add_model("m", 8, Duration::from_millis(50), &[&a, &b]);
+        let held = slot.acquire(ClientId("x".into())).await.expect("slot");
+        assert_eq!(held.position(), 0);
+        let mut prefer_a = |_: &[Candidate<'_>]| Choice {
+            now: None,
+            prefer: Some((0, Duration::from_secs(3600))),
+            reason: Reason::Session,
+        };
+        let ask = Ask { client: ClientId("y".into()), limit: Duration::MAX, excluded: 0, router: Some(&mut prefer_a) };
+        let got = slot.acquire_with(ask).await.expect("a slot, not a queue timeout");
+        assert_eq!(got.position(), 1, "b was free all along");
+        assert_eq!(b.view().in_flight, 1);
+        drop(got);
+        drop(held);
+    }
+}
