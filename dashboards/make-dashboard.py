@@ -293,6 +293,53 @@ timeseries(
     bars=True)
 
 
+# ---- Row 5: several backends behind one model ----------------------------------------------
+row("Balancing: several backends behind one model", 66)
+timeseries(
+    "Routing decisions by backend and reason",
+    "Requests of models with several backends, by the backend that got them and why: "
+    "cache_hit (its cached prefix made it cheapest), cold (a new conversation, placed by "
+    "load and a rendezvous hash every gateway agrees on), least_loaded, round_robin, session, "
+    "only_choice (the others drained, ejected or already tried), none_usable (the request "
+    "waited for any), rebound (it got another backend than the one named: its wait for the "
+    "preferred one ran out, or a failover). An agent's turns should be mostly cache_hit; mostly cold on long "
+    "conversations means their prefixes keep being evicted (raise the servers' prompt cache "
+    "or add memory).",
+    grid(0, 67, 8),
+    [(f"sum by (backend, reason) (rate(mlxgate_route_decisions_total{{{M}, {B}}}[{RI}]))", "{{backend}} {{reason}}")],
+    unit="reqps")
+timeseries(
+    "Cached prompt tokens: predicted vs reported",
+    "Per backend, the prompt tokens the balancer expected the server to hold for the requests "
+    "it sent there, against what the server reported it reused (usage.prompt_tokens_details."
+    "cached_tokens). Close lines: the index is right and routing by cache works. Predicted far "
+    "above reported: the server keeps fewer prompts than prompt_cache_sequences says (set it), "
+    "or it restarted. The error panel shows how far off single answers are.",
+    grid(8, 67, 8),
+    [(f"sum by (backend) (rate(mlxgate_route_predicted_cached_tokens_total{{{M}, {B}}}[{RI}]))", "predicted {{backend}}"),
+     (f"sum by (backend) (rate(mlxgate_route_reported_cached_tokens_total{{{M}, {B}}}[{RI}]))", "reported {{backend}}")],
+    unit="short")
+timeseries(
+    "Prediction error p90 and prompts held",
+    "Per backend: the 90th percentile of |predicted - reported| cached tokens per answer "
+    "(falls as the index corrects itself from each answer), and how many prompts the balancer "
+    "believes the server's cache holds (0 after a restart: its cache is gone).",
+    grid(16, 67, 8),
+    [(quantile(0.9, "mlxgate_route_prediction_error_tokens", "backend", f"{M}, {B}"), "error p90 {{backend}}"),
+     (f"max by (backend) (mlxgate_route_index_sequences{{{M}, {B}}})", "held {{backend}}")],
+    unit="short")
+timeseries(
+    "Backend health and ejections",
+    "Backends of models with several: 1 on the state each is in (healthy, ejected: failed "
+    "requests or probes in a row took it out, half_open: its one trial request), and each "
+    "ejection as a bar. An ejected backend's requests go to the others; it is tried again "
+    "after eject_for. Repeated ejections: look at that Mac (its server's log, its network).",
+    grid(0, 75, 12),
+    [(f"max by (backend, state) (mlxgate_backend_health{{{B}}})", "{{backend}} {{state}}"),
+     (f"sum by (backend) (increase(mlxgate_backend_ejections_total{{{B}}}[{EI}]))", "ejected {{backend}}")],
+    unit="short")
+
+
 def variable(name, label, query):
     return {"name": name, "label": label, "type": "query", "datasource": DS,
             "query": {"query": query, "refId": f"{name}-values"}, "definition": query,

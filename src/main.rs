@@ -1,6 +1,7 @@
 //! The `mlxgate` command: `serve` runs the gateway, `check` validates a gateway.yaml, `reload`
-//! makes a running gateway put its file's keys and limits in force, `bench` measures what users
-//! see of a model's server (directly or through mlxgate).
+//! makes a running gateway put its file's keys and limits in force, `drain` takes a backend out
+//! of service (and back), `bench` measures what users see of a model's server (directly or
+//! through mlxgate).
 #![forbid(unsafe_code)]
 
 use std::path::PathBuf;
@@ -59,6 +60,26 @@ enum Command {
         #[arg(long)]
         pid: Option<u32>,
     },
+    /// Drain a backend of the running gateway for maintenance: it takes no new request (its
+    /// models' other backends serve them) while its running requests finish; `--undrain` takes
+    /// it back. Prints the backend as `/admin/backends` shows it.
+    Drain {
+        /// The backend's name in gateway.yaml.
+        backend: String,
+        /// Take the backend back instead.
+        #[arg(long)]
+        undrain: bool,
+        /// The gateway's configuration file: its `listen` finds the gateway.
+        #[arg(long, short, default_value = "gateway.yaml", env = "MLXGATE_CONFIG")]
+        config: PathBuf,
+        /// The gateway's base URL (http://host:port), instead of the file's `listen`.
+        #[arg(long)]
+        url: Option<String>,
+        /// The admin key, when the gateway has one (`admin_key_sha256`); without it, the call
+        /// is made from this machine, which a gateway with no admin key admits.
+        #[arg(long, env = "MLXGATE_ADMIN_KEY", hide_env_values = true)]
+        admin_key: Option<String>,
+    },
     /// Measure a model's server as its users see it: wall tokens/s, time to first token, decode
     /// tokens/s and the batching speedup, medians over repeats, for each prompt size.
     ///
@@ -115,6 +136,9 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Command::Reload { config, pid } => reload(config, pid),
+        Command::Drain { backend, undrain, config, url, admin_key } => {
+            drain(&backend, !undrain, &config, url, admin_key.as_deref())
+        }
         Command::Bench(options) => mlxgate::bench::main(*options),
         Command::Probe(options) => mlxgate::probe::main(options),
         Command::Serve { config, no_access_log } => {
@@ -197,6 +221,46 @@ fn reload(config: Option<PathBuf>, pid: Option<u32>) -> ExitCode {
         }
         Err(why) => {
             eprintln!("mlxgate reload: not reloaded: {why}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// `mlxgate drain`: finds the gateway (`--url`, else the file's `listen`), makes the admin
+/// call, prints the backend's entry. 0 when done, 1 with the reason.
+fn drain(backend: &str, drained: bool, config: &std::path::Path, url: Option<String>, key: Option<&str>) -> ExitCode {
+    let base = match url {
+        Some(url) => Ok(url),
+        None => match mlxgate::reload::check_file_elsewhere(config) {
+            Ok((c, _)) => mlxgate::control::gateway_url(c.listen),
+            Err(problems) => Err(format!(
+                "{}: invalid configuration, so the gateway's address is unknown (give --url)\n{}",
+                config.display(),
+                problems.join("\n")
+            )),
+        },
+    };
+    let done = base.and_then(|base| {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| format!("cannot start the async runtime: {e}"))?;
+        runtime.block_on(mlxgate::control::drain(&base, key, backend, drained))
+    });
+    match done {
+        Ok(entry) => {
+            let in_flight = entry["in_flight"].as_u64().unwrap_or(0);
+            if drained {
+                println!("backend {backend} drained: it takes no new request; {in_flight} running finish there");
+            } else {
+                println!("backend {backend} undrained: it takes requests again");
+            }
+            println!("{}", serde_json::to_string_pretty(&entry).unwrap_or_default());
+            ExitCode::SUCCESS
+        }
+        Err(why) => {
+            let verb = if drained { "drain" } else { "undrain" };
+            eprintln!("mlxgate drain: {backend} not {verb}ed: {why}");
             ExitCode::FAILURE
         }
     }

@@ -47,8 +47,26 @@ pub struct Declared {
     pub backend_restarts: IntCounterVec,
     /// Times the scheduler stopped one GPU backend to start another.
     pub backend_swaps: IntCounter,
+    /// A backend's health, one-hot (healthy, ejected, half_open), for backends of models of
+    /// several backends (the only ones ever ejected).
+    pub backend_health: IntGaugeVec,
+    /// Ejections of a backend (failed requests or probes in a row, or a failed trial).
+    pub backend_ejections: IntCounterVec,
     /// Spawn-to-ready time of a managed backend (warm-up included).
     pub backend_start_seconds: HistogramVec,
+    /// Requests of models of several backends, by model, the backend granted and the reason
+    /// (`cache_hit`, `cold`, `least_loaded`, `round_robin`, `session`, `only_choice`,
+    /// `none_usable`, `rebound`: granted another backend than the one named).
+    pub route_decisions: IntCounterVec,
+    /// Cached prompt tokens the balancer predicted for the backend that served the request.
+    pub route_predicted_cached_tokens: IntCounterVec,
+    /// Cached prompt tokens that backend reported for the same requests (answers without a
+    /// report are not counted in either).
+    pub route_reported_cached_tokens: IntCounterVec,
+    /// |predicted − reported| cached tokens, per answer with a report.
+    pub route_prediction_error_tokens: HistogramVec,
+    /// Prompts the balancer believes a backend's cache holds.
+    pub route_index_sequences: IntGaugeVec,
     /// Arrival to the first frame carrying output; `streaming="false"`: to the whole answer.
     pub time_to_first_token: HistogramVec,
     /// Mean time between tokens of one stream (spread-out streams with known tokens only).
@@ -156,6 +174,22 @@ impl Metrics {
         let backend_swaps =
             IntCounter::new("mlxgate_backend_swaps_total", "GPU backend swaps (one stopped for another to start).")
                 .expect("static metric definition");
+        let backend_health = IntGaugeVec::new(
+            Opts::new(
+                "mlxgate_backend_health",
+                "A backend's health, for backends of models of several: 1 for the state it is in (healthy, ejected, half_open).",
+            ),
+            &["backend", "state"],
+        )
+        .expect("static metric definition");
+        let backend_ejections = IntCounterVec::new(
+            Opts::new(
+                "mlxgate_backend_ejections_total",
+                "Times a backend was taken out of its models' choice (failed requests or probes in a row, or a failed trial).",
+            ),
+            &["backend"],
+        )
+        .expect("static metric definition");
         let backend_start_seconds = HistogramVec::new(
             HistogramOpts::new("mlxgate_backend_start_seconds", "Time from spawn to ready, warm-up included.")
                 .buckets(vec![0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0]),
@@ -163,6 +197,32 @@ impl Metrics {
         )
         .expect("static metric definition");
         let mb = ["model", "backend"];
+        let route_decisions = counter(
+            "mlxgate_route_decisions_total",
+            "Requests of models of several backends, by the backend that got them and why (rebound: not the one the balancer named).",
+            &["model", "backend", "reason"],
+        );
+        let route_predicted_cached_tokens = counter(
+            "mlxgate_route_predicted_cached_tokens_total",
+            "Cached prompt tokens the balancer predicted for the backend that served the request (answers with a report).",
+            &mb,
+        );
+        let route_reported_cached_tokens = counter(
+            "mlxgate_route_reported_cached_tokens_total",
+            "Cached prompt tokens the serving backend reported, for the answers counted in the predicted total.",
+            &mb,
+        );
+        let route_prediction_error_tokens = histogram(
+            "mlxgate_route_prediction_error_tokens",
+            "Per answer: |predicted - reported| cached prompt tokens.",
+            &[0.0, 16.0, 64.0, 256.0, 1024.0, 4096.0, 16384.0, 65536.0],
+            &mb,
+        );
+        let route_index_sequences = IntGaugeVec::new(
+            Opts::new("mlxgate_route_index_sequences", "Prompts the balancer believes a backend's prompt cache holds."),
+            &mb,
+        )
+        .expect("static metric definition");
         let time_to_first_token = histogram(
             "mlxgate_time_to_first_token_seconds",
             "Arrival to the first frame with generated output (streaming=\"false\": to the whole answer).",
@@ -251,7 +311,14 @@ impl Metrics {
             Box::new(backend_state.clone()),
             Box::new(backend_restarts.clone()),
             Box::new(backend_swaps.clone()),
+            Box::new(backend_health.clone()),
+            Box::new(backend_ejections.clone()),
             Box::new(backend_start_seconds.clone()),
+            Box::new(route_decisions.clone()),
+            Box::new(route_predicted_cached_tokens.clone()),
+            Box::new(route_reported_cached_tokens.clone()),
+            Box::new(route_prediction_error_tokens.clone()),
+            Box::new(route_index_sequences.clone()),
             Box::new(time_to_first_token.clone()),
             Box::new(inter_token_latency.clone()),
             Box::new(tokens_per_second.clone()),
@@ -283,7 +350,14 @@ impl Metrics {
             backend_state,
             backend_restarts,
             backend_swaps,
+            backend_health,
+            backend_ejections,
             backend_start_seconds,
+            route_decisions,
+            route_predicted_cached_tokens,
+            route_reported_cached_tokens,
+            route_prediction_error_tokens,
+            route_index_sequences,
             time_to_first_token,
             inter_token_latency,
             tokens_per_second,

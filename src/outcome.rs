@@ -129,6 +129,11 @@ pub struct Measured {
     pub used: Usage,
 }
 
+/// Told what the answer of a request showed, once, when its record is finished with one (the
+/// balancer of a model of several backends learns from it); the `Duration` is the time from
+/// the request's arrival to its first token, when there was one.
+pub type AnswerHook = Box<dyn FnOnce(&Measured, Option<Duration>) + Send + Sync>;
+
 /// The one record of a request. Labels hold configured names only: before a request is routed
 /// (bad JSON, unknown model, unknown path) model and backend are empty, never the client's text;
 /// before its key identified a client (and with auth off) the client is `anonymous`.
@@ -165,6 +170,8 @@ pub struct RequestRecord {
     access: AccessLine,
     /// Counted in `mlxgate_requests_total` (an API request, as opposed to an operator one).
     metered: bool,
+    /// Told the answer's figures when the record is finished with one.
+    on_answer: Option<AnswerHook>,
 }
 
 impl RequestRecord {
@@ -197,6 +204,7 @@ impl RequestRecord {
             prompt_estimate: None,
             access,
             metered,
+            on_answer: None,
         }
     }
 
@@ -283,6 +291,19 @@ impl RequestRecord {
         self.backend = backend.to_string();
     }
 
+    /// Names the backend that answered, when the model has several (the one routed to until
+    /// then is its first).
+    pub fn served_by(&mut self, backend: &str) {
+        if self.backend != backend {
+            self.backend = backend.to_string();
+        }
+    }
+
+    /// Sets who is told the answer's figures when the record is finished with one.
+    pub fn on_answer(&mut self, hook: AnswerHook) {
+        self.on_answer = Some(hook);
+    }
+
     /// Notes that the client asked for `model` by an alias, `asked` (logged as `alias=`).
     pub fn aliased(&mut self, asked: &str) {
         self.alias = Some(asked.to_string());
@@ -318,6 +339,7 @@ impl RequestRecord {
             prompt_estimate: self.prompt_estimate,
             access: std::mem::replace(&mut self.access, AccessLine::none()),
             metered: self.metered,
+            on_answer: self.on_answer.take(),
         };
         self.finished = true;
         taken
@@ -335,6 +357,9 @@ impl RequestRecord {
     /// its map pieces used (a prompt count not told is the prompt's estimate: the up-front
     /// charge, or a reduce's own). The record is spent.
     pub fn finish_answered(mut self, outcome: Outcome, measured: &Measured) {
+        if let Some(hook) = self.on_answer.take() {
+            hook(measured, measured.first_token.map(|first| first.duration_since(self.arrived)));
+        }
         let used = measured.used;
         if let Some(mut admission) = self.admission.take() {
             admission.leave();

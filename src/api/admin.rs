@@ -1,6 +1,6 @@
 //! Operator endpoints: `/health` (the gateway lives), `/ready` (which models' backends answer),
-//! `/metrics` (Prometheus text) and `/admin/backends…` (state, logs and restart of each backend),
-//! the last behind [`require_admin`].
+//! `/metrics` (Prometheus text) and `/admin/backends…` (state, logs, restart, drain and undrain
+//! of each backend), the last behind [`require_admin`].
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -18,6 +18,7 @@ use serde_json::json;
 
 use super::AppState;
 use crate::backend::supervisor::{Command, Phase, Supervisor};
+use crate::config::BackendConfig;
 use crate::error::GatewayError;
 
 /// How long `/ready` waits for each backend.
@@ -60,16 +61,25 @@ pub async fn ready(State(state): State<Arc<AppState>>) -> impl IntoResponse {
             (name.clone(), json!({"url": url, "state": phase, "ready": r.is_ok(), "error": r.as_ref().err()}))
         })
         .collect();
+    let answers = |name: &String| results.get(name).is_some_and(|(r, _)| r.is_ok());
     let models: serde_json::Map<String, serde_json::Value> = state
         .config
         .models
         .values()
         .map(|m| {
-            let ready = results.get(&m.backend).is_some_and(|(r, _)| r.is_ok());
-            (m.name.clone(), json!({"backend": m.backend, "ready": ready}))
+            // A model is served while any of its backends answers.
+            let ready = m.backends.iter().any(answers);
+            let entry = match m.backends.as_slice() {
+                [one] => json!({"backend": one, "ready": ready}),
+                several => json!({"backends": several, "ready": ready}),
+            };
+            (m.name.clone(), entry)
         })
         .collect();
-    let all_ready = results.values().all(|(r, _)| r.is_ok());
+    // Every model servable, and every backend no model uses answering (as before several
+    // backends per model: one Mac down does not make a model of two unready).
+    let used = |name: &String| state.config.models.values().any(|m| m.backends.contains(name));
+    let all_ready = models.values().all(|m| m["ready"] == true) && results.keys().filter(|n| !used(n)).all(answers);
     let status = if all_ready { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
     (status, Json(json!({"ready": all_ready, "models": models, "backends": backends})))
 }
@@ -107,44 +117,90 @@ pub async fn require_metrics_access(State(state): State<Arc<AppState>>, request:
     require_admin(State(state), request, next).await
 }
 
-/// GET `/admin/backends`: every backend's kind, state, process, queue and the normalisations
-/// its profile has in force (one line each: `key: what the gateway does`).
+/// GET `/admin/backends`: every backend's kind, state, process, queue, drain and health, and the
+/// normalisations its profile has in force (one line each: `key: what the gateway does`); and
+/// every model's backends and balancing policy.
 pub async fn backends(State(state): State<Arc<AppState>>) -> Json<serde_json::Value> {
-    let list: Vec<serde_json::Value> = state
+    let list: Vec<serde_json::Value> = state.config.backends.values().map(|b| backend_entry(&state, b)).collect();
+    let models: serde_json::Map<String, serde_json::Value> = state
         .config
-        .backends
+        .models
         .values()
-        .map(|b| {
-            let queue = state.dispatch.queues.get(&b.name).map(|q| q.view());
-            let mut entry = json!({
-                "name": b.name,
-                "kind": b.kind.name(),
-                "url": b.url,
-                "managed": b.managed.is_some(),
-                "max_concurrency": b.max_concurrency,
-                "in_flight": queue.map(|q| q.in_flight),
-                // Of in_flight, the slots held for answers their clients abandoned (hold_abandoned).
-                "abandoned": queue.map(|q| q.abandoned),
-                "queue": queue.map(|q| q.waiting),
-                "normalise": b.normalise.active(),
-            });
-            match (state.dispatch.supervisors.get(&b.name), &b.managed) {
-                (Some(supervisor), Some(managed)) => {
-                    let status = supervisor.status();
-                    entry["state"] = json!(status.phase);
-                    entry["pid"] = json!(status.pid);
-                    entry["uptime_seconds"] = json!(status.ready_since.map(|t| t.elapsed().as_secs()));
-                    entry["restarts"] = json!(status.restarts);
-                    entry["last_error"] = json!(status.last_error);
-                    entry["model"] = json!(managed.model);
-                    entry["gpu"] = json!(managed.gpu);
-                }
-                _ => entry["state"] = json!("remote"),
-            }
-            entry
+        .map(|m| {
+            let balance = &m.balance;
+            let session_header = balance.session_header.as_ref().map(|h| h.as_str());
+            let entry =
+                json!({"backends": m.backends, "policy": balance.policy.label(), "session_header": session_header});
+            (m.name.clone(), entry)
         })
         .collect();
-    Json(json!({"backends": list}))
+    Json(json!({"backends": list, "models": models}))
+}
+
+/// One backend as `/admin/backends` lists it (and the drain calls answer it).
+fn backend_entry(state: &AppState, b: &BackendConfig) -> serde_json::Value {
+    let queue = state.dispatch.queues.get(&b.name).map(|q| q.view());
+    let mut entry = json!({
+        "name": b.name,
+        "kind": b.kind.name(),
+        "url": b.url,
+        "managed": b.managed.is_some(),
+        "max_concurrency": b.max_concurrency,
+        "in_flight": queue.map(|q| q.in_flight),
+        // Of in_flight, the slots held for answers their clients abandoned (hold_abandoned).
+        "abandoned": queue.map(|q| q.abandoned),
+        "queue": queue.map(|q| q.waiting),
+        // Drained (admin): no new requests; the running ones finish.
+        "drained": state.dispatch.drained(&b.name),
+        // healthy, ejected (failed probes or requests; resting) or half_open (one request tries it).
+        "health": state.dispatch.health_label(&b.name),
+        "prompt_cache_sequences": b.prompt_cache_sequences,
+        "normalise": b.normalise.active(),
+    });
+    match (state.dispatch.supervisors.get(&b.name), &b.managed) {
+        (Some(supervisor), Some(managed)) => {
+            let status = supervisor.status();
+            entry["state"] = json!(status.phase);
+            entry["pid"] = json!(status.pid);
+            entry["uptime_seconds"] = json!(status.ready_since.map(|t| t.elapsed().as_secs()));
+            entry["restarts"] = json!(status.restarts);
+            entry["last_error"] = json!(status.last_error);
+            entry["model"] = json!(managed.model);
+            entry["gpu"] = json!(managed.gpu);
+        }
+        _ => entry["state"] = json!("remote"),
+    }
+    entry
+}
+
+/// POST `/admin/backends/{name}/drain`: the backend takes no new request (its models' other
+/// backends serve them; a model with no other waits, as behind a stopped backend); running
+/// requests finish. Answers the backend's entry as `/admin/backends` shows it.
+pub async fn drain(
+    State(state): State<Arc<AppState>>,
+    name: Result<Path<String>, PathRejection>,
+) -> Result<Json<serde_json::Value>, GatewayError> {
+    set_drained(&state, name, true)
+}
+
+/// POST `/admin/backends/{name}/undrain`: the backend takes requests again.
+pub async fn undrain(
+    State(state): State<Arc<AppState>>,
+    name: Result<Path<String>, PathRejection>,
+) -> Result<Json<serde_json::Value>, GatewayError> {
+    set_drained(&state, name, false)
+}
+
+fn set_drained(
+    state: &AppState,
+    name: Result<Path<String>, PathRejection>,
+    drained: bool,
+) -> Result<Json<serde_json::Value>, GatewayError> {
+    let Path(name) = name.map_err(bad_path)?;
+    let backend = state.config.backends.get(&name).ok_or_else(|| GatewayError::UnknownBackend(name.clone()))?;
+    state.dispatch.drain(&name, drained)?;
+    tracing::info!(backend = %name, drained, "drain set through the admin API");
+    Ok(Json(backend_entry(state, backend)))
 }
 
 /// Query of `/admin/backends/{name}/logs`.

@@ -17,21 +17,27 @@ use super::AppState;
 use super::body::{MAX_ERROR_BODY, MAX_WHOLE_ANSWER, read_whole};
 use super::fields::RawBody;
 use super::normalise::stream_normalise;
-use super::outgoing::{Outgoing, prepare};
+use super::outgoing::{Outgoing, prepare, prepare_for, same_request};
 use crate::backend::handle::Answer;
 use crate::backend::upstream::strip_hop_by_hop;
-use crate::dispatch::call::{Held, Prepared};
+use crate::config::BackendConfig;
+use crate::dispatch::balancing::Plan;
+use crate::dispatch::call::{Encode, Held, Prepared};
 use crate::dispatch::queue::{ClientId, Permit};
+use crate::dispatch::route::Candidate;
+use crate::dispatch::route::Router;
 use crate::dispatch::{self, Route};
 use crate::error::{ErrorBody, GatewayError, backend_error_body};
-use crate::outcome::{Outcome, RequestRecord};
+use crate::outcome::{AnswerHook, Outcome, RequestRecord};
 use crate::stream::figures::{StreamFigures, Whole, figures_of_whole};
 use crate::stream::finish::{StreamNormalise, stop_to_length};
 use crate::stream::meter::{RequestInfo, StreamMeter};
 use crate::stream::shutdown::Cutoff;
 
-/// call: the request prepared for `route`'s backend ([`prepare`]), then dispatch's call
-/// (acquire → send → first bytes, retried as its rules say), its answer held for wrapping.
+/// call: the request prepared for `route`'s backend ([`prepare`]; for a model of several
+/// backends, built again for another backend when it differs and the call is given it), then
+/// dispatch's call (acquire → send → first bytes, retried as its rules say), its answer held
+/// for wrapping.
 pub(crate) async fn call(
     state: &AppState,
     route: &Route,
@@ -40,20 +46,47 @@ pub(crate) async fn call(
     mut fields: RawBody,
     transform: Option<String>,
     sent: &std::sync::atomic::AtomicBool,
+    session: Option<String>,
 ) -> Result<Answered, GatewayError> {
+    // A model of several backends keeps the client's fields, to build another backend's request.
+    let pristine = (route.backends.len() > 1).then(|| fields.clone());
     let mut outgoing = prepare(parts, &mut fields, route)?;
     outgoing.transform = transform;
     drop(fields);
-    let prepared = Prepared { route, client, outbound: &outgoing.outbound, sent };
-    let Held { permit, answer, queue_wait } = dispatch::call::call(prepared, &state.metrics, &state.cutoff).await?;
-    let normalise = stream_normalise(&route.backend.config, &outgoing);
+    let other = |position: usize| {
+        if same_request(route, position) {
+            return None;
+        }
+        let mut fields = pristine.clone()?;
+        Some(prepare_for(parts, &mut fields, route, position).map(|o| o.outbound))
+    };
+    let encode: Option<Encode<'_>> = if pristine.is_some() { Some(&other) } else { None };
+    // A model of several backends: its balancer plans the request (the prompt read once).
+    let mut plan = route.balancer.as_ref().map(|(balancer, names)| {
+        let (balancer, names) = (Arc::clone(balancer), Arc::clone(names));
+        Plan::new(balancer, &route.model.name, names, &outgoing.outbound.body, session, &state.metrics)
+    });
+    let mut choose = plan.as_mut().map(|plan| move |candidates: &[Candidate<'_>]| plan.choose(candidates));
+    let router: Option<Router<'_>> = choose.as_mut().map(|f| f as Router<'_>);
+    let prepared = Prepared { route, client, outbound: &outgoing.outbound, encode, router, sent };
+    let held = dispatch::call::call(prepared, &state.metrics, &state.cutoff).await?;
+    drop(choose);
+    let backend = route.backends.get(held.position()).unwrap_or(&route.backend);
+    let feedback = plan.map(|plan| {
+        plan.granted(held.position());
+        plan.feedback(held.position(), held.queue_wait)
+    });
+    let Held { permit, answer, queue_wait } = held;
+    let normalise = stream_normalise(&backend.config, &outgoing);
     Ok(Answered {
         answer,
         permit,
         outgoing: Box::new(outgoing),
         queue_wait,
-        idle_timeout: route.backend.config.stream_idle_timeout,
+        idle_timeout: backend.config.stream_idle_timeout,
         normalise,
+        backend: Arc::clone(&backend.config),
+        feedback,
     })
 }
 
@@ -67,6 +100,10 @@ pub(crate) struct Answered {
     queue_wait: Duration,
     idle_timeout: Duration,
     normalise: StreamNormalise,
+    /// The backend that answered.
+    backend: Arc<BackendConfig>,
+    /// What its answer teaches the model's balancer (a model of several backends).
+    feedback: Option<AnswerHook>,
 }
 
 impl Answered {
@@ -74,9 +111,13 @@ impl Answered {
     /// (which records the outcome at their end); whole answers and the backend's own errors
     /// are read here first.
     pub(crate) async fn into_response(self, record: RequestRecord, cutoff: Arc<Cutoff>) -> Response {
-        let Answered { answer, permit, outgoing, queue_wait, idle_timeout, normalise } = self;
+        let Answered { answer, permit, outgoing, queue_wait, idle_timeout, normalise, backend, feedback } = self;
         let Answer { mut head, body, first, sent_at } = answer;
         let mut record = record;
+        record.served_by(&backend.name);
+        if let Some(feedback) = feedback {
+            record.on_answer(feedback);
+        }
         record.queued(queue_wait);
         strip_hop_by_hop(&mut head.headers);
         // Whatever the backend spoke (mlx_lm.server: HTTP/1.0), the client gets HTTP/1.1.

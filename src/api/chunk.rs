@@ -23,10 +23,10 @@ use super::answer;
 use super::body::{MAX_WHOLE_ANSWER, read_whole};
 use super::fields::{RawBody, estimated_prompt_tokens};
 use super::fit::{Chunked, EmbedPlan, raw};
-use super::outgoing::prepare;
+use super::outgoing::{prepare, prepare_for, same_request};
 use crate::backend::handle::Answer;
 use crate::dispatch::Route;
-use crate::dispatch::call::{self, Held, Prepared};
+use crate::dispatch::call::{self, Encode, Held, Prepared};
 use crate::dispatch::queue::ClientId;
 use crate::error::{ErrorBody, GatewayError, backend_error_body, with_request_id};
 use crate::outcome::{Outcome, RequestRecord};
@@ -198,7 +198,7 @@ async fn run_streamed(state: Arc<AppState>, job: StreamedJob, mut record: Reques
         let reduce_estimate = estimated_prompt_tokens(&fields);
         // The reduce's prefill can take minutes too: the comments go on until its first byte.
         let sent = record.sent_flag();
-        let reduce = answer::call(&state, route, &client, &parts, fields, None, &sent);
+        let reduce = answer::call(&state, route, &client, &parts, fields, None, &sent, None);
         tokio::pin!(reduce);
         loop {
             tokio::select! {
@@ -382,7 +382,16 @@ async fn whole_answer(
             piece.finish(outcome);
         }
     };
+    let pristine = (route.backends.len() > 1).then(|| body.clone());
     let outgoing = prepare(parts, body, route)?;
+    let other = |position: usize| {
+        if same_request(route, position) {
+            return None;
+        }
+        let mut fields = pristine.clone()?;
+        Some(prepare_for(parts, &mut fields, route, position).map(|o| o.outbound))
+    };
+    let encode: Option<Encode<'_>> = if pristine.is_some() { Some(&other) } else { None };
     // Sent: the piece's own record (the client's request is sent only with its reduce: one
     // that ends during the map is charged its pieces' usage alone), or, for the one request
     // of chunked embeddings, the client's request itself.
@@ -391,7 +400,7 @@ async fn whole_answer(
     // failing the whole request after the parts before it did their work.
     let deadline = Instant::now() + route.model.max_wait;
     let Held { permit, answer, .. } = loop {
-        let prepared = Prepared { route, client, outbound: &outgoing.outbound, sent: &sent };
+        let prepared = Prepared { route, client, outbound: &outgoing.outbound, encode, router: None, sent: &sent };
         match call::call(prepared, &state.metrics, &state.cutoff).await {
             Ok(held) => break held,
             Err(GatewayError::QueueFull { .. }) if Instant::now() < deadline => {

@@ -31,3 +31,36 @@ pub(crate) fn estimated_prompt_tokens(fields: &RawBody) -> u64 {
         .map(|raw| Estimate.text_tokens(raw.get()) as u64)
         .sum()
 }
+
+/// The session key a request's body carries, for a model balanced by session: OpenAI's
+/// `prompt_cache_key` (Codex sends its session id there), else `user`, else Anthropic's
+/// `metadata.user_id`; strings only, at most [`MAX_SESSION_KEY`] bytes (a longer one is cut).
+pub(crate) fn session_key(fields: &RawBody) -> Option<String> {
+    let string = |raw: &RawValue| serde_json::from_str::<String>(raw.get()).ok().filter(|s| !s.is_empty());
+    let metadata_user = || {
+        let raw = fields.get("metadata")?;
+        let metadata: IndexMap<String, Box<RawValue>> = serde_json::from_str(raw.get()).ok()?;
+        metadata.get("user_id").and_then(|raw| string(raw))
+    };
+    let key = fields
+        .get("prompt_cache_key")
+        .and_then(|raw| string(raw))
+        .or_else(|| fields.get("user").and_then(|raw| string(raw)))
+        .or_else(metadata_user)?;
+    Some(cut_to(key, MAX_SESSION_KEY))
+}
+
+/// Longest session key kept, in bytes.
+pub(crate) const MAX_SESSION_KEY: usize = 512;
+
+/// `text` cut to at most `max` bytes, on a character boundary.
+pub(crate) fn cut_to(mut text: String, max: usize) -> String {
+    if text.len() > max {
+        let mut end = max;
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        text.truncate(end);
+    }
+    text
+}

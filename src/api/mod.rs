@@ -137,8 +137,10 @@ fn declare_client_series(metrics: &Metrics, config: &Config, limiter: &Limiter) 
     for client in names {
         // 503s and backend failures per model: the first burst is an increase the alerts see.
         for model in config.models.values() {
-            for outcome in ["server_overloaded", "backend_error"] {
-                metrics.requests.with_label_values(&[&model.name, &model.backend, client, outcome]);
+            for (backend, outcome) in
+                model.backends.iter().flat_map(|b| [(b, "server_overloaded"), (b, "backend_error")])
+            {
+                metrics.requests.with_label_values(&[&model.name, backend, client, outcome]);
             }
         }
         let limits = limiter.limits_of(client);
@@ -178,6 +180,8 @@ pub fn app(state: Arc<AppState>) -> Router {
         .route("/admin/backends", get(admin::backends))
         .route("/admin/backends/{name}/logs", get(admin::logs))
         .route("/admin/backends/{name}/restart", post(admin::restart))
+        .route("/admin/backends/{name}/drain", post(admin::drain))
+        .route("/admin/backends/{name}/undrain", post(admin::undrain))
         .route_layer(middleware::from_fn_with_state(Arc::clone(&state), admin::require_admin));
     Router::new()
         .route("/v1/chat/completions", post(openai::proxy))

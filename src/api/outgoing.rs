@@ -30,13 +30,24 @@ pub(crate) struct Rewritten {
     pub(crate) client_wants_usage: bool,
 }
 
-/// The request for `route`'s backend: [`rewrite`], then [`encode`].
+/// The request for `route`'s first backend: [`rewrite`], then [`encode`].
 pub(crate) fn prepare(
     parts: &axum::http::request::Parts,
     fields: &mut RawBody,
     route: &Route,
 ) -> Result<Outgoing, GatewayError> {
-    let Rewritten { generates, client_wants_usage } = rewrite(parts.uri.path(), fields, route)?;
+    prepare_for(parts, fields, route, 0)
+}
+
+/// The request for `route`'s backend at `position` (in the model's list): [`rewrite`], then
+/// [`encode`].
+pub(crate) fn prepare_for(
+    parts: &axum::http::request::Parts,
+    fields: &mut RawBody,
+    route: &Route,
+    position: usize,
+) -> Result<Outgoing, GatewayError> {
+    let Rewritten { generates, client_wants_usage } = rewrite(parts.uri.path(), fields, route, position)?;
     let outbound = encode(parts, fields)?;
     Ok(Outgoing {
         outbound,
@@ -47,10 +58,24 @@ pub(crate) fn prepare(
     })
 }
 
-/// Rewrites `model`, and on generation endpoints (`path`) asks for usage and an explicit
-/// `max_tokens`.
-pub(crate) fn rewrite(path: &str, fields: &mut RawBody, route: &Route) -> Result<Rewritten, GatewayError> {
-    let upstream_model = serde_json::value::to_raw_value(&route.model.upstream_model)
+/// Whether the backend at `position` takes the request built for the model's first backend as
+/// it is: the same upstream model name and the same `stream_options` rule.
+pub(crate) fn same_request(route: &Route, position: usize) -> bool {
+    let (Some(first), Some(other)) = (route.backends.first(), route.backends.get(position)) else { return true };
+    route.model.upstream_model_for(&first.config) == route.model.upstream_model_for(&other.config)
+        && first.config.normalise.stream_options == other.config.normalise.stream_options
+}
+
+/// Rewrites `model` for the backend at `position` of `route`, and on generation endpoints
+/// (`path`) asks for usage and an explicit `max_tokens`.
+pub(crate) fn rewrite(
+    path: &str,
+    fields: &mut RawBody,
+    route: &Route,
+    position: usize,
+) -> Result<Rewritten, GatewayError> {
+    let backend = route.backends.get(position).unwrap_or(&route.backend);
+    let upstream_model = serde_json::value::to_raw_value(route.model.upstream_model_for(&backend.config))
         .map_err(|e| GatewayError::invalid(format!("cannot encode the model name: {e}"), Some("model")))?;
     fields.insert("model".to_string(), upstream_model);
     let generates = matches!(path, "/v1/chat/completions" | "/v1/completions");
@@ -58,8 +83,8 @@ pub(crate) fn rewrite(path: &str, fields: &mut RawBody, route: &Route) -> Result
     if generates {
         let streaming = fields.get("stream").is_some_and(|v| v.get() == "true");
         if streaming {
-            client_wants_usage = ask_for_usage(fields, route.backend.config.normalise.stream_options)?;
-        } else if !route.backend.config.normalise.stream_options {
+            client_wants_usage = ask_for_usage(fields, backend.config.normalise.stream_options)?;
+        } else if !backend.config.normalise.stream_options {
             // Some SDKs send it on every request: a backend that refuses it gets none.
             fields.shift_remove("stream_options");
         }

@@ -20,7 +20,7 @@ use super::answer::{self, Answered};
 use super::arrival;
 use super::body::read_body;
 use super::chunk;
-use super::fields::{RawBody, estimated_prompt_tokens, requested_model};
+use super::fields::{self, RawBody, estimated_prompt_tokens, requested_model};
 use super::fit::{self, Endpoint, Fitted};
 use crate::access_log::Face;
 use crate::auth::{self, Access, Client};
@@ -155,7 +155,8 @@ async fn steps(
     };
     let sent = record.sent_flag();
     let Parsed { parts, route, fields, .. } = request;
-    let answered = answer::call(state, route, &client, &parts, fields, transform, &sent).await?;
+    let session = route.balancer.as_ref().and_then(|_| session_key(route, &parts, &fields, record));
+    let answered = answer::call(state, route, &client, &parts, fields, transform, &sent, session).await?;
     Ok(Reply::Answered { answered, prompt_tokens })
 }
 
@@ -295,4 +296,21 @@ fn client_id(parts: &axum::http::request::Parts, caller: &Client) -> ClientId {
     }
     let peer = parts.extensions.get::<ConnectInfo<SocketAddr>>().map(|c| c.0.ip().to_string());
     ClientId(format!("ip:{}", peer.unwrap_or_else(|| "unknown".into())))
+}
+
+/// The session key of a request to a balanced model: the model's `session_header` when it is
+/// set and sent, else the body's ([`fields::session_key`]), else the conversation key a face
+/// noted (Claude Code's `metadata.user_id` or session header, Codex's `prompt_cache_key`).
+fn session_key(
+    route: &crate::dispatch::Route,
+    parts: &axum::http::request::Parts,
+    fields: &RawBody,
+    record: &RequestRecord,
+) -> Option<String> {
+    let header = route.model.balance.session_header.as_ref().and_then(|name| parts.headers.get(name));
+    let header = header.and_then(|v| v.to_str().ok()).filter(|v| !v.is_empty());
+    header
+        .map(|v| fields::cut_to(v.to_string(), fields::MAX_SESSION_KEY))
+        .or_else(|| fields::session_key(fields))
+        .or_else(|| record.conversation.clone())
 }

@@ -5,6 +5,7 @@ pub mod gate;
 pub mod handle;
 pub mod keeper;
 pub mod preflight;
+pub mod probe_remote;
 pub mod process;
 pub mod supervisor;
 pub mod upstream;

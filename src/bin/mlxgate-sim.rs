@@ -38,6 +38,10 @@ struct Cli {
     /// The same script given inline, as JSON text.
     #[arg(long)]
     script_json: Option<String>,
+    /// Keep mlx_lm.server's prompt cache: an LRU of this many whole sequences (its own
+    /// `--prompt-cache-size`, default 10 there; 0 keeps nothing). Without it: the previous prompt.
+    #[arg(long)]
+    prompt_cache_size: Option<usize>,
     #[command(flatten)]
     defaults: Behaviour,
 }
@@ -83,6 +87,7 @@ async fn main() -> std::process::ExitCode {
         idle_close: cli.idle_close_ms.map(std::time::Duration::from_millis),
         refuse_stream_options: cli.refuse_stream_options,
         script,
+        prompt_cache_size: cli.prompt_cache_size,
     });
     // `run` returns only when a request's exit_after crashes the server.
     run(listener, state).await;

@@ -1,20 +1,20 @@
 //! One backend's keys: either `url` (a server that is already running) or `kind`/`command` (one
-//! mlxgate runs), its timeouts, its health probe and its `normalise:` switches, checked into one
-//! [`BackendConfig`].
+//! mlxgate runs), its timeouts, its health probe (a url backend's with its ejection rules), its
+//! `normalise:` switches and its prompt cache's size, checked into one [`BackendConfig`].
 
 use std::path::PathBuf;
 use std::time::Duration;
 
 use super::problem::{Problem, push_at};
 use super::raw::{RawBackend, RawHealth, RawNormalise};
-use super::types::{BackendConfig, HealthCheck, ManagedConfig};
+use super::types::{BackendConfig, HealthCheck, ManagedConfig, RemoteHealth};
 use super::validate::{
     DEFAULT_CONNECT_TIMEOUT, DEFAULT_DRAIN_TIMEOUT, DEFAULT_HEALTH, DEFAULT_MAX_CONCURRENCY, DEFAULT_MAX_RESTARTS,
-    DEFAULT_READY_TIMEOUT, DEFAULT_RESPONSE_TIMEOUT, DEFAULT_RESTART_WINDOW, DEFAULT_STOP_TIMEOUT,
-    DEFAULT_STREAM_IDLE_TIMEOUT, positive,
+    DEFAULT_READY_TIMEOUT, DEFAULT_REMOTE_HEALTH, DEFAULT_RESPONSE_TIMEOUT, DEFAULT_RESTART_WINDOW,
+    DEFAULT_STOP_TIMEOUT, DEFAULT_STREAM_IDLE_TIMEOUT, positive,
 };
 use crate::kinds::launch::MANAGED_HOST;
-use crate::kinds::{Kind, Normalise};
+use crate::kinds::{ASSUMED_PROMPT_CACHE_SEQUENCES, Kind, Normalise};
 
 /// Checks one backend: either `url` (a running server) or `kind`/`command` (a managed one).
 pub(super) fn validate_backend(
@@ -69,6 +69,11 @@ pub(super) fn validate_backend(
     };
     let command = managed.as_ref().map(|m| m.template.as_slice());
     let normalise = normalise_of(kind, command, b.normalise, max_concurrency, path, problems);
+    let health = managed.is_none().then(|| validate_remote_health(b.health.as_ref(), path, problems));
+    let prompt_cache_sequences = b
+        .prompt_cache_sequences
+        .or_else(|| kind.prompt_cache_sequences(command))
+        .unwrap_or(ASSUMED_PROMPT_CACHE_SEQUENCES);
     Some(BackendConfig {
         name,
         url,
@@ -82,6 +87,8 @@ pub(super) fn validate_backend(
         managed,
         context_cap,
         normalise,
+        health,
+        prompt_cache_sequences,
     })
 }
 
@@ -111,7 +118,6 @@ fn remote_url(url: &str, b: &RawBackend, path: &str, problems: &mut Vec<Problem>
         (b.restart_window.is_some(), "restart_window"),
         (ready.is_some_and(|r| r.timeout.is_some()), "ready.timeout"),
         (ready.is_some_and(|r| r.warmup.is_some()), "ready.warmup"),
-        (b.health.is_some(), "health"),
     ] {
         if set {
             push_at(
@@ -166,6 +172,19 @@ fn validate_managed(
     };
     let ready = b.ready.as_ref();
     let health = validate_health(b.health.as_ref(), path, problems);
+    let ejection = b
+        .health
+        .as_ref()
+        .map(|h| [(h.eject_for.is_some(), "eject_for"), (h.request_failures.is_some(), "request_failures")]);
+    for (_, key) in ejection.into_iter().flatten().filter(|(set, _)| *set) {
+        push_at(
+            problems,
+            path,
+            &format!("health.{key}"),
+            "only for url backends: mlxgate restarts a managed server that fails, and its model's other backends \
+             serve while it starts",
+        );
+    }
     let mut positive_at = |field: &str, d, default| positive(d, default, &format!("{path}.{field}"), problems);
     let ready_timeout = positive_at("ready.timeout", ready.and_then(|r| r.timeout), DEFAULT_READY_TIMEOUT);
     let stop_timeout = positive_at("stop_timeout", b.stop_timeout, DEFAULT_STOP_TIMEOUT);
@@ -258,7 +277,21 @@ impl Timeouts {
     }
 }
 
-/// A managed backend's `health` block, defaults filled; zero durations or failures are problems.
+/// A url backend's `health` block: the probe's keys and its ejection rules, defaults filled.
+fn validate_remote_health(raw: Option<&RawHealth>, path: &str, problems: &mut Vec<Problem>) -> RemoteHealth {
+    let probe = validate_health(raw, path, problems);
+    let Some(raw) = raw else { return DEFAULT_REMOTE_HEALTH };
+    let eject_for =
+        positive(raw.eject_for, DEFAULT_REMOTE_HEALTH.eject_for, &format!("{path}.health.eject_for"), problems);
+    let request_failures = raw.request_failures.unwrap_or(DEFAULT_REMOTE_HEALTH.request_failures);
+    if request_failures == 0 {
+        push_at(problems, path, "health.request_failures", "must be at least 1");
+    }
+    RemoteHealth { probe, eject_for, request_failures }
+}
+
+/// The probe's keys of a `health` block (a managed or a url backend's), defaults filled; zero
+/// durations or failures are problems.
 fn validate_health(raw: Option<&RawHealth>, path: &str, problems: &mut Vec<Problem>) -> HealthCheck {
     let Some(raw) = raw else { return DEFAULT_HEALTH };
     let health = HealthCheck {

@@ -32,7 +32,9 @@ pub use crate::kinds::launch::MANAGED_HOST;
 pub use aliases::Aliases;
 pub use clients::{ANONYMOUS, AuthMode, ClientConfig, KeyHash, Limits, RateLimitStore, RedisUrl};
 pub use problem::{ConfigError, Problem};
-pub use types::{BackendConfig, Config, HealthCheck, ManagedConfig, ModelConfig};
+pub use types::{
+    BackendConfig, BalanceConfig, BalancePolicy, Config, HealthCheck, ManagedConfig, ModelConfig, RemoteHealth,
+};
 
 impl Config {
     /// Reads, substitutes `${VAR}` from the process environment, and validates a file.

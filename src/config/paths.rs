@@ -4,7 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
-use super::types::Config;
+use super::types::{Config, ModelConfig};
 
 /// Makes `config`'s relative paths relative to `file`'s directory.
 pub(super) fn resolve(config: &mut Config, file: &Path) {
@@ -37,8 +37,11 @@ pub(super) fn resolve(config: &mut Config, file: &Path) {
         }
     }
     for (backend, relative, absolute) in renamed {
-        for model in config.models.values_mut().filter(|m| m.backend == backend && m.upstream_model == relative) {
-            model.upstream_model = absolute.clone();
+        // A model naming the relative path itself means the same directory.
+        let named_relative =
+            |m: &ModelConfig| m.backends.contains(&backend) && m.upstream_model == Some(relative.clone());
+        for model in config.models.values_mut().filter(|m| named_relative(m)) {
+            model.upstream_model = Some(absolute.clone());
         }
     }
 }

@@ -12,6 +12,7 @@ use serde_yaml::Value;
 
 use super::clients::{AuthMode, RawClient, RawLimits, RawSecret};
 use super::schema::StoreText;
+use super::types::BalancePolicy;
 
 use crate::kinds::Kind;
 use crate::tokens::OnOverflow;
@@ -103,8 +104,12 @@ pub(super) struct RawBackend {
     pub(super) max_restarts: Option<u32>,
     /// The window max_restarts counts crashes in (default 5m).
     pub(super) restart_window: Option<RawDuration>,
-    /// How a ready managed server is probed; a hung one is restarted.
+    /// How the server is probed: a hung managed server is restarted; a url one is ejected for a
+    /// while (probed only when its model has several backends).
     pub(super) health: Option<RawHealth>,
+    /// How many whole prompts the server keeps in its prompt cache (default: mlx-lm's 10, or its
+    /// --prompt-cache-size; unknown kinds: 10). The size of the gateway's index of what it holds.
+    pub(super) prompt_cache_sequences: Option<usize>,
     /// Requests in flight at this backend at once (default 1).
     pub(super) max_concurrency: Option<usize>,
     /// Longest wait for the TCP connection (default 5s).
@@ -159,18 +164,28 @@ pub(super) struct RawHealth {
     pub(super) interval: Option<RawDuration>,
     /// A probe slower than this fails (default 5s).
     pub(super) timeout: Option<RawDuration>,
-    /// Failed probes in a row that restart the server (default 3).
+    /// Failed probes in a row that restart a managed server, or eject a url one (default 3).
     pub(super) failures: Option<u32>,
+    /// url backends: how long an ejected backend rests before one request tries it (default 10s).
+    pub(super) eject_for: Option<RawDuration>,
+    /// url backends: requests in a row failing before their first byte that eject it (default 3).
+    pub(super) request_failures: Option<u32>,
 }
 
+/// A public model: its backend (or backends) and its request settings.
 #[derive(Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(extend("oneOf" = [{"required": ["backend"]}, {"required": ["backends"]}]))]
 pub(super) struct RawModel {
-    /// The backend this model's requests go to.
-    pub(super) backend: String,
+    /// The backend this model's requests go to (or `backends:` for several; one of the two).
+    pub(super) backend: Option<String>,
+    /// The backends that serve this model, in order (instead of `backend:`): each request goes
+    /// to one of them, chosen by `balance:`.
+    #[schemars(length(min = 1), extend("uniqueItems" = true))]
+    pub(super) backends: Option<Vec<String>>,
     /// max_tokens sent when a request gives none (default 4096).
     pub(super) default_max_tokens: Option<u32>,
-    /// The model value the backend expects (default: a managed backend's model, else this name).
+    /// The model value every backend is sent (default: per backend, a managed backend's model, else this name).
     pub(super) upstream_model: Option<String>,
     /// Requests waiting beyond those in flight; more get 503 (default 64).
     pub(super) max_queue: Option<usize>,
@@ -182,6 +197,19 @@ pub(super) struct RawModel {
     pub(super) min_room: Option<u32>,
     /// A directory with the model's tokenizer.json, when the backend's model is not local.
     pub(super) tokenizer: Option<String>,
+    /// How each request is given one of several backends.
+    pub(super) balance: Option<RawBalance>,
+}
+
+/// A model's `balance:`.
+#[derive(Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawBalance {
+    /// cache_aware (default: where the prompt is cached, by cost in seconds), least_loaded, round_robin or session.
+    pub(super) policy: Option<BalancePolicy>,
+    /// A request header holding the session key for policy session, e.g. x-claude-code-session-id
+    /// (default: the body's prompt_cache_key, else user, else metadata.user_id).
+    pub(super) session_header: Option<String>,
 }
 
 /// A duration written as `30s`, `5m`, `1h 30m`.

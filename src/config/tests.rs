@@ -2,11 +2,17 @@ use std::time::Duration;
 
 use super::raw::parse_size;
 use super::validate::DEFAULT_MAX_QUEUE;
-use super::{Config, ConfigError, HealthCheck};
+use super::{BalanceConfig, BalancePolicy, Config, ConfigError, HealthCheck, RemoteHealth};
 use crate::kinds::{Kind, launch};
 
 fn no_env(_: &str) -> Option<String> {
     None
+}
+
+/// The `model` value `model`'s first backend is sent.
+fn upstream<'a>(c: &'a Config, model: &str) -> &'a str {
+    let m = &c.models[model];
+    m.upstream_model_for(&c.backends[&m.backends[0]])
 }
 
 fn problems(text: &str) -> Vec<String> {
@@ -40,9 +46,9 @@ fn parses_the_documented_shape_with_defaults() {
     assert_eq!(c.listen.port(), 9000);
     assert_eq!(c.backends["local"].url, "http://127.0.0.1:8101");
     assert_eq!(c.backends["local"].max_concurrency, 2);
-    assert_eq!(c.models["qwen"].upstream_model, "tiny-qwen3");
+    assert_eq!(upstream(&c, "qwen"), "tiny-qwen3");
     assert_eq!(c.models["qwen"].max_wait, Duration::from_secs(120));
-    assert_eq!(c.models["other"].upstream_model, "other");
+    assert_eq!(upstream(&c, "other"), "other");
     assert_eq!(c.models["other"].max_queue, DEFAULT_MAX_QUEUE);
 }
 
@@ -91,7 +97,7 @@ models:
     assert_eq!(c.listen.port(), 8123);
     assert_eq!(c.backends["local"].url, "http://127.0.0.1:8202");
     assert_eq!(c.models["qwen"].max_queue, 7);
-    assert_eq!(c.models["qwen"].upstream_model, "a${b}");
+    assert_eq!(upstream(&c, "qwen"), "a${b}");
 }
 
 #[test]
@@ -128,7 +134,7 @@ models:
     assert!(native.warmup && native.gpu && !native.preload);
     assert_eq!(native.idle_timeout, Some(Duration::from_secs(600)));
     assert_eq!(c.backends["native"].url, "http://127.0.0.1:8101");
-    assert_eq!(c.models["qwen"].upstream_model, "/m", "a managed server knows its model by its path");
+    assert_eq!(upstream(&c, "qwen"), "/m", "a managed server knows its model by its path");
     let tool = c.backends["tool"].managed.as_ref().expect("managed");
     assert_eq!(launch::command(&tool.template, &tool.model, tool.port), ["srv", "--port", "8102"]);
     assert!(!tool.warmup && !tool.gpu);
@@ -177,7 +183,7 @@ fn omni_server_needs_a_model_and_requests_name_its_path() {
         ["mlx-omni-server", "--host", "127.0.0.1", "--port", "9101"]
     );
     assert!(omni.warmup, "the warm-up completion is what loads its model");
-    assert_eq!(c.models["q"].upstream_model, ".cache/tiny-qwen3");
+    assert_eq!(upstream(&c, "q"), ".cache/tiny-qwen3");
     let p = problems("backends:\n  omni: {kind: mlx-omni-server, port: 9101}\nmodels:\n  q: {backend: omni}\n");
     assert!(
         p.iter().any(|l| l.starts_with("backends.omni.model: this kind loads the model each request names")),
@@ -199,8 +205,8 @@ fn omni_server_relative_model_becomes_absolute_when_loaded_from_a_file() {
     let c = Config::load(&file).expect("valid");
     let absolute = std::fs::canonicalize(dir.join("models/tiny")).expect("canonical").display().to_string();
     assert_eq!(c.backends["omni"].managed.as_ref().expect("managed").model, absolute, "the warm-up names it");
-    assert_eq!(c.models["q"].upstream_model, absolute);
-    assert_eq!(c.models["named"].upstream_model, "other", "a name written in the file is kept");
+    assert_eq!(upstream(&c, "q"), absolute);
+    assert_eq!(upstream(&c, "named"), "other", "a name written in the file is kept");
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -212,7 +218,7 @@ fn a_running_server_of_a_kind_that_drops_unknown_models_is_never_sent_the_public
         &no_env,
     )
     .expect("valid");
-    assert_eq!(c.models["v"].upstream_model, "mlx-community/Qwen3-4B");
+    assert_eq!(upstream(&c, "v"), "mlx-community/Qwen3-4B");
     let p = problems(
         "backends:\n  lm: {url: 'http://127.0.0.1:9101', kind: mlx-lm}\n  \
              vlm: {url: 'http://127.0.0.1:9102', kind: mlx-vlm}\n  \
@@ -276,16 +282,22 @@ fn health_probe_defaults_and_checks() {
     .expect("valid");
     let health = c.backends["a"].managed.as_ref().expect("managed").health;
     assert_eq!(health, HealthCheck { interval: Duration::from_secs(2), timeout: Duration::from_secs(5), failures: 5 });
+    assert_eq!(c.backends["a"].health, None, "a managed server's supervisor probes it");
     let p = problems(
         "backends:\n  a: {kind: custom, command: [s], port: 9001, health: {interval: 0s, timeout: 0s, failures: 0}}\n  \
-             r: {url: 'http://x:1', health: {interval: 1s}}\n\
+             e: {kind: custom, command: [s], port: 9002, health: {eject_for: 5s, request_failures: 2}}\n  \
+             r: {url: 'http://x:1', health: {interval: 0s, eject_for: 0s, request_failures: 0}}\n\
              models:\n  m: {backend: a}\n",
     );
     for expected in [
         "backends.a.health.interval: must be longer than 0s",
         "backends.a.health.timeout: must be longer than 0s",
         "backends.a.health.failures: must be at least 1",
-        "backends.r.health: only for managed backends",
+        "backends.e.health.eject_for: only for url backends",
+        "backends.e.health.request_failures: only for url backends",
+        "backends.r.health.interval: must be longer than 0s",
+        "backends.r.health.eject_for: must be longer than 0s",
+        "backends.r.health.request_failures: must be at least 1",
     ] {
         assert!(p.iter().any(|l| l.starts_with(expected)), "{expected:?} not in {p:#?}");
     }
@@ -362,4 +374,125 @@ fn sizes_and_empty_models() {
     assert_eq!(parse_size("3 parsecs"), None);
     let p = problems("backends: {}\n");
     assert_eq!(p, vec!["models: no models configured: clients need at least one public model name"]);
+}
+
+#[test]
+fn a_model_names_one_backend_or_a_list_of_them() {
+    let c = Config::parse(
+        "backends:\n  studio: {url: 'http://10.0.0.2:8080'}\n  mini: {url: 'http://10.0.0.3:8080'}\n\
+         models:\n  both: {backends: [studio, mini]}\n  one: {backend: mini}\n  listed: {backends: [mini]}\n",
+        &no_env,
+    )
+    .expect("valid");
+    assert_eq!(c.models["both"].backends, ["studio", "mini"], "the file's order");
+    assert_eq!(c.models["one"].backends, ["mini"]);
+    assert_eq!(c.models["listed"].backends, ["mini"]);
+
+    let p = problems(
+        "backends:\n  studio: {url: 'http://10.0.0.2:8080'}\n  mini: {url: 'http://10.0.0.3:8080'}\n\
+         models:\n  twice: {backend: studio, backends: [studio, mini]}\n  neither: {max_queue: 3}\n  \
+         empty: {backends: []}\n  unknown: {backends: [studio, laptop]}\n  repeated: {backends: [mini, studio, mini]}\n",
+    );
+    for expected in [
+        "models.twice: give either backend (one) or backends (a list), not both",
+        "models.neither: needs backend: NAME, or backends: [NAME, ...] for several",
+        "models.empty.backends: must name at least one backend",
+        "models.unknown.backends[1]: no backend named \"laptop\" (backends: mini, studio)",
+        "models.repeated.backends[2]: \"mini\" is named twice",
+    ] {
+        assert!(p.iter().any(|l| l == expected), "{expected:?} not in {p:#?}");
+    }
+    assert_eq!(p.len(), 5, "{p:#?}");
+}
+
+#[test]
+fn upstream_model_is_the_files_for_every_backend_else_each_backends_own() {
+    let c = Config::parse(
+        "backends:\n  studio: {kind: mlx-lm, model: /models/qwen, port: 9101}\n  \
+         mini: {url: 'http://10.0.0.3:8080'}\n\
+         models:\n  q: {backends: [studio, mini]}\n  named: {backends: [studio, mini], upstream_model: qwen}\n",
+        &no_env,
+    )
+    .expect("valid");
+    let (studio, mini) = (&c.backends["studio"], &c.backends["mini"]);
+    assert_eq!(c.models["q"].upstream_model_for(studio), "/models/qwen", "the managed backend's own model");
+    assert_eq!(c.models["q"].upstream_model_for(mini), "q", "a custom url backend: the public name");
+    assert_eq!(c.models["named"].upstream_model_for(studio), "qwen");
+    assert_eq!(c.models["named"].upstream_model_for(mini), "qwen");
+
+    // A remote mlx-lm among the backends must be told the name: the file's upstream_model.
+    let p = problems(
+        "backends:\n  studio: {kind: mlx-lm, model: /m, port: 9101}\n  \
+         mini: {url: 'http://10.0.0.3:8080', kind: mlx-lm}\n  mini2: {url: 'http://10.0.0.4:8080', kind: mlx-lm}\n\
+         models:\n  q: {backends: [studio, mini, mini2]}\n",
+    );
+    assert_eq!(p.len(), 1, "once per kind: {p:#?}");
+    assert!(p[0].starts_with("models.q.upstream_model: mlx-lm drops its model"), "{p:#?}");
+}
+
+#[test]
+fn a_url_backend_has_health_rules_with_defaults() {
+    let c = Config::parse(
+        "backends:\n  plain: {url: 'http://10.0.0.2:8080'}\n  \
+         tuned: {url: 'http://10.0.0.3:8080', health: {interval: 2s, eject_for: 30s, request_failures: 1}}\n\
+         models:\n  m: {backends: [plain, tuned]}\n",
+        &no_env,
+    )
+    .expect("valid");
+    let defaults = RemoteHealth {
+        probe: HealthCheck { interval: Duration::from_secs(10), timeout: Duration::from_secs(5), failures: 3 },
+        eject_for: Duration::from_secs(10),
+        request_failures: 3,
+    };
+    assert_eq!(c.backends["plain"].health, Some(defaults), "filled in whether written or not");
+    let tuned = c.backends["tuned"].health.expect("health");
+    assert_eq!((tuned.probe.interval, tuned.probe.timeout), (Duration::from_secs(2), Duration::from_secs(5)));
+    assert_eq!((tuned.eject_for, tuned.request_failures), (Duration::from_secs(30), 1));
+}
+
+#[test]
+fn the_prompt_cache_size_is_the_files_else_the_servers() {
+    let c = Config::parse(
+        "backends:\n  lm: {url: 'http://10.0.0.2:8080', kind: mlx-lm}\n  \
+         small: {kind: mlx-lm, model: /m, port: 9101, command: [mlx_lm.server, --model, '{model}', --port, '{port}', \
+         --prompt-cache-size, '4']}\n  \
+         other: {url: 'http://10.0.0.3:8080', kind: vllm-mlx}\n  \
+         written: {url: 'http://10.0.0.4:8080', kind: mlx-lm, prompt_cache_sequences: 0}\n\
+         models:\n  m: {backends: [lm, small, other, written], upstream_model: qwen}\n",
+        &no_env,
+    )
+    .expect("valid");
+    let sequences = |b: &str| c.backends[b].prompt_cache_sequences;
+    assert_eq!(sequences("lm"), 10, "mlx_lm.server's default");
+    assert_eq!(sequences("small"), 4, "its launch command's --prompt-cache-size");
+    assert_eq!(sequences("other"), crate::kinds::ASSUMED_PROMPT_CACHE_SEQUENCES, "unknown: assumed");
+    assert_eq!(sequences("written"), 0, "the file's, even none");
+}
+
+#[test]
+fn balance_has_a_policy_and_a_session_header() {
+    let c = Config::parse(
+        "backends:\n  a: {url: 'http://10.0.0.2:8080'}\n  b: {url: 'http://10.0.0.3:8080'}\n\
+         models:\n  plain: {backends: [a, b]}\n  \
+         sessions: {backends: [a, b], balance: {policy: session, session_header: X-Claude-Code-Session-Id}}\n  \
+         rr: {backends: [a, b], balance: {policy: round_robin}}\n",
+        &no_env,
+    )
+    .expect("valid");
+    assert_eq!(c.models["plain"].balance, BalanceConfig::default());
+    assert_eq!(c.models["plain"].balance.policy, BalancePolicy::CacheAware, "the default");
+    let sessions = &c.models["sessions"].balance;
+    assert_eq!(sessions.policy, BalancePolicy::Session);
+    assert_eq!(sessions.session_header.as_ref().map(|h| h.as_str()), Some("x-claude-code-session-id"));
+    assert_eq!(c.models["rr"].balance.policy.label(), "round_robin");
+
+    let p = problems(
+        "backends:\n  a: {url: 'http://10.0.0.2:8080'}\n\
+         models:\n  m: {backend: a, balance: {policy: fastest}}\n  \
+         h: {backend: a, balance: {session_header: 'bad header'}}\n  k: {backend: a, balance: {polcy: session}}\n",
+    );
+    assert!(p.iter().any(|l| l.starts_with("models.m.balance.policy: unknown variant `fastest`")), "{p:#?}");
+    assert!(p.iter().any(|l| l == "models.h.balance.session_header: \"bad header\" is not a header name"), "{p:#?}");
+    assert!(p.iter().any(|l| l.starts_with("models.k.balance.polcy: unknown field")), "{p:#?}");
+    assert_eq!(p.len(), 3, "{p:#?}");
 }

@@ -6,6 +6,10 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use http::HeaderName;
+use schemars::JsonSchema;
+use serde::Deserialize;
+
 use super::aliases::Aliases;
 use super::clients::{AuthMode, ClientConfig, KeyHash, Limits, RateLimitStore};
 use crate::kinds::{Kind, Normalise};
@@ -82,6 +86,30 @@ pub struct BackendConfig {
     /// What the gateway does about this kind of server's quirks (the kind's defaults, then the
     /// file's `normalise:` switches).
     pub normalise: Normalise,
+    /// A running (`url:`) server's probe and ejection rules, defaults filled in (`None` for a
+    /// managed one: its supervisor probes and restarts it). The probe runs only when one of
+    /// the backend's models has more than one backend, so a single-backend model behaves as
+    /// before.
+    pub health: Option<RemoteHealth>,
+    /// How many whole prompts the server keeps in its prompt cache (the file's
+    /// `prompt_cache_sequences`, else a managed server's launch flag or its kind's default, else
+    /// [`crate::kinds::ASSUMED_PROMPT_CACHE_SEQUENCES`]): the size of the balancer's index of
+    /// what it holds. 0: it keeps none.
+    pub prompt_cache_sequences: usize,
+}
+
+/// A running server's health rules: its ready path probed every `probe.interval` (`probe.
+/// failures` failed probes in a row eject it), `request_failures` failed requests in a row
+/// eject it too; an ejected backend rests `eject_for`, then one request tries it (half-open):
+/// a success takes it back, a failure ejects it again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RemoteHealth {
+    pub probe: HealthCheck,
+    /// How long an ejected backend rests before its half-open trial.
+    pub eject_for: Duration,
+    /// Requests in a row that fail before their first byte (refused, reset, 5xx, connect
+    /// timeout) that eject the backend.
+    pub request_failures: u32,
 }
 
 /// A backend whose process mlxgate starts, watches, restarts and stops.
@@ -134,9 +162,12 @@ pub struct HealthCheck {
 #[derive(Debug, Clone)]
 pub struct ModelConfig {
     pub name: String,
-    pub backend: String,
-    /// The `model` value the backend expects.
-    pub upstream_model: String,
+    /// The backends that serve it, in the file's order: `backends: [studio, mini]`, or the one
+    /// of `backend: studio`. Never empty, each configured, none twice (validation guarantees it).
+    pub backends: Vec<String>,
+    /// The `model` value every backend is sent, when the file writes `upstream_model:`; else
+    /// each backend has its own ([`ModelConfig::upstream_model_for`]).
+    pub upstream_model: Option<String>,
     /// Requests waiting beyond those in flight; more get 503.
     pub max_queue: usize,
     /// Longest time a request waits for a slot; then 503.
@@ -152,6 +183,61 @@ pub struct ModelConfig {
     /// A directory with the model's `tokenizer.json` (and chat template), when the backend's
     /// model is not a local directory or a Hugging Face id in the local cache.
     pub tokenizer: Option<PathBuf>,
+    /// How a request is given one of `backends` (`balance:`; no effect with one backend).
+    pub balance: BalanceConfig,
+}
+
+/// A model's `balance:`: which policy picks a backend for each request, and where the session
+/// policy finds its key.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct BalanceConfig {
+    pub policy: BalancePolicy,
+    /// A request header whose value is the session key (`x-claude-code-session-id`); without
+    /// it (or when a request lacks it) the key is the body's `prompt_cache_key`, else `user`,
+    /// else `metadata.user_id`.
+    pub session_header: Option<HeaderName>,
+}
+
+/// How a backend is chosen for a request among a model's usable backends. Plain data: the
+/// dispatch maps it onto the balancer's own policy.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum BalancePolicy {
+    /// The least cost in seconds: the prompt tokens a backend would prefill (less the prefix it
+    /// is believed to hold) at its measured rate, plus its expected wait.
+    #[default]
+    CacheAware,
+    /// The backend with the most free slots, then the fewest requests in flight.
+    LeastLoaded,
+    /// Each usable backend in turn.
+    RoundRobin,
+    /// A rendezvous hash of the request's session key: one session, one backend.
+    Session,
+}
+
+impl BalancePolicy {
+    /// The name written in the file (`cache_aware`), for logs and `/admin/backends`.
+    pub fn label(self) -> &'static str {
+        match self {
+            BalancePolicy::CacheAware => "cache_aware",
+            BalancePolicy::LeastLoaded => "least_loaded",
+            BalancePolicy::RoundRobin => "round_robin",
+            BalancePolicy::Session => "session",
+        }
+    }
+}
+
+impl ModelConfig {
+    /// The `model` value `backend` expects for this model: the file's `upstream_model:` when
+    /// written (it applies to every backend), else a managed backend's own model (the path or
+    /// id it loaded), else the public name.
+    pub fn upstream_model_for<'a>(&'a self, backend: &'a BackendConfig) -> &'a str {
+        match (&self.upstream_model, &backend.managed) {
+            (Some(written), _) => written,
+            (None, Some(managed)) => &managed.model,
+            (None, None) => &self.name,
+        }
+    }
 }
 
 impl Config {

@@ -7,12 +7,14 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use http::HeaderName;
+
 use super::aliases::Aliases;
 use super::backend_keys::validate_backend;
 use super::clients;
-use super::problem::{Problem, typed};
-use super::raw::{RawBackend, RawConfig, RawDuration, RawModel};
-use super::types::{BackendConfig, Config, HealthCheck, ModelConfig};
+use super::problem::{Problem, push_at, typed};
+use super::raw::{RawBackend, RawBalance, RawConfig, RawDuration, RawModel};
+use super::types::{BackendConfig, BalanceConfig, Config, HealthCheck, ModelConfig, RemoteHealth};
 use crate::kinds::UpstreamModel;
 
 pub(super) const DEFAULT_LISTEN: &str = "127.0.0.1:8000";
@@ -44,6 +46,10 @@ pub(super) const DEFAULT_MAX_RESTARTS: u32 = 5;
 pub(super) const DEFAULT_RESTART_WINDOW: Duration = Duration::from_secs(300);
 pub(super) const DEFAULT_HEALTH: HealthCheck =
     HealthCheck { interval: Duration::from_secs(10), timeout: Duration::from_secs(5), failures: 3 };
+/// A url backend's: the managed probe's keys, a rest of 10s once ejected (a Mac that rebooted
+/// or lost Wi-Fi is back within a few trials), 3 failed requests in a row.
+pub(super) const DEFAULT_REMOTE_HEALTH: RemoteHealth =
+    RemoteHealth { probe: DEFAULT_HEALTH, eject_for: Duration::from_secs(10), request_failures: 3 };
 
 pub(super) fn validate(raw: RawConfig, problems: &mut Vec<Problem>) -> Option<Config> {
     let listen_text = raw.listen.unwrap_or_else(|| DEFAULT_LISTEN.to_string());
@@ -193,21 +199,12 @@ fn validate_model(
     problems: &mut Vec<Problem>,
 ) -> ModelConfig {
     let gpu_backends = backends.values().filter(|b| b.managed.as_ref().is_some_and(|m| m.gpu)).count();
-    if !backends.contains_key(&m.backend) {
-        let known: Vec<&str> = backends.keys().map(String::as_str).collect();
-        problems.push(Problem {
-            path: format!("{path}.backend"),
-            reason: format!(
-                "no backend named {:?} (backends: {})",
-                m.backend,
-                if known.is_empty() { "none".to_string() } else { known.join(", ") }
-            ),
-        });
-    }
+    let names = model_backends(path, m.backend, m.backends, backends, problems);
+    let served_by: Vec<&BackendConfig> = names.iter().filter_map(|n| backends.get(n)).collect();
     let max_wait = positive(m.max_wait, DEFAULT_MAX_WAIT, &format!("{path}.max_wait"), problems);
     let max_queue = m.max_queue.unwrap_or(DEFAULT_MAX_QUEUE);
-    let managed = backends.get(&m.backend).and_then(|b| b.managed.as_ref());
-    if managed.is_some() && max_queue == 0 {
+    let managed = || served_by.iter().filter_map(|b| b.managed.as_ref());
+    if managed().next().is_some() && max_queue == 0 {
         problems.push(Problem {
             path: format!("{path}.max_queue"),
             reason: "must be at least 1: requests for a managed backend wait while it starts, so with no \
@@ -215,7 +212,7 @@ fn validate_model(
                 .into(),
         });
     }
-    if managed.is_some_and(|mc| mc.gpu) && gpu_backends > 1 && !max_wait.is_zero() && max_wait <= swap_after {
+    if managed().any(|mc| mc.gpu) && gpu_backends > 1 && !max_wait.is_zero() && max_wait <= swap_after {
         problems.push(Problem {
             path: format!("{path}.max_wait"),
             reason: format!(
@@ -231,45 +228,110 @@ fn validate_model(
             reason: "must be at least 1: a prompt that leaves no room for its answer is over the cap".into(),
         });
     }
-    // A managed server knows its model by the path it loaded (mlx_lm.server would try to
-    // download any other name from the Hub).
-    let backend = backends.get(&m.backend);
-    let managed_model = backend.and_then(|b| b.managed.as_ref()).map(|mc| mc.model.clone());
-    let kind = backend.map(|b| b.kind);
-    let upstream_model = match (m.upstream_model, managed_model, kind.map(|k| (k, k.upstream_model()))) {
-        (Some(upstream), _, _) => upstream,
-        (None, _, Some((kind, UpstreamModel::DirectoryName))) => {
-            problems.push(Problem {
-                path: format!("{path}.upstream_model"),
-                reason: format!(
-                    "{kind} serves each model directory under its --model-dir by the directory's name: name it"
-                ),
-            });
-            name.clone()
-        }
-        (None, Some(model), _) => model,
-        (None, None, Some((kind, UpstreamModel::AsLoaded { how }))) => {
-            problems.push(Problem {
-                path: format!("{path}.upstream_model"),
-                reason: format!(
-                    "{kind} drops its model or looks the name up on the Hub when asked for a model it does not \
-                     serve: name the model exactly as the server loaded it{how}"
-                ),
-            });
-            name.clone()
-        }
-        (None, None, _) => name.clone(),
-    };
+    if m.upstream_model.is_none() {
+        upstream_model_needed(path, &served_by, problems);
+    }
+    let balance = validate_balance(m.balance, path, problems);
     ModelConfig {
-        upstream_model,
+        upstream_model: m.upstream_model,
         name,
-        backend: m.backend,
+        backends: names,
         max_queue,
         default_max_tokens: m.default_max_tokens.unwrap_or(DEFAULT_MAX_TOKENS),
         max_wait,
         on_overflow: m.on_overflow.unwrap_or_default(),
         min_room: m.min_room.unwrap_or(DEFAULT_MIN_ROOM),
         tokenizer: m.tokenizer.map(PathBuf::from),
+        balance,
+    }
+}
+
+/// A model's `balance:`, defaults filled: `cache_aware`, the session key from the body.
+fn validate_balance(raw: Option<RawBalance>, path: &str, problems: &mut Vec<Problem>) -> BalanceConfig {
+    let Some(raw) = raw else { return BalanceConfig::default() };
+    let session_header = raw.session_header.and_then(|text| match HeaderName::from_bytes(text.trim().as_bytes()) {
+        Ok(name) => Some(name),
+        Err(_) => {
+            push_at(problems, path, "balance.session_header", format!("{text:?} is not a header name"));
+            None
+        }
+    });
+    BalanceConfig { policy: raw.policy.unwrap_or_default(), session_header }
+}
+
+/// The most backends one model may have (a request remembers the backends it tried in one
+/// 64-bit set).
+pub const MAX_BACKENDS_PER_MODEL: usize = 64;
+
+/// A model's backends: `backend: a` or `backends: [a, b]` (exactly one of the two), at least
+/// one, each configured, none twice. The names are kept in the file's order, the unknown ones
+/// too (the problem is recorded, so no `Config` is made of them).
+fn model_backends(
+    path: &str,
+    one: Option<String>,
+    several: Option<Vec<String>>,
+    backends: &BTreeMap<String, BackendConfig>,
+    problems: &mut Vec<Problem>,
+) -> Vec<String> {
+    let (names, key) = match (one, several) {
+        (Some(_), Some(several)) => {
+            push_at(problems, path, "", "give either backend (one) or backends (a list), not both");
+            (several, "backends")
+        }
+        (None, None) => {
+            push_at(problems, path, "", "needs backend: NAME, or backends: [NAME, ...] for several");
+            return Vec::new();
+        }
+        (Some(one), None) => (vec![one], "backend"),
+        (None, Some(several)) => (several, "backends"),
+    };
+    if names.is_empty() {
+        push_at(problems, path, "backends", "must name at least one backend");
+    }
+    if names.len() > MAX_BACKENDS_PER_MODEL {
+        push_at(
+            problems,
+            path,
+            "backends",
+            format!("names {} backends: at most {MAX_BACKENDS_PER_MODEL} serve one model", names.len()),
+        );
+    }
+    for (i, name) in names.iter().enumerate() {
+        let at = if key == "backend" { key.to_string() } else { format!("{key}[{i}]") };
+        if names[..i].contains(name) {
+            push_at(problems, path, &at, format!("{name:?} is named twice"));
+        } else if !backends.contains_key(name) {
+            let known: Vec<&str> = backends.keys().map(String::as_str).collect();
+            let known = if known.is_empty() { "none".to_string() } else { known.join(", ") };
+            push_at(problems, path, &at, format!("no backend named {name:?} (backends: {known})"));
+        }
+    }
+    names
+}
+
+/// A model without `upstream_model:` is sent, on each backend, that backend's managed model or
+/// its own public name; a kind that must be told the name as it loaded it is a problem (once
+/// per kind).
+fn upstream_model_needed(path: &str, served_by: &[&BackendConfig], problems: &mut Vec<Problem>) {
+    let mut told = Vec::new();
+    for backend in served_by {
+        let kind = backend.kind;
+        // A managed server knows its model by the path it loaded (mlx_lm.server would try to
+        // download any other name from the Hub).
+        let reason = match (kind.upstream_model(), &backend.managed) {
+            (UpstreamModel::DirectoryName, _) => {
+                format!("{kind} serves each model directory under its --model-dir by the directory's name: name it")
+            }
+            (UpstreamModel::AsLoaded { how }, None) => format!(
+                "{kind} drops its model or looks the name up on the Hub when asked for a model it does not serve: \
+                 name the model exactly as the server loaded it{how}"
+            ),
+            _ => continue,
+        };
+        if !told.contains(&kind) {
+            told.push(kind);
+            push_at(problems, path, "upstream_model", reason);
+        }
     }
 }
 

@@ -19,14 +19,21 @@
 //!   generating for a client that left (`hold_abandoned`), an attempt whose client leaves
 //!   before the first bytes keeps its slot until the backend has answered and its answer has
 //!   been read to its end, so the next request waits in the queue rather than, unseen, at the
-//!   backend.
+//!   backend;
+//! - **another backend** (`failover`): on a model served by several backends, an attempt that
+//!   failed before its first byte — refused, reset, timed out, or answered a 5xx — is sent to
+//!   another of them (the failed one excluded: at most once per backend), within what is left
+//!   of `max_wait`; never after the first byte (the client has seen it). The failure counts
+//!   against the backend's health, an answer for it. A model of one backend keeps the rules
+//!   above alone.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use super::Route;
-use super::queue::{ClientId, Permit, Previous};
+use super::queue::{Ask, ClientId, Permit, Previous, bit};
+use super::route::Router;
 use crate::backend::handle::{Answer, BackendHandle, Failure, Outbound, busy};
 use crate::error::GatewayError;
 use crate::metrics::Metrics;
@@ -51,12 +58,22 @@ pub const BUSY_AFTER_RELEASE: Duration = Duration::from_secs(1);
 /// milliseconds); this bounds the wait when the process lives on (no retry then).
 const REPLACEMENT_WAIT: Duration = Duration::from_secs(2);
 
+/// Builds the request for the model's backend at a position (its upstream model name, its
+/// normalisations): `None` when it takes the first backend's request as it is.
+pub type Encode<'a> = &'a (dyn Fn(usize) -> Option<Result<Outbound, GatewayError>> + Send + Sync);
+
 /// A request ready for its backend: its route, its client (for the queue's fairness), the
 /// bytes to send, and the flag set once it got a slot (it may reach a backend from then on).
 pub struct Prepared<'a> {
     pub route: &'a Route,
     pub client: &'a ClientId,
+    /// The request for the model's first backend.
     pub outbound: &'a Outbound,
+    /// The request for another backend, built once when the call is given it (`None`: every
+    /// backend takes `outbound`).
+    pub encode: Option<Encode<'a>>,
+    /// The model's router (`None`: the least loaded backend).
+    pub router: Option<Router<'a>>,
     pub sent: &'a AtomicBool,
 }
 
@@ -70,53 +87,122 @@ pub struct Held {
     pub queue_wait: Duration,
 }
 
+impl Held {
+    /// The model's backend that answered: its position in the model's list.
+    pub fn position(&self) -> usize {
+        self.permit.position()
+    }
+}
+
 /// Why an attempt failed, and whether the call may send the request again.
 #[derive(Debug)]
 enum SendFailure {
     /// Nothing reached the client and nothing the backend began survives: send again (after
     /// getting a slot again: the backend has restarted).
     Retry(GatewayError),
-    /// Give the client this error.
-    Final(GatewayError),
+    /// Give the client this error — or, on a model of several backends, send it to another
+    /// (`failover`: it failed before its first byte).
+    Final { error: GatewayError, failover: bool },
+}
+
+/// What an attempt came to, as the call decides on it.
+enum Attempted {
+    Answered(Answer, Permit),
+    /// A 5xx answer before any byte reached the client: another backend may serve it.
+    ServerError(Answer, Permit),
+    Failed(SendFailure),
 }
 
 /// acquire → send, sent again (up to [`MAX_RETRIES`]) when the managed process that had it is
-/// gone before the first byte. Returns the slot, the answer and the time spent waiting for
-/// slots. `metrics`: the queue wait and held abandoned answers are observed there; `cutoff`:
-/// the end of the shutdown grace, which ends the hold of an abandoned answer.
+/// gone before the first byte, or to another backend of the model when one failed before it.
+/// Returns the slot, the answer and the time spent waiting for slots. `metrics`: the queue wait
+/// and held abandoned answers are observed there; `cutoff`: the end of the shutdown grace,
+/// which ends the hold of an abandoned answer.
 pub async fn call(request: Prepared<'_>, metrics: &Metrics, cutoff: &Arc<Cutoff>) -> Result<Held, GatewayError> {
-    let Prepared { route, client, outbound, sent } = request;
+    let Prepared { route, client, outbound, encode, mut router, sent } = request;
     let model = &route.model.name;
+    let several = route.backends.len() > 1;
     let mut retries = 0;
+    // Backends tried and failed before their first byte (a model of several backends).
+    let mut excluded = 0u64;
+    // The requests built for other backends than the first, by position, when they differ.
+    let mut others: Vec<Option<Outbound>> = Vec::new();
     // A request's queue wait is the time it waited for slots: a retry's wait for the restarted
     // backend counts, its failed attempt at the backend does not. Recorded once, when the
     // request got at least one slot.
     let mut queue_wait = Duration::ZERO;
     let observe_wait = |waited: Duration| metrics.queue_wait.with_label_values(&[&model]).observe(waited.as_secs_f64());
+    let mut attempts = 0u32;
     let (permit, answer) = loop {
-        // A retried request waits again for the restarted backend, within what is left of its
-        // max_wait.
+        // A request sent again waits again, within what is left of its max_wait.
         let left = route.model.max_wait.saturating_sub(queue_wait).max(Duration::from_millis(1));
         let asked = Instant::now();
-        let acquired = route.slot.acquire_within(client.clone(), left).await;
+        // A reborrow for this acquire (the router's object lifetime shortened to it).
+        let this_time = router.as_mut().map(|r| &mut **r as Router<'_>);
+        let ask = Ask { client: client.clone(), limit: left, excluded, router: this_time };
+        let acquired = route.slot.acquire_with(ask).await;
         queue_wait += asked.elapsed();
         let permit = match acquired {
             Ok(permit) => permit,
             Err(e) => {
-                if retries > 0 {
+                if attempts > 0 {
                     observe_wait(queue_wait);
                 }
                 return Err(e);
             }
         };
-        sent.store(true, Ordering::SeqCst);
-        match attempt(route, outbound, permit, retries == 0, metrics, cutoff).await {
-            Ok((answer, permit)) => break (permit, answer),
-            Err(SendFailure::Retry(e)) if retries < MAX_RETRIES => {
-                retries += 1;
-                tracing::warn!(backend = %route.backend.config.name, error = %e, retries, "backend failed before the first byte and its process is gone; sending again");
+        attempts += 1;
+        let position = permit.position();
+        let backend = &route.backends[position];
+        let outbound = match outbound_for(outbound, encode, &mut others, position) {
+            Ok(outbound) => outbound,
+            Err(e) => {
+                observe_wait(queue_wait);
+                return Err(e);
             }
-            Err(SendFailure::Retry(e) | SendFailure::Final(e)) => {
+        };
+        sent.store(true, Ordering::SeqCst);
+        let may_fail_over = |excluded: u64| several && route.slot.has_other(excluded | bit(position));
+        // Another backend could take it: a failure goes there at once, not waiting to see
+        // whether a managed process is gone.
+        let elsewhere = may_fail_over(excluded);
+        let attempted = attempt(backend, outbound, permit, retries == 0, elsewhere, metrics, cutoff).await;
+        let failed = match attempted {
+            Attempted::Answered(answer, permit) => {
+                if several {
+                    route.slot.report(position, true);
+                }
+                break (permit, answer);
+            }
+            Attempted::ServerError(answer, permit) => {
+                if !several {
+                    break (permit, answer);
+                }
+                route.slot.report(position, false);
+                if !may_fail_over(excluded) {
+                    break (permit, answer);
+                }
+                let status = answer.head.status;
+                drop((answer, permit));
+                tracing::warn!(backend = %backend.config.name, %status, "backend answered an error before its first byte; sending to another backend");
+                excluded |= bit(position);
+                continue;
+            }
+            Attempted::Failed(failed) => failed,
+        };
+        if several {
+            route.slot.report(position, false);
+        }
+        match failed {
+            SendFailure::Retry(e) | SendFailure::Final { error: e, failover: true } if may_fail_over(excluded) => {
+                tracing::warn!(backend = %backend.config.name, error = %e, "backend failed before the first byte; sending to another backend");
+                excluded |= bit(position);
+            }
+            SendFailure::Retry(e) if retries < MAX_RETRIES => {
+                retries += 1;
+                tracing::warn!(backend = %backend.config.name, error = %e, retries, "backend failed before the first byte and its process is gone; sending again");
+            }
+            SendFailure::Retry(e) | SendFailure::Final { error: e, .. } => {
                 observe_wait(queue_wait);
                 return Err(e);
             }
@@ -126,35 +212,76 @@ pub async fn call(request: Prepared<'_>, metrics: &Metrics, cutoff: &Arc<Cutoff>
     Ok(Held { permit, answer, queue_wait })
 }
 
+/// The request for the backend at `position`: the first backend's, or the one `encode` builds
+/// for it (once: kept in `others`).
+fn outbound_for<'o>(
+    first: &'o Outbound,
+    encode: Option<Encode<'_>>,
+    others: &'o mut Vec<Option<Outbound>>,
+    position: usize,
+) -> Result<&'o Outbound, GatewayError> {
+    let Some(encode) = encode.filter(|_| position > 0) else { return Ok(first) };
+    if others.len() <= position {
+        others.resize_with(position + 1, || None);
+    }
+    if others[position].is_none() {
+        match encode(position) {
+            None => return Ok(first),
+            Some(built) => others[position] = Some(built?),
+        }
+    }
+    Ok(others[position].as_ref().unwrap_or(first))
+}
+
 /// One attempt at the backend, holding `permit`. For a backend that keeps generating for a
 /// client that left (`hold_abandoned`), the attempt runs as its own task: if the client goes
 /// away before the answer's first bytes (a long prefill, a whole answer being generated), the
 /// slot stays held until the backend has answered and its answer has been read to its end, so
 /// the next request waits in the queue rather than, unseen, at the backend.
 async fn attempt(
-    route: &Route,
+    backend: &BackendHandle,
     outbound: &Outbound,
     permit: Permit,
     first_attempt: bool,
+    elsewhere: bool,
+    metrics: &Metrics,
+    cutoff: &Arc<Cutoff>,
+) -> Attempted {
+    // A request sent again after a restart was its own previous request: no busy retries.
+    let busy_retries = if first_attempt { busy_retries(permit.previous()) } else { 0 };
+    let answered = if !backend.config.normalise.hold_abandoned {
+        send(backend, outbound, busy_retries, elsewhere).await.map(|answer| (answer, permit))
+    } else {
+        held(backend, outbound, permit, (busy_retries, elsewhere), metrics, cutoff).await
+    };
+    match answered {
+        Ok((answer, permit)) if fails_over(answer.head.status) => Attempted::ServerError(answer, permit),
+        Ok((answer, permit)) => Attempted::Answered(answer, permit),
+        Err(failed) => Attempted::Failed(failed),
+    }
+}
+
+/// The attempt of a `hold_abandoned` backend, as its own task (see [`attempt`]).
+async fn held(
+    backend: &BackendHandle,
+    outbound: &Outbound,
+    permit: Permit,
+    (busy_retries, elsewhere): (usize, bool),
     metrics: &Metrics,
     cutoff: &Arc<Cutoff>,
 ) -> Result<(Answer, Permit), SendFailure> {
-    // A request sent again after a restart was its own previous request: no busy retries.
-    let busy_retries = if first_attempt { busy_retries(permit.previous()) } else { 0 };
-    if !route.backend.config.normalise.hold_abandoned {
-        return send(&route.backend, outbound, busy_retries).await.map(|answer| (answer, permit));
-    }
-    let backend = route.backend.clone();
+    let backend = backend.clone();
     let copy = Outbound {
         method: outbound.method.clone(),
         path_and_query: outbound.path_and_query.clone(),
         headers: outbound.headers.clone(),
         body: outbound.body.clone(),
     };
+    let name = backend.config.name.clone();
     let (metrics, cutoff) = (metrics.clone(), Arc::clone(cutoff));
     let (mut tx, rx) = tokio::sync::oneshot::channel();
     tokio::spawn(async move {
-        let send = send(&backend, &copy, busy_retries);
+        let send = send(&backend, &copy, busy_retries, elsewhere);
         tokio::pin!(send);
         let answered = tokio::select! {
             answered = &mut send => answered,
@@ -170,7 +297,7 @@ async fn attempt(
         Err(_) => {
             // The attempt's task failed (and its slot went with it).
             let reason = "the attempt ended without an answer".to_string();
-            Err(SendFailure::Final(GatewayError::Backend { backend: route.backend.config.name.clone(), reason }))
+            Err(SendFailure::Final { error: GatewayError::Backend { backend: name, reason }, failover: false })
         }
     }
 }
@@ -187,14 +314,20 @@ pub fn busy_retries(previous: Option<Previous>) -> usize {
 }
 
 /// Sends `request`: one attempt, sent again (after a pause, at most `busy_retries` times, see
-/// [`busy_retries`]) while a serialized backend answers that it is busy.
-async fn send(backend: &BackendHandle, request: &Outbound, busy_retries: usize) -> Result<Answer, SendFailure> {
+/// [`busy_retries`]) while a serialized backend answers that it is busy. `elsewhere`: another
+/// backend of the model could take it (see [`retry_or_final`]).
+async fn send(
+    backend: &BackendHandle,
+    request: &Outbound,
+    busy_retries: usize,
+    elsewhere: bool,
+) -> Result<Answer, SendFailure> {
     let mut pauses = BUSY_PAUSES.iter().take(busy_retries);
     loop {
         let generation = backend.supervisor().map(|s| s.status().generation);
         let answer = match backend.attempt(request).await {
             Ok(answer) => answer,
-            Err(failure) => return Err(retry_or_final(backend, generation, failure).await),
+            Err(failure) => return Err(retry_or_final(backend, generation, failure, elsewhere).await),
         };
         if !backend.config.normalise.serialize || busy_retries == 0 {
             return Ok(answer);
@@ -213,18 +346,25 @@ async fn send(backend: &BackendHandle, request: &Outbound, busy_retries: usize) 
 /// Whether a failed attempt on process `generation` (`None`: a backend mlxgate does not run)
 /// may be sent again. A refused connection is safe to retry, but only once the process can
 /// have been replaced; otherwise retrying is safe only when the process that had it is gone.
-/// A timeout is never retried.
-async fn retry_or_final(backend: &BackendHandle, generation: Option<u64>, failure: Failure) -> SendFailure {
+/// A timeout is never retried. With `elsewhere` (another backend of the model could take it),
+/// every failure goes there at once.
+async fn retry_or_final(
+    backend: &BackendHandle,
+    generation: Option<u64>,
+    failure: Failure,
+    elsewhere: bool,
+) -> SendFailure {
+    // Every failure before the first byte may go to another backend of the model.
     let (refused, error) = match failure {
-        Failure::TimedOut(error) => return SendFailure::Final(error),
+        Failure::TimedOut(error) => return SendFailure::Final { error, failover: true },
         Failure::Refused(error) => (true, error),
         Failure::Broken(error) => (false, error),
     };
-    let (Some(supervisor), Some(generation)) = (backend.supervisor(), generation) else {
-        return SendFailure::Final(error);
+    let (Some(supervisor), Some(generation), false) = (backend.supervisor(), generation, elsewhere) else {
+        return SendFailure::Final { error, failover: true };
     };
     let gone = supervisor.replaced(generation, REPLACEMENT_WAIT).await;
-    if refused || gone { SendFailure::Retry(error) } else { SendFailure::Final(error) }
+    if refused || gone { SendFailure::Retry(error) } else { SendFailure::Final { error, failover: true } }
 }
 
 /// Holds `permit` for an attempt whose client left before its answer's first bytes: until the
@@ -254,4 +394,13 @@ mod tests {
         assert_eq!(busy_retries(ended(1500, false)), 0, "long after: a real failure");
         assert_eq!(busy_retries(None), 0, "no previous request");
     }
+}
+
+/// A server's answer before any byte reached the client that another backend of the model may
+/// serve better, and that counts against the backend's health: 502, 503 and 504 (the server, or
+/// a proxy in front of it, is unavailable or overloaded). Other 5xx — a 500 a request itself
+/// provokes (a chat template that cannot render it, a model name a server does not take) —
+/// go to the client as they are: sent to every backend, one bad request would eject them all.
+fn fails_over(status: axum::http::StatusCode) -> bool {
+    matches!(status.as_u16(), 502..=504)
 }

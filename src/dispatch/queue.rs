@@ -1,104 +1,85 @@
-//! Per-model bounded queues in front of each backend's slots.
+//! The pool: every backend's slots and every model's bounded queue, under one lock (the state
+//! and its rules are `pool.rs`; this is its async side: waiting, grants, permits).
 //!
 //! A backend has `max_concurrency` slots. A request takes a free slot at once when nobody is
-//! waiting; otherwise it waits in its model's queue (at most `max_queue` waiting, at most
-//! `max_wait` long, else 503). When a slot frees, it passes straight to the next waiter: round
-//! robin across the backend's models, and within a model round robin across clients, so one
-//! agent with ten queued requests cannot starve another with one.
+//! waiting for it; otherwise it waits in its model's queue (at most `max_queue` waiting, at most
+//! `max_wait` long, else 503). When a slot frees, it passes straight to the next waiter that may
+//! take it: round robin across the backend's models, and within a model round robin across
+//! clients, so one agent with ten queued requests cannot starve another with one. A model
+//! served by several backends has one queue; its waiter is bound to a backend only when one has
+//! a slot for it (late binding), or, when the router chose to wait for one backend (it holds
+//! the prompt's prefix), to that one until the preference's deadline, when it takes any.
 //!
 //! A managed backend's queue has a gate: closed while its process is stopped, starting or
-//! draining (requests wait, they do not fail), open once it is ready. A failed backend's queue
-//! refuses at once with the failure's reason.
+//! draining (requests wait, they do not fail), open once it is ready. A failed backend's
+//! requests are refused at once with the failure's reason when no other backend of their model
+//! can serve them. A drained backend (admin) takes no new request; an ejected one (health)
+//! none until its half-open trial.
 //!
 //! The slot is a [`Permit`] that releases on drop. It travels inside the response body (not
 //! tower's `ConcurrencyLimit`, which frees it at the headers while a stream lasts minutes), so a
 //! stream holds its slot until its last byte or until the client goes.
 
-use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use tokio::sync::{Notify, oneshot};
 
+use super::pool::{Arrival, Change, Core, Granted, HealthPolicy};
 use crate::backend::gate::Gate;
 use crate::error::GatewayError;
 use crate::metrics::Metrics;
+
+pub use super::pool::{Ask, MAX_BACKENDS_PER_MODEL, bit};
 
 /// Who a waiting request belongs to, for fairness: the API key if one was sent, else the peer IP.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct ClientId(pub String);
 
-/// The slots of one backend and the queues of the models it serves. Clones share them.
+/// Told when a backend of a model has a new process (its gate opened again) or came back from
+/// an ejection: whatever it had cached is gone. Gets the backend's position in the model.
+pub type Restarted = Arc<dyn Fn(usize) + Send + Sync>;
+
+/// Every backend's slots and every model's queue. Clones share them.
 #[derive(Clone)]
-pub struct BackendQueue {
+pub struct Pool {
     shared: Arc<Shared>,
 }
 
 struct Shared {
-    backend: String,
-    max_concurrency: usize,
     metrics: Metrics,
-    state: Mutex<State>,
+    state: Mutex<Core<oneshot::Sender<Permit>>>,
     /// Woken whenever a request arrives or a slot frees (the scheduler listens).
     changed: Arc<Notify>,
+    /// Who is told of a backend's restart: (backend, its position in the model, whom).
+    restarted: Mutex<Vec<(usize, usize, Restarted)>>,
 }
 
-struct State {
-    /// Slots are handed out only while open.
-    open: bool,
-    /// Set while the backend is failed: requests are refused with this reason.
-    failure: Option<String>,
-    /// The gateway is shutting down: while the gate is closed nobody waits (the backend will not
-    /// start again); an open gate goes on serving for the shutdown grace.
-    shutting_down: bool,
-    /// Last time a request arrived or a slot was freed (for idle stops).
-    last_activity: Instant,
-    /// Last time a slot was handed out or freed, or the gate opened (for stalled backends).
-    last_progress: Instant,
-    in_flight: usize,
-    /// Of `in_flight`, the slots held for answers their clients abandoned (`hold_abandoned`):
-    /// the backend is still busy with them, but nobody waits for them, so a swap or a stop does
-    /// not wait for them (stopping the server is what ends them).
-    abandoned: usize,
-    /// When a slot was last freed, and whether its answer had ended normally.
-    last_release: Option<(Instant, bool)>,
-    models: Vec<ModelQueue>,
-    /// Index of the model whose turn is next when a slot frees.
-    next_model: usize,
-    next_waiter_id: u64,
-    /// Smoothed time a request holds a slot, for `Retry-After` estimates.
-    mean_service: Duration,
+/// One backend's slots in the pool. Clones share them.
+#[derive(Clone)]
+pub struct BackendQueue {
+    shared: Arc<Shared>,
+    index: usize,
 }
 
-struct ModelQueue {
-    name: String,
-    max_queue: usize,
-    max_wait: Duration,
-    waiting: usize,
-    /// Clients with waiting requests, in turn order; each with its own FIFO.
-    clients: VecDeque<(ClientId, VecDeque<Waiter>)>,
-}
-
-struct Waiter {
-    id: u64,
-    since: Instant,
-    grant: oneshot::Sender<Permit>,
-}
-
-/// Where a model's requests queue: its backend's queue and its own index there.
+/// Where a model's requests queue: the pool and the model's index there.
 #[derive(Clone)]
 pub struct ModelSlot {
-    queue: Arc<Shared>,
+    shared: Arc<Shared>,
     index: usize,
 }
 
 /// A held slot at a backend. Dropping it frees the slot (or hands it to the next waiter).
 pub struct Permit {
     shared: Option<Arc<Shared>>,
+    backend: usize,
+    position: usize,
     granted: Instant,
     abandoned: bool,
     /// Set when the answer ended normally (not abandoned, cut or failed).
     finished: bool,
+    /// It is a half-open backend's one trial.
+    trial: bool,
     /// The backend's previous request, as it was when this slot was granted.
     previous: Option<Previous>,
 }
@@ -115,7 +96,7 @@ pub struct Previous {
 impl Drop for Permit {
     fn drop(&mut self) {
         if let Some(shared) = self.shared.take() {
-            shared.release(self.granted.elapsed(), self.abandoned, self.finished);
+            shared.release(self.backend, self.granted.elapsed(), self.abandoned, self.finished, self.trial);
         }
     }
 }
@@ -126,6 +107,11 @@ impl Permit {
     /// aborted a stream) can only be busy with that one when this is short.
     pub fn previous(&self) -> Option<Previous> {
         self.previous
+    }
+
+    /// The slot's backend: its position in the model's list of backends.
+    pub fn position(&self) -> usize {
+        self.position
     }
 
     /// Marks the answer as ended normally (its stream complete, its whole body read).
@@ -141,7 +127,7 @@ impl Permit {
         }
         self.abandoned = true;
         if let Some(shared) = &self.shared {
-            shared.lock().abandoned += 1;
+            shared.lock().backends[self.backend].abandoned += 1;
             shared.changed.notify_one();
         }
     }
@@ -150,11 +136,13 @@ impl Permit {
 /// A snapshot of a backend's queue for scheduling decisions.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct QueueView {
+    /// Requests waiting that this backend would serve: those that may take its slot and
+    /// prefer it or have no other backend of their model taking requests.
     pub waiting: usize,
     pub in_flight: usize,
     /// Of `in_flight`, the slots held for abandoned answers (see [`Permit::abandon`]).
     pub abandoned: usize,
-    /// How long the oldest waiting request has waited.
+    /// How long the oldest of `waiting` has waited.
     pub oldest_wait: Option<Duration>,
     /// Time since the last arrival or release.
     pub idle_for: Duration,
@@ -163,121 +151,156 @@ pub struct QueueView {
     pub since_progress: Duration,
 }
 
-impl BackendQueue {
-    /// A queue for `backend` with `max_concurrency` slots and no models yet; `open` says
-    /// whether slots may be handed out (a managed backend starts closed).
-    pub fn new(backend: &str, max_concurrency: usize, open: bool, metrics: Metrics, changed: Arc<Notify>) -> Self {
-        metrics.inflight.with_label_values(&[backend]).set(0);
-        BackendQueue {
+/// A backend's drain and health, for `/admin/backends`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PoolStatus {
+    pub drained: bool,
+    /// `healthy`, `ejected` or `half_open`.
+    pub health: &'static str,
+    /// Times it was ejected.
+    pub ejections: u64,
+}
+
+impl Pool {
+    /// An empty pool; `changed` is woken whenever a request arrives or a slot frees.
+    pub fn new(metrics: Metrics, changed: Arc<Notify>) -> Self {
+        Pool {
             shared: Arc::new(Shared {
-                backend: backend.to_string(),
-                max_concurrency,
                 metrics,
+                state: Mutex::new(Core::default()),
                 changed,
-                state: Mutex::new(State {
-                    open,
-                    failure: None,
-                    shutting_down: false,
-                    last_activity: Instant::now(),
-                    last_progress: Instant::now(),
-                    in_flight: 0,
-                    abandoned: 0,
-                    last_release: None,
-                    models: Vec::new(),
-                    next_model: 0,
-                    next_waiter_id: 0,
-                    mean_service: Duration::ZERO,
-                }),
+                restarted: Mutex::new(Vec::new()),
             }),
         }
     }
 
-    /// Adds a model served by this backend and returns where its requests queue.
-    pub fn add_model(&self, name: &str, max_queue: usize, max_wait: Duration) -> ModelSlot {
+    /// Adds a backend with `max_concurrency` slots; `open` says whether slots may be handed
+    /// out (a managed backend starts closed).
+    pub fn add_backend(&self, name: &str, max_concurrency: usize, open: bool) -> BackendQueue {
+        self.shared.metrics.inflight.with_label_values(&[name]).set(0);
+        let index = self.shared.lock().add_backend(name, max_concurrency, open, Instant::now());
+        BackendQueue { shared: Arc::clone(&self.shared), index }
+    }
+
+    /// Adds a model served by `backends` (this pool's, in the model's order) and returns where
+    /// its requests queue.
+    pub fn add_model(&self, name: &str, max_queue: usize, max_wait: Duration, backends: &[&BackendQueue]) -> ModelSlot {
         self.shared.metrics.queue_depth.with_label_values(&[name]).set(0);
-        let mut state = self.shared.lock();
-        state.models.push(ModelQueue {
-            name: name.to_string(),
-            max_queue,
-            max_wait,
-            waiting: 0,
-            clients: VecDeque::new(),
-        });
-        ModelSlot { queue: Arc::clone(&self.shared), index: state.models.len() - 1 }
+        let indices: Vec<usize> = backends.iter().map(|b| b.index).collect();
+        let index = self.shared.lock().add_model(name, max_queue, max_wait, &indices);
+        ModelSlot { shared: Arc::clone(&self.shared), index }
+    }
+}
+
+impl BackendQueue {
+    /// A pool of one backend with `max_concurrency` slots and no models yet; `open` says
+    /// whether slots may be handed out (a managed backend starts closed).
+    pub fn new(backend: &str, max_concurrency: usize, open: bool, metrics: Metrics, changed: Arc<Notify>) -> Self {
+        Pool::new(metrics, changed).add_backend(backend, max_concurrency, open)
     }
 
-    /// Opens the gate (backend ready): waiters get free slots in fair order.
+    /// Adds a model served by this backend alone and returns where its requests queue.
+    pub fn add_model(&self, name: &str, max_queue: usize, max_wait: Duration) -> ModelSlot {
+        Pool { shared: Arc::clone(&self.shared) }.add_model(name, max_queue, max_wait, &[self])
+    }
+
+    /// Its backend's name.
+    pub fn name(&self) -> String {
+        self.shared.lock().backends[self.index].name.clone()
+    }
+
+    /// Opens the gate (backend ready, a new process): waiters get free slots in fair order, and
+    /// whoever listens is told of the restart.
     pub fn open(&self) {
-        let mut state = self.shared.lock();
-        state.open = true;
-        state.failure = None;
-        state.last_progress = Instant::now();
-        drop(state);
-        self.shared.dispatch_free_slots();
+        self.shared.lock().open(self.index, Instant::now());
+        self.shared.health_gauge(self.index);
+        self.shared.tell_restarted(self.index);
+        self.shared.dispatch_free_slots(self.index);
     }
 
-    /// Closes the gate (backend stopping or restarting): requests wait; in-flight ones go on.
-    /// During the gateway's shutdown nobody waits behind a closed gate.
+    /// Closes the gate (backend stopping or restarting): requests wait (or go to the model's
+    /// other backends); in-flight ones go on. During the gateway's shutdown nobody waits
+    /// behind a closed gate.
     pub fn close(&self) {
-        self.shared.lock().open = false;
-        self.refuse_if_shutting_down();
+        let refused = self.shared.lock().close(self.index);
+        self.shared.refused(refused);
+        self.shared.dispatch_all();
     }
 
-    /// Marks the backend failed: waiting and new requests are refused with `reason` until
-    /// [`BackendQueue::open`] or [`BackendQueue::clear_failure`].
+    /// Marks the backend failed: its waiting and new requests that no other backend can serve
+    /// are refused with `reason` until [`BackendQueue::open`] or [`BackendQueue::clear_failure`].
     pub fn fail(&self, reason: &str) {
-        let mut state = self.shared.lock();
-        state.open = false;
-        state.failure = Some(reason.to_string());
-        for model in &mut state.models {
-            // Dropping the senders wakes each waiter, which then reads `failure`.
-            model.clients.clear();
-            model.waiting = 0;
-            self.shared.metrics.queue_depth.with_label_values(&[&model.name]).set(0);
-        }
+        let refused = self.shared.lock().fail(self.index, reason);
+        self.shared.refused(refused);
+        self.shared.dispatch_all();
     }
 
     /// The gateway begins to shut down: requests waiting behind a closed gate (a backend that
-    /// is not serving and will not start again) are refused with `gateway_shutdown`, and so is
-    /// any new one that would wait there.
+    /// is not serving and will not start again) that no other backend can serve are refused
+    /// with `gateway_shutdown`, and so is any new one that would wait there.
     pub fn shut_down(&self) {
-        let mut state = self.shared.lock();
-        state.shutting_down = true;
-        if !state.open {
-            for model in &mut state.models {
-                // Dropping the senders wakes each waiter, which then reads `shutting_down`.
-                model.clients.clear();
-                model.waiting = 0;
-                self.shared.metrics.queue_depth.with_label_values(&[&model.name]).set(0);
-            }
-        }
-    }
-
-    /// Closes the gate and, when the gateway is shutting down, refuses whoever waits behind it.
-    fn refuse_if_shutting_down(&self) {
-        let shutting_down = self.shared.lock().shutting_down;
-        if shutting_down {
-            self.shut_down();
-        }
+        let refused = self.shared.lock().shut_down(self.index);
+        self.shared.refused(refused);
     }
 
     /// Forgets a failure without opening (the backend will be started again on demand).
     pub fn clear_failure(&self) {
-        self.shared.lock().failure = None;
+        self.shared.lock().backends[self.index].failure = None;
+    }
+
+    /// Drains the backend (`true`: no new requests, running ones go on; its waiters go to the
+    /// model's other backends) or ends the drain.
+    pub fn drain(&self, drained: bool) {
+        self.shared.lock().set_drained(self.index, drained);
+        self.shared.dispatch_all();
+        self.shared.changed.notify_one();
+    }
+
+    /// Sets when requests eject this backend (`None`: never; the default).
+    pub fn set_health_policy(&self, policy: Option<HealthPolicy>) {
+        self.shared.lock().backends[self.index].policy = policy;
+        if policy.is_some() {
+            self.shared.health_gauge(self.index);
+            let name = self.name();
+            self.shared.metrics.backend_ejections.with_label_values(&[&name]);
+        }
+    }
+
+    /// A probe of its ready path failed `failures` times in a row: ejected for `eject_for`.
+    pub fn probe_failed(&self, eject_for: Duration) {
+        let change = self.shared.lock().eject(self.index, eject_for, true, Instant::now());
+        self.shared.changed_health(self.index, change);
+    }
+
+    /// A probe of its ready path passed: an ejection the probes made ends.
+    pub fn probe_passed(&self) {
+        let change = self.shared.lock().probe_passed(self.index);
+        self.shared.changed_health(self.index, change);
+    }
+
+    /// Its drain and health.
+    pub fn status(&self) -> PoolStatus {
+        let state = self.shared.lock();
+        let backend = &state.backends[self.index];
+        PoolStatus {
+            drained: backend.drained,
+            health: backend.health.label(Instant::now()),
+            ejections: backend.ejections,
+        }
     }
 
     /// What the scheduler needs to know.
     pub fn view(&self) -> QueueView {
         let state = self.shared.lock();
-        let oldest =
-            state.models.iter().flat_map(|m| m.clients.iter().flat_map(|(_, fifo)| fifo.iter().map(|w| w.since))).min();
+        let (waiting, oldest) = state.waiting_for(self.index, Instant::now());
+        let backend = &state.backends[self.index];
         QueueView {
-            waiting: state.models.iter().map(|m| m.waiting).sum(),
-            in_flight: state.in_flight,
-            abandoned: state.abandoned,
+            waiting,
+            in_flight: backend.in_flight,
+            abandoned: backend.abandoned,
             oldest_wait: oldest.map(|t| t.elapsed()),
-            idle_for: state.last_activity.elapsed(),
-            since_progress: state.last_progress.elapsed(),
+            idle_for: backend.last_activity.elapsed(),
+            since_progress: backend.last_progress.elapsed(),
         }
     }
 }
@@ -302,7 +325,18 @@ impl Gate for BackendQueue {
 
     fn working(&self) -> bool {
         let state = self.shared.lock();
-        state.in_flight > state.abandoned
+        let backend = &state.backends[self.index];
+        backend.in_flight > backend.abandoned
+    }
+}
+
+impl crate::backend::probe_remote::Probed for BackendQueue {
+    fn failed(&self, eject_for: Duration) {
+        self.probe_failed(eject_for);
+    }
+
+    fn passed(&self) {
+        self.probe_passed();
     }
 }
 
@@ -316,107 +350,139 @@ impl ModelSlot {
     /// As [`ModelSlot::acquire`], waiting at most `limit` (when less than `max_wait`): a
     /// request that is queued again after a retry keeps what is left of its first wait.
     pub async fn acquire_within(&self, client: ClientId, limit: Duration) -> Result<Permit, GatewayError> {
+        self.acquire_with(Ask { client, limit, excluded: 0, router: None }).await
+    }
+
+    /// Waits for a slot on the terms of `ask`: at one of the model's backends it did not
+    /// exclude, chosen by its router at arrival, else the first to have a slot for it.
+    pub async fn acquire_with(&self, ask: Ask<'_>) -> Result<Permit, GatewayError> {
+        let excluded = ask.excluded;
         let arrived = Instant::now();
-        let shared = &self.queue;
-        let (id, receiver, max_wait) = {
+        let shared = &self.shared;
+        let mut receiver = None;
+        let (id, prefer_until, max_wait) = {
             let mut state = shared.lock();
-            if let Some(reason) = &state.failure {
-                return Err(GatewayError::BackendFailed { backend: shared.backend.clone(), reason: reason.clone() });
+            let make = || {
+                let (grant, r) = oneshot::channel();
+                receiver = Some(r);
+                grant
+            };
+            match state.arrive(self.index, ask, arrived, make)? {
+                Arrival::Granted { position, backend, trial } => {
+                    let in_flight = state.backends[backend].in_flight;
+                    let name = &state.backends[backend].name;
+                    shared.metrics.inflight.with_label_values(&[name]).set(in_flight as i64);
+                    let previous = state.backends[backend].previous();
+                    drop(state);
+                    return Ok(shared.permit(backend, position, trial, previous));
+                }
+                Arrival::Queued { id, prefer_until, max_wait } => {
+                    let model = &state.models[self.index];
+                    shared.metrics.queue_depth.with_label_values(&[&model.name]).set(model.waiting as i64);
+                    (id, prefer_until, max_wait)
+                }
             }
-            if state.shutting_down && !state.open {
-                return Err(GatewayError::ShuttingDown);
-            }
-            state.last_activity = Instant::now();
-            let nobody_waiting = state.models.iter().all(|m| m.waiting == 0);
-            if state.open && nobody_waiting && state.in_flight < shared.max_concurrency {
-                state.in_flight += 1;
-                state.last_progress = Instant::now();
-                shared.metrics.inflight.with_label_values(&[&shared.backend]).set(state.in_flight as i64);
-                drop(state);
-                return Ok(shared.permit());
-            }
-            let in_flight = state.in_flight;
-            let retry_after = state.retry_after(shared.max_concurrency);
-            let id = state.next_waiter_id;
-            state.next_waiter_id += 1;
-            let model = &mut state.models[self.index];
-            if model.waiting >= model.max_queue {
-                return Err(GatewayError::QueueFull {
-                    model: model.name.clone(),
-                    waiting: model.waiting,
-                    in_flight,
-                    retry_after,
-                });
-            }
-            let (grant, receiver) = oneshot::channel();
-            let waiter = Waiter { id, since: arrived, grant };
-            match model.clients.iter_mut().find(|(c, _)| *c == client) {
-                Some((_, fifo)) => fifo.push_back(waiter),
-                None => model.clients.push_back((client, VecDeque::from([waiter]))),
-            }
-            model.waiting += 1;
-            shared.metrics.queue_depth.with_label_values(&[&model.name]).set(model.waiting as i64);
-            let max_wait = model.max_wait.min(limit);
-            drop(state);
-            shared.changed.notify_one();
-            (id, receiver, max_wait)
+        };
+        shared.changed.notify_one();
+        let Some(mut receiver) = receiver else {
+            return Err(self.closed_error(excluded, arrived));
         };
 
         let mut guard = WaitGuard { slot: self, id, armed: true };
-        let mut receiver = receiver;
-        let outcome = tokio::time::timeout(max_wait, &mut receiver).await;
+        let timeout = tokio::time::sleep(max_wait);
+        tokio::pin!(timeout);
+        let mut prefer_until = prefer_until;
+        let outcome = loop {
+            let preference = async {
+                match prefer_until {
+                    Some(until) => tokio::time::sleep_until(tokio::time::Instant::from_std(until)).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                granted = &mut receiver => break Some(granted),
+                () = &mut timeout => break None,
+                () = preference => {
+                    prefer_until = None;
+                    if let Some(permit) = self.preference_over(id) {
+                        guard.armed = false;
+                        return Ok(permit);
+                    }
+                }
+            }
+        };
         guard.armed = false;
         match outcome {
-            Ok(Ok(permit)) => Ok(permit),
-            // The sender is dropped unsent only when the backend is marked failed.
-            Ok(Err(_)) => Err(self.closed_error(arrived)),
-            Err(_) => {
+            Some(Ok(permit)) => Ok(permit),
+            // The sender is dropped unsent only when no backend can serve the request any more.
+            Some(Err(_)) => Err(self.closed_error(excluded, arrived)),
+            None => {
                 if self.remove_waiter(id) {
-                    return Err(self.timeout_error(arrived));
+                    return Err(self.shared.lock().timeout_error(self.index, arrived.elapsed()));
                 }
                 // Already dequeued: the permit is on its way (sent just after the lock).
-                receiver.await.map_err(|_| self.closed_error(arrived))
+                receiver.await.map_err(|_| self.closed_error(excluded, arrived))
             }
         }
     }
 
-    /// Why a waiter's grant channel closed: the backend failed (or, defensively, a timeout).
-    fn closed_error(&self, arrived: Instant) -> GatewayError {
-        let (failure, shutting_down) = {
-            let state = self.queue.lock();
-            (state.failure.clone(), state.shutting_down)
+    /// Whether the model has a backend, other than those in `excluded`, that may still serve a
+    /// request (not failed, not closed for the shutdown): where a failed attempt may go next.
+    pub fn has_other(&self, excluded: u64) -> bool {
+        let state = self.shared.lock();
+        let model = &state.models[self.index];
+        model.backends.iter().enumerate().any(|(p, &b)| excluded & bit(p) == 0 && !state.backends[b].dead())
+    }
+
+    /// A request at the model's backend at `position` succeeded (`ok`: an answer that is not a
+    /// 5xx) or failed before its first byte: its health learns it (see [`HealthPolicy`]).
+    pub fn report(&self, position: usize, ok: bool) {
+        let (b, change) = {
+            let mut state = self.shared.lock();
+            let Some(&b) = state.models[self.index].backends.get(position) else { return };
+            (b, state.report(b, ok, Instant::now()))
         };
-        match failure {
-            Some(reason) => GatewayError::BackendFailed { backend: self.queue.backend.clone(), reason },
-            None if shutting_down => GatewayError::ShuttingDown,
-            None => self.timeout_error(arrived),
+        self.shared.changed_health(b, change);
+    }
+
+    /// Calls `restarted` with a backend's position whenever one of the model's backends has a
+    /// new process or comes back from an ejection (its prompt cache is gone).
+    pub fn on_restart(&self, restarted: Restarted) {
+        let backends = self.shared.lock().models[self.index].backends.clone();
+        let mut listeners = self.shared.restarted.lock().unwrap_or_else(|p| p.into_inner());
+        for (position, b) in backends.into_iter().enumerate() {
+            listeners.push((b, position, Arc::clone(&restarted)));
         }
     }
 
-    fn timeout_error(&self, arrived: Instant) -> GatewayError {
-        let state = self.queue.lock();
-        GatewayError::QueueTimeout {
-            model: state.models[self.index].name.clone(),
-            waited: arrived.elapsed(),
-            retry_after: state.retry_after(self.queue.max_concurrency),
-        }
+    /// The waiter's preference ran out: a free slot of any backend it may take, else `None`
+    /// (it waits on for any).
+    fn preference_over(&self, id: u64) -> Option<Permit> {
+        let mut state = self.shared.lock();
+        let (position, backend, trial) = state.preference_over(self.index, id, Instant::now())?;
+        let model = &state.models[self.index];
+        self.shared.metrics.queue_depth.with_label_values(&[&model.name]).set(model.waiting as i64);
+        let name = &state.backends[backend].name;
+        self.shared.metrics.inflight.with_label_values(&[name]).set(state.backends[backend].in_flight as i64);
+        let previous = state.backends[backend].previous();
+        drop(state);
+        Some(self.shared.permit(backend, position, trial, previous))
+    }
+
+    /// Why a waiter's grant channel closed: its backends failed or the gateway shuts down.
+    fn closed_error(&self, excluded: u64, arrived: Instant) -> GatewayError {
+        self.shared.lock().closed_error(self.index, excluded, arrived.elapsed())
     }
 
     /// Removes a still-queued waiter; false when it was already handed a slot.
     fn remove_waiter(&self, id: u64) -> bool {
-        let mut state = self.queue.lock();
-        let model = &mut state.models[self.index];
-        let Some(pos) = model.clients.iter().position(|(_, fifo)| fifo.iter().any(|w| w.id == id)) else {
-            return false;
-        };
-        let fifo = &mut model.clients[pos].1;
-        fifo.retain(|w| w.id != id);
-        if fifo.is_empty() {
-            model.clients.remove(pos);
+        let mut state = self.shared.lock();
+        let removed = state.remove_waiter(self.index, id).is_some();
+        if removed {
+            let model = &state.models[self.index];
+            self.shared.metrics.queue_depth.with_label_values(&[&model.name]).set(model.waiting as i64);
         }
-        model.waiting -= 1;
-        self.queue.metrics.queue_depth.with_label_values(&[&model.name]).set(model.waiting as i64);
-        true
+        removed
     }
 }
 
@@ -436,284 +502,171 @@ impl Drop for WaitGuard<'_> {
 }
 
 impl Shared {
-    fn lock(&self) -> MutexGuard<'_, State> {
+    fn lock(&self) -> MutexGuard<'_, Core<oneshot::Sender<Permit>>> {
         // A panic while holding this lock leaves counters that are still consistent.
         self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    fn permit(self: &Arc<Self>) -> Permit {
-        let previous = self.lock().previous();
-        Permit { shared: Some(Arc::clone(self)), granted: Instant::now(), abandoned: false, finished: false, previous }
+    fn permit(self: &Arc<Self>, backend: usize, position: usize, trial: bool, previous: Option<Previous>) -> Permit {
+        Permit {
+            shared: Some(Arc::clone(self)),
+            backend,
+            position,
+            granted: Instant::now(),
+            abandoned: false,
+            finished: false,
+            trial,
+            previous,
+        }
     }
 
     /// Frees a slot: hands it to the next waiter in fair order, or returns it to the pool.
-    fn release(self: &Arc<Self>, held: Duration, abandoned: bool, finished: bool) {
-        {
-            let mut state = self.lock();
-            if abandoned {
-                state.abandoned -= 1;
-            }
-            state.last_release = Some((Instant::now(), finished));
-            state.observe_service(held);
-            state.last_activity = Instant::now();
-            state.last_progress = Instant::now();
-        }
-        self.hand_over();
+    fn release(self: &Arc<Self>, b: usize, held: Duration, abandoned: bool, finished: bool, trial: bool) {
+        self.lock().released(b, held, abandoned, finished, trial, Instant::now());
+        self.hand_over(b);
         self.changed.notify_one();
     }
 
-    /// Gives free slots to waiters while the gate is open and slots are free.
-    fn dispatch_free_slots(self: &Arc<Self>) {
+    /// Gives backend `b`'s free slots to waiters while it takes requests and has free slots.
+    fn dispatch_free_slots(self: &Arc<Self>, b: usize) {
         loop {
-            {
+            let granted = {
                 let mut state = self.lock();
-                let anyone = state.models.iter().any(|m| m.waiting > 0);
-                if !state.open || !anyone || state.in_flight >= self.max_concurrency {
-                    return;
-                }
-                state.in_flight += 1;
-                self.metrics.inflight.with_label_values(&[&self.backend]).set(state.in_flight as i64);
-            }
-            // The new slot goes to the next waiter (or back, if that waiter just left).
-            self.hand_over();
-        }
-    }
-
-    /// Passes one held slot to the next waiter in fair order, or frees it.
-    fn hand_over(self: &Arc<Self>) {
-        loop {
-            let (next, previous) = {
-                let mut state = self.lock();
-                let next = if state.open { state.pop_next() } else { None };
-                match next {
-                    Some((waiter, model)) => {
-                        self.metrics
-                            .queue_depth
-                            .with_label_values(&[&model])
-                            .set(state.models.iter().find(|m| m.name == model).map_or(0, |m| m.waiting as i64));
-                        (waiter, state.previous())
-                    }
-                    None => {
-                        state.in_flight -= 1;
-                        self.metrics.inflight.with_label_values(&[&self.backend]).set(state.in_flight as i64);
-                        return;
-                    }
-                }
+                let granted = state.grant_free(b, Instant::now());
+                self.gauges(&state, b, granted.as_ref());
+                granted
             };
-            // The slot moves to the waiter; `in_flight` is unchanged.
-            let permit = Permit {
-                shared: Some(Arc::clone(self)),
-                granted: Instant::now(),
-                abandoned: false,
-                finished: false,
-                previous,
-            };
-            match next.grant.send(permit) {
-                Ok(()) => return,
-                // That waiter is gone; disarm the returned permit and try the next one.
-                Err(mut unclaimed) => unclaimed.shared = None,
+            match granted {
+                Some(granted) => self.deliver(b, granted),
+                None => return,
             }
         }
     }
-}
 
-impl State {
-    /// The previous request's end, as a slot granted now sees it.
-    fn previous(&self) -> Option<Previous> {
-        self.last_release.map(|(at, finished)| Previous { ended_ago: at.elapsed(), finished })
-    }
-
-    /// Next waiter: round robin across models, then across clients within the model.
-    fn pop_next(&mut self) -> Option<(Waiter, String)> {
-        let n = self.models.len();
-        for step in 0..n {
-            let index = (self.next_model + step) % n;
-            let model = &mut self.models[index];
-            let Some((client, mut fifo)) = model.clients.pop_front() else {
-                continue;
-            };
-            let waiter = fifo.pop_front()?;
-            if !fifo.is_empty() {
-                model.clients.push_back((client, fifo));
-            }
-            model.waiting -= 1;
-            self.next_model = (index + 1) % n;
-            return Some((waiter, model.name.clone()));
-        }
-        None
-    }
-
-    fn observe_service(&mut self, held: Duration) {
-        self.mean_service = if self.mean_service.is_zero() { held } else { (self.mean_service * 7 + held) / 8 };
-    }
-
-    /// A rough time until a slot is likely free: mean slot time × queued rounds ahead.
-    fn retry_after(&self, max_concurrency: usize) -> Duration {
-        let waiting: usize = self.models.iter().map(|m| m.waiting).sum();
-        let rounds = (waiting / max_concurrency.max(1)) as u32 + 1;
-        (self.mean_service * rounds).clamp(Duration::from_secs(1), Duration::from_secs(600))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn backend(max_concurrency: usize) -> BackendQueue {
-        BackendQueue::new("b", max_concurrency, true, Metrics::new(), Arc::new(Notify::new()))
-    }
-
-    fn queue(max_concurrency: usize, max_queue: usize) -> (BackendQueue, ModelSlot) {
-        let q = backend(max_concurrency);
-        let slot = q.add_model("m", max_queue, Duration::from_secs(60));
-        (q, slot)
-    }
-
-    fn client(name: &str) -> ClientId {
-        ClientId(name.to_string())
-    }
-
-    /// Polls until `n` requests wait in the model's queue.
-    async fn until_waiting(slot: &ModelSlot, n: usize) {
-        while slot.queue.lock().models[slot.index].waiting != n {
-            tokio::task::yield_now().await;
+    /// Every backend's free slots to waiters (after a change that may let waiters move).
+    fn dispatch_all(self: &Arc<Self>) {
+        let n = self.lock().backends.len();
+        for b in 0..n {
+            self.dispatch_free_slots(b);
         }
     }
 
-    #[tokio::test]
-    async fn grants_up_to_capacity_then_queues_then_rejects() {
-        let (_q, slot) = queue(2, 1);
-        let a = slot.acquire(client("a")).await.expect("slot 1");
-        let _b = slot.acquire(client("a")).await.expect("slot 2");
-        let s2 = slot.clone();
-        let waiting = tokio::spawn(async move { s2.acquire(client("a")).await });
-        until_waiting(&slot, 1).await;
-        let full = slot.acquire(client("a")).await.err().expect("queue full");
-        assert!(matches!(full, GatewayError::QueueFull { waiting: 1, in_flight: 2, .. }), "{full:?}");
-        drop(a);
-        let third = waiting.await.expect("task").expect("slot handed over");
-        assert_eq!(slot.queue.lock().in_flight, 2);
-        drop(third);
-        assert_eq!(slot.queue.lock().in_flight, 1);
-    }
-
-    #[tokio::test]
-    async fn round_robin_across_clients() {
-        let (_q, slot) = queue(1, 16);
-        let held = slot.acquire(client("hog")).await.expect("slot");
-        let order = Arc::new(Mutex::new(Vec::new()));
-        let mut tasks = Vec::new();
-        let enqueue = |name: &'static str, n: usize, tasks: &mut Vec<_>| {
-            for _ in 0..n {
-                let s = slot.clone();
-                let order = Arc::clone(&order);
-                tasks.push(tokio::spawn(async move {
-                    let permit = s.acquire(client(name)).await.expect("slot");
-                    order.lock().expect("lock").push(name);
-                    drop(permit);
-                }));
-            }
+    /// Passes one held slot of backend `b` to the next waiter that may take it, or frees it.
+    fn hand_over(self: &Arc<Self>, b: usize) {
+        let granted = {
+            let mut state = self.lock();
+            let granted = state.hand_over(b, Instant::now());
+            self.gauges(&state, b, granted.as_ref());
+            granted
         };
-        enqueue("hog", 5, &mut tasks);
-        until_waiting(&slot, 5).await;
-        enqueue("small", 2, &mut tasks);
-        until_waiting(&slot, 7).await;
-        drop(held);
-        for t in tasks {
-            t.await.expect("task");
+        if let Some(granted) = granted {
+            self.deliver(b, granted);
         }
-        let order = order.lock().expect("lock").clone();
-        assert_eq!(order, ["hog", "small", "hog", "small", "hog", "hog", "hog"]);
     }
 
-    #[tokio::test]
-    async fn cancelled_waiter_leaves_no_trace_and_times_out() {
-        let q = backend(1);
-        let slot = q.add_model("m", 4, Duration::from_millis(50));
-        let held = slot.acquire(client("a")).await.expect("slot");
-        let s2 = slot.clone();
-        let task = tokio::spawn(async move { s2.acquire(client("b")).await });
-        until_waiting(&slot, 1).await;
-        task.abort();
-        let _ = task.await;
-        assert_eq!(slot.queue.lock().models[0].waiting, 0);
-        let timed_out = slot.acquire(client("c")).await.err().expect("times out");
-        assert!(matches!(timed_out, GatewayError::QueueTimeout { .. }), "{timed_out:?}");
-        drop(held);
-        assert_eq!(slot.queue.lock().in_flight, 0);
-        let _again = slot.acquire(client("c")).await.expect("free again");
+    /// Sends a slot of `b` to the waiter `granted` took out of the queue; a waiter gone hands
+    /// it over again (a trial not taken is free again).
+    fn deliver(self: &Arc<Self>, b: usize, granted: Granted<oneshot::Sender<Permit>>) {
+        let mut next = Some(granted);
+        while let Some(Granted { waiter, position, trial, previous, .. }) = next.take() {
+            // The slot moves to the waiter; `in_flight` is unchanged.
+            let permit = self.permit(b, position, trial, previous);
+            let Err(mut unclaimed) = waiter.grant.send(permit) else { return };
+            // That waiter is gone: disarm the returned permit and try the next one.
+            unclaimed.shared = None;
+            let mut state = self.lock();
+            if trial {
+                state.trial_untaken(b);
+            }
+            next = state.hand_over(b, Instant::now());
+            self.gauges(&state, b, next.as_ref());
+        }
     }
 
-    #[tokio::test]
-    async fn round_robin_across_models_of_one_backend() {
-        let q = backend(1);
-        let m1 = q.add_model("m1", 8, Duration::from_secs(60));
-        let m2 = q.add_model("m2", 8, Duration::from_secs(60));
-        let held = m1.acquire(client("a")).await.expect("slot");
-        let order = Arc::new(Mutex::new(Vec::new()));
-        let mut tasks = Vec::new();
-        for (slot, name) in [(&m1, "m1"), (&m1, "m1"), (&m1, "m1"), (&m2, "m2")] {
-            let s = slot.clone();
-            let order = Arc::clone(&order);
-            tasks.push(tokio::spawn(async move {
-                let p = s.acquire(client("a")).await.expect("slot");
-                order.lock().expect("lock").push(name);
-                drop(p);
-            }));
-            while slot.queue.lock().models.iter().map(|m| m.waiting).sum::<usize>() != tasks.len() {
-                tokio::task::yield_now().await;
+    /// The gauges of backend `b` (slots in flight) and of the model a grant came from.
+    fn gauges(
+        &self,
+        state: &Core<oneshot::Sender<Permit>>,
+        b: usize,
+        granted: Option<&Granted<oneshot::Sender<Permit>>>,
+    ) {
+        let backend = &state.backends[b];
+        self.metrics.inflight.with_label_values(&[&backend.name]).set(backend.in_flight as i64);
+        if let Some(granted) = granted {
+            let model = &state.models[granted.model];
+            self.metrics.queue_depth.with_label_values(&[&model.name]).set(model.waiting as i64);
+        }
+    }
+
+    /// Wakes refused waiters (their grants dropped): they read why.
+    fn refused(&self, refused: Vec<super::pool::Waiter<oneshot::Sender<Permit>>>) {
+        if refused.is_empty() {
+            return;
+        }
+        let state = self.lock();
+        for model in &state.models {
+            self.metrics.queue_depth.with_label_values(&[&model.name]).set(model.waiting as i64);
+        }
+        drop(state);
+        drop(refused);
+    }
+
+    /// After a health report: an ejected backend's waiters move on, and its slots are offered
+    /// again at its half-open deadline; a healed one takes waiters (and whoever listens is told:
+    /// a backend that was down may have restarted).
+    fn changed_health(self: &Arc<Self>, b: usize, change: Change) {
+        match change {
+            Change::None => {}
+            Change::Ejected(until) => {
+                let name = self.lock().backends[b].name.clone();
+                tracing::warn!(backend = %name, "backend ejected: its models' requests go to their other backends");
+                self.metrics.backend_ejections.with_label_values(&[&name]).inc();
+                self.health_gauge(b);
+                self.dispatch_all();
+                let shared = Arc::clone(self);
+                tokio::spawn(async move {
+                    tokio::time::sleep_until(tokio::time::Instant::from_std(until)).await;
+                    shared.health_gauge(b);
+                    shared.dispatch_free_slots(b);
+                    shared.changed.notify_one();
+                });
+            }
+            Change::Healed => {
+                self.health_gauge(b);
+                self.tell_restarted(b);
+                self.dispatch_free_slots(b);
             }
         }
-        drop(held);
-        for t in tasks {
-            t.await.expect("task");
+        self.changed.notify_one();
+    }
+
+    /// `mlxgate_backend_health` one-hot on backend `b`'s health now (backends with a health
+    /// policy only).
+    fn health_gauge(&self, b: usize) {
+        let (name, label) = {
+            let state = self.lock();
+            let backend = &state.backends[b];
+            if backend.policy.is_none() {
+                return;
+            }
+            (backend.name.clone(), backend.health.label(Instant::now()))
+        };
+        for each in ["healthy", "ejected", "half_open"] {
+            self.metrics.backend_health.with_label_values(&[&name, each]).set(i64::from(each == label));
         }
-        assert_eq!(order.lock().expect("lock")[..2], ["m1", "m2"]);
+    }
+
+    /// Tells whoever listens that backend `b` has a new process.
+    fn tell_restarted(&self, b: usize) {
+        let listeners: Vec<(usize, Restarted)> = {
+            let listeners = self.restarted.lock().unwrap_or_else(|p| p.into_inner());
+            listeners.iter().filter(|(x, _, _)| *x == b).map(|(_, p, f)| (*p, Arc::clone(f))).collect()
+        };
+        for (position, listener) in listeners {
+            listener(position);
+        }
     }
 }
 
 #[cfg(test)]
-mod gate_tests {
-    use super::*;
-
-    #[tokio::test]
-    async fn a_closed_gate_queues_and_opening_dispatches_up_to_capacity() {
-        let q = BackendQueue::new("b", 2, false, Metrics::new(), Arc::new(Notify::new()));
-        let slot = q.add_model("m", 8, Duration::from_secs(60));
-        let mut tasks = Vec::new();
-        for i in 0..3 {
-            let s = slot.clone();
-            tasks.push(tokio::spawn(async move { s.acquire(ClientId(format!("c{i}"))).await }));
-        }
-        while q.view().waiting != 3 {
-            tokio::task::yield_now().await;
-        }
-        assert!(q.view().oldest_wait.is_some());
-        q.open();
-        assert_eq!((q.view().waiting, q.view().in_flight), (1, 2));
-        let first = tasks.remove(0).await.expect("task").expect("permit");
-        q.close();
-        drop(first);
-        assert_eq!(q.view().in_flight, 1, "a closed gate does not hand the slot on");
-        assert_eq!(q.view().waiting, 1);
-        q.fail("crashed 5 times");
-        let results = [tasks.remove(0).await.expect("task"), tasks.remove(0).await.expect("task")];
-        let refused = results.into_iter().filter_map(Result::err).next().expect("the waiter is refused");
-        assert!(matches!(refused, GatewayError::BackendFailed { .. }), "{refused:?}");
-        let now = slot.acquire(ClientId("x".into())).await.err().expect("refused at once");
-        assert!(now.to_string().contains("crashed 5 times"), "{now}");
-    }
-
-    #[tokio::test]
-    async fn the_gate_is_working_while_a_slot_is_held_for_somebody() {
-        let q = BackendQueue::new("b", 2, true, Metrics::new(), Arc::new(Notify::new()));
-        let slot = q.add_model("m", 8, Duration::from_secs(60));
-        assert!(!Gate::working(&q), "no slot held");
-        let mut held = slot.acquire(ClientId("a".into())).await.expect("permit");
-        assert!(Gate::working(&q));
-        held.abandon();
-        assert!(!Gate::working(&q), "a slot held for an abandoned answer is no work a drain waits for");
-        drop(held);
-        assert!(!Gate::working(&q));
-    }
-}
+mod tests;

@@ -154,7 +154,17 @@ pub struct Facts {
     pub unloads_on_unknown_model: bool,
     /// Which `model` the probe sends it.
     pub probe_model: ProbeModel,
+    /// How many whole prompts the server keeps in its prompt cache by default (mlx_lm.server's
+    /// `--prompt-cache-size`, an LRU of 10 sequences); `None` when unknown (the balancer then
+    /// assumes [`ASSUMED_PROMPT_CACHE_SEQUENCES`]).
+    pub prompt_cache_sequences: Option<usize>,
+    /// The launch flag that sets that number, when the server has one.
+    pub prompt_cache_flag: Option<&'static str>,
 }
+
+/// The prompt cache's size, in whole sequences, assumed for a server whose kind does not know
+/// it: mlx_lm.server's default, which most MLX servers reuse.
+pub const ASSUMED_PROMPT_CACHE_SEQUENCES: usize = 10;
 
 /// The idle timeout of Rapid-MLX's pooled connections: it keeps idle connections for 30 s
 /// (measured).
@@ -190,6 +200,8 @@ const DEFAULT: Facts = Facts {
     checks_context: false,
     unloads_on_unknown_model: false,
     probe_model: ProbeModel::Listed,
+    prompt_cache_sequences: None,
+    prompt_cache_flag: None,
 };
 
 impl Kind {
@@ -218,6 +230,9 @@ impl Kind {
                 negative_max_tokens: NegativeMaxTokens::Refused,
                 unloads_on_unknown_model: true,
                 probe_model: ProbeModel::Launch,
+                // Its `--prompt-cache-size` default (mlx_lm/server.py, LRUPromptCache).
+                prompt_cache_sequences: Some(10),
+                prompt_cache_flag: Some("--prompt-cache-size"),
                 ..DEFAULT
             },
             Kind::MlxOpenaiServer => &Facts {
@@ -401,6 +416,22 @@ impl Kind {
     /// Which `model` the probe sends the server.
     pub fn probe_model(self) -> ProbeModel {
         self.facts().probe_model
+    }
+
+    /// How many whole prompts the server keeps in its prompt cache, when known: the number
+    /// after the kind's flag in a managed server's launch command (`--prompt-cache-size 4`,
+    /// or `--prompt-cache-size=4`), else the kind's default.
+    pub fn prompt_cache_sequences(self, command: Option<&[String]>) -> Option<usize> {
+        let facts = self.facts();
+        let written = facts.prompt_cache_flag.zip(command).and_then(|(flag, command)| {
+            let inline = format!("{flag}=");
+            command.iter().enumerate().find_map(|(i, arg)| match arg.strip_prefix(&inline) {
+                Some(n) => n.parse().ok(),
+                None if arg == flag => command.get(i + 1)?.parse().ok(),
+                None => None,
+            })
+        });
+        written.or(facts.prompt_cache_sequences)
     }
 
     /// The token limit the server applies to a request, read from the body as it goes to the

@@ -106,3 +106,17 @@ fn content_parts_are_joined_as_each_server_joins_them() {
     assert_eq!(Kind::MlxVlm.content_joiner(), "\n");
     assert_eq!(Kind::Custom.content_joiner(), "\n");
 }
+
+#[test]
+fn the_prompt_cache_size_is_the_commands_else_the_kinds_else_unknown() {
+    let command = |args: &[&str]| args.iter().map(|s| s.to_string()).collect::<Vec<String>>();
+    assert_eq!(Kind::MlxLm.prompt_cache_sequences(None), Some(10), "mlx_lm.server's --prompt-cache-size default");
+    let spaced = command(&["mlx_lm.server", "--model", "{model}", "--prompt-cache-size", "4"]);
+    assert_eq!(Kind::MlxLm.prompt_cache_sequences(Some(&spaced)), Some(4));
+    let inline = command(&["mlx_lm.server", "--prompt-cache-size=2"]);
+    assert_eq!(Kind::MlxLm.prompt_cache_sequences(Some(&inline)), Some(2));
+    let garbled = command(&["mlx_lm.server", "--prompt-cache-size"]);
+    assert_eq!(Kind::MlxLm.prompt_cache_sequences(Some(&garbled)), Some(10));
+    assert_eq!(Kind::VllmMlx.prompt_cache_sequences(Some(&spaced)), None, "another kind's flag means nothing");
+    assert_eq!(Kind::Custom.prompt_cache_sequences(None), None);
+}

@@ -382,7 +382,7 @@ mod tests {
         assert!(n.loopback_host && n.serialize && n.hold_abandoned && n.finish_length && n.single_finish, "{stanza}");
         assert!(!n.stream_options, "{stanza}");
         let model = config.models.values().next().expect("a model");
-        assert_eq!(model.upstream_model, "/m/it's \"quoted\": tiny", "{stanza}");
+        assert_eq!(model.upstream_model.as_deref(), Some("/m/it's \"quoted\": tiny"), "{stanza}");
         assert_eq!(model.tokenizer.as_deref(), Some(std::path::Path::new("/m/tiny")), "{stanza}");
 
         // Nothing to normalise, mlx_lm.server (no model sent): no switch written, default_model.
@@ -401,7 +401,7 @@ mod tests {
         assert_eq!(backend.normalise, Kind::MlxLm.normalise(None), "{stanza}");
         assert!(!stanza.contains("normalise:\n") && !stanza.contains(": false"), "{stanza}");
         let model = config.models.values().next().expect("model");
-        assert_eq!((model.upstream_model.as_str(), model.tokenizer.as_ref()), ("default_model", None));
+        assert_eq!((model.upstream_model.as_deref(), model.tokenizer.as_ref()), (Some("default_model"), None));
     }
 
     fn accepted() -> HeaderCheck {

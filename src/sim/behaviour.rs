@@ -14,6 +14,10 @@ pub struct Behaviour {
     /// Delay before the first generated token, in milliseconds (prefill).
     #[arg(long)]
     pub ttft_ms: Option<u64>,
+    /// Prefill time per prompt token the prompt cache did not spare, in milliseconds, added to
+    /// `ttft_ms` (so that the time to first token shows the cache).
+    #[arg(long)]
+    pub prefill_ms_per_token: Option<f64>,
     /// Decode speed of one request running alone.
     #[arg(long)]
     pub tokens_per_second: Option<f64>,
@@ -212,6 +216,7 @@ pub enum CapStyle {
 #[derive(Debug, Clone)]
 pub struct Plan {
     pub ttft_ms: u64,
+    pub prefill_ms_per_token: f64,
     pub tokens_per_second: f64,
     pub tokens: u32,
     pub bytes_per_write: usize,
@@ -253,6 +258,7 @@ impl Behaviour {
         pick!(
             style,
             ttft_ms,
+            prefill_ms_per_token,
             tokens_per_second,
             tokens,
             bytes_per_write,
@@ -289,6 +295,7 @@ impl Behaviour {
         let b = self.over(&preset);
         Plan {
             ttft_ms: b.ttft_ms.unwrap_or(20),
+            prefill_ms_per_token: b.prefill_ms_per_token.filter(|t| t.is_finite() && *t > 0.0).unwrap_or(0.0),
             tokens_per_second: b.tokens_per_second.filter(|t| *t > 0.0).unwrap_or(200.0),
             tokens: b.tokens.unwrap_or(8),
             bytes_per_write: b.bytes_per_write.unwrap_or(0),

@@ -2,20 +2,24 @@
 //! are set by flags (server defaults) and per request (a `"sim": {…}` object in the body, which
 //! the gateway forwards untouched). It reproduces the servers of docs/wire-facts.md (summed up in
 //! docs/servers.md, "What each server does on the wire"): keepalive styles, usage placement,
-//! error events, crashes, hangs, prompt caps, a prompt cache (the previous prompt, reported as
-//! `cached_tokens` in the styles that report it) and a batching capacity with a speedup curve.
-//! Never used by `mlxgate serve`.
+//! error events, crashes, hangs, prompt caps, a prompt cache reported as `cached_tokens` in the
+//! styles that report it (by default the previous prompt; with `prompt_cache_size`, mlx_lm.server's
+//! LRU of whole sequences, `prompt_cache.rs`), a prefill time per uncached prompt token, and a
+//! batching capacity with a speedup curve. Never used by `mlxgate serve`.
 //!
 //! With a server-level script (`script.rs`), chat answers follow it: tool calls streamed as real
 //! servers stream them, then text after the tool results; side requests get plain text or JSON.
 //!
 //! Inspection endpoints for tests: `GET /sim/requests` (the last bodies and headers received,
 //! POSTs to unknown paths included),
-//! `GET /sim/stats` (active, peak, held and total requests), `POST /sim/release/{key}`.
+//! `GET /sim/stats` (active, peak, held and total requests; the prompt cache's sequences, lookups
+//! and hits), `POST /sim/release/{key}`, `POST /sim/prompt-cache/reset` (empties the prompt cache,
+//! as a restart does).
 
 pub mod behaviour;
 mod http10;
 mod idle;
+pub mod prompt_cache;
 pub mod script;
 mod stream;
 
@@ -38,8 +42,9 @@ use tokio::net::TcpListener;
 use tokio::sync::{Notify, Semaphore, mpsc};
 use tokio::task::JoinSet;
 
+use behaviour::CapStyle;
 pub use behaviour::{Behaviour, Plan, Style};
-use behaviour::{CapStyle, PromptCache};
+use prompt_cache::{Kind, SimCache};
 pub use script::Script;
 use stream::Job;
 
@@ -74,6 +79,9 @@ pub struct SimConfig {
     /// Scripted turns for chat requests (the simulator playing an agent's backend): tool calls,
     /// then text once the results are back (see `script`). `None`: the generated `t0 t1 …`.
     pub script: Option<Script>,
+    /// mlx_lm.server's prompt cache of this many whole sequences (`--prompt-cache-size`; 0 keeps
+    /// nothing). `None`: the simpler cache of the previous prompt alone.
+    pub prompt_cache_size: Option<usize>,
 }
 
 /// How the simulator frames its responses on the wire.
@@ -107,8 +115,8 @@ pub struct SimState {
     recorded: Mutex<VecDeque<Value>>,
     holds: Mutex<HashMap<String, Arc<Semaphore>>>,
     crashed: Notify,
-    /// The previous prompt's tokens: the server's prompt cache.
-    cached_prompt: Mutex<Vec<String>>,
+    /// The server's prompt cache.
+    prompt_cache: Mutex<SimCache>,
     /// A request is generating on the one serialized route (`busy_event`).
     route_busy: AtomicBool,
 }
@@ -190,6 +198,7 @@ impl SimState {
     /// Fresh state for one server.
     pub fn new(config: SimConfig) -> Arc<Self> {
         let capacity = (config.capacity > 0).then(|| Semaphore::new(config.capacity));
+        let prompt_cache = Mutex::new(SimCache::new(config.prompt_cache_size));
         Arc::new(SimState {
             config,
             capacity,
@@ -200,7 +209,7 @@ impl SimState {
             recorded: Mutex::new(VecDeque::new()),
             holds: Mutex::new(HashMap::new()),
             crashed: Notify::new(),
-            cached_prompt: Mutex::new(Vec::new()),
+            prompt_cache,
             route_busy: AtomicBool::new(false),
         })
     }
@@ -233,19 +242,14 @@ impl SimState {
         }
     }
 
-    /// Puts `prompt` in the prompt cache in place of the previous one; returns the cached
-    /// tokens the style reports for it: the prefix the two share, capped as the style caps it.
-    fn cache_prompt(&self, prompt: Vec<String>, report: PromptCache) -> Option<u32> {
-        let mut cached = lock(&self.cached_prompt);
-        let shared = cached.iter().zip(prompt.iter()).take_while(|(a, b)| a == b).count();
-        let shared = u32::try_from(shared).unwrap_or(u32::MAX);
-        let tokens = u32::try_from(prompt.len()).unwrap_or(u32::MAX);
-        *cached = prompt;
-        match report {
-            PromptCache::Unreported => None,
-            PromptCache::LessLastToken => Some(shared.min(tokens.saturating_sub(1))),
-            PromptCache::Whole => Some(shared),
-        }
+    /// True when the prompt cache is mlx_lm.server's LRU (sequences stored when answers end).
+    fn lru_cache(&self) -> bool {
+        self.config.prompt_cache_size.is_some()
+    }
+
+    /// Stores a sequence in the LRU prompt cache (a no-op for the previous-prompt cache).
+    pub(crate) fn remember(&self, tokens: Vec<String>, kind: Kind) {
+        lock(&self.prompt_cache).remember(tokens, kind);
     }
 
     /// Keeps `body` (with `_path` and `_authorization` added) for `/sim/requests`.
@@ -367,6 +371,13 @@ fn router(state: Arc<SimState>) -> Router {
         .route("/sim/requests", get(|State(s): State<Arc<SimState>>| async move { Json(s.requests()) }))
         .route("/sim/stats", get(stats))
         .route("/sim/release/{key}", post(release))
+        .route(
+            "/sim/prompt-cache/reset",
+            post(|State(s): State<Arc<SimState>>| async move {
+                lock(&s.prompt_cache).reset();
+                StatusCode::NO_CONTENT
+            }),
+        )
         .fallback(unknown)
         .layer(axum::middleware::from_fn_with_state(Arc::clone(&state), trusted_hosts))
         .with_state(state)
@@ -402,6 +413,7 @@ async fn stats(State(state): State<Arc<SimState>>) -> Json<Value> {
         "peak": state.peak(),
         "held": state.held.load(Ordering::SeqCst),
         "total": state.total.load(Ordering::SeqCst),
+        "prompt_cache": lock(&state.prompt_cache).stats(),
     }))
 }
 
@@ -450,7 +462,7 @@ async fn generate(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    let (request, plan) = match admit(&state, uri.path(), &headers, &body) {
+    let (request, mut plan) = match admit(&state, uri.path(), &headers, &body) {
         Ok(v) => v,
         Err(r) => return r.into_response(),
     };
@@ -470,7 +482,14 @@ async fn generate(
             return over_cap(plan.cap_style, cap, prompt_tokens, max_tokens.unwrap_or(0));
         }
     }
-    let cached_tokens = state.cache_prompt(prompt, plan.prompt_cache);
+    let (cached_tokens, reused) = lock(&state.prompt_cache).lookup(&prompt, plan.prompt_cache);
+    // Prefill takes its time on the tokens the cache did not spare.
+    let per_token = plan.prefill_ms_per_token;
+    let prefill_ms = |tokens: usize| (tokens as f64 * per_token).round() as u64;
+    plan.ttft_ms += prefill_ms(prompt.len().saturating_sub(reused as usize));
+    if state.lru_cache() && chat {
+        checkpoint_system_prompt(&state, &request, &prompt, reused as usize, prefill_ms);
+    }
     let scripted = state.config.script.as_ref().filter(|_| chat).map(|s| stream::Scripted::of(s.reply(&request)));
     let completion_tokens = match (&scripted, max_tokens) {
         (Some(s), _) => s.completion_tokens(),
@@ -479,7 +498,7 @@ async fn generate(
     };
     // A scripted answer is sent whole whatever max_tokens says.
     let cut = scripted.is_none() && max_tokens.is_some_and(|m| m < plan.tokens as u64);
-    let job = Job {
+    let mut job = Job {
         id: format!("{}sim{}", plan.id_prefix, state.total.load(Ordering::SeqCst)),
         model: request.get("model").and_then(Value::as_str).unwrap_or("sim").to_string(),
         chat,
@@ -489,7 +508,12 @@ async fn generate(
         finish_reason: if cut && !plan.stop_at_max_tokens { "length" } else { "stop" },
         include_usage: request.pointer("/stream_options/include_usage").and_then(Value::as_bool).unwrap_or(false),
         scripted,
+        remember: None,
     };
+    if state.lru_cache() {
+        let text: String = (0..job.text_tokens()).map(|i| job.token(i)).collect();
+        job.remember = Some(prompt_cache::stored_sequence(prompt, &text));
+    }
     let streaming = request.get("stream").and_then(Value::as_bool).unwrap_or(false);
     let route = if plan.busy_event { Route::claim(&state).map(Some) } else { Some(None) };
     let Some(route) = route else {
@@ -518,6 +542,34 @@ async fn generate(
         .header(header::CACHE_CONTROL, "no-cache")
         .body(Body::from_stream(body))
         .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response())
+}
+
+/// mlx_lm.server's system-prompt checkpoint (its batched path): a chat prompt ending with a user
+/// message whose leading system messages are not all served from the cache has them saved as a
+/// sequence of their own once they are prefilled (after `prefill_ms` of the tokens still to do).
+fn checkpoint_system_prompt(
+    state: &Arc<SimState>,
+    request: &Value,
+    prompt: &[String],
+    reused: usize,
+    prefill_ms: impl Fn(usize) -> u64,
+) {
+    let messages = request.get("messages").and_then(Value::as_array).map_or(&[][..], Vec::as_slice);
+    if messages.last().and_then(|m| m.get("role")) != Some(&json!("user")) {
+        return;
+    }
+    let system: usize = messages
+        .iter()
+        .take_while(|m| m.get("role") == Some(&json!("system")))
+        .map(|m| prompt_words(&json!({"messages": [m]})).len())
+        .sum();
+    let Some(tokens) = prompt_cache::system_checkpoint(prompt, system, reused) else { return };
+    let wait = Duration::from_millis(prefill_ms(tokens.len() - reused));
+    let state = Arc::clone(state);
+    tokio::spawn(async move {
+        tokio::time::sleep(wait).await;
+        state.remember(tokens, Kind::System);
+    });
 }
 
 /// vllm-mlx's simple mode, busy: a stream gets 200 and an in-band error event, a whole answer
@@ -557,6 +609,9 @@ async fn complete(state: &SimState, plan: &Plan, job: &Job) -> Response {
             return std::future::pending().await;
         }
         tokio::time::sleep(state.token_interval(plan)).await;
+    }
+    if let Some(sequence) = &job.remember {
+        state.remember(sequence.clone(), Kind::Assistant);
     }
     let text: String = (0..job.text_tokens()).map(|i| job.token(i)).collect();
     let usage = stream::usage_of(job);

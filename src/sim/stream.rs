@@ -26,6 +26,8 @@ pub struct Job {
     pub include_usage: bool,
     /// The scripted reply, when the server has a script (chat only).
     pub scripted: Option<Scripted>,
+    /// The sequence the LRU prompt cache stores when the answer ends (`None`: no such cache).
+    pub remember: Option<Vec<String>>,
 }
 
 /// A scripted reply cut into the pieces it is sent in.
@@ -171,6 +173,10 @@ pub async fn write_stream(state: &SimState, plan: &Plan, job: &Job, tx: mpsc::Se
     }
     if !send_tool_calls(state, plan, job, created, &out).await {
         return;
+    }
+    // The server stores the sequence as it queues the last token, before the client reads the end.
+    if let Some(sequence) = &job.remember {
+        state.remember(sequence.clone(), super::prompt_cache::Kind::Assistant);
     }
     let usage = job.include_usage || plan.usage_always;
     let finish_usage = usage && matches!(plan.usage, UsagePlacement::Finish | UsagePlacement::Both);

@@ -1,6 +1,6 @@
 //! Which tokenizer and which context cap each public model uses, resolved once at start-up:
 //! the cap from the backend's `context_cap`, else its kind's own limit, else the model's
-//! `config.json`; the tokenizer from the model's `tokenizer:` directory, else the managed
+//! `config.json` (a model of several backends: the smallest of theirs); the tokenizer from the model's `tokenizer:` directory, else the managed
 //! backend's model, else the model's `upstream_model` (each a local directory, or a Hugging
 //! Face id in the local cache: a `url:` backend on this Mac serving a Hub model is counted with
 //! it), else a conservative estimate (said once in the log).
@@ -25,6 +25,22 @@ pub struct ModelTokens {
     pub source: Option<PathBuf>,
 }
 
+impl ModelTokens {
+    /// These tokens for a model another backend serves too (`other`, resolved for it): the
+    /// smaller known cap; this tokenizer, unless only the other found one.
+    fn narrowed_by(self, other: ModelTokens) -> ModelTokens {
+        let cap = match (self.cap, other.cap) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        let (counter, source) = match (&self.source, &other.source) {
+            (None, Some(_)) => (other.counter, other.source),
+            _ => (self.counter, self.source),
+        };
+        ModelTokens { cap, on_overflow: self.on_overflow, counter, source }
+    }
+}
+
 /// A model's named tokenizer could not be loaded.
 #[derive(Debug, thiserror::Error)]
 pub enum RegistryError {
@@ -46,9 +62,19 @@ impl Registry {
         let mut loaded: BTreeMap<PathBuf, Arc<dyn Count>> = BTreeMap::new();
         let mut models = BTreeMap::new();
         for model in config.models.values() {
-            let Some(backend) = config.backends.get(&model.backend) else { continue };
-            let tokens = resolve(model, backend, &mut loaded)?;
-            models.insert(model.name.clone(), tokens);
+            // A prompt must fit whichever backend serves it: the model's cap is its backends'
+            // smallest; its tokenizer the first one found, in the backends' order.
+            let mut tokens: Option<ModelTokens> = None;
+            for backend in model.backends.iter().filter_map(|name| config.backends.get(name)) {
+                let next = resolve(model, backend, &mut loaded)?;
+                tokens = Some(match tokens {
+                    None => next,
+                    Some(first) => first.narrowed_by(next),
+                });
+            }
+            if let Some(tokens) = tokens {
+                models.insert(model.name.clone(), tokens);
+            }
         }
         Ok(Registry { models })
     }
@@ -144,7 +170,7 @@ fn backend_model_dir(backend: &BackendConfig) -> Option<PathBuf> {
 /// that is a Hub id (`org/name`) and not a path: a directory that happens to sit where the
 /// gateway was started never decides a remote server's tokenizer or cap.
 fn hub_model_dir(backend: &BackendConfig, model: &ModelConfig) -> Option<PathBuf> {
-    let id = model.upstream_model.as_str();
+    let id = model.upstream_model_for(backend);
     let hub_id = backend.managed.is_none()
         && id.matches('/').count() == 1
         && !id.starts_with(['.', '/', '~'])
@@ -208,5 +234,28 @@ mod tests {
         assert_eq!(model_limit(dir.path()), Some(8192));
         write(r#"{"max_position_embeddings": 4096, "rope_parameters": {"rope_type": "yarn", "factor": 2.0}}"#);
         assert_eq!(model_limit(dir.path()), Some(8192));
+    }
+
+    #[test]
+    fn a_model_of_several_backends_takes_their_smallest_cap_and_the_first_tokenizer_found() {
+        let config = Config::parse(
+            "backends:\n  big: {url: 'http://127.0.0.1:9', context_cap: 32768}\n  \
+             small: {url: 'http://127.0.0.1:10', context_cap: 8192}\n  unknown: {url: 'http://127.0.0.1:11'}\n\
+             models:\n  both: {backends: [big, small, unknown]}\n  one: {backend: big}\n  \
+             none: {backend: unknown}\n",
+            &|_| None,
+        )
+        .expect("config");
+        let registry = Registry::load(&config).expect("registry");
+        let cap = |model: &str| registry.get(model).expect("model").cap;
+        assert_eq!(cap("both"), Some(8192), "a prompt must fit whichever backend serves it");
+        assert_eq!(cap("one"), Some(32768));
+        assert_eq!(cap("none"), None);
+
+        let estimate =
+            |cap| ModelTokens { cap, on_overflow: OnOverflow::Reject, counter: Arc::new(Estimate), source: None };
+        let found = ModelTokens { source: Some(PathBuf::from("/m")), ..estimate(Some(4096)) };
+        let narrowed = estimate(None).narrowed_by(found);
+        assert_eq!((narrowed.cap, narrowed.source), (Some(4096), Some(PathBuf::from("/m"))), "the one tokenizer found");
     }
 }

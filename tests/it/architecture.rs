@@ -29,7 +29,9 @@ const EVERY_MODULE: &[&str] = &[
     "api",
     "auth",
     "backend",
+    "balance",
     "config",
+    "control",
     "dispatch",
     "error",
     "kinds",
@@ -51,6 +53,29 @@ const TOOLS: &[&str] = &["sim", "probe", "bench"];
 
 /// The gateway's own modules: everything but the [`TOOLS`].
 const GATEWAY: &[&str] = EVERY_MODULE.split_at(EVERY_MODULE.len() - TOOLS.len()).0;
+
+/// What `balance` may not import: every module but `kinds` (a test keeps it so).
+const ALL_BUT_KINDS: &[&str] = &[
+    "accept",
+    "access_log",
+    "api",
+    "auth",
+    "backend",
+    "config",
+    "control",
+    "dispatch",
+    "error",
+    "limits",
+    "log_throttle",
+    "metrics",
+    "outcome",
+    "reload",
+    "stream",
+    "tokens",
+    "sim",
+    "probe",
+    "bench",
+];
 
 /// The three faces: translators at the edge, each into the one pipeline and back.
 const FACES: [&str; 3] = ["api::openai", "api::responses", "api::messages"];
@@ -89,6 +114,11 @@ const RULES: &[Rule] = &[
         from: &["kinds"],
         to: EVERY_MODULE,
         why: "kinds is the catalogue of what each server is and needs: a leaf, it imports nothing of the crate",
+    },
+    Rule {
+        from: &["balance"],
+        to: ALL_BUT_KINDS,
+        why: "balance is the routing policy, pure: a leaf beside kinds, it is handed candidates and figures and imports nothing else of the crate",
     },
     Rule {
         from: &["backend", "dispatch"],
@@ -428,6 +458,14 @@ mod resolution {
         assert!(broken(&v("api::responses"), &v("api::fit"), face_rules).is_empty());
         assert!(broken(&v("api::openai_like"), &v("api::messages"), face_rules).is_empty(), "a prefix is whole names");
     }
+}
+
+/// [`ALL_BUT_KINDS`] is [`EVERY_MODULE`] less `kinds` and `balance` (a rule never forbids its
+/// own module).
+#[test]
+fn balance_may_import_only_kinds() {
+    let expected: Vec<&str> = EVERY_MODULE.iter().copied().filter(|m| !["kinds", "balance"].contains(m)).collect();
+    assert_eq!(ALL_BUT_KINDS, expected.as_slice());
 }
 
 /// [`GATEWAY`] is [`EVERY_MODULE`] less the [`TOOLS`], which stand at its end.

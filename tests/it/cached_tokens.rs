@@ -172,3 +172,33 @@ async fn a_real_mlx_lm_server_reports_its_prompt_cache() {
     }
     assert!(reported[1] > 0 && reported[2] > 0, "the repeated prompt hit the cache: {reported:?}");
 }
+
+/// Through the gateway, a simulator keeping mlx_lm.server's LRU prompt cache: a repeated prompt
+/// reports all but its last token, a conversation's next turn its previous prompt and the answer
+/// it carries back, an unrelated prompt nothing; the counter sums what was reported.
+#[tokio::test]
+async fn the_lru_simulator_reports_through_the_gateway_what_mlx_lm_server_reports() {
+    let defaults = Behaviour { style: Some(Style::MlxLm), ..Default::default() };
+    let sim =
+        mlxgate::sim::spawn(mlxgate::sim::SimConfig { defaults, prompt_cache_size: Some(10), ..Default::default() })
+            .await
+            .expect("sim");
+    let gw = gateway(&one_model_yaml(&sim.url(), 1, 8)).await;
+    let chat = gw.url("/v1/chat/completions");
+    let prompt = long_prompt();
+    let mut total = 0;
+    for (stream, want) in [(false, 0), (true, 39)] {
+        let usage = ask(&chat, &request("qwen", stream, &prompt, true)).await;
+        assert_eq!((usage["prompt_tokens"].as_u64(), cached_of(&usage)), (Some(40), Some(want)), "{usage}");
+        total += want;
+    }
+    let mut next = request("qwen", false, &prompt, true);
+    next["messages"] = json!([{"role": "user", "content": prompt},
+        {"role": "assistant", "content": "t0 t1 t2 t3 "}, {"role": "user", "content": "and then"}]);
+    let usage = ask(&chat, &next).await;
+    assert_eq!((usage["prompt_tokens"].as_u64(), cached_of(&usage)), (Some(46), Some(44)), "{usage}");
+    total += 44;
+    let usage = ask(&chat, &request("qwen", true, "something else entirely", true)).await;
+    assert_eq!(cached_of(&usage), Some(0));
+    series_reaches(&gw, SIM_SERIES, total as f64).await;
+}

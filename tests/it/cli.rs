@@ -53,6 +53,34 @@ fn check_names_every_bad_field_and_accepts_the_shipped_file() {
     }
 }
 
+#[test]
+fn check_takes_a_model_of_several_backends_and_names_what_is_wrong_with_the_list() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let backends = "backends:\n  studio: {url: 'http://127.0.0.1:8101'}\n  mini: {url: 'http://127.0.0.1:8102'}\n";
+    let good = write_config(&dir, &format!("{backends}models:\n  qwen: {{backends: [studio, mini]}}\n"));
+    let out = Command::new(MLXGATE).args(["check", "--config"]).arg(&good).output().expect("run");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success() && stdout.contains("ok (2 backends, 1 models"), "{stdout}");
+
+    let bad = write_config(
+        &dir,
+        &format!(
+            "{backends}models:\n  both: {{backend: studio, backends: [studio]}}\n  \
+             twice: {{backends: [mini, laptop, mini]}}\n"
+        ),
+    );
+    let out = Command::new(MLXGATE).args(["check", "--config"]).arg(&bad).output().expect("run");
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    for expected in [
+        "models.both: give either backend (one) or backends (a list), not both",
+        "models.twice.backends[1]: no backend named \"laptop\" (backends: mini, studio)",
+        "models.twice.backends[2]: \"mini\" is named twice",
+    ] {
+        assert!(stderr.contains(expected), "{expected:?} not in {stderr}");
+    }
+}
+
 #[tokio::test]
 async fn sigterm_lets_a_running_stream_finish_then_exits() {
     let (_sim, sim_url) = spawn_sim(&[]);

@@ -314,12 +314,15 @@ fn gateway_yaml(sim_url: &str, ports: (u16, u16, u16), model_dir: &Path) -> Stri
          backends:\n{}{}{native}  \
          sim: {{url: '{sim_url}', max_concurrency: 4}}\n  \
          capped: {{url: '{sim_url}', max_concurrency: 4, context_cap: {CAP}}}\n  \
-         single: {{url: '{sim_url}', max_concurrency: 1}}\n\
+         single: {{url: '{sim_url}', max_concurrency: 1}}\n  \
+         pa: {{url: '{sim_url}', max_concurrency: 2}}\n  \
+         pb: {{url: '{sim_url}', max_concurrency: 2}}\n\
          models:\n  ma: {{backend: gpu-a, max_wait: 120s}}\n  mb: {{backend: gpu-b, max_wait: 120s}}\n  \
          plain: {{backend: sim, upstream_model: tiny-qwen3}}\n  \
          strict: {{backend: capped, upstream_model: tiny-qwen3, on_overflow: reject, tokenizer: '{tokenizer}', default_max_tokens: 32}}\n  \
          squeeze: {{backend: capped, upstream_model: tiny-qwen3, on_overflow: middle_out, tokenizer: '{tokenizer}', default_max_tokens: 32}}\n  \
          narrow: {{backend: single, upstream_model: tiny-qwen3, max_queue: 1}}\n  \
+         pair: {{backends: [pa, pb], upstream_model: tiny-qwen3}}\n  \
          qwen: {{backend: native, max_wait: 300s}}\n",
         sha256_hex(AGENT_KEY),
         sha256_hex(HASTY_KEY),
@@ -374,6 +377,25 @@ async fn traffic_round(gw: &Gateway, round: usize) {
     text_of(r).await;
     overflows(gw).await;
     repeated_prefix(gw, round).await;
+    conversation_on_two_backends(gw, round).await;
+}
+
+/// Two turns of a growing conversation to `pair`, a model of two backends (the simulator
+/// reports the previous prompt as cached): routing decisions, predicted and reported cached
+/// tokens, the index and the backends' health.
+async fn conversation_on_two_backends(gw: &Gateway, round: usize) {
+    let mut messages = vec![
+        json!({"role": "system", "content": format!("You are a coding agent. {}", words(80, 1))}),
+        json!({"role": "user", "content": format!("task {round}: {}", words(20, round))}),
+    ];
+    for turn in 0..2 {
+        let body = json!({"model": "pair", "stream": true, "max_tokens": 4, "stream_options": {"include_usage": true},
+            "messages": messages, "sim": {"tokens": 3}});
+        let text = expect(gw, &body, 200).await;
+        assert!(text.contains("[DONE]"), "{text}");
+        messages.push(json!({"role": "assistant", "content": "t0 t1 t2"}));
+        messages.push(json!({"role": "user", "content": format!("next {turn}: {}", words(10, turn))}));
+    }
 }
 
 /// Alternates the two GPU models (swaps), then kills gpu-a's server and is served by its restart.

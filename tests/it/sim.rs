@@ -302,3 +302,125 @@ async fn posts_to_unknown_paths_get_404_and_are_recorded() {
     assert_eq!(seen[0]["_authorization"], "Bearer sk-x");
     assert_eq!(sim_stats(&s).await["total"], 0, "not counted as a generation request");
 }
+
+/// A simulator in mlx_lm.server's style keeping its prompt cache of `size` sequences.
+async fn mlx_lm_with_cache(size: usize, defaults: Behaviour) -> sim::SimHandle {
+    let defaults = Behaviour { style: Some(Style::MlxLm), ..defaults };
+    sim::spawn(SimConfig { defaults, prompt_cache_size: Some(size), ..Default::default() }).await.expect("sim")
+}
+
+/// Sends `messages` (streamed or whole, 4 tokens at most) and returns the answer's text and
+/// `(prompt_tokens, cached_tokens)`.
+async fn turn(base: &str, messages: &Value, stream: bool) -> (String, (u64, u64)) {
+    let body = json!({"model": "m", "stream": stream, "max_tokens": 4, "messages": messages,
+        "stream_options": {"include_usage": true}});
+    let r = client().post(format!("{base}/v1/chat/completions")).json(&body).send().await.expect("send");
+    assert_eq!(r.status(), 200);
+    let text = text_of(r).await;
+    let (content, usage) = if stream {
+        let ev = events(&text);
+        let content: String =
+            ev.iter().filter_map(|e| e.pointer("/choices/0/delta/content").and_then(Value::as_str)).collect();
+        (content, ev.last().expect("usage chunk")["usage"].clone())
+    } else {
+        let answer: Value = serde_json::from_str(&text).expect("json");
+        (answer["choices"][0]["message"]["content"].as_str().expect("content").to_string(), answer["usage"].clone())
+    };
+    let cached = usage.pointer("/prompt_tokens_details/cached_tokens").and_then(Value::as_u64).expect("cached");
+    (content, (usage["prompt_tokens"].as_u64().expect("prompt_tokens"), cached))
+}
+
+fn words(n: usize, tag: &str) -> String {
+    (0..n).map(|i| format!("{tag}{i}")).collect::<Vec<_>>().join(" ")
+}
+
+/// The shapes checked against the real mlx_lm.server (src/sim/prompt_cache.rs's header): a
+/// repeated prompt, a growing conversation carrying the answer back, an unrelated conversation,
+/// and the first conversation again (still cached: the LRU holds several sequences).
+#[tokio::test]
+async fn the_lru_prompt_cache_reports_cached_tokens_as_mlx_lm_server_does() {
+    let s = mlx_lm_with_cache(10, Behaviour::default()).await;
+    let system = json!({"role": "system", "content": words(30, "s")});
+    let first = json!([system, {"role": "user", "content": words(10, "u")}]);
+    for stream in [false, true] {
+        let s = mlx_lm_with_cache(10, Behaviour::default()).await;
+        assert_eq!(turn(&s.url(), &first, stream).await.1, (40, 0), "a cold cache");
+        assert_eq!(turn(&s.url(), &first, stream).await.1, (40, 39), "the same prompt: all but its last token");
+    }
+    let (answer, _) = turn(&s.url(), &first, false).await;
+    assert_eq!(answer, "t0 t1 t2 t3 ");
+    let mut second = first.as_array().expect("array").clone();
+    second.push(json!({"role": "assistant", "content": answer}));
+    second.push(json!({"role": "user", "content": words(5, "v")}));
+    // Stored: the prompt and every generated token (the real server: 83 + 8 = 91 of 111).
+    assert_eq!(turn(&s.url(), &json!(second), true).await.1, (49, 44), "the previous prompt and its answer");
+    let other = json!([system, {"role": "user", "content": words(10, "o")}]);
+    assert_eq!(turn(&s.url(), &other, false).await.1, (40, 30), "the shared system prompt");
+    let mut third = second.clone();
+    third.push(json!({"role": "assistant", "content": "recorded answer"}));
+    third.push(json!({"role": "user", "content": "next"}));
+    assert_eq!(turn(&s.url(), &json!(third), false).await.1, (52, 49), "the second turn's prompt, still cached");
+    let stats = sim_stats(&s).await;
+    assert_eq!(stats["prompt_cache"]["size"], 10);
+    assert_eq!(stats["prompt_cache"]["lookups"], 4);
+    assert_eq!(stats["prompt_cache"]["hits"], 3);
+    // The first turn's sequence went when the second's (which it prefixes) was stored; the
+    // second's stays beside the third's, which carries another answer than the generated one.
+    assert_eq!(stats["prompt_cache"]["sequences"], 3, "{stats}");
+    let reset = client().post(format!("{}/sim/prompt-cache/reset", s.url())).send().await.expect("reset");
+    assert_eq!(reset.status(), 204);
+    assert_eq!(sim_stats(&s).await["prompt_cache"]["sequences"], 0);
+    assert_eq!(turn(&s.url(), &json!(third), false).await.1, (52, 0), "emptied");
+}
+
+#[tokio::test]
+async fn the_least_recently_stored_sequence_is_evicted() {
+    let s = mlx_lm_with_cache(2, Behaviour::default()).await;
+    let conv = |tag: &str| json!([{"role": "user", "content": words(20, tag)}]);
+    for tag in ["a", "b", "c"] {
+        assert_eq!(turn(&s.url(), &conv(tag), false).await.1, (20, 0));
+    }
+    assert_eq!(sim_stats(&s).await["prompt_cache"]["sequences"], 2);
+    assert_eq!(turn(&s.url(), &conv("c"), false).await.1, (20, 19), "c is held");
+    assert_eq!(turn(&s.url(), &conv("a"), false).await.1, (20, 0), "a, the oldest of three, is gone");
+    // a was stored again, in place of b (the oldest now).
+    assert_eq!(turn(&s.url(), &conv("b"), false).await.1, (20, 0));
+}
+
+/// Prefill takes `prefill_ms_per_token` per token the cache did not spare: a long uncached prompt
+/// sends mlx_lm's prefill keepalives, the same prompt served from the cache none (no clock read:
+/// the keepalive loop only sends while the prefill lasts).
+#[tokio::test]
+async fn prefill_time_follows_the_uncached_tokens() {
+    let s = mlx_lm_with_cache(10, Behaviour { prefill_ms_per_token: Some(4.0), ..Default::default() }).await;
+    let body = json!({"model": "m", "stream": true, "max_tokens": 2,
+        "messages": [{"role": "user", "content": words(100, "w")}],
+        "sim": {"ttft_ms": 0, "keepalive_ms": 20}});
+    let mut keepalives = Vec::new();
+    for _ in 0..2 {
+        let r = client().post(format!("{}/v1/chat/completions", s.url())).json(&body).send().await.expect("send");
+        let text = text_of(r).await;
+        keepalives.push(text.lines().filter(|l| l.starts_with(": keepalive")).count());
+    }
+    assert!(keepalives[0] >= 1, "400 ms of prefill: {keepalives:?}");
+    assert_eq!(keepalives[1], 0, "4 ms of prefill (1 uncached token): {keepalives:?}");
+}
+
+/// mlx_lm.server's system checkpoint: while one conversation's answer is still generating (its
+/// sequence not stored yet), another with the same system prompt is served that system prompt;
+/// once both answers are stored, the checkpoint (a prefix of both) is gone.
+#[tokio::test]
+async fn a_system_prompt_is_checkpointed_during_prefill() {
+    let s = mlx_lm_with_cache(10, Behaviour::default()).await;
+    let system = json!({"role": "system", "content": words(30, "s")});
+    let held = json!({"model": "m", "stream": true, "max_tokens": 4, "sim": {"hold_after": 1, "hold_key": "a"},
+        "messages": [system, {"role": "user", "content": words(10, "u")}]});
+    let mut a = client().post(format!("{}/v1/chat/completions", s.url())).json(&held).send().await.expect("send");
+    read_until(&mut a, "t0").await;
+    let other = json!([system, {"role": "user", "content": words(10, "o")}]);
+    assert_eq!(turn(&s.url(), &other, false).await.1, (40, 30), "the system prompt, from the checkpoint");
+    client().post(format!("{}/sim/release/a", s.url())).send().await.expect("release");
+    assert!(text_of(a).await.contains("[DONE]"));
+    let stats = sim_stats(&s).await;
+    assert_eq!(stats["prompt_cache"]["sequences"], 2, "the two answers, not the checkpoint: {stats}");
+}

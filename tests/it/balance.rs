@@ -1,0 +1,161 @@
+//! A model of two backends balanced by its policy, against two simulators that keep
+//! mlx_lm.server's prompt cache (an LRU of whole sequences, `cached_tokens` reported as the real
+//! server does): `cache_aware` keeps each conversation on the backend that holds its prefix, so
+//! every later turn finds its earlier prompt cached, while `round_robin` sends every other turn
+//! to the backend that does not; the balancer's metrics show its decisions and how right its
+//! index was.
+
+use crate::common::*;
+use mlxgate::sim::{self, Behaviour, SimConfig, SimHandle, Style};
+use serde_json::{Value, json};
+
+/// A simulator in mlx_lm.server's style keeping its prompt cache of 10 sequences, prefilling
+/// an uncached token in half a millisecond (so that what a cache saves shows in the time to
+/// first token, which the balancer learns its rates from).
+async fn caching_sim() -> SimHandle {
+    let defaults = Behaviour { style: Some(Style::MlxLm), prefill_ms_per_token: Some(0.5), ..Default::default() };
+    sim::spawn(SimConfig { defaults, prompt_cache_size: Some(10), ..Default::default() }).await.expect("sim starts")
+}
+
+fn yaml(a: &str, b: &str, policy: &str) -> String {
+    format!(
+        "backends:\n  a: {{url: '{a}', max_concurrency: 2}}\n  b: {{url: '{b}', max_concurrency: 2}}\n\
+         models:\n  qwen: {{backends: [a, b], upstream_model: tiny-qwen3, balance: {{policy: {policy}}}}}\n"
+    )
+}
+
+/// Words the simulator counts one token each.
+fn words(n: usize, seed: usize) -> String {
+    (0..n).map(|i| format!("w{}", (i * 7 + seed) % 97)).collect::<Vec<_>>().join(" ")
+}
+
+/// Per turn of each conversation (three, four turns each, taken in turn): the prompt tokens
+/// and cached tokens the backend reported.
+async fn conversations(gw: &Gateway) -> Vec<Vec<(u64, u64)>> {
+    let system = format!("You are a coding agent. {}", words(60, 1));
+    let mut histories: Vec<Vec<Value>> = (0..3)
+        .map(|c| {
+            vec![json!({"role": "system", "content": system}), json!({"role": "user", "content": words(40, 10 + c)})]
+        })
+        .collect();
+    let mut usages = vec![Vec::new(); 3];
+    for turn in 0..4 {
+        for (c, history) in histories.iter_mut().enumerate() {
+            let body = json!({"model": "qwen", "stream": false, "max_tokens": 4, "messages": history,
+                              "sim": {"tokens": 4}});
+            let r = post(gw, "/v1/chat/completions", &body).await;
+            assert_eq!(r.status(), 200);
+            let answer: Value = r.json().await.expect("json");
+            let usage = &answer["usage"];
+            let prompt = usage["prompt_tokens"].as_u64().expect("prompt_tokens");
+            let cached = usage["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap_or(0);
+            usages[c].push((prompt, cached));
+            let text = answer["choices"][0]["message"]["content"].as_str().expect("content").to_string();
+            history.push(json!({"role": "assistant", "content": text}));
+            history.push(json!({"role": "user", "content": words(30, 100 * turn + c)}));
+        }
+    }
+    usages
+}
+
+/// Prompt tokens prefilled (prompt − cached), summed over every answer.
+fn prefilled(usages: &[Vec<(u64, u64)>]) -> u64 {
+    usages.iter().flatten().map(|(prompt, cached)| prompt - cached).sum()
+}
+
+#[tokio::test]
+async fn cache_aware_keeps_each_conversation_where_its_prefix_is_cached() {
+    let (a, b) = (caching_sim().await, caching_sim().await);
+    let gw = gateway(&yaml(&a.url(), &b.url(), "cache_aware")).await;
+    let usages = conversations(&gw).await;
+    for (c, turns) in usages.iter().enumerate() {
+        for window in turns.windows(2) {
+            let ((before, _), (_, cached)) = (window[0], window[1]);
+            assert!(
+                cached >= before,
+                "conversation {c}: a later turn finds the whole earlier prompt cached: {turns:?}"
+            );
+        }
+    }
+    // Every request was decided once, and counted under the backend and reason of the
+    // decision (a next turn sent before the previous answer's record is finished is placed
+    // by the rendezvous of its opening, which is the same backend: `cold`, still cached).
+    let text = client().get(gw.url("/metrics")).send().await.expect("metrics").text().await.expect("text");
+    let decisions: Vec<&str> = text.lines().filter(|l| l.starts_with("mlxgate_route_decisions_total{")).collect();
+    let counted: f64 = decisions.iter().filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok()).sum();
+    assert_eq!(counted, 12.0, "{decisions:#?}");
+    assert!(decisions.iter().any(|l| l.contains("reason=\"cache_hit\"")), "{decisions:#?}");
+    // Both backends serve (three conversations are not all put on one).
+    let served = |sim: &SimHandle| {
+        let url = format!("{}/sim/stats", sim.url());
+        async move { client().get(url).send().await.expect("stats").json::<Value>().await.expect("json")["total"].as_u64() }
+    };
+    let (on_a, on_b) = (served(&a).await.expect("total"), served(&b).await.expect("total"));
+    assert!(on_a > 0 && on_b > 0, "a {on_a}, b {on_b}");
+    // The index predicted what the servers reported, within a few tokens per answer.
+    for backend in ["a", "b"] {
+        let labels = format!("{{backend=\"{backend}\",model=\"qwen\"}}");
+        let predicted =
+            metric(&gw, &format!("mlxgate_route_predicted_cached_tokens_total{labels}")).await.unwrap_or(0.0);
+        let reported = metric(&gw, &format!("mlxgate_route_reported_cached_tokens_total{labels}")).await.unwrap_or(0.0);
+        assert!(reported > 0.0, "{backend} reported cached tokens");
+        assert!(
+            (predicted - reported).abs() <= reported * 0.25,
+            "{backend}: predicted {predicted}, reported {reported}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn cache_aware_prefills_less_than_round_robin_on_the_same_conversations() {
+    let mut figures = Vec::new();
+    for policy in ["cache_aware", "round_robin"] {
+        let (a, b) = (caching_sim().await, caching_sim().await);
+        let gw = gateway(&yaml(&a.url(), &b.url(), policy)).await;
+        figures.push(prefilled(&conversations(&gw).await));
+    }
+    let (cache_aware, round_robin) = (figures[0], figures[1]);
+    assert!(
+        cache_aware * 3 < round_robin * 2,
+        "cache_aware prefilled {cache_aware} tokens, round_robin {round_robin}: less than two thirds expected"
+    );
+}
+
+#[tokio::test]
+async fn two_gateways_that_have_not_seen_a_conversation_send_it_to_the_same_backend() {
+    let (a, b) = (caching_sim().await, caching_sim().await);
+    let yaml = yaml(&a.url(), &b.url(), "cache_aware");
+    // Per conversation, two gateways that share no state and know of no other conversation
+    // (even load): each turn goes through the other gateway than the one before, so each
+    // gateway meets the conversation cold and places it by the rendezvous of its opening —
+    // the same backend for both, where its prefix then stays cached.
+    let system = format!("You are a coding agent. {}", words(60, 1));
+    let mut placed = Vec::new();
+    for c in 0..5 {
+        let gateways = [gateway(&yaml).await, gateway(&yaml).await];
+        let mut history =
+            vec![json!({"role": "system", "content": system}), json!({"role": "user", "content": words(40, 20 + c)})];
+        let mut served = Vec::new();
+        for turn in 0..4 {
+            let gw = &gateways[turn % 2];
+            let body = json!({"model": "qwen", "stream": false, "max_tokens": 4, "messages": history, "sim": {"tokens": 4}});
+            let before = sim_stats(&a).await["total"].as_u64();
+            let r = post(gw, "/v1/chat/completions", &body).await;
+            assert_eq!(r.status(), 200);
+            let answer: Value = r.json().await.expect("json");
+            served.push(if sim_stats(&a).await["total"].as_u64() != before { "a" } else { "b" });
+            if turn > 0 {
+                let prompt = answer["usage"]["prompt_tokens"].as_u64().expect("prompt");
+                let cached = answer["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap_or(0);
+                assert!(prompt - cached <= 40, "conversation {c} turn {turn}: only the new turn prefilled ({cached} of {prompt} cached): {served:?}");
+            }
+            let text = answer["choices"][0]["message"]["content"].as_str().expect("content").to_string();
+            history.push(json!({"role": "assistant", "content": text}));
+            history.push(json!({"role": "user", "content": words(30, 100 * turn + c)}));
+        }
+        assert!(served.windows(2).all(|w| w[0] == w[1]), "conversation {c} stayed on one backend: {served:?}");
+        placed.push(served[0]);
+    }
+    // The rendezvous spreads conversations: not all five on one backend.
+    assert!(placed.contains(&"a") && placed.contains(&"b"), "{placed:?}");
+}
