@@ -138,7 +138,8 @@ async fn two_gateways_that_have_not_seen_a_conversation_send_it_to_the_same_back
         let mut served = Vec::new();
         for turn in 0..4 {
             let gw = &gateways[turn % 2];
-            let body = json!({"model": "qwen", "stream": false, "max_tokens": 4, "messages": history, "sim": {"tokens": 4}});
+            let body =
+                json!({"model": "qwen", "stream": false, "max_tokens": 4, "messages": history, "sim": {"tokens": 4}});
             let before = sim_stats(&a).await["total"].as_u64();
             let r = post(gw, "/v1/chat/completions", &body).await;
             assert_eq!(r.status(), 200);
@@ -147,7 +148,10 @@ async fn two_gateways_that_have_not_seen_a_conversation_send_it_to_the_same_back
             if turn > 0 {
                 let prompt = answer["usage"]["prompt_tokens"].as_u64().expect("prompt");
                 let cached = answer["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap_or(0);
-                assert!(prompt - cached <= 40, "conversation {c} turn {turn}: only the new turn prefilled ({cached} of {prompt} cached): {served:?}");
+                assert!(
+                    prompt - cached <= 40,
+                    "conversation {c} turn {turn}: only the new turn prefilled ({cached} of {prompt} cached): {served:?}"
+                );
             }
             let text = answer["choices"][0]["message"]["content"].as_str().expect("content").to_string();
             history.push(json!({"role": "assistant", "content": text}));
