@@ -34,6 +34,14 @@ use crate::stream::finish::{StreamNormalise, stop_to_length};
 use crate::stream::meter::{RequestInfo, StreamMeter};
 use crate::stream::shutdown::Cutoff;
 
+/// What the handler says of a request beyond its fields: the transform its prompt went through
+/// (the `x-mlxgate-transform` header), and its session key (a model balanced by session).
+#[derive(Debug, Default)]
+pub(crate) struct Terms {
+    pub transform: Option<String>,
+    pub session: Option<String>,
+}
+
 /// call: the request prepared for `route`'s backend ([`prepare`]; for a model of several
 /// backends, built again for another backend when it differs and the call is given it), then
 /// dispatch's call (acquire → send → first bytes, retried as its rules say), its answer held
@@ -44,10 +52,10 @@ pub(crate) async fn call(
     client: &ClientId,
     parts: &axum::http::request::Parts,
     mut fields: RawBody,
-    transform: Option<String>,
+    terms: Terms,
     sent: &std::sync::atomic::AtomicBool,
-    session: Option<String>,
 ) -> Result<Answered, GatewayError> {
+    let Terms { transform, session } = terms;
     // A model of several backends keeps the client's fields, to build another backend's request.
     let pristine = (route.backends.len() > 1).then(|| fields.clone());
     let mut outgoing = prepare(parts, &mut fields, route)?;
@@ -66,11 +74,12 @@ pub(crate) async fn call(
         let (balancer, names) = (Arc::clone(balancer), Arc::clone(names));
         Plan::new(balancer, &route.model.name, names, &outgoing.outbound.body, session, &state.metrics)
     });
-    let mut choose = plan.as_mut().map(|plan| move |candidates: &[Candidate<'_>]| plan.choose(candidates));
-    let router: Option<Router<'_>> = choose.as_mut().map(|f| f as Router<'_>);
-    let prepared = Prepared { route, client, outbound: &outgoing.outbound, encode, router, sent };
-    let held = dispatch::call::call(prepared, &state.metrics, &state.cutoff).await?;
-    drop(choose);
+    let held = {
+        let mut choose = plan.as_mut().map(|plan| move |candidates: &[Candidate<'_>]| plan.choose(candidates));
+        let router: Option<Router<'_>> = choose.as_mut().map(|f| f as Router<'_>);
+        let prepared = Prepared { route, client, outbound: &outgoing.outbound, encode, router, sent };
+        dispatch::call::call(prepared, &state.metrics, &state.cutoff).await?
+    };
     let backend = route.backends.get(held.position()).unwrap_or(&route.backend);
     let feedback = plan.map(|plan| {
         plan.granted(held.position());

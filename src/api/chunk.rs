@@ -198,7 +198,7 @@ async fn run_streamed(state: Arc<AppState>, job: StreamedJob, mut record: Reques
         let reduce_estimate = estimated_prompt_tokens(&fields);
         // The reduce's prefill can take minutes too: the comments go on until its first byte.
         let sent = record.sent_flag();
-        let reduce = answer::call(&state, route, &client, &parts, fields, None, &sent, None);
+        let reduce = answer::call(&state, route, &client, &parts, fields, answer::Terms::default(), &sent);
         tokio::pin!(reduce);
         loop {
             tokio::select! {

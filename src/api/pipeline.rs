@@ -156,7 +156,8 @@ async fn steps(
     let sent = record.sent_flag();
     let Parsed { parts, route, fields, .. } = request;
     let session = route.balancer.as_ref().and_then(|_| session_key(route, &parts, &fields, record));
-    let answered = answer::call(state, route, &client, &parts, fields, transform, &sent, session).await?;
+    let answered =
+        answer::call(state, route, &client, &parts, fields, answer::Terms { transform, session }, &sent).await?;
     Ok(Reply::Answered { answered, prompt_tokens })
 }
 

@@ -382,6 +382,15 @@ async fn held_for_abandoned(
     hold.until_ended(async { answered.await.ok().map(|answer| answer.body) }).await;
 }
 
+/// A server's answer before any byte reached the client that another backend of the model may
+/// serve better, and that counts against the backend's health: 502, 503 and 504 (the server, or
+/// a proxy in front of it, is unavailable or overloaded). Other 5xx — a 500 a request itself
+/// provokes (a chat template that cannot render it, a model name a server does not take) —
+/// go to the client as they are: sent to every backend, one bad request would eject them all.
+fn fails_over(status: axum::http::StatusCode) -> bool {
+    matches!(status.as_u16(), 502..=504)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -394,13 +403,4 @@ mod tests {
         assert_eq!(busy_retries(ended(1500, false)), 0, "long after: a real failure");
         assert_eq!(busy_retries(None), 0, "no previous request");
     }
-}
-
-/// A server's answer before any byte reached the client that another backend of the model may
-/// serve better, and that counts against the backend's health: 502, 503 and 504 (the server, or
-/// a proxy in front of it, is unavailable or overloaded). Other 5xx — a 500 a request itself
-/// provokes (a chat template that cannot render it, a model name a server does not take) —
-/// go to the client as they are: sent to every backend, one bad request would eject them all.
-fn fails_over(status: axum::http::StatusCode) -> bool {
-    matches!(status.as_u16(), 502..=504)
 }
