@@ -206,7 +206,14 @@ def main() -> int:
     def overtime(_sig, _frame):  # noqa: ANN001
         raise SystemExit(f"bench/balance: over its {limit // 60} minutes: stopped")
 
+    def terminated(sig, _frame):  # noqa: ANN001
+        # SIGTERM (a `timeout`, a CI job cancelled) or SIGHUP: unwind, so that the servers and
+        # gateways started in their own sessions are stopped, not left running.
+        raise SystemExit(f"bench/balance: stopped by signal {sig}")
+
     signal.signal(signal.SIGALRM, overtime)
+    signal.signal(signal.SIGTERM, terminated)
+    signal.signal(signal.SIGHUP, terminated)
     signal.alarm(limit)
     workdir = Path(tempfile.mkdtemp(prefix="mlxgate-bench-balance-"))
     began = time.monotonic()

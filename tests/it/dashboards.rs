@@ -380,8 +380,8 @@ async fn traffic_round(gw: &Gateway, round: usize) {
     conversation_on_two_backends(gw, round).await;
 }
 
-/// Two turns of a growing conversation to `pair`, a model of two backends (the simulator
-/// reports the previous prompt as cached): routing decisions, predicted and reported cached
+/// Two turns of a growing conversation to `pair`, a model of two backends (the simulator in
+/// mlx_lm.server's style reports the prefix it shares with the previous prompt as cached): routing decisions, predicted and reported cached
 /// tokens, the index and the backends' health.
 async fn conversation_on_two_backends(gw: &Gateway, round: usize) {
     let mut messages = vec![
@@ -390,7 +390,7 @@ async fn conversation_on_two_backends(gw: &Gateway, round: usize) {
     ];
     for turn in 0..2 {
         let body = json!({"model": "pair", "stream": true, "max_tokens": 4, "stream_options": {"include_usage": true},
-            "messages": messages, "sim": {"tokens": 3}});
+            "messages": messages, "sim": {"tokens": 3, "style": "mlx-lm"}});
         let text = expect(gw, &body, 200).await;
         assert!(text.contains("[DONE]"), "{text}");
         messages.push(json!({"role": "assistant", "content": "t0 t1 t2"}));
