@@ -17,7 +17,7 @@ use super::AppState;
 use super::body::{MAX_ERROR_BODY, MAX_WHOLE_ANSWER, read_whole};
 use super::fields::RawBody;
 use super::normalise::stream_normalise;
-use super::outgoing::{Outgoing, prepare, prepare_for, same_request};
+use super::outgoing::{Outgoing, for_position, prepare};
 use crate::backend::handle::Answer;
 use crate::backend::upstream::strip_hop_by_hop;
 use crate::config::BackendConfig;
@@ -61,13 +61,7 @@ pub(crate) async fn call(
     let mut outgoing = prepare(parts, &mut fields, route)?;
     outgoing.transform = transform;
     drop(fields);
-    let other = |position: usize| {
-        if same_request(route, position) {
-            return None;
-        }
-        let mut fields = pristine.clone()?;
-        Some(prepare_for(parts, &mut fields, route, position).map(|o| o.outbound))
-    };
+    let other = |position: usize| for_position(parts, route, pristine.as_ref(), position);
     let encode: Option<Encode<'_>> = if pristine.is_some() { Some(&other) } else { None };
     // A model of several backends: its balancer plans the request (the prompt read once).
     let mut plan = route.balancer.as_ref().map(|(balancer, names)| {

@@ -23,7 +23,7 @@ use super::answer;
 use super::body::{MAX_WHOLE_ANSWER, read_whole};
 use super::fields::{RawBody, estimated_prompt_tokens};
 use super::fit::{Chunked, EmbedPlan, raw};
-use super::outgoing::{prepare, prepare_for, same_request};
+use super::outgoing::{for_position, prepare};
 use crate::backend::handle::Answer;
 use crate::dispatch::Route;
 use crate::dispatch::call::{self, Encode, Held, Prepared};
@@ -384,13 +384,7 @@ async fn whole_answer(
     };
     let pristine = (route.backends.len() > 1).then(|| body.clone());
     let outgoing = prepare(parts, body, route)?;
-    let other = |position: usize| {
-        if same_request(route, position) {
-            return None;
-        }
-        let mut fields = pristine.clone()?;
-        Some(prepare_for(parts, &mut fields, route, position).map(|o| o.outbound))
-    };
+    let other = |position: usize| for_position(parts, route, pristine.as_ref(), position);
     let encode: Option<Encode<'_>> = if pristine.is_some() { Some(&other) } else { None };
     // Sent: the piece's own record (the client's request is sent only with its reduce: one
     // that ends during the map is charged its pieces' usage alone), or, for the one request

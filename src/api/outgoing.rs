@@ -66,6 +66,22 @@ pub(crate) fn same_request(route: &Route, position: usize) -> bool {
         && first.config.normalise.stream_options == other.config.normalise.stream_options
 }
 
+/// The request for the model's backend at `position`, built again from the client's `pristine`
+/// fields when that backend takes another request than the first one's (another upstream model
+/// name, another `stream_options` rule); `None`: it takes the first one's as it is.
+pub(crate) fn for_position(
+    parts: &axum::http::request::Parts,
+    route: &Route,
+    pristine: Option<&RawBody>,
+    position: usize,
+) -> Option<Result<Outbound, GatewayError>> {
+    if same_request(route, position) {
+        return None;
+    }
+    let mut fields = pristine?.clone();
+    Some(prepare_for(parts, &mut fields, route, position).map(|o| o.outbound))
+}
+
 /// Rewrites `model` for the backend at `position` of `route`, and on generation endpoints
 /// (`path`) asks for usage and an explicit `max_tokens`.
 pub(crate) fn rewrite(
