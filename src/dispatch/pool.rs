@@ -126,6 +126,14 @@ impl Backend {
             }
     }
 
+    /// A request that failed elsewhere before its first byte may be sent here: not dead, not
+    /// drained, not ejected now (a backend starting or busy will take it in its turn; one that
+    /// takes nothing would leave the request to wait out its `max_wait` for a late 503 instead
+    /// of the first backend's own error).
+    pub fn takes_a_failover(&self, now: Instant) -> bool {
+        !self.dead() && !self.drained && !matches!(self.health, Health::Ejected { until } if until > now)
+    }
+
     /// It can never serve a waiting request: failed, or closed while the gateway shuts down.
     pub fn dead(&self) -> bool {
         self.failure.is_some() || (self.shutting_down && !self.open)

@@ -426,12 +426,17 @@ impl ModelSlot {
         }
     }
 
-    /// Whether the model has a backend, other than those in `excluded`, that may still serve a
-    /// request (not failed, not closed for the shutdown): where a failed attempt may go next.
+    /// Whether the model has a backend, other than those in `excluded`, that may take a failed
+    /// attempt ([`super::pool::Backend::takes_a_failover`]): where it may go next.
     pub fn has_other(&self, excluded: u64) -> bool {
         let state = self.shared.lock();
         let model = &state.models[self.index];
-        model.backends.iter().enumerate().any(|(p, &b)| excluded & bit(p) == 0 && !state.backends[b].dead())
+        let now = Instant::now();
+        model
+            .backends
+            .iter()
+            .enumerate()
+            .any(|(p, &b)| excluded & bit(p) == 0 && state.backends[b].takes_a_failover(now))
     }
 
     /// A request at the model's backend at `position` succeeded (`ok`: an answer that is not a

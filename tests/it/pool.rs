@@ -191,3 +191,24 @@ async fn a_remote_backend_whose_ready_path_fails_is_ejected_by_its_probe_alone()
     }
     assert_eq!(total(&b).await, 3, "b serves everything while a is out");
 }
+
+#[tokio::test]
+async fn a_failure_with_no_other_backend_taking_requests_is_the_clients_at_once() {
+    // b drained: a's 503 has nowhere to go. The client gets a's own error, not the queue's
+    // timeout after waiting out max_wait behind a backend that takes nothing.
+    let bad = sim_with(Behaviour { fail_status: Some(503), ..Default::default() }).await;
+    let other = sim().await;
+    let yaml = format!(
+        "backends:\n  a: {{url: '{}', max_concurrency: 1}}\n  b: {{url: '{}', max_concurrency: 1}}\n\
+         models:\n  qwen: {{backends: [a, b], upstream_model: tiny-qwen3, max_wait: 3s, balance: {{policy: round_robin}}}}\n",
+        bad.url(),
+        other.url()
+    );
+    let gw = gateway(&yaml).await;
+    assert_eq!(client().post(gw.url("/admin/backends/b/drain")).send().await.expect("drain").status(), 200);
+    let r = post(&gw, "/v1/chat/completions", &chat(false, json!({"tokens": 2}))).await;
+    assert_eq!(r.status(), 503);
+    let text = text_of(r).await;
+    assert!(text.contains("simulated failure"), "a's own error, not the queue's: {text}");
+    assert_eq!((total(&bad).await, total(&other).await), (1, 0));
+}
