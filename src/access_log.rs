@@ -160,6 +160,9 @@ pub struct AccessLine {
     pub prompt_tokens: Option<u64>,
     pub cached_tokens: Option<u64>,
     pub completion_tokens: Option<u64>,
+    /// A model of several backends: why its balancer chose the backend (a reason label of
+    /// `mlxgate_route_decisions_total`) and the cached tokens it predicted there.
+    pub route: Option<(&'static str, u64)>,
     /// A backend request made for a client request (a map piece): its line says `piece=true`
     /// with the client request's id.
     pub piece: bool,
@@ -182,6 +185,7 @@ impl AccessLine {
             prompt_tokens: None,
             cached_tokens: None,
             completion_tokens: None,
+            route: None,
             piece: false,
         }
     }
@@ -269,6 +273,8 @@ pub fn write(line: &AccessLine, end: &Ending<'_>) {
         prompt_tokens = line.prompt_tokens,
         cached_tokens = line.cached_tokens,
         completion_tokens = line.completion_tokens,
+        route = line.route.map(|(reason, _)| reason),
+        predicted_cached_tokens = line.route.map(|(_, tokens)| tokens),
         piece = line.piece.then_some(true),
     );
 }

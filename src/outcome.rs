@@ -299,6 +299,12 @@ impl RequestRecord {
         }
     }
 
+    /// Why a model of several backends was routed to the backend that answered, and the
+    /// cached tokens its balancer predicted there (for the access line).
+    pub fn route_decided(&mut self, reason: &'static str, predicted_cached_tokens: u64) {
+        self.access.route = Some((reason, predicted_cached_tokens));
+    }
+
     /// Sets who is told the answer's figures when the record is finished with one.
     pub fn on_answer(&mut self, hook: AnswerHook) {
         self.on_answer = Some(hook);

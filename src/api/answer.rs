@@ -21,7 +21,7 @@ use super::outgoing::{Outgoing, for_position, prepare};
 use crate::backend::handle::Answer;
 use crate::backend::upstream::strip_hop_by_hop;
 use crate::config::BackendConfig;
-use crate::dispatch::balancing::Plan;
+use crate::dispatch::balancing::{Plan, Routed};
 use crate::dispatch::call::{Encode, Held, Prepared};
 use crate::dispatch::queue::{ClientId, Permit};
 use crate::dispatch::route::Candidate;
@@ -75,10 +75,10 @@ pub(crate) async fn call(
         dispatch::call::call(prepared, &state.metrics, &state.cutoff).await?
     };
     let backend = route.backends.get(held.position()).unwrap_or(&route.backend);
-    let feedback = plan.map(|plan| {
-        plan.granted(held.position());
-        plan.feedback(held.position(), held.queue_wait)
-    });
+    let (routed, feedback) = match plan {
+        Some(plan) => (plan.granted(held.position()), Some(plan.feedback(held.position(), held.queue_wait))),
+        None => (None, None),
+    };
     let Held { permit, answer, queue_wait } = held;
     let normalise = stream_normalise(&backend.config, &outgoing);
     Ok(Answered {
@@ -90,6 +90,7 @@ pub(crate) async fn call(
         normalise,
         backend: Arc::clone(&backend.config),
         feedback,
+        routed,
     })
 }
 
@@ -107,6 +108,8 @@ pub(crate) struct Answered {
     backend: Arc<BackendConfig>,
     /// What its answer teaches the model's balancer (a model of several backends).
     feedback: Option<AnswerHook>,
+    /// Why the balancer bound it there (a model of several backends).
+    routed: Option<Routed>,
 }
 
 impl Answered {
@@ -114,10 +117,14 @@ impl Answered {
     /// (which records the outcome at their end); whole answers and the backend's own errors
     /// are read here first.
     pub(crate) async fn into_response(self, record: RequestRecord, cutoff: Arc<Cutoff>) -> Response {
-        let Answered { answer, permit, outgoing, queue_wait, idle_timeout, normalise, backend, feedback } = self;
+        let Answered { answer, permit, outgoing, queue_wait, idle_timeout, normalise, backend, feedback, routed } =
+            self;
         let Answer { mut head, body, first, sent_at } = answer;
         let mut record = record;
         record.served_by(&backend.name);
+        if let Some(routed) = routed {
+            record.route_decided(routed.reason, routed.predicted_cached_tokens);
+        }
         if let Some(feedback) = feedback {
             record.on_answer(feedback);
         }

@@ -107,7 +107,7 @@ impl Balancer {
             .iter()
             .map(|b| Backend { index: PrefixIndex::new(b.cache_sequences), rates: Rates::default() })
             .collect();
-        let tokens_per_byte = Ewma::new(rates::PRIOR_TOKENS_PER_BYTE);
+        let tokens_per_byte = Ewma::until_sampled(rates::PRIOR_TOKENS_PER_BYTE);
         Balancer { policy, state: Mutex::new(State { backends, round_robin: 0, tokens_per_byte }) }
     }
 
@@ -129,6 +129,7 @@ impl Balancer {
         let mut state = self.state();
         let matches: Vec<Match> = state.backends.iter().map(|b| b.index.predict(prompt)).collect();
         let per_byte = state.tokens_per_byte.value();
+        let model_prefill = model_prefill_per_s(&state.backends);
         let estimates: Vec<Estimate> = candidates
             .iter()
             .map(|c| {
@@ -137,7 +138,7 @@ impl Balancer {
                 Estimate {
                     prompt_tokens: (prompt.bytes() as f64 * per_byte) as u64,
                     cached_tokens: (matched.expected_bytes as f64 * per_byte) as u64,
-                    prefill_per_s: rates.prefill_per_s(),
+                    prefill_per_s: rates.learnt_prefill_per_s().or(model_prefill).unwrap_or(rates.prefill_per_s()),
                     service: if c.mean_service.is_zero() { rates.service() } else { c.mean_service },
                     held_sequences: state.backends.get(c.backend).map_or(0, |b| b.index.len()),
                 }
@@ -212,6 +213,13 @@ impl Balancer {
     pub fn tokens_per_byte(&self) -> f64 {
         self.state().tokens_per_byte.value()
     }
+}
+
+/// The mean of the prefill rates the model's backends learnt (`None`: none learnt one yet): the
+/// estimate of a backend that has not, since the same model runs on each.
+fn model_prefill_per_s(backends: &[Backend]) -> Option<f64> {
+    let learnt: Vec<f64> = backends.iter().filter_map(|b| b.rates.learnt_prefill_per_s()).collect();
+    (!learnt.is_empty()).then(|| learnt.iter().sum::<f64>() / learnt.len() as f64)
 }
 
 #[cfg(test)]

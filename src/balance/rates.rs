@@ -2,8 +2,11 @@
 //! (`(prompt − cached) ÷ (TTFT − queue wait)`), decode tokens per second and the mean
 //! completion length ([`Rates`]); and, for the model (its tokenizer's, whichever backend
 //! answered), prompt tokens per byte of a [`Prompt`](super::Prompt)'s size ([`Ewma`] with
-//! [`PRIOR_TOKENS_PER_BYTE`]). A prior counts as one answer, so the first real answers replace
-//! it quickly; after that each answer weighs [`ALPHA`].
+//! [`PRIOR_TOKENS_PER_BYTE`]). A rate's prior is replaced by the first answer's figure (rates
+//! differ by orders of magnitude between a Mac and a CPU, and a prior averaged in would stay
+//! wrong for many answers); after that each answer weighs [`ALPHA`] once a few are in. A
+//! backend whose answers taught it no prefill rate yet takes the rate its model's other
+//! backends measured ([`Balancer`](super::Balancer) does), before the prior.
 
 use std::time::Duration;
 
@@ -23,17 +26,30 @@ pub const PRIOR_COMPLETION_TOKENS: f64 = 200.0;
 /// token is mostly the server's fixed cost, not prefill.
 pub const MIN_PREFILL_SAMPLE: u64 = 64;
 
-/// An exponentially weighted moving average whose prior counts as one sample.
+/// An exponentially weighted moving average with a prior.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Ewma {
     value: f64,
+    /// Samples taken, the prior counted as one when it is averaged in.
     samples: u64,
+    /// Whether any sample was taken.
+    sampled: bool,
 }
 
 impl Ewma {
-    /// The average before any sample: `prior`.
+    /// The average before any sample: `prior`, which then counts as one sample.
     pub fn new(prior: f64) -> Ewma {
-        Ewma { value: prior, samples: 1 }
+        Ewma { value: prior, samples: 1, sampled: false }
+    }
+
+    /// The average before any sample: `prior`, which the first sample replaces.
+    pub fn until_sampled(prior: f64) -> Ewma {
+        Ewma { value: prior, samples: 0, sampled: false }
+    }
+
+    /// Whether any sample was taken (else the value is the prior).
+    pub fn sampled(&self) -> bool {
+        self.sampled
     }
 
     /// Takes a sample; one that is not finite or is negative is ignored.
@@ -42,6 +58,7 @@ impl Ewma {
             return;
         }
         self.samples = self.samples.saturating_add(1);
+        self.sampled = true;
         let weight = (1.0 / self.samples as f64).max(ALPHA);
         self.value += weight * (sample - self.value);
     }
@@ -77,9 +94,9 @@ pub struct Rates {
 impl Default for Rates {
     fn default() -> Rates {
         Rates {
-            prefill_per_s: Ewma::new(PRIOR_PREFILL_PER_S),
-            decode_per_s: Ewma::new(PRIOR_DECODE_PER_S),
-            completion_tokens: Ewma::new(PRIOR_COMPLETION_TOKENS),
+            prefill_per_s: Ewma::until_sampled(PRIOR_PREFILL_PER_S),
+            decode_per_s: Ewma::until_sampled(PRIOR_DECODE_PER_S),
+            completion_tokens: Ewma::until_sampled(PRIOR_COMPLETION_TOKENS),
         }
     }
 }
@@ -107,6 +124,11 @@ impl Rates {
     /// Prefill tokens per second.
     pub fn prefill_per_s(&self) -> f64 {
         self.prefill_per_s.value()
+    }
+
+    /// Prefill tokens per second if answers taught it one.
+    pub fn learnt_prefill_per_s(&self) -> Option<f64> {
+        self.prefill_per_s.sampled().then(|| self.prefill_per_s.value())
     }
 
     /// Decode tokens per second.
@@ -141,6 +163,19 @@ mod tests {
     }
 
     #[test]
+    fn a_prior_until_sampled_is_replaced_by_the_first_sample() {
+        // A Mac's prior against a CPU's 20 tokens/s: averaged in, the prior would leave the
+        // rate 13× too high after one answer.
+        let mut e = Ewma::until_sampled(500.0);
+        assert!(!e.sampled());
+        e.add(20.0);
+        assert_eq!(e.value(), 20.0);
+        assert!(e.sampled());
+        e.add(40.0);
+        assert_eq!(e.value(), 30.0, "the second sample weighs a half");
+    }
+
+    #[test]
     fn a_later_sample_weighs_alpha() {
         let mut e = Ewma::new(10.0);
         for _ in 0..10 {
@@ -168,8 +203,9 @@ mod tests {
             ttft_after_queue: Some(Duration::from_secs(2)),
             ..Observed::default()
         });
-        // One sample against the prior: the mean of 1000 and the prior.
-        assert_eq!(r.prefill_per_s(), (1000.0 + PRIOR_PREFILL_PER_S) / 2.0);
+        // The first sample replaces the prior.
+        assert_eq!(r.prefill_per_s(), 1000.0);
+        assert_eq!(r.learnt_prefill_per_s(), Some(1000.0));
     }
 
     #[test]
@@ -182,6 +218,7 @@ mod tests {
             ..Observed::default()
         });
         assert_eq!(r.prefill_per_s(), PRIOR_PREFILL_PER_S);
+        assert_eq!(r.learnt_prefill_per_s(), None);
     }
 
     #[test]

@@ -336,3 +336,31 @@ fn the_opening_of_a_conversation_is_what_marks_it_cold() {
     assert!(matches[1].answer_bytes > 0 && matches[1].expected_bytes > matches[1].bytes);
     assert_eq!((choice.now, choice.reason), (Some(1), Reason::CacheHit));
 }
+
+/// Found on two real servers on a CPU (bench/balance --real): a backend that had not yet
+/// learnt a prefill rate was estimated at the prior (a Mac's 500 tokens/s, 25× what the CPU
+/// did), so a conversation whose backend was busy moved to it and prefilled its whole prompt
+/// again. A backend with no rate of its own now takes the one its model's other backends learnt.
+#[test]
+fn a_backend_with_no_rate_of_its_own_takes_the_rate_its_model_learnt() {
+    let balancer = Balancer::new(Policy::CacheAware, &specs(2, 10));
+    let first = conversation(1, 0, 2000, 500);
+    // Backend 0 served the first turn slowly: 20 tokens/s.
+    let slow = Observed {
+        ttft_after_queue: Some(Duration::from_secs_f64(first.bytes() as f64 / 20.0)),
+        ..answered(&first, 0)
+    };
+    balancer.observe_answer(0, &first, Match::default(), &slow);
+    assert_eq!(balancer.rates()[1].learnt_prefill_per_s(), None);
+    // The next turn: backend 0 (holding it) busy for a few seconds, backend 1 free.
+    let next = conversation(1, 1, 2000, 500);
+    let busy = Candidate { free_slots: 0, in_flight: 4, mean_service: Duration::from_secs(8), ..idle(0) };
+    let (choice, _) = balancer.plan(&next, &[busy, idle(1)], None);
+    assert_eq!(
+        choice.now,
+        None,
+        "prefilling {} tokens at 20/s elsewhere beats a wait of a few seconds: {choice:?}",
+        next.bytes()
+    );
+    assert_eq!(choice.prefer.map(|(b, _)| b), Some(0), "{choice:?}");
+}

@@ -33,6 +33,15 @@ pub fn balancer_for(model: &ModelConfig, backends: &[&BackendConfig]) -> Balance
     Balancer::new(policy_of(model.balance.policy), &specs)
 }
 
+/// The decision that bound a request to the backend that served it, for its access line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Routed {
+    /// The reason's metric label (`cache_hit`, `cold`, `least_loaded`, …, `rebound`).
+    pub reason: &'static str,
+    /// The cached tokens the balancer believed that backend held of the prompt.
+    pub predicted_cached_tokens: u64,
+}
+
 /// One request's routing by its model's balancer.
 pub struct Plan {
     balancer: Arc<Balancer>,
@@ -84,14 +93,18 @@ impl Plan {
     /// the last decision's reason when it named that backend, else `rebound` (the pool bound
     /// it elsewhere: its preference ran out, or no backend was named and the first free one
     /// took it).
-    pub fn granted(&self, position: usize) {
+    /// Returns what the access line says of the decision.
+    pub fn granted(&self, position: usize) -> Option<Routed> {
         let backend = self.names.get(position).map_or("", String::as_str);
         let reason = match self.choice {
             Some(choice) if choice.backend() == Some(position) => choice.reason.label(),
             Some(_) => "rebound",
-            None => return,
+            None => return None,
         };
         self.metrics.route_decisions.with_label_values(&[&self.model, backend, reason]).inc();
+        let predicted = self.matches.get(position).copied().unwrap_or_default();
+        let predicted_cached_tokens = (predicted.expected_bytes as f64 * self.balancer.tokens_per_byte()) as u64;
+        Some(Routed { reason, predicted_cached_tokens })
     }
 
     /// What the answer of the backend at `position` (which the request waited `queue_wait`
