@@ -248,6 +248,11 @@ def main() -> int:
     if not args.real and from_records and from_records[0] not in (None, res["oracle"]["prefilled"]):
         res["notes"].append(f"the simulators' prompt tokens give an oracle of {from_records[0]}, the workload's "
                             f"words {res['oracle']['prefilled']}")
+    # The stricter oracle: the pinned conversations also share the common prefix on a backend.
+    res["oracle_shared_tokens"] = (
+        stats.oracle_shared(res["oracle_tokens"], stats.shared_prefix_from_records(list(res["records"].values())),
+                            len(workload["conversations"]), len(settings.BACKEND_PORTS))
+        if args.real else res["oracle"]["prefilled_shared"])
     res["goals"] = stats.goals(res["policies"], res["oracle_tokens"])
     res["elapsed_s"] = time.monotonic() - began
     raw = out_md.with_suffix(".json")

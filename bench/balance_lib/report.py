@@ -57,6 +57,16 @@ def render(res: dict) -> str:
             f"{fmt(s['prefilled'] / rr if rr else None)} | {s['cached']} | {fmt(s['ttft_p50_s'], 3)} | "
             f"{fmt(s['ttft_p95_s'], 3)} | {counts} | {fmt(s['balance'])} | {s['failed']} |")
     lines.append(f"| oracle | {fmt(oracle)} | 1.00 | {fmt(oracle / rr if oracle and rr else None)} | | | | | | |")
+    shared = res.get("oracle_shared_tokens")
+    if shared:
+        lines.append(f"| oracle, common prefix shared | {fmt(shared)} | {fmt(shared / oracle if oracle else None)} | "
+                     f"{fmt(shared / rr if rr else None)} | | | | | | |")
+        ca = res["policies"].get("cache_aware")
+        lines += ["", "The second oracle row is stricter: the conversations pinned to a backend also share the "
+                  "common system prompt and tools in its cache, so that prefix is prefilled once per backend "
+                  "instead of once per conversation" + (" (its size from the cached tokens the servers reported "
+                  "on first turns)" if real else "") + "."
+                  + (f" cache_aware prefilled {fmt(ca['prefilled'] / shared)}× that." if ca else "")]
     lines += ["", "| goal (issue 21) | measured | met |", "|---|---|---|"]
     for g in res["goals"]:
         lines.append(f"| {g['goal']} | {fmt(g['value'])} | {'yes' if g['met'] else '**no**'} |")

@@ -120,6 +120,16 @@ class Figures(unittest.TestCase):
         self.assertEqual(stats.oracle_from_records(recs), 42)
         self.assertIsNone(stats.oracle_from_records([]))
 
+    def test_the_shared_oracle_from_reported_first_turns(self):
+        recs = [[{"turn": 0, "cached_tokens": 0}, {"turn": 0, "cached_tokens": 300}, {"turn": 1, "cached_tokens": 290},
+                 {"turn": 0, "cached_tokens": 310}], [{"turn": 0, "cached_tokens": None}]]
+        self.assertEqual(stats.shared_prefix_from_records(recs), 300, "a later turn's figure is not the prefix")
+        self.assertIsNone(stats.shared_prefix_from_records([[{"turn": 0, "cached_tokens": 0}]]))
+        # 7 conversations on 2 backends: the prefix is prefilled twice, not seven times.
+        self.assertEqual(stats.oracle_shared(9966, 300, 7, 2), 9966 - 5 * 300)
+        self.assertIsNone(stats.oracle_shared(9966, None, 7, 2))
+        self.assertIsNone(stats.oracle_shared(None, 300, 7, 2))
+
     def test_a_policys_summary(self):
         recs = [{"prompt_tokens": 100, "cached_tokens": 90, "ttft_s": 0.1},
                 {"prompt_tokens": 50, "cached_tokens": None, "ttft_s": 0.3},
@@ -208,7 +218,7 @@ class Report(unittest.TestCase):
         res = {"backends": "sim", "date": "d", "machine": "m", "commit": "c", "elapsed_s": 60, "loadavg_start": "0",
                "backends_what": "two sims", "max_tokens": 8, "command": "bench/balance",
                "workload": {"seed": 21, "conversations": 7, "turns": "11–14", "requests": 88, "clients": 3},
-               "oracle": {"prefilled": 40, "prefilled_shared": 38}, "oracle_tokens": 40,
+               "oracle": {"prefilled": 40, "prefilled_shared": 38}, "oracle_tokens": 40, "oracle_shared_tokens": 38,
                "policies": {"cache_aware": s, "round_robin": dict(s, prefilled=80)},
                "goals": stats.goals({"cache_aware": s, "round_robin": dict(s, prefilled=80)}, 40),
                "self_correction": {"cache_size": 2, "restart_after": 44, "restart_at_s": 12.0, "summary": s,
@@ -218,6 +228,8 @@ class Report(unittest.TestCase):
         md = report.render(res)
         self.assertIn("| cache_aware | 40 | 1.00 | 0.50 | 60 |", md)
         self.assertIn("| oracle | 40 | 1.00 | 0.50 |", md)
+        self.assertIn("| oracle, common prefix shared | 38 | 0.95 | 0.47 |", md)
+        self.assertIn("cache_aware prefilled 1.05× that.", md)
         self.assertIn("not measured", md)
         self.assertIn("| cache_aware prefilled ≤ 1.1× the oracle's | 1.00 | yes |", md)
 

@@ -61,6 +61,25 @@ def oracle_from_records(records: list[dict]) -> int | None:
     return sum(t for _, t in last.values()) if last else None
 
 
+def shared_prefix_from_records(all_records: list[list[dict]]) -> int | None:
+    """The prefix every conversation shares (tools, system prompt), in the servers' tokens: the
+    fewest cached tokens a server reported for a conversation's first turn that found any (a
+    first turn can only find what another conversation left); None when none did."""
+    found = [r["cached_tokens"] for records in all_records for r in records
+             if r.get("turn") == 0 and (r.get("cached_tokens") or 0) > 0]
+    return min(found) if found else None
+
+
+def oracle_shared(oracle_tokens: int | None, shared_prefix: int | None, conversations: int,
+                  backends: int) -> int | None:
+    """The pinned oracle when each backend's cache also shares the common prefix among the
+    conversations pinned to it: that prefix is prefilled once per backend, not once per
+    conversation (every conversation of the workload opens with it)."""
+    if oracle_tokens is None or shared_prefix is None or conversations < backends:
+        return None
+    return oracle_tokens - shared_prefix * (conversations - backends)
+
+
 def summarize(records: list[dict], per_backend: dict[str, float]) -> dict:
     """One policy's run: prefilled tokens (Σ prompt − cached over answered requests), cached and
     prompt tokens, TTFT p50/p95, failures, requests per backend and their balance."""

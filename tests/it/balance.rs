@@ -163,3 +163,53 @@ async fn two_gateways_that_have_not_seen_a_conversation_send_it_to_the_same_back
     // The rendezvous spreads conversations: not all five on one backend.
     assert!(placed.contains(&"a") && placed.contains(&"b"), "{placed:?}");
 }
+
+/// Each request's access-log line says how it was routed (`route`, a reason of
+/// `mlxgate_route_decisions_total`) and what the gateway believed that backend held
+/// (`predicted_cached_tokens`), beside what the server reported (`cached_tokens`): the line a
+/// user reads to see why a turn went where it did. Through the real binary, in JSON lines.
+#[tokio::test]
+async fn the_access_line_says_why_a_request_went_where_it_did() {
+    let (a, b) = (caching_sim().await, caching_sim().await);
+    let (gw, lines) =
+        gateway_binary_logged(&yaml(&a.url(), &b.url(), "cache_aware"), &[("MLXGATE_LOG_FORMAT", "json")], "info");
+    let system = format!("You are a coding agent. {}", words(60, 1));
+    let mut history = vec![json!({"role": "system", "content": system}), json!({"role": "user", "content": words(40, 3)})];
+    for turn in 0..3 {
+        let body = json!({"model": "qwen", "max_tokens": 4, "messages": history, "sim": {"tokens": 4}});
+        let r = client().post(format!("{}/v1/chat/completions", gw.url)).json(&body).send().await.expect("send");
+        assert_eq!(r.status(), 200);
+        let answer: Value = r.json().await.expect("json");
+        let text = answer["choices"][0]["message"]["content"].as_str().expect("content").to_string();
+        history.push(json!({"role": "assistant", "content": text}));
+        history.push(json!({"role": "user", "content": words(30, 100 * turn)}));
+    }
+    let chat = || -> Vec<Value> {
+        lines
+            .lock()
+            .expect("log")
+            .iter()
+            .filter(|l| l.contains("mlxgate::access"))
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .map(|v| v["fields"].clone())
+            .filter(|f| f["face"] == "chat")
+            .collect()
+    };
+    eventually("three chat access lines", || async { chat().len() >= 3 }).await;
+    let lines = chat();
+    for line in &lines {
+        let route = line["route"].as_str().unwrap_or_else(|| panic!("no route: {line}"));
+        assert!(["cold", "cache_hit", "least_loaded"].contains(&route), "{line}");
+        assert!(line["predicted_cached_tokens"].is_u64(), "{line}");
+    }
+    assert_eq!(lines[0]["route"], "cold", "a new conversation: {}", lines[0]);
+    assert_eq!(lines[0]["predicted_cached_tokens"], 0);
+    // The later turns stay where the first was served, and say so with what was predicted.
+    for line in &lines[1..] {
+        assert_eq!(line["backend"], lines[0]["backend"], "{line}");
+        assert_eq!(line["route"], "cache_hit", "{line}");
+        let (predicted, reported) = (line["predicted_cached_tokens"].as_f64(), line["cached_tokens"].as_f64());
+        let (predicted, reported) = (predicted.expect("predicted"), reported.expect("reported"));
+        assert!(reported > 0.0 && (predicted - reported).abs() <= reported * 0.25, "{line}");
+    }
+}
