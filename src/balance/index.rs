@@ -17,6 +17,12 @@
 //! on the chat template (one that strips earlier turns' reasoning renders them anew), so the
 //! index learns, per backend, the fraction of such an answer the reports show held (an
 //! [`Ewma`], prior ½) and expects that much of it ([`Match::expected_bytes`]).
+//!
+//! A server may keep fewer sequences than the gateway was told (a `--prompt-cache-size` it was
+//! not given, a byte limit that evicts early): the index learns how many from the reports
+//! ([`PrefixIndex::learnt_capacity`]) — a sequence proven gone with `d` newer ones before it
+//! says the server keeps at most `d`; one proven held past that (kept as a *ghost*, not
+//! predicted from) says it keeps more — and predicts from the newest that many only.
 
 use std::collections::VecDeque;
 
@@ -76,6 +82,10 @@ struct Stored {
 #[derive(Debug, Clone)]
 pub struct PrefixIndex {
     capacity: usize,
+    /// How many of the newest sequences the server is found to keep (≤ `capacity`): the
+    /// predictions look at these only; the older ones are kept as ghosts, so that a report
+    /// proving the server holds one of them grows it back.
+    learnt: usize,
     /// Newest first.
     stored: VecDeque<Stored>,
     /// Counts insertions.
@@ -103,17 +113,33 @@ impl PrefixIndex {
     /// An empty index of at most `capacity` sequences (clamped to 1..=[`MAX_CAPACITY`]).
     pub fn new(capacity: usize) -> PrefixIndex {
         let capacity = capacity.clamp(1, MAX_CAPACITY);
-        PrefixIndex { capacity, stored: VecDeque::with_capacity(capacity), clock: 0, answers_held: Ewma::new(0.5) }
+        PrefixIndex {
+            capacity,
+            learnt: capacity,
+            stored: VecDeque::with_capacity(capacity),
+            clock: 0,
+            answers_held: Ewma::new(0.5),
+        }
     }
 
-    /// How many sequences it holds.
+    /// How many sequences it believes the server holds (ghosts apart).
     pub fn len(&self) -> usize {
-        self.stored.len()
+        self.stored.len().min(self.learnt)
     }
 
-    /// Whether it holds none.
+    /// Whether it believes the server holds none.
     pub fn is_empty(&self) -> bool {
-        self.stored.is_empty()
+        self.len() == 0
+    }
+
+    /// How many sequences the server is found to keep (at most its configured capacity).
+    pub fn learnt_capacity(&self) -> usize {
+        self.learnt
+    }
+
+    /// The sequences believed held, newest first.
+    fn believed(&self) -> impl Iterator<Item = &Stored> {
+        self.stored.iter().take(self.learnt)
     }
 
     /// The longest prefix of `prompt` a stored sequence shares (and the answer after it).
@@ -121,7 +147,7 @@ impl PrefixIndex {
         let mut segments = 0;
         let mut whole = false;
         // `whole`: a stored sequence of the longest match ends there (its answer may follow).
-        for s in &self.stored {
+        for s in self.believed() {
             let n = shared(&s.chain, prompt.chain());
             if n > segments {
                 segments = n;
@@ -167,10 +193,34 @@ impl PrefixIndex {
                 self.answers_held.add((beyond / predicted.answer_bytes as f64).clamp(0.0, 1.0));
             }
             correction.reported_segments = Some(held);
+            self.learn_capacity(prompt, held, predicted);
             correction.dropped = self.correct(prompt, held, predicted.clock);
         }
         self.insert(prompt);
         correction
+    }
+
+    /// What a report says of how many sequences the server keeps. A sequence believed held
+    /// that the report proves gone (it shares more with the prompt than the server held), with
+    /// `d` newer sequences before it: the server keeps at most `d` (the newest believed one
+    /// judged). A ghost that the report proves held (the server held more than predicted, and
+    /// the ghost shares that much), with `d` newer before it: the server keeps at least `d + 1`.
+    fn learn_capacity(&mut self, prompt: &Prompt, held: usize, predicted: Match) {
+        let judged = |s: &Stored| s.stamp <= predicted.clock;
+        if held < predicted.segments {
+            let gone = self.believed().position(|s| judged(s) && shared(&s.chain, prompt.chain()) > held);
+            if let Some(depth) = gone {
+                self.learnt = self.learnt.min(depth.max(1));
+            }
+        } else if held > predicted.segments {
+            let ghost = self.stored.iter().enumerate().skip(self.learnt).find_map(|(depth, s)| {
+                let n = shared(&s.chain, prompt.chain());
+                (n > predicted.segments && n <= held).then_some(depth)
+            });
+            if let Some(depth) = ghost {
+                self.learnt = (depth + 1).clamp(self.learnt, self.capacity);
+            }
+        }
     }
 
     /// Drops every sequence inserted by `clock` (a prediction's) that shares more than `held` segments with
@@ -193,7 +243,8 @@ impl PrefixIndex {
         self.stored.truncate(self.capacity);
     }
 
-    /// Forgets everything (the server restarted: its cache is gone).
+    /// Forgets everything (the server restarted: its cache is gone; what it was found to keep
+    /// stands, the same server with the same settings).
     pub fn clear(&mut self) {
         self.stored.clear();
         self.clock += 1;

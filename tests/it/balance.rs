@@ -174,7 +174,8 @@ async fn the_access_line_says_why_a_request_went_where_it_did() {
     let (gw, lines) =
         gateway_binary_logged(&yaml(&a.url(), &b.url(), "cache_aware"), &[("MLXGATE_LOG_FORMAT", "json")], "info");
     let system = format!("You are a coding agent. {}", words(60, 1));
-    let mut history = vec![json!({"role": "system", "content": system}), json!({"role": "user", "content": words(40, 3)})];
+    let mut history =
+        vec![json!({"role": "system", "content": system}), json!({"role": "user", "content": words(40, 3)})];
     for turn in 0..3 {
         let body = json!({"model": "qwen", "max_tokens": 4, "messages": history, "sim": {"tokens": 4}});
         let r = client().post(format!("{}/v1/chat/completions", gw.url)).json(&body).send().await.expect("send");

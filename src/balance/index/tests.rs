@@ -79,8 +79,13 @@ fn a_report_below_the_prediction_drops_what_the_server_no_longer_holds() {
     assert_eq!(c.reported_segments, Some(1));
     assert_eq!(c.dropped, 1);
     assert_eq!(index.predict(&prompt(&[1, 2, 3, 4, 9])).segments, 2, "[1,2,3,4] is gone: only [1,2,5] shares");
-    assert_eq!(index.predict(&prompt(&[1, 7, 9])).segments, 2, "[1,7] stays");
     assert_eq!(index.predict(&next).segments, 3, "the prompt just served is held now");
+    // An LRU that evicted [1,2,3,4] with one newer sequence kept one: [1,7] is a ghost now
+    // (predicted from no more) until a report shows the server holds it.
+    assert_eq!(index.learnt_capacity(), 1);
+    assert_eq!(index.predict(&prompt(&[1, 7, 9])).segments, 1, "[1,7] not predicted past what all share");
+    answer(&mut index, &prompt(&[1, 7, 9]), 2);
+    assert_eq!(index.learnt_capacity(), 2, "[1,7] was held: the server keeps two");
 }
 
 #[test]
@@ -200,6 +205,38 @@ proptest! {
         }
     }
 
+    /// Index and server fed the same answers through `observe` (the reports as a server makes
+    /// them), the gateway told `extra` sequences more than the server keeps: the index never
+    /// believes the server keeps fewer than it does, and each report that proves a prediction
+    /// wrong teaches it a smaller capacity, so at most `extra` do over a whole run.
+    #[test]
+    fn the_index_learns_how_many_sequences_the_server_keeps(
+        server_capacity in 1usize..6,
+        extra in 0usize..5,
+        turns in schedule(),
+    ) {
+        let mut server = Server { capacity: server_capacity, stored: Vec::new() };
+        let mut index = PrefixIndex::new(server_capacity + extra);
+        let mut conversations: Vec<Vec<u8>> = (0..8u8).map(|c| vec![200, c]).collect();
+        let mut proven_wrong = 0;
+        for (c, restart) in turns {
+            if restart {
+                server.stored.clear();
+                index.clear();
+            }
+            let labels = &mut conversations[c];
+            labels.extend([labels.len() as u8, 100 + c as u8]);
+            let p = prompt_sized(labels, 300);
+            let held = server.cached(labels);
+            let predicted = index.predict(&p).segments;
+            let correction = answer(&mut index, &p, held);
+            proven_wrong += usize::from(correction.reported_segments.is_some_and(|r| predicted > r));
+            server.serve(labels);
+            prop_assert!(index.learnt_capacity() >= server_capacity, "learnt {} < {}", index.learnt_capacity(), server_capacity);
+        }
+        prop_assert!(proven_wrong <= extra, "{proven_wrong} predictions proven wrong, {extra} extra");
+    }
+
     /// A prediction never exceeds the prompt, whatever the index holds.
     #[test]
     fn a_prediction_never_exceeds_the_prompt(
@@ -271,4 +308,25 @@ fn an_answer_rendered_anew_teaches_that_none_of_it_is_held() {
     index.insert(&first);
     let m = index.predict(&second);
     assert_eq!(m.expected_bytes, m.bytes);
+}
+
+#[test]
+fn a_server_keeping_fewer_sequences_is_learnt_and_one_keeping_more_grows_it_back() {
+    let mut index = PrefixIndex::new(10);
+    for c in 1..=4u8 {
+        index.insert(&prompt(&[c, c]));
+    }
+    // The server kept only the two newest ([4,4], [3,3]): [2,2]'s next turn finds nothing.
+    let c = answer(&mut index, &prompt(&[2, 2, 9]), 0);
+    assert_eq!(c.dropped, 1);
+    assert_eq!(index.learnt_capacity(), 2, "proven gone with two newer before it");
+    // Now [2,2,9], [4,4], [3,3], [1,1]: predictions look at the two newest only.
+    assert_eq!(index.len(), 2);
+    assert_eq!(index.predict(&prompt(&[3, 3, 5])).segments, 0, "[3,3] is a ghost now");
+    // But the server had kept [3,3] after all (it keeps three): the report grows it back.
+    answer(&mut index, &prompt(&[3, 3, 5]), 2);
+    assert_eq!(index.learnt_capacity(), 3);
+    // A restart empties it but keeps what was learnt.
+    index.clear();
+    assert_eq!((index.len(), index.learnt_capacity()), (0, 3));
 }
