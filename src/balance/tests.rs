@@ -364,3 +364,34 @@ fn a_backend_with_no_rate_of_its_own_takes_the_rate_its_model_learnt() {
     );
     assert_eq!(choice.prefer.map(|(b, _)| b), Some(0), "{choice:?}");
 }
+
+/// Review (issue 21: a rate's prior replaced by the first answer's figure). One absurd first
+/// sample — a server that stalled an hour before its first token once — is taken as it is, with
+/// no bound, as that backend's prefill rate, and becomes the estimate of every backend of the
+/// model that has not learnt one (`model_prefill_per_s`). Then a conversation held by a busy
+/// backend (ten minutes' wait) waits for it rather than move to either free backend, whose
+/// prefill of ~3000 tokens is believed to take hours: at any rate a real server has (even
+/// 5 tokens/s) moving is cheaper. Before the change the prior counted as one sample (250/s).
+#[test]
+fn review_one_stalled_first_answer_does_not_set_the_rate_of_every_backend() {
+    let balancer = Balancer::new(Policy::CacheAware, &specs(3, 10));
+    // Backend 1 served conversation 1's first turn (a whole answer: it taught no rate).
+    let first = conversation(1, 0, 2000, 500);
+    balancer.observe_answer(1, &first, Match::default(), &answered(&first, 0));
+    // Backend 0's first streamed answer (an unrelated conversation) stalled an hour.
+    let other = conversation(2, 0, 1500, 500);
+    let stalled = Observed { ttft_after_queue: Some(Duration::from_secs(3600)), ..answered(&other, 0) };
+    balancer.observe_answer(0, &other, Match::default(), &stalled);
+    let rate = balancer.rates()[0].prefill_per_s();
+    // Conversation 1's next turn: backend 1 busy (8 ahead × 300 s ÷ 4 slots), backends 0 and 2 free.
+    let next = conversation(1, 1, 2000, 500);
+    let busy =
+        Candidate { free_slots: 0, in_flight: 4, waiting_for: 7, mean_service: Duration::from_secs(300), ..idle(1) };
+    let (choice, _) = balancer.plan(&next, &[idle(0), busy, idle(2)], None);
+    assert!(
+        choice.now.is_some(),
+        "one stalled answer ({rate:.2} tokens/s learnt from it) keeps a {}-byte prompt waiting ~600 s for its busy \
+         backend while two backends are free: {choice:?}",
+        next.bytes()
+    );
+}

@@ -176,3 +176,73 @@ mod reviewed {
         assert!(learnt >= prior, "learnt {learnt:.0} tokens/s from a whole answer's end (prior {prior:.0})");
     }
 }
+
+/// Review of the access line's `route=` (and `mlxgate_route_decisions_total`'s reason):
+/// docs/balancing.md, docs/metrics.md and the dashboard say `rebound` is a request bound to
+/// another backend than the one chosen — "a preference that ran out, a failover" — and list
+/// `none_usable` for a request that waited for any backend.
+#[cfg(test)]
+mod review_route {
+    use super::*;
+    use crate::balance::BackendSpec;
+
+    const NAMES: [&str; 2] = ["a", "b"];
+
+    fn plan(policy: Policy) -> Plan {
+        let spec = |name: &str| BackendSpec { name: name.to_string(), cache_sequences: 10 };
+        let balancer = Arc::new(Balancer::new(policy, &[spec("a"), spec("b")]));
+        let names: Arc<[String]> = NAMES.iter().map(|n| n.to_string()).collect();
+        let body = br#"{"messages":[{"role":"system","content":"you are a coding agent"},{"role":"user","content":"hello"}]}"#;
+        Plan::new(balancer, "m", names, body, None, &Metrics::new())
+    }
+
+    fn candidate(backend: usize, usable: bool, free_slots: usize) -> Candidate<'static> {
+        Candidate {
+            backend,
+            name: NAMES[backend],
+            usable,
+            free_slots,
+            in_flight: 1 - free_slots.min(1),
+            waiting_for: 0,
+            max_concurrency: 1,
+            mean_service: Duration::ZERO,
+        }
+    }
+
+    /// A request that failed before its first byte on the backend chosen and was sent to the
+    /// other: the call asks the router again with the failed one excluded, and the line says
+    /// `only_choice` — the same as a request whose other backend is drained — never `rebound`.
+    #[test]
+    fn review_a_failover_is_logged_as_rebound() {
+        let mut plan = plan(Policy::CacheAware);
+        let tried = plan.choose(&[candidate(0, true, 1), candidate(1, true, 1)]).now.expect("a free slot");
+        let other = 1 - tried;
+        let mut again = [candidate(0, true, 1), candidate(1, true, 1)];
+        again[tried] = Candidate { usable: false, free_slots: 0, ..again[tried] };
+        plan.choose(&again);
+        let routed = plan.granted(other).expect("a model of several backends says why");
+        assert_eq!(routed.reason, "rebound", "failed over from {} to {}", NAMES[tried], NAMES[other]);
+    }
+
+    /// Every backend drained or ejected at arrival: the router says `none_usable`; the request
+    /// later takes the first backend back. The label `none_usable` is never emitted: `granted`
+    /// says `rebound` for every choice that named no backend.
+    #[test]
+    fn review_a_request_that_found_no_usable_backend_is_logged_as_none_usable() {
+        let mut plan = plan(Policy::CacheAware);
+        let choice = plan.choose(&[candidate(0, false, 0), candidate(1, false, 0)]);
+        assert_eq!(choice.reason.label(), "none_usable");
+        let routed = plan.granted(0).expect("a model of several backends says why");
+        assert_eq!(routed.reason, "none_usable");
+    }
+
+    /// `least_loaded` with every slot taken: the request waits for whichever frees first and
+    /// gets it — nothing was named, nothing rebound; the line says `rebound`.
+    #[test]
+    fn review_least_loaded_waiting_for_any_slot_is_not_rebound() {
+        let mut plan = plan(Policy::LeastLoaded);
+        plan.choose(&[candidate(0, true, 0), candidate(1, true, 0)]);
+        let routed = plan.granted(1).expect("a model of several backends says why");
+        assert_eq!(routed.reason, "least_loaded");
+    }
+}

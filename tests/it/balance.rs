@@ -214,3 +214,121 @@ async fn the_access_line_says_why_a_request_went_where_it_did() {
         assert!(reported > 0.0 && (predicted - reported).abs() <= reported * 0.25, "{line}");
     }
 }
+
+/// Review: a map piece of a chunked request (`on_overflow: chunk`) on a model of several
+/// backends is bound by the pool to any backend (`whole_answer` passes no router), but its
+/// record keeps the client request's backend — the model's first — and `whole_answer` never
+/// says which one served it: the piece's access line and `mlxgate_requests_total` name `a`
+/// for pieces `b` served (here `a` is drained: it served nothing). Its error messages and the
+/// idle timeout of its read are the first backend's too (`route.backend`).
+#[tokio::test]
+async fn review_a_chunked_requests_pieces_are_counted_under_the_backend_that_served_them() {
+    let Some(model) = prerequisites(&[]) else { return };
+    let (a, b) = (caching_sim().await, caching_sim().await);
+    let config = format!(
+        "backends:\n  a: {{url: '{}', max_concurrency: 2, context_cap: 1024}}\n  b: {{url: '{}', max_concurrency: 2, context_cap: 1024}}\n\
+         models:\n  qwen: {{backends: [a, b], upstream_model: tiny-qwen3, on_overflow: chunk, tokenizer: '{}', default_max_tokens: 64}}\n",
+        a.url(),
+        b.url(),
+        model.display()
+    );
+    let gw = gateway(&config).await;
+    let drained = client().post(gw.url("/admin/backends/a/drain")).send().await.expect("drain");
+    assert_eq!(drained.status(), 200);
+    const W: [&str; 12] =
+        ["model", "token", "stream", "server", "gateway", "queue", "request", "answer", "cache", "prompt", "swap", "metal"];
+    let document = (0..3000).map(|i| W[(i * 7 + 5) % W.len()]).collect::<Vec<_>>().join(" ");
+    let messages = json!([{"role": "system", "content": "summarise"},
+                          {"role": "user", "content": format!("summarise this document: {document}")}]);
+    let body = json!({"model": "qwen", "messages": messages, "max_tokens": 40, "stream": true});
+    let r = post(&gw, "/v1/chat/completions", &body).await;
+    assert_eq!(r.status(), 200);
+    let transform = r.headers()["x-mlxgate-transform"].to_str().expect("ascii").to_string();
+    let text = text_of(r).await;
+    assert!(text.contains("[DONE]"), "{text}");
+    let pieces: usize = transform.strip_prefix("chunk; pieces=").expect("chunk header").parse().expect("number");
+    assert_eq!(sim_requests(&a).await.len(), 0, "a is drained");
+    assert_eq!(sim_requests(&b).await.len(), pieces + 1, "b served every piece and the reduce");
+    let metrics = client().get(gw.url("/metrics")).send().await.expect("metrics").text().await.expect("text");
+    let under = |backend: &str| -> f64 {
+        metrics
+            .lines()
+            .filter(|l| l.starts_with("mlxgate_requests_total{") && l.contains(&format!("backend=\"{backend}\"")))
+            .filter_map(|l| l.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()))
+            .sum()
+    };
+    assert_eq!(
+        (under("a"), under("b")),
+        (0.0, (pieces + 1) as f64),
+        "requests counted by backend, {pieces} pieces and the reduce all served by b"
+    );
+}
+
+/// Review (issue 21: rates, now replaced by the first answer's figure). The prefill rate is
+/// learnt from `(prompt − cached) ÷ (TTFT − queue wait)`, TTFT counted from the request's
+/// arrival (`outcome.rs`: `first_token − arrived`) and the queue wait only the time spent
+/// waiting for slots (`call.rs`): a failover's failed attempt — here `a` hanging until its
+/// `first_byte_timeout` (default: `response_timeout`, 30 minutes) — is taught to `b` as
+/// prefill time. It is `b`'s first sample, so it replaces the prior outright, and it is also
+/// what every backend without a rate of its own is estimated at (`model_prefill_per_s`).
+#[tokio::test]
+async fn review_a_failovers_wasted_attempt_is_not_learnt_as_the_serving_backends_prefill() {
+    let hung = sim_with(Behaviour { hang: Some(true), ..Default::default() }).await;
+    let good = caching_sim().await;
+    let yaml = format!(
+        "backends:\n  a: {{url: '{}', max_concurrency: 1, first_byte_timeout: 2s}}\n  b: {{url: '{}', max_concurrency: 1}}\n\
+         models:\n  qwen: {{backends: [a, b], upstream_model: tiny-qwen3, balance: {{policy: round_robin}}}}\n",
+        hung.url(),
+        good.url()
+    );
+    let config = mlxgate::Config::parse(&yaml, &|_| None).expect("valid");
+    let tokens = mlxgate::tokens::registry::Registry::load(&config).expect("registry");
+    let limiter = mlxgate::limits::Limiter::for_config(&config).expect("limiter");
+    let keeper = std::path::PathBuf::from(env!("CARGO_BIN_EXE_mlxgate"));
+    let state = mlxgate::AppState::new(config, keeper, tokens, limiter);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let limits = mlxgate::accept::ConnectionLimits {
+        header_read_timeout: std::time::Duration::from_secs(30),
+        max_per_client: 64,
+    };
+    let server = tokio::spawn(mlxgate::accept::serve(
+        mlxgate::app(state.clone()),
+        listener,
+        limits,
+        std::future::pending::<()>(),
+        std::time::Duration::from_secs(1),
+        || {},
+    ));
+    // 800 words (one token each for the simulator): b prefills them in ~0.4 s (0.5 ms each).
+    let body = json!({"model": "qwen", "stream": true, "max_tokens": 4, "sim": {"tokens": 4},
+                      "messages": [{"role": "user", "content": words(800, 7)}]});
+    let r = client().post(format!("http://{addr}/v1/chat/completions")).json(&body).send().await.expect("send");
+    assert_eq!(r.status(), 200);
+    let text = r.text().await.expect("body");
+    assert!(text.contains("[DONE]"), "{text}");
+    assert_eq!(sim_stats(&good).await["total"], 1, "b served it after a's first_byte_timeout");
+    let (balancer, _) = state.dispatch.route("qwen").expect("route").balancer.clone().expect("balanced");
+    let learnt = eventually_some(|| rates_of(&balancer, 1)).await;
+    assert!(
+        learnt >= 1000.0,
+        "b prefills ~2000 tokens/s; it learnt {learnt:.0}/s from a TTFT that counts a's 2 s hang ({:?})",
+        balancer.rates()
+    );
+    server.abort();
+}
+
+fn rates_of(balancer: &mlxgate::balance::Balancer, backend: usize) -> Option<f64> {
+    balancer.rates()[backend].learnt_prefill_per_s()
+}
+
+async fn eventually_some(mut f: impl FnMut() -> Option<f64>) -> f64 {
+    let mut found = None;
+    eventually("a learnt rate", || {
+        found = f();
+        let done = found.is_some();
+        async move { done }
+    })
+    .await;
+    found.expect("found")
+}
