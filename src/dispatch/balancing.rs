@@ -192,7 +192,8 @@ mod review_route {
         let spec = |name: &str| BackendSpec { name: name.to_string(), cache_sequences: 10 };
         let balancer = Arc::new(Balancer::new(policy, &[spec("a"), spec("b")]));
         let names: Arc<[String]> = NAMES.iter().map(|n| n.to_string()).collect();
-        let body = br#"{"messages":[{"role":"system","content":"you are a coding agent"},{"role":"user","content":"hello"}]}"#;
+        let body =
+            br#"{"messages":[{"role":"system","content":"you are a coding agent"},{"role":"user","content":"hello"}]}"#;
         Plan::new(balancer, "m", names, body, None, &Metrics::new())
     }
 

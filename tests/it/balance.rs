@@ -235,8 +235,10 @@ async fn review_a_chunked_requests_pieces_are_counted_under_the_backend_that_ser
     let gw = gateway(&config).await;
     let drained = client().post(gw.url("/admin/backends/a/drain")).send().await.expect("drain");
     assert_eq!(drained.status(), 200);
-    const W: [&str; 12] =
-        ["model", "token", "stream", "server", "gateway", "queue", "request", "answer", "cache", "prompt", "swap", "metal"];
+    const W: [&str; 12] = [
+        "model", "token", "stream", "server", "gateway", "queue", "request", "answer", "cache", "prompt", "swap",
+        "metal",
+    ];
     let document = (0..3000).map(|i| W[(i * 7 + 5) % W.len()]).collect::<Vec<_>>().join(" ");
     let messages = json!([{"role": "system", "content": "summarise"},
                           {"role": "user", "content": format!("summarise this document: {document}")}]);
