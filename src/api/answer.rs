@@ -76,7 +76,7 @@ pub(crate) async fn call(
     };
     let backend = route.backends.get(held.position()).unwrap_or(&route.backend);
     let (routed, feedback) = match plan {
-        Some(plan) => (plan.granted(held.position()), Some(plan.feedback(held.position(), held.queue_wait))),
+        Some(plan) => (plan.granted(held.position()), Some(plan.feedback(held.position(), held.answer.sent_at))),
         None => (None, None),
     };
     let Held { permit, answer, queue_wait } = held;

@@ -375,7 +375,6 @@ async fn whole_answer(
     request: &RequestRecord,
     piece: Option<RequestRecord>,
 ) -> Result<(Vec<u8>, StreamFigures), GatewayError> {
-    let backend = route.backend.config.name.clone();
     let finish = |piece: Option<RequestRecord>, status: StatusCode, outcome: Outcome| {
         if let Some(mut piece) = piece {
             piece.responded(status.as_u16());
@@ -406,8 +405,16 @@ async fn whole_answer(
             }
         }
     };
+    // The model's backend that served it (a model of several: the least loaded, pieces are
+    // not a conversation to route by cache).
+    let served = &route.backends.get(permit.position()).unwrap_or(&route.backend).config;
+    let backend = served.name.clone();
+    let mut piece = piece;
+    if let Some(piece) = piece.as_mut() {
+        piece.served_by(&backend);
+    }
     let Answer { head, body, first, .. } = answer;
-    let whole = read_whole(&backend, first, body, MAX_WHOLE_ANSWER, route.backend.config.stream_idle_timeout).await;
+    let whole = read_whole(&backend, first, body, MAX_WHOLE_ANSWER, served.stream_idle_timeout).await;
     drop(permit);
     let whole = match whole {
         Ok(whole) => whole,

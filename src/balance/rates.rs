@@ -1,5 +1,5 @@
 //! What one backend's answers showed, as moving averages with priors: prefill tokens per second
-//! (`(prompt − cached) ÷ (TTFT − queue wait)`), decode tokens per second and the mean
+//! (`(prompt − cached) ÷ (first token − the answering attempt's send)`), decode tokens per second and the mean
 //! completion length ([`Rates`]); and, for the model (its tokenizer's, whichever backend
 //! answered), prompt tokens per byte of a [`Prompt`](super::Prompt)'s size ([`Ewma`] with
 //! [`PRIOR_TOKENS_PER_BYTE`]). A rate's prior is replaced by the first answer's figure (rates
@@ -21,6 +21,12 @@ pub const PRIOR_DECODE_PER_S: f64 = 20.0;
 pub const PRIOR_TOKENS_PER_BYTE: f64 = 1.0 / 3.5;
 /// Completion tokens before any answer.
 pub const PRIOR_COMPLETION_TOKENS: f64 = 200.0;
+
+/// A rate's sample counts at most this many times above or below the rate it updates (the
+/// prior, for the first): a Mac at 3000 tokens/s and a CPU at 20 are both within reach of the
+/// prior, while one answer that stalled for an hour moves the rate by this factor at most, and
+/// the next answers bring it back.
+pub const MAX_SAMPLE_FACTOR: f64 = 32.0;
 
 /// A prefill sample needs at least this many uncached tokens: below it, the time to the first
 /// token is mostly the server's fixed cost, not prefill.
@@ -45,6 +51,15 @@ impl Ewma {
     /// The average before any sample: `prior`, which the first sample replaces.
     pub fn until_sampled(prior: f64) -> Ewma {
         Ewma { value: prior, samples: 0, sampled: false }
+    }
+
+    /// Takes a sample clamped to within `factor` times the current average, either way.
+    pub fn add_bounded(&mut self, sample: f64, factor: f64) {
+        if sample.is_finite() && sample >= 0.0 && self.value > 0.0 {
+            self.add(sample.clamp(self.value / factor, self.value * factor));
+        } else {
+            self.add(sample);
+        }
     }
 
     /// Whether any sample was taken (else the value is the prior).
@@ -78,8 +93,9 @@ pub struct Observed {
     /// `usage.prompt_tokens_details.cached_tokens`.
     pub cached_tokens: Option<u64>,
     pub completion_tokens: Option<u64>,
-    /// The time to the first token less the time spent queued in the gateway.
-    pub ttft_after_queue: Option<Duration>,
+    /// From the sending of the attempt that answered to its first token (a streamed answer's
+    /// only: a whole answer's first token is its end).
+    pub prefill_time: Option<Duration>,
     pub decode_tokens_per_s: Option<f64>,
 }
 
@@ -106,15 +122,15 @@ impl Rates {
     pub fn observe(&mut self, observed: &Observed) {
         if let Some(prompt) = observed.prompt_tokens {
             let uncached = prompt.saturating_sub(observed.cached_tokens.unwrap_or(0));
-            if let Some(time) = observed.ttft_after_queue
+            if let Some(time) = observed.prefill_time
                 && uncached >= MIN_PREFILL_SAMPLE
                 && !time.is_zero()
             {
-                self.prefill_per_s.add(uncached as f64 / time.as_secs_f64());
+                self.prefill_per_s.add_bounded(uncached as f64 / time.as_secs_f64(), MAX_SAMPLE_FACTOR);
             }
         }
         if let Some(rate) = observed.decode_tokens_per_s.filter(|r| *r > 0.0) {
-            self.decode_per_s.add(rate);
+            self.decode_per_s.add_bounded(rate, MAX_SAMPLE_FACTOR);
         }
         if let Some(tokens) = observed.completion_tokens {
             self.completion_tokens.add(tokens as f64);
@@ -176,6 +192,38 @@ mod tests {
     }
 
     #[test]
+    fn one_absurd_sample_moves_a_rate_by_the_bounded_factor_and_the_next_bring_it_back() {
+        let mut r = Rates::default();
+        // A first streamed answer that stalled an hour before its first token.
+        r.observe(&Observed {
+            prompt_tokens: Some(1600),
+            cached_tokens: Some(0),
+            prefill_time: Some(Duration::from_secs(3600)),
+            ..Observed::default()
+        });
+        assert_eq!(r.prefill_per_s(), PRIOR_PREFILL_PER_S / MAX_SAMPLE_FACTOR);
+        // A CPU's real 20 tokens/s is within reach of the prior, and is learnt at once.
+        let mut cpu = Rates::default();
+        cpu.observe(&Observed {
+            prompt_tokens: Some(200),
+            cached_tokens: Some(0),
+            prefill_time: Some(Duration::from_secs(10)),
+            ..Observed::default()
+        });
+        assert_eq!(cpu.prefill_per_s(), 20.0);
+        // The stalled one recovers: its next answers at 1000 tokens/s.
+        for _ in 0..8 {
+            r.observe(&Observed {
+                prompt_tokens: Some(1000),
+                cached_tokens: Some(0),
+                prefill_time: Some(Duration::from_secs(1)),
+                ..Observed::default()
+            });
+        }
+        assert!(r.prefill_per_s() > 500.0, "{}", r.prefill_per_s());
+    }
+
+    #[test]
     fn a_later_sample_weighs_alpha() {
         let mut e = Ewma::new(10.0);
         for _ in 0..10 {
@@ -200,7 +248,7 @@ mod tests {
         r.observe(&Observed {
             prompt_tokens: Some(10_000),
             cached_tokens: Some(8_000),
-            ttft_after_queue: Some(Duration::from_secs(2)),
+            prefill_time: Some(Duration::from_secs(2)),
             ..Observed::default()
         });
         // The first sample replaces the prior.
@@ -214,7 +262,7 @@ mod tests {
         r.observe(&Observed {
             prompt_tokens: Some(10_000),
             cached_tokens: Some(9_990),
-            ttft_after_queue: Some(Duration::from_millis(300)),
+            prefill_time: Some(Duration::from_millis(300)),
             ..Observed::default()
         });
         assert_eq!(r.prefill_per_s(), PRIOR_PREFILL_PER_S);

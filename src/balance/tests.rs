@@ -106,7 +106,7 @@ fn rates_are_learnt_per_backend() {
     let observed = Observed {
         prompt_tokens: Some(2000),
         cached_tokens: Some(0),
-        ttft_after_queue: Some(Duration::from_secs(1)),
+        prefill_time: Some(Duration::from_secs(1)),
         ..Observed::default()
     };
     for _ in 0..40 {
@@ -346,10 +346,8 @@ fn a_backend_with_no_rate_of_its_own_takes_the_rate_its_model_learnt() {
     let balancer = Balancer::new(Policy::CacheAware, &specs(2, 10));
     let first = conversation(1, 0, 2000, 500);
     // Backend 0 served the first turn slowly: 20 tokens/s.
-    let slow = Observed {
-        ttft_after_queue: Some(Duration::from_secs_f64(first.bytes() as f64 / 20.0)),
-        ..answered(&first, 0)
-    };
+    let slow =
+        Observed { prefill_time: Some(Duration::from_secs_f64(first.bytes() as f64 / 20.0)), ..answered(&first, 0) };
     balancer.observe_answer(0, &first, Match::default(), &slow);
     assert_eq!(balancer.rates()[1].learnt_prefill_per_s(), None);
     // The next turn: backend 0 (holding it) busy for a few seconds, backend 1 free.
@@ -380,7 +378,7 @@ fn review_one_stalled_first_answer_does_not_set_the_rate_of_every_backend() {
     balancer.observe_answer(1, &first, Match::default(), &answered(&first, 0));
     // Backend 0's first streamed answer (an unrelated conversation) stalled an hour.
     let other = conversation(2, 0, 1500, 500);
-    let stalled = Observed { ttft_after_queue: Some(Duration::from_secs(3600)), ..answered(&other, 0) };
+    let stalled = Observed { prefill_time: Some(Duration::from_secs(3600)), ..answered(&other, 0) };
     balancer.observe_answer(0, &other, Match::default(), &stalled);
     let rate = balancer.rates()[0].prefill_per_s();
     // Conversation 1's next turn: backend 1 busy (8 ahead × 300 s ÷ 4 slots), backends 0 and 2 free.

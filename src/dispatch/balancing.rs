@@ -6,7 +6,7 @@
 //! the prediction's error counted).
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::route::{Candidate, Choice};
 use crate::balance::{BackendSpec, Balancer, Match, Observed, Policy, Prompt};
@@ -55,6 +55,8 @@ pub struct Plan {
     /// The last decision (the pool may grant another backend than the one it named: a
     /// preference that ran out, a failover).
     choice: Option<Choice>,
+    /// The backend the first decision named (a failover asks the router again).
+    first: Option<usize>,
     metrics: Metrics,
 }
 
@@ -76,6 +78,7 @@ impl Plan {
             session,
             matches: Vec::new(),
             choice: None,
+            first: None,
             metrics: metrics.clone(),
         }
     }
@@ -85,21 +88,25 @@ impl Plan {
     pub fn choose(&mut self, candidates: &[Candidate<'_>]) -> Choice {
         let (choice, matches) = self.balancer.plan(&self.prompt, candidates, self.session.as_deref());
         self.matches = matches;
+        if self.choice.is_none() {
+            self.first = choice.backend();
+        }
         self.choice = Some(choice);
         choice
     }
 
-    /// Counts the decision under the backend at `position`, which the request was granted:
-    /// the last decision's reason when it named that backend, else `rebound` (the pool bound
-    /// it elsewhere: its preference ran out, or no backend was named and the first free one
-    /// took it).
-    /// Returns what the access line says of the decision.
+    /// Counts the decision under the backend at `position`, which the request was granted,
+    /// and returns what the access line says of it: `rebound` when the request was bound to
+    /// another backend than the one first named (its preference ran out, or it failed over and
+    /// the router was asked again); else the last decision's reason (one that named no backend
+    /// — none usable, every slot taken — took the first slot freed).
     pub fn granted(&self, position: usize) -> Option<Routed> {
         let backend = self.names.get(position).map_or("", String::as_str);
         let reason = match self.choice {
-            Some(choice) if choice.backend() == Some(position) => choice.reason.label(),
-            Some(_) => "rebound",
             None => return None,
+            Some(_) if self.first.is_some_and(|first| first != position) => "rebound",
+            Some(choice) if choice.backend().is_some_and(|named| named != position) => "rebound",
+            Some(choice) => choice.reason.label(),
         };
         self.metrics.route_decisions.with_label_values(&[&self.model, backend, reason]).inc();
         let predicted = self.matches.get(position).copied().unwrap_or_default();
@@ -107,13 +114,15 @@ impl Plan {
         Some(Routed { reason, predicted_cached_tokens })
     }
 
-    /// What the answer of the backend at `position` (which the request waited `queue_wait`
-    /// for) teaches the balancer, once the record is finished with it.
-    pub fn feedback(self, position: usize, queue_wait: Duration) -> AnswerHook {
-        Box::new(move |measured: &Measured, ttft: Option<Duration>| self.learn(position, queue_wait, measured, ttft))
+    /// What the answer of the backend at `position` (to the attempt sent at `sent_at`) teaches
+    /// the balancer, once the record is finished with it. Its prefill time is from that send
+    /// to its first token: neither the queue, nor a failed attempt on another backend, nor a
+    /// chunked request's map phase, nor a busy backend's pauses are its prefill.
+    pub fn feedback(self, position: usize, sent_at: Instant) -> AnswerHook {
+        Box::new(move |measured: &Measured, _ttft: Option<Duration>| self.learn(position, sent_at, measured))
     }
 
-    fn learn(self, position: usize, queue_wait: Duration, measured: &Measured, ttft: Option<Duration>) {
+    fn learn(self, position: usize, sent_at: Instant, measured: &Measured) {
         // Only an answer the server generated says what it holds now (it prefilled the prompt).
         if measured.first_token.is_none() && measured.prompt_tokens.is_none() {
             return;
@@ -125,7 +134,10 @@ impl Plan {
             completion_tokens: measured.completion_tokens,
             // A whole answer's "first token" is its end (prefill and the whole decode): only a
             // stream's first token times the prefill.
-            ttft_after_queue: ttft.filter(|_| measured.streaming).map(|t| t.saturating_sub(queue_wait)),
+            prefill_time: measured
+                .first_token
+                .filter(|_| measured.streaming)
+                .map(|f| f.saturating_duration_since(sent_at)),
             decode_tokens_per_s: measured.decode_tokens_per_second,
         };
         let feedback = self.balancer.observe_answer(position, &self.prompt, predicted, &observed);
@@ -147,8 +159,6 @@ impl Plan {
 /// prefill rate many times too slow from every non-streamed answer.
 #[cfg(test)]
 mod reviewed {
-    use std::time::Instant;
-
     use super::*;
     use crate::balance::BackendSpec;
 
@@ -171,7 +181,7 @@ mod reviewed {
             generates: true,
             ..Measured::default()
         };
-        (plan.feedback(0, Duration::ZERO))(&measured, Some(Duration::from_secs(60)));
+        (plan.feedback(0, Instant::now() - Duration::from_secs(60)))(&measured, Some(Duration::from_secs(60)));
         let learnt = balancer.rates()[0].prefill_per_s();
         assert!(learnt >= prior, "learnt {learnt:.0} tokens/s from a whole answer's end (prior {prior:.0})");
     }
