@@ -300,7 +300,7 @@ timeseries(
     "Requests of models with several backends, by the backend that got them and why: "
     "cache_hit (its cached prefix made it cheapest), cold (a new conversation, placed by "
     "load and a rendezvous hash every gateway agrees on), least_loaded, round_robin, session, "
-    "only_choice (the others drained, ejected or already tried), none_usable (the request "
+    "only_choice (the others drained or ejected), none_usable (the request "
     "waited for any), rebound (it got another backend than the one named: its wait for the "
     "preferred one ran out, or a failover). An agent's turns should be mostly cache_hit; mostly cold on long "
     "conversations means their prefixes keep being evicted (raise the servers' prompt cache "
