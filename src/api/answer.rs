@@ -64,10 +64,13 @@ pub(crate) async fn call(
     let other = |position: usize| for_position(parts, route, pristine.as_ref(), position);
     let encode: Option<Encode<'_>> = if pristine.is_some() { Some(&other) } else { None };
     // A model of several backends: its balancer plans the request (the prompt read once).
-    let mut plan = route.balancer.as_ref().map(|(balancer, names)| {
-        let (balancer, names) = (Arc::clone(balancer), Arc::clone(names));
-        Plan::new(balancer, &route.model.name, names, &outgoing.outbound.body, session, &state.metrics)
-    });
+    let mut plan = match route.balancer.as_ref() {
+        Some((balancer, names)) => {
+            let (balancer, names, body) = (Arc::clone(balancer), Arc::clone(names), outgoing.outbound.body.clone());
+            Some(Plan::read(balancer, &route.model.name, names, body, session, &state.metrics).await)
+        }
+        None => None,
+    };
     let held = {
         let mut choose = plan.as_mut().map(|plan| move |candidates: &[Candidate<'_>]| plan.choose(candidates));
         let router: Option<Router<'_>> = choose.as_mut().map(|f| f as Router<'_>);

@@ -8,11 +8,17 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
+
 use super::route::{Candidate, Choice};
 use crate::balance::{BackendSpec, Balancer, Match, Observed, Policy, Prompt};
 use crate::config::{BackendConfig, BalancePolicy, ModelConfig};
 use crate::metrics::Metrics;
 use crate::outcome::{AnswerHook, Measured};
+
+/// A body at least this large is read into a [`Prompt`] on a blocking thread (about 1 ms of
+/// hashing per megabyte, measured).
+pub const OFFLOADED_BODY: usize = 1 << 20;
 
 /// The balance module's policy for the configuration's.
 pub fn policy_of(policy: BalancePolicy) -> Policy {
@@ -70,11 +76,40 @@ impl Plan {
         session: Option<String>,
         metrics: &Metrics,
     ) -> Plan {
+        Plan::of_prompt(balancer, model, names, Prompt::of_chat(body), session, metrics)
+    }
+
+    /// [`Plan::new`], the body read off the async workers when it is large
+    /// ([`OFFLOADED_BODY`]: reading 64 MB takes tens of milliseconds).
+    pub async fn read(
+        balancer: Arc<Balancer>,
+        model: &str,
+        names: Arc<[String]>,
+        body: Bytes,
+        session: Option<String>,
+        metrics: &Metrics,
+    ) -> Plan {
+        let prompt = if body.len() < OFFLOADED_BODY {
+            Prompt::of_chat(&body)
+        } else {
+            tokio::task::spawn_blocking(move || Prompt::of_chat(&body)).await.unwrap_or_default()
+        };
+        Plan::of_prompt(balancer, model, names, prompt, session, metrics)
+    }
+
+    fn of_prompt(
+        balancer: Arc<Balancer>,
+        model: &str,
+        names: Arc<[String]>,
+        prompt: Prompt,
+        session: Option<String>,
+        metrics: &Metrics,
+    ) -> Plan {
         Plan {
             balancer,
             model: model.to_string(),
             names,
-            prompt: Prompt::of_chat(body),
+            prompt,
             session,
             matches: Vec::new(),
             choice: None,
