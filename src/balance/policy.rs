@@ -3,9 +3,10 @@
 //! estimates); nothing here waits, locks or reads a clock.
 //!
 //! `cache_aware` (the default) ranks by a cost in seconds: the tokens the backend would have to
-//! prefill (the prompt less the prefix it is believed to hold) ÷ its prefill rate, plus its
-//! expected wait for a slot (none with a free slot; else the requests ahead × its mean service
-//! ÷ its slots). The cheapest wins; costs within [`TIE_FRACTION`] (or
+//! prefill (the prompt less the prefix it is believed to hold) ÷ its prefill rate — counted once
+//! more per request waiting behind it per slot, whose wait that prefill lengthens
+//! ([`prefill_cost`]) — plus its expected wait for a slot (none with a free slot; else the
+//! requests ahead × its mean service ÷ its slots). The cheapest wins; costs within [`TIE_FRACTION`] (or
 //! [`TIE_SECONDS`]) of the cheapest are ties, broken by load, then by a rendezvous hash of the
 //! conversation (so that two gateways agree). A *cold* conversation — one no backend holds past
 //! the prefix conversations share (tools, system prompt) — is placed as if none held any: the shared
@@ -49,6 +50,8 @@ pub struct Candidate<'a> {
     pub in_flight: usize,
     /// Waiters preferring it.
     pub waiting_for: usize,
+    /// Waiters of the model preferring no backend (they take the first slot freed anywhere).
+    pub queued: usize,
     pub max_concurrency: usize,
     /// How long a request holds one of its slots, on average (zero: unknown, the learnt
     /// rates' estimate is taken).
@@ -165,9 +168,20 @@ pub fn wait_seconds(candidate: &Candidate, service: Duration) -> f64 {
     ahead * service.as_secs_f64() / candidate.max_concurrency.max(1) as f64
 }
 
-/// The cost in seconds of sending the request to `candidate`.
+/// The seconds of prefill sending the request to `candidate` costs: its own, and the same again
+/// for each request waiting behind it per slot — those preferring the backend and those of the
+/// model waiting for any — since a prefill holds the slot (and the server's compute) they wait
+/// for. With nobody waiting this is the request's own prefill; on a saturated pool re-prefilling
+/// a whole conversation elsewhere costs everyone, and keeping it where it is cached costs little.
+pub fn prefill_cost(candidate: &Candidate, estimate: &Estimate) -> f64 {
+    let behind = (candidate.waiting_for + candidate.queued) as f64 / candidate.max_concurrency.max(1) as f64;
+    estimate.prefill_seconds() * (1.0 + behind)
+}
+
+/// The cost in seconds of sending the request to `candidate`: [`prefill_cost`] and the wait
+/// for a slot.
 pub fn cost(candidate: &Candidate, estimate: &Estimate) -> f64 {
-    estimate.prefill_seconds() + wait_seconds(candidate, estimate.service)
+    prefill_cost(candidate, estimate) + wait_seconds(candidate, estimate.service)
 }
 
 /// Decides where a request goes (see the module's header).
@@ -280,7 +294,7 @@ fn cache_aware(candidates: &[Candidate], inputs: &Inputs, usable: &[usize]) -> C
         return Choice { now: Some(target.backend), prefer: None, reason };
     }
     // Waiting for it is worth as long as it still beats the best other backend.
-    let prefill = estimate(chosen).map_or(0.0, |e| e.prefill_seconds());
+    let prefill = estimate(chosen).map_or(0.0, |e| prefill_cost(target, &e));
     let cheapest_of = |free: bool| {
         usable
             .iter()

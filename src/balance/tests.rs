@@ -19,6 +19,7 @@ fn idle(backend: usize) -> Candidate<'static> {
         free_slots: 4,
         in_flight: 0,
         waiting_for: 0,
+        queued: 0,
         max_concurrency: 4,
         mean_service: Duration::ZERO,
     }

@@ -197,6 +197,29 @@ mod reviewed {
     use super::*;
     use crate::balance::BackendSpec;
 
+    /// A body over [`OFFLOADED_BODY`] is read on a blocking thread into the same prompt.
+    #[tokio::test]
+    async fn a_large_body_is_read_alike_off_the_async_workers() {
+        let spec = |name: &str| BackendSpec { name: name.to_string(), cache_sequences: 10 };
+        let balancer = Arc::new(Balancer::new(Policy::CacheAware, &[spec("a"), spec("b")]));
+        let names: Arc<[String]> = vec!["a".to_string(), "b".to_string()].into();
+        let text = "word ".repeat(OFFLOADED_BODY / 4);
+        let body =
+            serde_json::to_vec(&serde_json::json!({"messages": [{"role": "user", "content": text}]})).expect("json");
+        assert!(body.len() >= OFFLOADED_BODY);
+        let read = Plan::read(
+            Arc::clone(&balancer),
+            "m",
+            Arc::clone(&names),
+            Bytes::from(body.clone()),
+            None,
+            &Metrics::new(),
+        )
+        .await;
+        assert_eq!(read.prompt, Prompt::of_chat(&body));
+        assert!(read.prompt.bytes() >= text.len() as u64);
+    }
+
     #[test]
     fn a_whole_answers_time_teaches_no_prefill_rate() {
         let spec = |name: &str| BackendSpec { name: name.to_string(), cache_sequences: 10 };
@@ -250,6 +273,7 @@ mod review_route {
             free_slots,
             in_flight: 1 - free_slots.min(1),
             waiting_for: 0,
+            queued: 0,
             max_concurrency: 1,
             mean_service: Duration::ZERO,
         }

@@ -439,6 +439,8 @@ impl<G> Core<G> {
     /// The candidates of model `m` for a request excluding `excluded`, at `now`.
     pub fn candidates(&self, m: usize, excluded: u64, now: Instant) -> Vec<Candidate<'_>> {
         let model = &self.models[m];
+        let queued =
+            model.clients.iter().flat_map(|(_, fifo)| fifo.iter()).filter(|w| w.preferring(now).is_none()).count();
         model
             .backends
             .iter()
@@ -460,6 +462,7 @@ impl<G> Core<G> {
                     free_slots: if free { backend.max_concurrency - backend.in_flight } else { 0 },
                     in_flight: backend.in_flight,
                     waiting_for,
+                    queued,
                     max_concurrency: backend.max_concurrency,
                     mean_service: backend.mean_service,
                 }

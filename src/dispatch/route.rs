@@ -37,6 +37,7 @@ mod tests {
             free_slots,
             in_flight,
             waiting_for: 0,
+            queued: 0,
             max_concurrency: 4,
             mean_service: Duration::ZERO,
         }

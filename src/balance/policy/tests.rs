@@ -12,6 +12,7 @@ fn idle(backend: usize) -> Candidate<'static> {
         free_slots: 2,
         in_flight: 0,
         waiting_for: 0,
+        queued: 0,
         max_concurrency: 2,
         mean_service: Duration::from_secs(10),
     }
@@ -204,8 +205,19 @@ fn session_sticks_to_its_key_and_waits_for_it() {
 }
 
 fn candidate() -> impl Strategy<Value = (Candidate<'static>, Estimate)> {
-    (any::<bool>(), 0usize..3, 0usize..4, 0usize..6, 1usize..4, 0u64..20_000, 0u64..20_000, 1u64..30, 0usize..6)
-        .prop_map(|(usable, free, in_flight, waiting, slots, prompt, cached, service, held)| {
+    (
+        any::<bool>(),
+        0usize..3,
+        0usize..4,
+        0usize..6,
+        1usize..4,
+        0u64..20_000,
+        0u64..20_000,
+        1u64..30,
+        0usize..6,
+        0usize..6,
+    )
+        .prop_map(|(usable, free, in_flight, waiting, slots, prompt, cached, service, held, queued)| {
             (
                 Candidate {
                     backend: 0,
@@ -214,6 +226,7 @@ fn candidate() -> impl Strategy<Value = (Candidate<'static>, Estimate)> {
                     free_slots: free.min(slots),
                     in_flight,
                     waiting_for: waiting,
+                    queued,
                     max_concurrency: slots,
                     mean_service: Duration::from_secs(service),
                 },
@@ -299,6 +312,8 @@ proptest! {
         prop_assert!(cost(&c, &cached) <= base);
         let waiting = Candidate { waiting_for: c.waiting_for + more_waiting, ..c };
         prop_assert!(cost(&waiting, &e) >= base);
+        let queued = Candidate { queued: c.queued + more_waiting, ..c };
+        prop_assert!(cost(&queued, &e) >= base);
         let full = Candidate { free_slots: 0, ..c };
         prop_assert!(cost(&full, &e) >= base);
     }
@@ -316,4 +331,24 @@ proptest! {
             prop_assert_eq!(choice.reason, Reason::CacheHit);
         }
     }
+}
+
+/// Both backends busy, the conversation held by the one with a request already waiting for
+/// it: with no other request waiting, it waits for the other backend if that is sooner even with
+/// the whole prefill (its own latency is all there is); with the model's queue full of other
+/// requests, a whole prefill would lengthen all their waits, and it waits where it is cached.
+#[test]
+fn a_saturated_pool_keeps_a_conversation_where_it_is_cached() {
+    // 3000 tokens, 2500 cached on backend 0; at 1000/s: 0.5 s there, 3 s on backend 1.
+    // Both busy (2 slots, 10 s a request); one request already waits for backend 0.
+    let estimates = [estimate(3000, 2500), estimate(3000, 0)];
+    let busy = |c: Candidate<'static>| Candidate { free_slots: 0, in_flight: 2, max_concurrency: 2, ..c };
+    let held = busy(Candidate { waiting_for: 1, ..idle(0) });
+    let other = busy(idle(1));
+    let alone = choose(Policy::CacheAware, &[held, other], &inputs(&estimates));
+    assert_eq!(alone.prefer.map(|(b, _)| b), Some(1), "0.5 s + 10 s against 3 s + 5 s: {alone:?}");
+    let queue = |c: Candidate<'static>| Candidate { queued: 4, ..c };
+    let saturated = choose(Policy::CacheAware, &[queue(held), queue(other)], &inputs(&estimates));
+    assert_eq!(saturated.prefer.map(|(b, _)| b), Some(0), "{saturated:?}");
+    assert_eq!(saturated.reason, Reason::CacheHit, "{saturated:?}");
 }
