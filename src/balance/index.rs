@@ -188,12 +188,15 @@ impl PrefixIndex {
             };
             let held_bytes = (cached as f64 * (1.0 + TOLERANCE) + SLACK_TOKENS) / per_byte;
             let held = prompt.segments_within(held_bytes);
+            // The report is beyond the prediction by more than the tolerance: the server held
+            // more than any sequence believed held could give it.
+            let beyond = cached as f64 > predicted.bytes as f64 * per_byte * (1.0 + TOLERANCE) + SLACK_TOKENS;
             if predicted.answer_bytes > 0 && held >= predicted.segments {
                 let beyond = cached as f64 / per_byte - predicted.bytes as f64;
                 self.answers_held.add((beyond / predicted.answer_bytes as f64).clamp(0.0, 1.0));
             }
             correction.reported_segments = Some(held);
-            self.learn_capacity(prompt, held, predicted);
+            self.learn_capacity(prompt, held, beyond, predicted);
             correction.dropped = self.correct(prompt, held, predicted.clock);
         }
         self.insert(prompt);
@@ -205,14 +208,17 @@ impl PrefixIndex {
     /// `d` newer sequences before it: the server keeps at most `d` (the newest believed one
     /// judged). A ghost that the report proves held (the server held more than predicted, and
     /// the ghost shares that much), with `d` newer before it: the server keeps at least `d + 1`.
-    fn learn_capacity(&mut self, prompt: &Prompt, held: usize, predicted: Match) {
+    /// `held`: the segments the report allows (a sequence sharing more is gone); `beyond`: the
+    /// report exceeds the prediction by more than its tolerance (only then is a ghost proven
+    /// held: a report within it is what the believed sequences give).
+    fn learn_capacity(&mut self, prompt: &Prompt, held: usize, beyond: bool, predicted: Match) {
         let judged = |s: &Stored| s.stamp <= predicted.clock;
         if held < predicted.segments {
             let gone = self.believed().position(|s| judged(s) && shared(&s.chain, prompt.chain()) > held);
             if let Some(depth) = gone {
                 self.learnt = self.learnt.min(depth.max(1));
             }
-        } else if held > predicted.segments {
+        } else if beyond {
             let ghost = self.stored.iter().enumerate().skip(self.learnt).find_map(|(depth, s)| {
                 let n = shared(&s.chain, prompt.chain());
                 (n > predicted.segments && n <= held).then_some(depth)

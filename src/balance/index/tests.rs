@@ -330,3 +330,36 @@ fn a_server_keeping_fewer_sequences_is_learnt_and_one_keeping_more_grows_it_back
     index.clear();
     assert_eq!((index.len(), index.learnt_capacity()), (0, 3));
 }
+
+/// Two real servers keeping 2 sequences, several conversations each: every report was the
+/// shared opening alone. Each report proves the conversation's earlier turn gone, the believed
+/// capacity falls to what the server keeps, and a report within the prediction's tolerance
+/// proves no ghost held (only one beyond it does), so it stays there.
+#[test]
+fn a_server_that_keeps_no_earlier_turn_is_predicted_to_give_the_opening_alone() {
+    // A long shared opening (tools, system prompt), then each conversation's messages.
+    let conv = |c: u8, turns: u8| {
+        let mut messages = vec![json!({"c": "s".repeat(300)})];
+        messages.extend((0..=turns).map(|t| json!({"c": format!("{c:02}{t:02}").repeat(10)})));
+        Prompt::of_chat(&serde_json::to_vec(&json!({"messages": messages})).expect("encodes"))
+    };
+    let mut index = PrefixIndex::new(10);
+    for c in 1..=4 {
+        index.insert(&conv(c, 4));
+    }
+    let mut wrong = Vec::new();
+    for turn in 5..9 {
+        for c in 1..=4 {
+            let p = conv(c, turn);
+            let predicted = index.predict(&p);
+            if predicted.segments != 1 {
+                wrong.push((turn, c, predicted.segments));
+            }
+            index.observe(&p, predicted, Some(p.bytes_of(1)), Some(p.bytes()));
+        }
+    }
+    // Four conversations in turn: the three newest sequences are always the others'. The first
+    // report proves the server keeps at most three, and no prediction is wrong after it.
+    assert!(index.learnt_capacity() <= 3, "learnt {}", index.learnt_capacity());
+    assert_eq!(wrong, [(5, 1, 6)], "predictions beyond the opening (turn, conversation, segments)");
+}
