@@ -74,6 +74,8 @@ pub struct Status {
     /// When the current process became ready.
     pub ready_since: Option<Instant>,
     pub restarts: u64,
+    /// How long its last start took, from the spawn to ready (the cost of loading it).
+    pub last_start: Option<Duration>,
     /// Incremented at each process start.
     pub generation: u64,
     pub last_error: Option<String>,
@@ -175,6 +177,7 @@ impl Supervisor {
             phase: Phase::Stopped,
             pid: None,
             ready_since: None,
+            last_start: None,
             restarts: 0,
             generation: 0,
             last_error: None,
@@ -482,6 +485,7 @@ impl Task {
             s.phase = Phase::Ready;
             s.pid = process.pid();
             s.ready_since = Some(Instant::now());
+            s.last_start = Some(took);
         });
         self.gate.open();
         process.record().await;
@@ -741,6 +745,7 @@ mod tests {
             phase: Phase::Ready,
             pid: None,
             ready_since: None,
+            last_start: None,
             restarts: 0,
             generation: 1,
             last_error: None,

@@ -51,6 +51,8 @@ pub struct BackendView {
     pub ready_for: Option<Duration>,
     pub queue: QueueView,
     pub idle_timeout: Option<Duration>,
+    /// How long its last start took (None: never started here).
+    pub start_cost: Option<Duration>,
 }
 
 impl BackendView {
@@ -110,6 +112,24 @@ fn next_gpu_backend<'a>(gpu: &[&'a BackendView], swap_target: Option<&str>) -> O
     target.or_else(|| due().min_by_key(|v| std::cmp::Reverse(v.queue.oldest_wait.unwrap_or_default())))
 }
 
+/// The share of the GPU's time that starting servers may take under alternating demand.
+pub const LOADING_SHARE: f64 = 0.2;
+
+/// How long a ready backend keeps the GPU before it may be swapped out for `next`: at least
+/// `swap_after`, and long enough that `next`'s start is at most [`LOADING_SHARE`] of a
+/// residency and its start (`start × (1 − s) ÷ s`: 4× its start time at 20 %).
+pub fn residency(next: &BackendView, swap_after: Duration) -> Duration {
+    let by_cost = next.start_cost.map_or(Duration::ZERO, |start| start.mul_f64((1.0 - LOADING_SHARE) / LOADING_SHARE));
+    swap_after.max(by_cost)
+}
+
+/// Whether `next`'s oldest request can be served within its `max_wait` only if `next` starts
+/// now: it has waited as long as its bound less `next`'s start time.
+pub fn due_by_max_wait(next: &BackendView) -> bool {
+    let waited = next.queue.oldest_wait.unwrap_or_default();
+    waited + next.start_cost.unwrap_or_default() >= next.queue.max_wait
+}
+
 /// Whether the running GPU backend gives the GPU up for `next` now (see the module's rules).
 fn may_swap_out(running: &BackendView, next: &BackendView, swap_after: Duration) -> bool {
     let can_stop = matches!(running.phase, Phase::Ready | Phase::Restarting);
@@ -121,7 +141,9 @@ fn may_swap_out(running: &BackendView, next: &BackendView, swap_after: Duration)
     let older = waited > running.queue.oldest_wait.unwrap_or_default();
     match running.phase {
         Phase::Ready => {
-            let held = running.ready_for.is_none_or(|t| t >= swap_after);
+            let held = running
+                .ready_for
+                .is_none_or(|t| t >= residency(next, swap_after) || (t >= swap_after && due_by_max_wait(next)));
             let stalled = running.queue.since_progress >= swap_after;
             due && held && (older || stalled)
         }
@@ -268,6 +290,7 @@ fn view_of(backend: &Managed) -> Option<BackendView> {
         ready_for: status.ready_since.filter(|_| status.phase == Phase::Ready).map(|t| t.elapsed()),
         queue: backend.queue.view(),
         idle_timeout: managed.idle_timeout,
+        start_cost: status.last_start,
     })
 }
 
@@ -292,8 +315,10 @@ mod tests {
                 oldest_wait: oldest_secs.map(Duration::from_secs),
                 idle_for: Duration::ZERO,
                 since_progress: Duration::ZERO,
+                max_wait: Duration::from_secs(300),
             },
             idle_timeout: None,
+            start_cost: None,
         }
     }
 
@@ -479,5 +504,40 @@ mod tests {
         // b ready and served its request: a's turn, at once since b has nothing left to do.
         let b_done = view("b", Phase::Ready, 0, 0, None);
         assert_eq!(scheduler.step(&[a_old, b_done]), [swap("b", "a")]);
+    }
+
+    /// Issue 22: a backend that takes long to start is worth keeping loaded longer. The running
+    /// one keeps the GPU until `next`'s start would be at most a fifth of a residency and its
+    /// start (4× its start time), unless `next`'s oldest request would then miss its max_wait.
+    #[test]
+    fn a_ready_backend_keeps_the_gpu_four_times_the_next_ones_start_time() {
+        let mut a = view("a", Phase::Ready, 2, 1, Some(1));
+        let mut b = view("b", Phase::Stopped, 1, 0, Some(20));
+        b.start_cost = Some(Duration::from_secs(30));
+        assert_eq!(residency(&b, SWAP_AFTER), Duration::from_secs(120));
+        a.ready_for = Some(Duration::from_secs(119));
+        assert_eq!(decide(&[a.clone(), b.clone()]), [], "b's start would be over a fifth of the GPU's time");
+        a.ready_for = Some(Duration::from_secs(120));
+        assert_eq!(decide(&[a.clone(), b.clone()]), [swap("a", "b")]);
+        // A backend never started here: swap_after, as before.
+        b.start_cost = None;
+        assert_eq!(residency(&b, SWAP_AFTER), SWAP_AFTER);
+    }
+
+    #[test]
+    fn the_next_ones_max_wait_cuts_the_residency_short() {
+        let mut a = view("a", Phase::Ready, 2, 1, Some(1));
+        a.ready_for = Some(Duration::from_secs(60));
+        let mut b = view("b", Phase::Stopped, 1, 0, Some(200));
+        b.start_cost = Some(Duration::from_secs(30));
+        b.queue.max_wait = Duration::from_secs(300);
+        // 200 s waited + 30 s to start < 300 s: a keeps the GPU (its residency is 120 s).
+        assert_eq!(decide(&[a.clone(), b.clone()]), []);
+        // 270 s waited: starting b now is the last chance to serve it within 300 s.
+        b.queue.oldest_wait = Some(Duration::from_secs(270));
+        assert_eq!(decide(&[a.clone(), b.clone()]), [swap("a", "b")]);
+        // Never before swap_after, whatever the wait.
+        a.ready_for = Some(SWAP_AFTER - Duration::from_millis(1));
+        assert_eq!(decide(&[a, b]), []);
     }
 }

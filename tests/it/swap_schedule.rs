@@ -402,8 +402,11 @@ impl World {
                 oldest_wait: b.waiting.iter().map(|&id| since(self.case.requests[id].arrival)).max(),
                 idle_for: since(b.last_activity),
                 since_progress: since(b.last_progress),
+                max_wait: Duration::MAX,
             },
             idle_timeout: b.spec.idle_timeout.map(ticks),
+            // Started once at least: its start time is known (the supervisor measures it).
+            start_cost: (b.generation > 0).then(|| ticks(b.spec.start)),
         }
     }
 
