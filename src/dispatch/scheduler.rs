@@ -141,10 +141,15 @@ fn may_swap_out(running: &BackendView, next: &BackendView, swap_after: Duration)
     let older = waited > running.queue.oldest_wait.unwrap_or_default();
     match running.phase {
         Phase::Ready => {
-            let held = running
-                .ready_for
-                .is_none_or(|t| t >= residency(next, swap_after) || (t >= swap_after && due_by_max_wait(next)));
             let stalled = running.queue.since_progress >= swap_after;
+            // After a swap, the backend serves the queue that waited for it to start before a
+            // swap back is considered (a waiter older than its residency came before it was
+            // ready) — unless it is stalled, and not serving that queue anyway.
+            let backlog =
+                |t: Duration| !stalled && running.queue.waiting > 0 && running.queue.oldest_wait.is_some_and(|w| w > t);
+            let held = running.ready_for.is_none_or(|t| {
+                (t >= residency(next, swap_after) && !backlog(t)) || (t >= swap_after && due_by_max_wait(next))
+            });
             due && held && (older || stalled)
         }
         Phase::Restarting => due && older,
@@ -539,5 +544,23 @@ mod tests {
         // Never before swap_after, whatever the wait.
         a.ready_for = Some(SWAP_AFTER - Duration::from_millis(1));
         assert_eq!(decide(&[a, b]), []);
+    }
+
+    #[test]
+    fn after_a_swap_the_queue_that_waited_for_it_is_served_before_a_swap_back() {
+        // a became ready 150 s ago; its oldest waiter has waited 200 s: it came before a was
+        // ready (the queue a was started for). b is due, but a serves that queue first.
+        let mut a = view("a", Phase::Ready, 3, 2, Some(200));
+        a.ready_for = Some(Duration::from_secs(150));
+        let mut b = view("b", Phase::Stopped, 1, 0, Some(210));
+        b.start_cost = Some(Duration::from_secs(30));
+        assert_eq!(decide(&[a.clone(), b.clone()]), []);
+        // Its backlog served (the oldest came after it was ready): b's turn.
+        a.queue.oldest_wait = Some(Duration::from_secs(100));
+        assert_eq!(decide(&[a.clone(), b.clone()]), [swap("a", "b")]);
+        // Unless b's oldest would miss its max_wait: then b goes first all the same.
+        a.queue.oldest_wait = Some(Duration::from_secs(200));
+        b.queue.max_wait = Duration::from_secs(240);
+        assert_eq!(decide(&[a, b]), [swap("a", "b")]);
     }
 }
