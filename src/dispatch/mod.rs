@@ -163,7 +163,12 @@ impl Dispatch {
                     Some(scheduler::Managed { supervisor: Arc::clone(supervisor), queue })
                 })
                 .collect();
-            tokio::spawn(scheduler::run(managed, config.swap_after, changed, metrics.clone()))
+            let policy = scheduler::Policy {
+                swap_after: config.swap_after,
+                loading_share: config.loading_share,
+                gpu_memory_budget: config.gpu_memory_budget,
+            };
+            tokio::spawn(scheduler::run(managed, policy, changed, metrics.clone()))
         });
         Dispatch { routes, queues, supervisors, scheduler, probes }
     }

@@ -53,6 +53,9 @@ pub struct BackendView {
     pub idle_timeout: Option<Duration>,
     /// How long its last start took (None: never started here).
     pub start_cost: Option<Duration>,
+    /// The bytes it holds when loaded: written in the file, else measured (None: unknown, so
+    /// it never runs beside another GPU backend).
+    pub footprint: Option<u64>,
 }
 
 impl BackendView {
@@ -63,14 +66,66 @@ impl BackendView {
     }
 }
 
+/// The scheduler's terms, from the configuration.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Policy {
+    /// How long a request for a stopped GPU backend waits before a swap is considered, and the
+    /// least time a backend keeps the GPU once ready (`swap_after`).
+    pub swap_after: Duration,
+    /// The largest share of the GPU's time starting servers may take under alternating demand
+    /// (`loading_share`, in (0, 1]).
+    pub loading_share: f64,
+    /// Bytes GPU backends may hold at once (`gpu_memory_budget`); `None`: one at a time.
+    pub gpu_memory_budget: Option<u64>,
+}
+
+impl Policy {
+    /// One GPU backend at a time, kept only `swap_after`: the rules before loading was costed.
+    pub fn by_timer(swap_after: Duration) -> Self {
+        Policy { swap_after, loading_share: 1.0, gpu_memory_budget: None }
+    }
+}
+
+/// Why a running GPU backend was swapped out (the label of `mlxgate_backend_swaps_total`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum SwapReason {
+    /// It had nothing to do.
+    NoWork,
+    /// The other's requests were due and it had kept the GPU its residency.
+    Due,
+    /// The other's oldest request would miss its `max_wait` unless it started now.
+    MaxWait,
+    /// No slot of it moved for `swap_after`: its own waiters were not moving either.
+    Stalled,
+    /// It was in crash backoff, holding no process.
+    Backoff,
+}
+
+impl SwapReason {
+    pub const ALL: [SwapReason; 5] =
+        [SwapReason::NoWork, SwapReason::Due, SwapReason::MaxWait, SwapReason::Stalled, SwapReason::Backoff];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            SwapReason::NoWork => "no_work",
+            SwapReason::Due => "due",
+            SwapReason::MaxWait => "max_wait",
+            SwapReason::Stalled => "stalled",
+            SwapReason::Backoff => "backoff",
+        }
+    }
+}
+
 /// A decision.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Action {
     Start(String),
-    /// Drain and stop `running` so that `next`, whose requests are due, gets the GPU.
+    /// Drain and stop `running` so that `next`, whose requests are due, gets the GPU (or the
+    /// room in the memory budget it needs).
     Swap {
         running: String,
         next: String,
+        reason: SwapReason,
     },
     /// Stop a ready backend unused for its `idle_timeout`.
     StopIdle(String),
@@ -78,7 +133,7 @@ pub enum Action {
 
 /// The scheduling rules over a snapshot of every managed backend. `swap_target` is the backend
 /// the last swap was made for, while it has not started yet.
-pub fn decide(views: &[BackendView], swap_target: Option<&str>, swap_after: Duration) -> Vec<Action> {
+pub fn decide(views: &[BackendView], swap_target: Option<&str>, policy: &Policy) -> Vec<Action> {
     let mut actions = Vec::new();
     for v in views {
         let idle = v.idle_timeout.is_some_and(|t| v.queue.idle_for >= t);
@@ -92,16 +147,56 @@ pub fn decide(views: &[BackendView], swap_target: Option<&str>, swap_after: Dura
 
     let gpu: Vec<&BackendView> = views.iter().filter(|v| v.gpu).collect();
     let Some(next) = next_gpu_backend(&gpu, swap_target) else { return actions };
-    match gpu.iter().find(|v| v.phase.is_running()) {
-        None => actions.push(Action::Start(next.name.clone())),
-        Some(running) => {
-            let idle_stopping = actions.contains(&Action::StopIdle(running.name.clone()));
-            if !idle_stopping && may_swap_out(running, next, swap_after) {
-                actions.push(Action::Swap { running: running.name.clone(), next: next.name.clone() });
-            }
+    let running: Vec<&BackendView> = gpu.iter().copied().filter(|v| v.phase.is_running()).collect();
+    if running.is_empty() || fits(next, &running, policy.gpu_memory_budget) {
+        actions.push(Action::Start(next.name.clone()));
+        return actions;
+    }
+    // Room for `next`: the running backends that may give the GPU up for it, those with nothing
+    // to do first, then the longest ready; all of them or none (a partial eviction frees
+    // nothing `next` can use).
+    let mut candidates: Vec<(&BackendView, SwapReason)> = running
+        .iter()
+        .filter(|r| !actions.contains(&Action::StopIdle(r.name.clone())))
+        .filter_map(|r| may_swap_out(r, next, policy).map(|why| (*r, why)))
+        .collect();
+    candidates.sort_by_key(|(r, _)| (r.has_work(), std::cmp::Reverse(r.ready_for)));
+    let mut staying = running;
+    let mut swaps = Vec::new();
+    for (r, reason) in candidates {
+        staying.retain(|s| s.name != r.name);
+        swaps.push(Action::Swap { running: r.name.clone(), next: next.name.clone(), reason });
+        if staying.is_empty() || fits(next, &staying, policy.gpu_memory_budget) {
+            actions.extend(swaps);
+            break;
         }
     }
     actions
+}
+
+/// Whether `next` may run beside `running` within the memory budget: a budget is set and
+/// every footprint is known and their sum fits it.
+pub fn fits(next: &BackendView, running: &[&BackendView], budget: Option<u64>) -> bool {
+    let (Some(budget), Some(own)) = (budget, next.footprint) else { return false };
+    let others: Option<u64> = running.iter().map(|r| r.footprint).sum();
+    others.is_some_and(|others| own.saturating_add(others) <= budget)
+}
+
+/// Whether a model served by `own` backends (all managed) is better served now by its
+/// fallback, served by `fallback`: none of its own runs (or is due to: it has no waiting
+/// requests that would start it), starting one would need a swap (the GPU is busy and it does
+/// not fit the budget beside what runs), and one of the fallback's backends is starting or
+/// ready. Pure, over the supervisors' latest views.
+pub fn stands_in(views: &[BackendView], own: &[&str], fallback: &[&str], budget: Option<u64>) -> bool {
+    let view = |name: &&str| views.iter().find(|v| v.name == *name);
+    let own: Vec<&BackendView> = own.iter().filter_map(view).collect();
+    let loaded = |v: &&BackendView| matches!(v.phase, Phase::Starting | Phase::Ready);
+    if own.is_empty() || own.iter().any(|v| v.phase.is_running() || !v.gpu) {
+        return false;
+    }
+    let running: Vec<&BackendView> = views.iter().filter(|v| v.gpu && v.phase.is_running()).collect();
+    let needs_swap = !running.is_empty() && own.iter().all(|v| !fits(v, &running, budget));
+    needs_swap && fallback.iter().filter_map(view).any(|v| loaded(&v))
 }
 
 /// The stopped GPU backend that gets the GPU next: the swap's target while it still has
@@ -112,15 +207,13 @@ fn next_gpu_backend<'a>(gpu: &[&'a BackendView], swap_target: Option<&str>) -> O
     target.or_else(|| due().min_by_key(|v| std::cmp::Reverse(v.queue.oldest_wait.unwrap_or_default())))
 }
 
-/// The share of the GPU's time that starting servers may take under alternating demand.
-pub const LOADING_SHARE: f64 = 0.2;
-
 /// How long a ready backend keeps the GPU before it may be swapped out for `next`: at least
-/// `swap_after`, and long enough that `next`'s start is at most [`LOADING_SHARE`] of a
-/// residency and its start (`start × (1 − s) ÷ s`: 4× its start time at 20 %).
-pub fn residency(next: &BackendView, swap_after: Duration) -> Duration {
-    let by_cost = next.start_cost.map_or(Duration::ZERO, |start| start.mul_f64((1.0 - LOADING_SHARE) / LOADING_SHARE));
-    swap_after.max(by_cost)
+/// `swap_after`, and long enough that `next`'s start is at most `loading_share` of a residency
+/// and its start (`start × (1 − s) ÷ s`: 4× its start time at 20 %).
+pub fn residency(next: &BackendView, policy: &Policy) -> Duration {
+    let share = policy.loading_share.clamp(f64::MIN_POSITIVE, 1.0);
+    let by_cost = next.start_cost.map_or(Duration::ZERO, |start| start.mul_f64((1.0 - share) / share));
+    policy.swap_after.max(by_cost)
 }
 
 /// Whether `next`'s oldest request can be served within its `max_wait` only if `next` starts
@@ -130,11 +223,13 @@ pub fn due_by_max_wait(next: &BackendView) -> bool {
     waited + next.start_cost.unwrap_or_default() >= next.queue.max_wait
 }
 
-/// Whether the running GPU backend gives the GPU up for `next` now (see the module's rules).
-fn may_swap_out(running: &BackendView, next: &BackendView, swap_after: Duration) -> bool {
+/// Whether the running GPU backend gives the GPU up for `next` now, and why (see the module's
+/// rules).
+fn may_swap_out(running: &BackendView, next: &BackendView, policy: &Policy) -> Option<SwapReason> {
+    let swap_after = policy.swap_after;
     let can_stop = matches!(running.phase, Phase::Ready | Phase::Restarting);
     if !running.has_work() {
-        return can_stop;
+        return can_stop.then_some(SwapReason::NoWork);
     }
     let waited = next.queue.oldest_wait.unwrap_or_default();
     let due = waited >= swap_after;
@@ -147,14 +242,23 @@ fn may_swap_out(running: &BackendView, next: &BackendView, swap_after: Duration)
             // ready) — unless it is stalled, and not serving that queue anyway.
             let backlog =
                 |t: Duration| !stalled && running.queue.waiting > 0 && running.queue.oldest_wait.is_some_and(|w| w > t);
-            let held = running.ready_for.is_none_or(|t| {
-                (t >= residency(next, swap_after) && !backlog(t)) || (t >= swap_after && due_by_max_wait(next))
-            });
-            due && held && (older || stalled)
+            let ready_for = running.ready_for.unwrap_or(Duration::MAX);
+            let served = ready_for >= residency(next, policy) && !backlog(ready_for);
+            let last_chance = ready_for >= swap_after && due_by_max_wait(next);
+            if !due || !(older || stalled) {
+                return None;
+            }
+            if served {
+                Some(if stalled && !older { SwapReason::Stalled } else { SwapReason::Due })
+            } else if last_chance {
+                Some(SwapReason::MaxWait)
+            } else {
+                None
+            }
         }
-        Phase::Restarting => due && older,
+        Phase::Restarting => (due && older).then_some(SwapReason::Backoff),
         // Starting: never (see the module's rules); draining: a swap is under way.
-        _ => false,
+        _ => None,
     }
 }
 
@@ -162,7 +266,7 @@ fn may_swap_out(running: &BackendView, next: &BackendView, swap_after: Duration)
 /// but not yet seen carried out, and the target of the last swap.
 #[derive(Debug, Clone)]
 pub struct Scheduler {
-    swap_after: Duration,
+    policy: Policy,
     /// Backends sent `Start` while stopped, with the generation they had then.
     starting: HashMap<String, u64>,
     /// Backends sent a stop that are not yet stopped.
@@ -172,8 +276,8 @@ pub struct Scheduler {
 }
 
 impl Scheduler {
-    pub fn new(swap_after: Duration) -> Self {
-        Scheduler { swap_after, starting: HashMap::new(), stopping: HashSet::new(), swap_target: None }
+    pub fn new(policy: Policy) -> Self {
+        Scheduler { policy, starting: HashMap::new(), stopping: HashSet::new(), swap_target: None }
     }
 
     /// One round over the supervisors' latest status: returns the commands to send now.
@@ -183,7 +287,7 @@ impl Scheduler {
             .swap_target
             .clone()
             .filter(|t| views.iter().any(|v| v.name == *t && v.phase == Phase::Stopped && v.queue.waiting > 0));
-        let actions: Vec<Action> = decide(&views, target.as_deref(), self.swap_after)
+        let actions: Vec<Action> = decide(&views, target.as_deref(), &self.policy)
             .into_iter()
             .filter(|a| match a {
                 Action::Start(n) => !self.starting.contains_key(n),
@@ -199,7 +303,7 @@ impl Scheduler {
                     let generation = views.iter().find(|v| v.name == *name).map_or(0, |v| v.generation);
                     self.starting.insert(name.clone(), generation);
                 }
-                Action::Swap { running, next } => {
+                Action::Swap { running, next, .. } => {
                     self.stopping.insert(running.clone());
                     self.swap_target = Some(next.clone());
                 }
@@ -241,12 +345,12 @@ pub struct Managed {
 }
 
 /// Runs the rules whenever a queue or a backend changes (and on a short tick for timers).
-pub async fn run(managed: Vec<Managed>, swap_after: Duration, changed: Arc<Notify>, metrics: Metrics) {
-    let mut scheduler = Scheduler::new(swap_after);
+pub async fn run(managed: Vec<Managed>, policy: Policy, changed: Arc<Notify>, metrics: Metrics) {
+    let mut scheduler = Scheduler::new(policy);
     let by_name: HashMap<String, Arc<Supervisor>> =
         managed.iter().map(|m| (m.supervisor.config.name.clone(), Arc::clone(&m.supervisor))).collect();
     loop {
-        let mut views: Vec<BackendView> = managed.iter().filter_map(view_of).collect();
+        let mut views = views_of(&managed);
         // A backend that cannot start (its program or venv is gone) is failed at once, before
         // any healthy backend is swapped out for it.
         for v in views.iter_mut().filter(|v| v.phase == Phase::Stopped && v.queue.waiting > 0) {
@@ -261,9 +365,9 @@ pub async fn run(managed: Vec<Managed>, swap_after: Duration, changed: Arc<Notif
         for action in scheduler.step(&views) {
             let (name, command) = match &action {
                 Action::Start(name) => (name, Command::Start),
-                Action::Swap { running, next } => {
-                    metrics.backend_swaps.inc();
-                    tracing::info!(backend = %running, next = %next, "swapping out: another model's requests are due");
+                Action::Swap { running, next, reason } => {
+                    metrics.backend_swaps.with_label_values(&[running.as_str(), reason.label()]).inc();
+                    tracing::info!(backend = %running, next = %next, reason = reason.label(), "swapping out: another model's requests are due");
                     (running, Command::Stop)
                 }
                 Action::StopIdle(name) => {
@@ -282,6 +386,11 @@ pub async fn run(managed: Vec<Managed>, swap_after: Duration, changed: Arc<Notif
     }
 }
 
+/// The scheduler's views of the managed backends, now.
+pub fn views_of(managed: &[Managed]) -> Vec<BackendView> {
+    managed.iter().filter_map(view_of).collect()
+}
+
 /// The scheduler's view of a managed backend (None for a backend mlxgate does not run).
 fn view_of(backend: &Managed) -> Option<BackendView> {
     let supervisor = &backend.supervisor;
@@ -296,6 +405,7 @@ fn view_of(backend: &Managed) -> Option<BackendView> {
         queue: backend.queue.view(),
         idle_timeout: managed.idle_timeout,
         start_cost: status.last_start,
+        footprint: status.footprint,
     })
 }
 
@@ -324,6 +434,7 @@ mod tests {
             },
             idle_timeout: None,
             start_cost: None,
+            footprint: None,
         }
     }
 
@@ -331,12 +442,15 @@ mod tests {
         Action::Start(n.into())
     }
 
-    fn swap(running: &str, next: &str) -> Action {
-        Action::Swap { running: running.into(), next: next.into() }
+    fn swap(running: &str, next: &str, reason: SwapReason) -> Action {
+        Action::Swap { running: running.into(), next: next.into(), reason }
     }
 
+    /// The default terms: one GPU backend at a time, loading at most a fifth of the time.
+    const POLICY: Policy = Policy { swap_after: SWAP_AFTER, loading_share: 0.2, gpu_memory_budget: None };
+
     fn decide(views: &[BackendView]) -> Vec<Action> {
-        super::decide(views, None, SWAP_AFTER)
+        super::decide(views, None, &POLICY)
     }
 
     #[test]
@@ -360,7 +474,7 @@ mod tests {
         assert_eq!(decide(&views), []);
         // Once b's oldest has waited swap_after (and longer than a's oldest), a is drained.
         let views = [view("a", Phase::Ready, 4, 2, Some(3)), view("b", Phase::Stopped, 2, 0, Some(10))];
-        assert_eq!(decide(&views), [swap("a", "b")]);
+        assert_eq!(decide(&views), [swap("a", "b", SwapReason::Due)]);
         // While a drains nothing else happens; once stopped, b starts.
         let views = [view("a", Phase::Draining, 4, 1, Some(3)), view("b", Phase::Stopped, 2, 0, Some(11))];
         assert_eq!(decide(&views), []);
@@ -374,7 +488,7 @@ mod tests {
         // Even just after it became ready: the minimum time protects work, and it has none.
         a.ready_for = Some(Duration::ZERO);
         let views = [a, view("b", Phase::Stopped, 1, 0, Some(0))];
-        assert_eq!(decide(&views), [swap("a", "b")]);
+        assert_eq!(decide(&views), [swap("a", "b", SwapReason::NoWork)]);
     }
 
     #[test]
@@ -391,7 +505,7 @@ mod tests {
         let mut other = "b";
         for _ in 0..4 {
             let views = [view(running, Phase::Ready, 50, 2, Some(1)), view(other, Phase::Stopped, 1, 0, Some(10))];
-            assert_eq!(decide(&views), [swap(running, other)]);
+            assert_eq!(decide(&views), [swap(running, other, SwapReason::Due)]);
             std::mem::swap(&mut running, &mut other);
         }
     }
@@ -406,7 +520,10 @@ mod tests {
         // waiters would not move either.
         let mut stalled = view("a", Phase::Ready, 3, 1, Some(15));
         stalled.queue.since_progress = SWAP_AFTER;
-        assert_eq!(decide(&[stalled, view("b", Phase::Stopped, 1, 0, Some(12))]), [swap("a", "b")]);
+        assert_eq!(
+            decide(&[stalled, view("b", Phase::Stopped, 1, 0, Some(12))]),
+            [swap("a", "b", SwapReason::Stalled)]
+        );
     }
 
     #[test]
@@ -426,16 +543,22 @@ mod tests {
         let b = view("b", Phase::Stopped, 1, 0, Some(99));
         assert_eq!(decide(&[a.clone(), b.clone()]), []);
         a.ready_for = Some(SWAP_AFTER);
-        assert_eq!(decide(&[a, b]), [swap("a", "b")]);
+        assert_eq!(decide(&[a, b]), [swap("a", "b", SwapReason::Due)]);
     }
 
     #[test]
     fn a_backend_in_crash_backoff_is_swapped_out_only_for_older_requests() {
         let b = view("b", Phase::Stopped, 1, 0, Some(12));
         // Nothing to do: at once.
-        assert_eq!(decide(&[view("a", Phase::Restarting, 0, 0, None), b.clone()]), [swap("a", "b")]);
+        assert_eq!(
+            decide(&[view("a", Phase::Restarting, 0, 0, None), b.clone()]),
+            [swap("a", "b", SwapReason::NoWork)]
+        );
         // Its own waiters are younger: swapped out once b has waited swap_after.
-        assert_eq!(decide(&[view("a", Phase::Restarting, 2, 0, Some(5)), b.clone()]), [swap("a", "b")]);
+        assert_eq!(
+            decide(&[view("a", Phase::Restarting, 2, 0, Some(5)), b.clone()]),
+            [swap("a", "b", SwapReason::Backoff)]
+        );
         let early = view("b", Phase::Stopped, 1, 0, Some(9));
         assert_eq!(decide(&[view("a", Phase::Restarting, 2, 0, Some(5)), early]), []);
         // Its own waiters are older: it keeps its turn.
@@ -463,7 +586,7 @@ mod tests {
 
     #[test]
     fn a_start_not_yet_picked_up_holds_the_gpu_and_is_sent_once() {
-        let mut scheduler = Scheduler::new(SWAP_AFTER);
+        let mut scheduler = Scheduler::new(POLICY);
         let a = view("a", Phase::Stopped, 1, 0, Some(0));
         assert_eq!(scheduler.step(&[a.clone(), view("b", Phase::Stopped, 0, 0, None)]), [start("a")]);
         // The supervisor has not picked the Start up yet (same generation, still stopped), and
@@ -477,9 +600,9 @@ mod tests {
 
     #[test]
     fn a_stop_not_yet_picked_up_is_sent_once() {
-        let mut scheduler = Scheduler::new(SWAP_AFTER);
+        let mut scheduler = Scheduler::new(POLICY);
         let views = [view("a", Phase::Ready, 0, 0, None), view("b", Phase::Stopped, 1, 0, Some(1))];
-        assert_eq!(scheduler.step(&views), [swap("a", "b")]);
+        assert_eq!(scheduler.step(&views), [swap("a", "b", SwapReason::NoWork)]);
         assert_eq!(scheduler.step(&views), []);
         let views = [view("a", Phase::Stopped, 0, 0, None), view("b", Phase::Stopped, 1, 0, Some(2))];
         assert_eq!(scheduler.step(&views), [start("b")]);
@@ -491,13 +614,13 @@ mod tests {
     #[test]
     fn after_a_swap_its_target_starts_even_when_the_stopped_one_has_older_waiters() {
         let swap_after = Duration::from_secs(2);
-        let mut scheduler = Scheduler::new(swap_after);
+        let mut scheduler = Scheduler::new(Policy { swap_after, ..POLICY });
         let mut a = view("a", Phase::Ready, 1, 1, Some(3));
         a.queue.since_progress = Duration::from_secs(5);
         let b = |secs| view("b", Phase::Stopped, 1, 0, Some(secs));
         // a is stalled behind its long stream: b's request is due after swap_after.
         assert_eq!(scheduler.step(&[a.clone(), b(1)]), []);
-        assert_eq!(scheduler.step(&[a, b(2)]), [swap("a", "b")]);
+        assert_eq!(scheduler.step(&[a, b(2)]), [swap("a", "b", SwapReason::Stalled)]);
         // a drained and stopped; its waiter (4 s) is older than b's (3 s): b starts all the same.
         let a_stopped = view("a", Phase::Stopped, 1, 0, Some(4));
         assert_eq!(scheduler.step(&[a_stopped.clone(), b(3)]), [start("b")]);
@@ -508,7 +631,7 @@ mod tests {
         assert_eq!(scheduler.step(&[a_old.clone(), b_starting]), []);
         // b ready and served its request: a's turn, at once since b has nothing left to do.
         let b_done = view("b", Phase::Ready, 0, 0, None);
-        assert_eq!(scheduler.step(&[a_old, b_done]), [swap("b", "a")]);
+        assert_eq!(scheduler.step(&[a_old, b_done]), [swap("b", "a", SwapReason::NoWork)]);
     }
 
     /// Issue 22: a backend that takes long to start is worth keeping loaded longer. The running
@@ -519,14 +642,14 @@ mod tests {
         let mut a = view("a", Phase::Ready, 2, 1, Some(1));
         let mut b = view("b", Phase::Stopped, 1, 0, Some(20));
         b.start_cost = Some(Duration::from_secs(30));
-        assert_eq!(residency(&b, SWAP_AFTER), Duration::from_secs(120));
+        assert_eq!(residency(&b, &POLICY), Duration::from_secs(120));
         a.ready_for = Some(Duration::from_secs(119));
         assert_eq!(decide(&[a.clone(), b.clone()]), [], "b's start would be over a fifth of the GPU's time");
         a.ready_for = Some(Duration::from_secs(120));
-        assert_eq!(decide(&[a.clone(), b.clone()]), [swap("a", "b")]);
+        assert_eq!(decide(&[a.clone(), b.clone()]), [swap("a", "b", SwapReason::Due)]);
         // A backend never started here: swap_after, as before.
         b.start_cost = None;
-        assert_eq!(residency(&b, SWAP_AFTER), SWAP_AFTER);
+        assert_eq!(residency(&b, &POLICY), SWAP_AFTER);
     }
 
     #[test]
@@ -540,7 +663,7 @@ mod tests {
         assert_eq!(decide(&[a.clone(), b.clone()]), []);
         // 270 s waited: starting b now is the last chance to serve it within 300 s.
         b.queue.oldest_wait = Some(Duration::from_secs(270));
-        assert_eq!(decide(&[a.clone(), b.clone()]), [swap("a", "b")]);
+        assert_eq!(decide(&[a.clone(), b.clone()]), [swap("a", "b", SwapReason::MaxWait)]);
         // Never before swap_after, whatever the wait.
         a.ready_for = Some(SWAP_AFTER - Duration::from_millis(1));
         assert_eq!(decide(&[a, b]), []);
@@ -557,10 +680,105 @@ mod tests {
         assert_eq!(decide(&[a.clone(), b.clone()]), []);
         // Its backlog served (the oldest came after it was ready): b's turn.
         a.queue.oldest_wait = Some(Duration::from_secs(100));
-        assert_eq!(decide(&[a.clone(), b.clone()]), [swap("a", "b")]);
+        assert_eq!(decide(&[a.clone(), b.clone()]), [swap("a", "b", SwapReason::Due)]);
         // Unless b's oldest would miss its max_wait: then b goes first all the same.
         a.queue.oldest_wait = Some(Duration::from_secs(200));
         b.queue.max_wait = Duration::from_secs(240);
-        assert_eq!(decide(&[a, b]), [swap("a", "b")]);
+        assert_eq!(decide(&[a, b]), [swap("a", "b", SwapReason::MaxWait)]);
+    }
+
+    const GB: u64 = 1 << 30;
+
+    fn with_footprint(mut v: BackendView, gb: u64) -> BackendView {
+        v.footprint = Some(gb * GB);
+        v
+    }
+
+    fn budget(gb: u64) -> Policy {
+        Policy { gpu_memory_budget: Some(gb * GB), ..POLICY }
+    }
+
+    #[test]
+    fn backends_that_fit_the_budget_run_side_by_side_without_a_swap() {
+        let a = with_footprint(view("a", Phase::Ready, 2, 1, Some(1)), 20);
+        let b = with_footprint(view("b", Phase::Stopped, 1, 0, Some(0)), 6);
+        assert_eq!(super::decide(&[a.clone(), b.clone()], None, &budget(32)), [start("b")]);
+        // Too big for what is left: the usual rules (b's request is not due yet: nothing).
+        assert_eq!(super::decide(&[a.clone(), b.clone()], None, &budget(24)), []);
+        // No budget: one at a time, whatever the footprints.
+        assert_eq!(super::decide(&[a.clone(), b.clone()], None, &POLICY), []);
+        // A footprint not known yet (never measured, not written) never runs beside another.
+        let mut unknown = b.clone();
+        unknown.footprint = None;
+        assert_eq!(super::decide(&[a.clone(), unknown], None, &budget(32)), []);
+        let mut a_unknown = a;
+        a_unknown.footprint = None;
+        assert_eq!(super::decide(&[a_unknown, b], None, &budget(32)), []);
+    }
+
+    #[test]
+    fn a_draining_backend_still_holds_its_memory() {
+        let a = with_footprint(view("a", Phase::Draining, 0, 1, None), 20);
+        let b = with_footprint(view("b", Phase::Stopped, 1, 0, Some(30)), 20);
+        assert_eq!(super::decide(&[a, b], None, &budget(32)), []);
+    }
+
+    #[test]
+    fn room_is_made_by_stopping_as_many_as_needed_or_none() {
+        // a and b run (10 GB each) in a 32 GB budget; c (20 GB) needs both gone.
+        let mut a = with_footprint(view("a", Phase::Ready, 0, 0, None), 10);
+        let mut b = with_footprint(view("b", Phase::Ready, 0, 0, None), 10);
+        let c = with_footprint(view("c", Phase::Stopped, 1, 0, Some(30)), 20);
+        // Stopping one (the idle a) is enough: 10 + 20 <= 32.
+        b.queue.in_flight = 1;
+        b.queue.oldest_wait = None;
+        let got = super::decide(&[a.clone(), b.clone(), c.clone()], None, &budget(32));
+        assert_eq!(got, [swap("a", "c", SwapReason::NoWork)]);
+        // c of 30 GB needs both; b is busy and not yet due to give it up (ready 5 s): neither
+        // is stopped, since stopping a alone frees nothing c can use.
+        let c = with_footprint(c, 30);
+        b.ready_for = Some(Duration::from_secs(5));
+        b.queue.waiting = 1;
+        b.queue.oldest_wait = Some(Duration::from_secs(1));
+        assert_eq!(super::decide(&[a.clone(), b.clone(), c.clone()], None, &budget(32)), []);
+        // Once b may give it up too, both are stopped for c.
+        b.ready_for = Some(Duration::from_secs(60));
+        a.ready_for = Some(Duration::from_secs(60));
+        let got = super::decide(&[a, b, c], None, &budget(32));
+        assert_eq!(got, [swap("a", "c", SwapReason::NoWork), swap("b", "c", SwapReason::Due)]);
+    }
+
+    #[test]
+    fn a_model_falls_back_only_while_its_backend_would_need_a_swap() {
+        let coder = with_footprint(view("coder", Phase::Ready, 0, 1, None), 20);
+        let haiku = with_footprint(view("haiku", Phase::Stopped, 0, 0, None), 6);
+        let views = [coder.clone(), haiku.clone()];
+        assert!(stands_in(&views, &["haiku"], &["coder"], None), "the GPU is busy with coder");
+        assert!(!stands_in(&views, &["haiku"], &["coder"], Some(32 * GB)), "haiku fits beside coder: it starts");
+        assert!(stands_in(&views, &["haiku"], &["coder"], Some(24 * GB)), "it does not fit");
+        // The GPU is free: haiku starts for its own requests.
+        let free = [view("coder", Phase::Stopped, 0, 0, None), haiku.clone()];
+        assert!(!stands_in(&free, &["haiku"], &["coder"], None));
+        // haiku is already starting or running: its own requests go to it.
+        for phase in [Phase::Starting, Phase::Ready, Phase::Draining, Phase::Restarting] {
+            let views = [coder.clone(), view("haiku", phase, 0, 0, None)];
+            assert!(!stands_in(&views, &["haiku"], &["coder"], None), "{phase:?}");
+        }
+        // The fallback is starting: it will be loaded; draining or in backoff: it will not.
+        for (phase, expected) in [(Phase::Starting, true), (Phase::Draining, false), (Phase::Restarting, false)] {
+            let views = [view("coder", phase, 0, 0, None), haiku.clone()];
+            assert_eq!(stands_in(&views, &["haiku"], &["coder"], None), expected, "{phase:?}");
+        }
+        // A failed own backend falls back too (better an answer than a 503).
+        let failed = [coder, view("haiku", Phase::Failed, 0, 0, None)];
+        assert!(stands_in(&failed, &["haiku"], &["coder"], None));
+    }
+
+    #[test]
+    fn a_loading_share_of_one_keeps_a_backend_only_swap_after() {
+        let mut b = view("b", Phase::Stopped, 1, 0, Some(20));
+        b.start_cost = Some(Duration::from_secs(30));
+        assert_eq!(residency(&b, &Policy::by_timer(SWAP_AFTER)), SWAP_AFTER);
+        assert_eq!(residency(&b, &Policy { loading_share: 0.5, ..POLICY }), Duration::from_secs(30));
     }
 }

@@ -16,7 +16,7 @@ use std::time::Duration;
 use crate::common::*;
 use mlxgate::backend::supervisor::Phase;
 use mlxgate::dispatch::queue::QueueView;
-use mlxgate::dispatch::scheduler::{Action, BackendView, Scheduler};
+use mlxgate::dispatch::scheduler::{Action, BackendView, Policy, Scheduler};
 use serde_json::{Value, json};
 
 // ---- The simulated world ----
@@ -213,7 +213,11 @@ impl World {
             now: 0,
             backends,
             outcomes: vec![None; case.requests.len()],
-            scheduler: Scheduler::new(ticks(case.swap_after)),
+            scheduler: Scheduler::new(Policy {
+                swap_after: ticks(case.swap_after),
+                loading_share: 0.2,
+                gpu_memory_budget: None,
+            }),
             swaps: 0,
             violations: Vec::new(),
             case,
@@ -407,6 +411,7 @@ impl World {
             idle_timeout: b.spec.idle_timeout.map(ticks),
             // Started once at least: its start time is known (the supervisor measures it).
             start_cost: (b.generation > 0).then(|| ticks(b.spec.start)),
+            footprint: None,
         }
     }
 
@@ -525,7 +530,7 @@ async fn issue_7_schedule_serves_both_waiting_requests() {
         let choice = &answer["choices"][0];
         assert!(choice["finish_reason"].is_string() && choice["message"]["content"].is_string(), "{body}");
     }
-    let swaps = metric(&gw, "mlxgate_backend_swaps_total").await.expect("swaps metric");
+    let swaps = metric_sum(&gw, "mlxgate_backend_swaps_total").await.expect("swaps metric");
     eprintln!("swaps: {swaps}; peak GPU servers alive: {peak}");
     assert!(swaps <= 3.0, "{swaps} swaps");
     assert_eq!(peak, 1, "at most one GPU backend process at any moment");
