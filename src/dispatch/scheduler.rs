@@ -13,14 +13,19 @@
 //!   by model) **and** longer than the running backend's oldest waiting request (else the swap
 //!   would be undone at once for the older one), or when the running backend is stalled: no slot
 //!   handed out or freed for `swap_after` (its slots are held by long requests, so its own
-//!   waiters would not move anyway). A running backend with no work at all is swapped out at once;
+//!   waiters would not move anyway). A running backend with no work at all is swapped out at once,
+//!   unless its clients are between requests (its last request is less than `swap_after` old)
+//!   and it has not been ready for the cost of the round trip (below);
 //! - a backend is never stopped while it is starting: stopping it there throws away the start
 //!   and, when its own waiters are the older ones, brings it straight back (the livelock of
 //!   issue 7: a stopped and started every 0.5 s, forever);
 //! - a backend that became ready keeps the GPU for at least `swap_after` before it can be swapped
 //!   out for another one's requests (unless it has nothing to do): each swap then buys at least
 //!   as much service as the grouping window the user chose, and swaps come at most once per
-//!   `swap_after` plus a start;
+//!   `swap_after` plus a start; and one that still has work keeps it until the swap's round
+//!   trip (the next one's start and its own, to come back for its work) is at most
+//!   `loading_share` of the GPU's time (4× the two starts at 20 %), unless the next one's
+//!   oldest request would then miss its `max_wait`;
 //! - a backend in crash backoff (`Restarting`) holds no process and serves nothing, so nothing is
 //!   lost by stopping it: it is swapped out under the same rules as a ready one, without the
 //!   minimum time (it was never ready) and without the stalled rule (its own waiters, if older,
@@ -211,9 +216,30 @@ fn next_gpu_backend<'a>(gpu: &[&'a BackendView], swap_target: Option<&str>) -> O
 /// `swap_after`, and long enough that `next`'s start is at most `loading_share` of a residency
 /// and its start (`start × (1 − s) ÷ s`: 4× its start time at 20 %).
 pub fn residency(next: &BackendView, policy: &Policy) -> Duration {
+    keep_for(next.start_cost.unwrap_or_default(), policy)
+}
+
+/// The residency of a ready backend that still has work: its own requests will bring it back,
+/// so a swap to `next` is a round trip of two starts, and its residency pays for both
+/// (`(next's start + its own) × (1 − s) ÷ s`). Paying only for `next`'s start left the way back
+/// unpaid whenever `next` had little to do (a small fast model's few requests, then nothing:
+/// swapped out at once): loading was `(S_next + S_own) ÷ (5 S_next + S_own)`, a third at equal
+/// starts and over two thirds when its own start is ten times `next`'s.
+pub fn round_trip_residency(running: &BackendView, next: &BackendView, policy: &Policy) -> Duration {
+    let starts = next.start_cost.unwrap_or_default() + running.start_cost.unwrap_or_default();
+    keep_for(starts, policy)
+}
+
+/// At least `swap_after`, and long enough that `starts` are at most `loading_share` of it and
+/// them.
+fn keep_for(starts: Duration, policy: &Policy) -> Duration {
+    policy.swap_after.max(by_cost(starts, policy))
+}
+
+/// How long `starts` are worth of GPU time at the policy's loading share: `starts × (1 − s) ÷ s`.
+fn by_cost(starts: Duration, policy: &Policy) -> Duration {
     let share = policy.loading_share.clamp(f64::MIN_POSITIVE, 1.0);
-    let by_cost = next.start_cost.map_or(Duration::ZERO, |start| start.mul_f64((1.0 - share) / share));
-    policy.swap_after.max(by_cost)
+    starts.mul_f64((1.0 - share) / share)
 }
 
 /// Whether `next`'s oldest request can be served within its `max_wait` only if `next` starts
@@ -229,7 +255,15 @@ fn may_swap_out(running: &BackendView, next: &BackendView, policy: &Policy) -> O
     let swap_after = policy.swap_after;
     let can_stop = matches!(running.phase, Phase::Ready | Phase::Restarting);
     if !running.has_work() {
-        return can_stop.then_some(SwapReason::NoWork);
+        // Between its clients' requests (an agent runs a tool, then asks again): a swap now
+        // would bring it back unpaid. Kept while its last request is less than `swap_after`
+        // old, within the round trip's residency by cost (not its floor, `swap_after`).
+        let starts = next.start_cost.unwrap_or_default() + running.start_cost.unwrap_or_default();
+        let between_requests = running.phase == Phase::Ready
+            && running.queue.idle_for < swap_after
+            && running.ready_for.is_some_and(|r| r < by_cost(starts, policy))
+            && !due_by_max_wait(next);
+        return (can_stop && !between_requests).then_some(SwapReason::NoWork);
     }
     let waited = next.queue.oldest_wait.unwrap_or_default();
     let due = waited >= swap_after;
@@ -243,7 +277,7 @@ fn may_swap_out(running: &BackendView, next: &BackendView, policy: &Policy) -> O
             let backlog =
                 |t: Duration| !stalled && running.queue.waiting > 0 && running.queue.oldest_wait.is_some_and(|w| w > t);
             let ready_for = running.ready_for.unwrap_or(Duration::MAX);
-            let served = ready_for >= residency(next, policy) && !backlog(ready_for);
+            let served = ready_for >= round_trip_residency(running, next, policy) && !backlog(ready_for);
             let last_chance = ready_for >= swap_after && due_by_max_wait(next);
             if !due || !(older || stalled) {
                 return None;
@@ -772,6 +806,52 @@ mod tests {
         // A failed own backend falls back too (better an answer than a 503).
         let failed = [coder, view("haiku", Phase::Failed, 0, 0, None)];
         assert!(stands_in(&failed, &["haiku"], &["coder"], None));
+    }
+
+    /// Issue 22, found by the simulation (`tests/it/swap_schedule.rs`, agents that send their
+    /// small fast model's requests beside their main ones): paying only for the next one's
+    /// start left the way back unpaid. coder was swapped out after 4 × 5 s; haiku served its
+    /// few requests and had nothing left; coder came back: 65 s of starts for 20 s of work.
+    #[test]
+    fn a_working_backend_keeps_the_gpu_for_the_round_trip_of_two_starts() {
+        let mut coder = view("coder", Phase::Ready, 1, 1, Some(1));
+        coder.start_cost = Some(Duration::from_secs(60));
+        let mut haiku = view("haiku", Phase::Stopped, 3, 0, Some(100));
+        haiku.start_cost = Some(Duration::from_secs(5));
+        assert_eq!(round_trip_residency(&coder, &haiku, &POLICY), Duration::from_secs(260));
+        coder.ready_for = Some(Duration::from_secs(259));
+        assert_eq!(decide(&[coder.clone(), haiku.clone()]), []);
+        coder.ready_for = Some(Duration::from_secs(260));
+        assert_eq!(decide(&[coder, haiku]), [swap("coder", "haiku", SwapReason::Due)]);
+    }
+
+    /// Issue 22, found by the simulation: an agent between two requests (running a tool)
+    /// leaves its model's backend without work for a moment; swapping it out then brings it
+    /// back at once, unpaid.
+    #[test]
+    fn a_backend_between_its_clients_requests_is_not_swapped_out_at_once() {
+        let mut coder = view("coder", Phase::Ready, 0, 0, None);
+        coder.start_cost = Some(Duration::from_secs(60));
+        coder.ready_for = Some(Duration::from_secs(100));
+        coder.queue.idle_for = Duration::from_secs(2);
+        let mut haiku = view("haiku", Phase::Stopped, 1, 0, Some(30));
+        haiku.start_cost = Some(Duration::from_secs(5));
+        assert_eq!(decide(&[coder.clone(), haiku.clone()]), []);
+        let no_work = [swap("coder", "haiku", SwapReason::NoWork)];
+        // Nothing for swap_after: its clients are gone (or wait for haiku).
+        let mut idle = coder.clone();
+        idle.queue.idle_for = SWAP_AFTER;
+        assert_eq!(decide(&[idle, haiku.clone()]), no_work);
+        // Ready for the round trip's cost (4 × 65 s) already.
+        let mut paid = coder.clone();
+        paid.ready_for = Some(Duration::from_secs(260));
+        assert_eq!(decide(&[paid, haiku.clone()]), no_work);
+        // haiku's oldest request would miss its max_wait (300 s).
+        let mut late = haiku.clone();
+        late.queue.oldest_wait = Some(Duration::from_secs(296));
+        assert_eq!(decide(&[coder.clone(), late]), no_work);
+        // The rules before issue 22 (no cost): at once.
+        assert_eq!(super::decide(&[coder, haiku], None, &Policy::by_timer(SWAP_AFTER)), no_work);
     }
 
     #[test]
