@@ -298,7 +298,7 @@ fn alternating_case(seed: u64, side_calls: bool) -> Case {
         service: (2, rng.range(5, 30)),
         until: 20 * longest_start + 1000,
     };
-    let feasible = seed % 2 == 0;
+    let feasible = seed.is_multiple_of(2);
     let mut case = Case {
         seed,
         swap_after,
