@@ -310,6 +310,18 @@ impl RequestRecord {
         self.on_answer = Some(hook);
     }
 
+    /// Notes that the request's model, `from`, fell back to the model it is now routed to
+    /// (logged as `fallback_from=`; counted in `mlxgate_model_fallbacks_total`).
+    pub fn fell_back(&mut self, from: &str) {
+        self.metrics.model_fallbacks.with_label_values(&[from, &self.model]).inc();
+        self.access.fallback_from = Some(from.into());
+    }
+
+    /// The model the request's own model fell back from, if it did.
+    pub fn fallback_from(&self) -> Option<&str> {
+        self.access.fallback_from.as_deref()
+    }
+
     /// Notes that the client asked for `model` by an alias, `asked` (logged as `alias=`).
     pub fn aliased(&mut self, asked: &str) {
         self.alias = Some(asked.to_string());

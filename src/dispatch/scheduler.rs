@@ -387,13 +387,12 @@ pub async fn run(managed: Vec<Managed>, policy: Policy, changed: Arc<Notify>, me
 }
 
 /// The scheduler's views of the managed backends, now.
-pub fn views_of(managed: &[Managed]) -> Vec<BackendView> {
-    managed.iter().filter_map(view_of).collect()
+fn views_of(managed: &[Managed]) -> Vec<BackendView> {
+    managed.iter().filter_map(|m| view_of(&m.supervisor, &m.queue)).collect()
 }
 
 /// The scheduler's view of a managed backend (None for a backend mlxgate does not run).
-fn view_of(backend: &Managed) -> Option<BackendView> {
-    let supervisor = &backend.supervisor;
+pub fn view_of(supervisor: &Supervisor, queue: &BackendQueue) -> Option<BackendView> {
     let managed = supervisor.config.managed.as_ref()?;
     let status = supervisor.status();
     Some(BackendView {
@@ -402,7 +401,7 @@ fn view_of(backend: &Managed) -> Option<BackendView> {
         phase: status.phase,
         generation: status.generation,
         ready_for: status.ready_since.filter(|_| status.phase == Phase::Ready).map(|t| t.elapsed()),
-        queue: backend.queue.view(),
+        queue: queue.view(),
         idle_timeout: managed.idle_timeout,
         start_cost: status.last_start,
         footprint: status.footprint,
