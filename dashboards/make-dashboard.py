@@ -290,7 +290,7 @@ timeseries(
     "Mac has the memory, or use smaller quantisations).",
     grid(12, 40, 12),
     [(f"max by (backend) (mlxgate_backend_footprint_bytes{{{B}}})", "{{backend}}")],
-    unit="decbytes")
+    unit="bytes")
 
 
 # ---- Row 3: traffic -----------------------------------------------------------------------
