@@ -552,9 +552,10 @@ async fn never_moved(prom: &Prometheus, queries: &[Query], start: f64) -> Vec<St
             continue;
         }
         let series = prom.range(&q.promql, start).await.unwrap_or_default();
-        let moved = series.iter().flat_map(|one| one["values"].as_array().cloned().unwrap_or_default()).any(|v| {
-            v[1].as_str().and_then(|v| v.parse::<f64>().ok()).is_some_and(|v| v.is_finite() && v != 0.0)
-        });
+        let moved = series
+            .iter()
+            .flat_map(|one| one["values"].as_array().cloned().unwrap_or_default())
+            .any(|v| v[1].as_str().and_then(|v| v.parse::<f64>().ok()).is_some_and(|v| v.is_finite() && v != 0.0));
         if !moved {
             flat.push(format!("{}: {}", q.origin, q.promql));
         }
