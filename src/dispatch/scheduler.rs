@@ -1,33 +1,44 @@
 //! Which managed backend runs. Metal gives every process its own GPU context and MLX servers do
-//! not share one, so at most one backend with `gpu: true` runs at a time.
+//! not share one, so at most one backend with `gpu: true` runs at a time — or, with a
+//! `gpu_memory_budget`, as many as their footprints fit.
 //!
 //! The rules, applied by the pure [`decide`] over a snapshot of every managed backend, with what
 //! the loop must remember between rounds kept in the pure [`Scheduler`] (both driven by tests
 //! without processes), and carried out by the supervisors:
-//! - a stopped backend with waiting requests is started, if the GPU is free (or it needs none);
+//! - a stopped backend with waiting requests is started, if the GPU is free (or it needs none,
+//!   or its footprint fits the budget beside every running GPU backend's, all of them known);
 //!   a `Start` sent but not yet picked up by the supervisor counts as starting, and a `Stop`
 //!   not yet picked up as draining, so the GPU is never promised twice;
-//! - the running GPU backend keeps serving its own requests until another GPU backend (the one
-//!   whose oldest request has waited longest) is due, and then it is drained and stopped. That
-//!   other backend is due when its oldest request has waited `swap_after` (requests are grouped
-//!   by model) **and** longer than the running backend's oldest waiting request (else the swap
-//!   would be undone at once for the older one), or when the running backend is stalled: no slot
-//!   handed out or freed for `swap_after` (its slots are held by long requests, so its own
-//!   waiters would not move anyway). A running backend with no work at all is swapped out at once;
+//! - otherwise the running GPU backend keeps serving its own requests until another GPU backend
+//!   (the one whose oldest request has waited longest) is due, and then it is drained and
+//!   stopped (with a budget: as many running backends as the other needs room from, all or
+//!   none). That other backend is due when its oldest request has waited `swap_after` (requests
+//!   are grouped by model) **and** longer than the running backend's oldest waiting request
+//!   (else the swap would be undone at once for the older one), or when the running backend is
+//!   stalled: no slot handed out or freed for `swap_after` (its slots are held by long requests,
+//!   so its own waiters would not move anyway). A running backend with no work at all is swapped
+//!   out at once;
 //! - a backend is never stopped while it is starting: stopping it there throws away the start
 //!   and, when its own waiters are the older ones, brings it straight back (the livelock of
 //!   issue 7: a stopped and started every 0.5 s, forever);
-//! - a backend that became ready keeps the GPU for at least `swap_after` before it can be swapped
-//!   out for another one's requests (unless it has nothing to do): each swap then buys at least
-//!   as much service as the grouping window the user chose, and swaps come at most once per
-//!   `swap_after` plus a start;
+//! - a backend that became ready keeps the GPU for its residency before it can be swapped out
+//!   for another one's requests (unless it has nothing to do): at least `swap_after`, and at
+//!   least `(1 − loading_share) ÷ loading_share` times the next one's measured start, so that
+//!   under alternating demand starting servers takes at most `loading_share` of the GPU's time;
+//!   cut short (never below `swap_after`) when the next one's oldest request would otherwise
+//!   miss its `max_wait`. Once it has served its residency, it still serves the requests that
+//!   waited for it to start (older than its time ready) before a swap back, unless it is stalled;
 //! - a backend in crash backoff (`Restarting`) holds no process and serves nothing, so nothing is
 //!   lost by stopping it: it is swapped out under the same rules as a ready one, without the
-//!   minimum time (it was never ready) and without the stalled rule (its own waiters, if older,
+//!   residency (it was never ready) and without the stalled rule (its own waiters, if older,
 //!   keep their turn: it will be back in at most one backoff);
 //! - after a swap the backend it was made for starts next, even if the stopped one's own
 //!   waiters are older: picking by age again here would restart the one just stopped;
 //! - a ready backend with nothing to do for its `idle_timeout` is stopped.
+//!
+//! [`stands_in`] is the fallback rule the request path asks: a model whose backends are not
+//! running, and would need a swap to run, is served by its `fallback:` model when that one's
+//! backend is starting or ready.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
