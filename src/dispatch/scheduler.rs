@@ -67,6 +67,8 @@ pub struct BackendView {
     /// The bytes it holds when loaded: written in the file, else measured (None: unknown, so
     /// it never runs beside another GPU backend).
     pub footprint: Option<u64>,
+    /// How long its last process served, ready to stop (None: never ready here).
+    pub last_residency: Option<Duration>,
 }
 
 impl BackendView {
@@ -218,13 +220,18 @@ fn next_gpu_backend<'a>(gpu: &[&'a BackendView], swap_target: Option<&str>) -> O
     target.or_else(|| due().min_by_key(|v| std::cmp::Reverse(v.queue.oldest_wait.unwrap_or_default())))
 }
 
-/// How long a ready backend keeps the GPU before it may be swapped out for `next`: at least
-/// `swap_after`, and long enough that `next`'s start is at most `loading_share` of a residency
-/// and its start (`start × (1 − s) ÷ s`: 4× its start time at 20 %).
-pub fn residency(next: &BackendView, policy: &Policy) -> Duration {
+/// How long `running`, ready, keeps the GPU before it may be swapped out for `next`: at least
+/// `swap_after`, and long enough that the round trip — `next` started, and `running` started
+/// again when its requests come back — costs at most `loading_share` of the GPU's time:
+/// `(1 − s) ÷ s × (next's start + running's start)`, less the time `next` stayed the last time
+/// it was loaded (its stay is the other part of the round trip; a model with little to do
+/// stays briefly, so the one it interrupts carries the round trip's cost). At 20 %: 4× the two
+/// starts. A start never measured counts 0.
+pub fn residency(running: &BackendView, next: &BackendView, policy: &Policy) -> Duration {
     let share = policy.loading_share.clamp(f64::MIN_POSITIVE, 1.0);
-    let by_cost = next.start_cost.map_or(Duration::ZERO, |start| start.mul_f64((1.0 - share) / share));
-    policy.swap_after.max(by_cost)
+    let starts = next.start_cost.unwrap_or_default() + running.start_cost.unwrap_or_default();
+    let round_trip = starts.mul_f64((1.0 - share) / share);
+    policy.swap_after.max(round_trip.saturating_sub(next.last_residency.unwrap_or_default()))
 }
 
 /// Whether `next`'s oldest request can be served within its `max_wait` only if `next` starts
@@ -254,7 +261,7 @@ fn may_swap_out(running: &BackendView, next: &BackendView, policy: &Policy) -> O
             let backlog =
                 |t: Duration| !stalled && running.queue.waiting > 0 && running.queue.oldest_wait.is_some_and(|w| w > t);
             let ready_for = running.ready_for.unwrap_or(Duration::MAX);
-            let served = ready_for >= residency(next, policy) && !backlog(ready_for);
+            let served = ready_for >= residency(running, next, policy) && !backlog(ready_for);
             let last_chance = ready_for >= swap_after && due_by_max_wait(next);
             if !due || !(older || stalled) {
                 return None;
@@ -416,6 +423,7 @@ pub fn view_of(supervisor: &Supervisor, queue: &BackendQueue) -> Option<BackendV
         idle_timeout: managed.idle_timeout,
         start_cost: status.last_start,
         footprint: status.footprint,
+        last_residency: status.last_residency,
     })
 }
 
@@ -445,6 +453,7 @@ mod tests {
             idle_timeout: None,
             start_cost: None,
             footprint: None,
+            last_residency: None,
         }
     }
 
@@ -645,21 +654,49 @@ mod tests {
     }
 
     /// Issue 22: a backend that takes long to start is worth keeping loaded longer. The running
-    /// one keeps the GPU until `next`'s start would be at most a fifth of a residency and its
-    /// start (4× its start time), unless `next`'s oldest request would then miss its max_wait.
+    /// one keeps the GPU until the round trip's two starts (next's, and its own when it comes
+    /// back) are at most a fifth of the GPU's time: 4× the two starts, less what next stayed
+    /// the last time; unless next's oldest request would then miss its max_wait.
     #[test]
-    fn a_ready_backend_keeps_the_gpu_four_times_the_next_ones_start_time() {
+    fn a_ready_backend_keeps_the_gpu_four_times_the_round_trips_starts() {
         let mut a = view("a", Phase::Ready, 2, 1, Some(1));
+        a.start_cost = Some(Duration::from_secs(10));
         let mut b = view("b", Phase::Stopped, 1, 0, Some(20));
-        b.start_cost = Some(Duration::from_secs(30));
-        assert_eq!(residency(&b, &POLICY), Duration::from_secs(120));
+        b.start_cost = Some(Duration::from_secs(20));
+        assert_eq!(residency(&a, &b, &POLICY), Duration::from_secs(120));
         a.ready_for = Some(Duration::from_secs(119));
-        assert_eq!(decide(&[a.clone(), b.clone()]), [], "b's start would be over a fifth of the GPU's time");
+        assert_eq!(decide(&[a.clone(), b.clone()]), [], "the round trip's starts would be over a fifth");
         a.ready_for = Some(Duration::from_secs(120));
         assert_eq!(decide(&[a.clone(), b.clone()]), [swap("a", "b", SwapReason::Due)]);
-        // A backend never started here: swap_after, as before.
+        // b stayed 100 s last time: that part of the round trip is expected again.
+        b.last_residency = Some(Duration::from_secs(100));
+        assert_eq!(residency(&a, &b, &POLICY), Duration::from_secs(20));
+        b.last_residency = Some(Duration::from_secs(1000));
+        assert_eq!(residency(&a, &b, &POLICY), SWAP_AFTER, "never below swap_after");
+        // Backends never started here: swap_after, as before.
+        b.last_residency = None;
         b.start_cost = None;
-        assert_eq!(residency(&b, &POLICY), SWAP_AFTER);
+        a.start_cost = None;
+        assert_eq!(residency(&a, &b, &POLICY), SWAP_AFTER);
+    }
+
+    /// The loading share over a round trip stays within the bound whatever the two backends'
+    /// starts and however briefly the other one stays (it may run out of work at once).
+    #[test]
+    fn a_round_trip_spends_at_most_the_loading_share_starting() {
+        for (sa, sb, stay_b) in [(1, 1, 0), (30, 2, 0), (2, 30, 5), (10, 10, 200), (60, 45, 1)] {
+            let secs = Duration::from_secs;
+            let mut a = view("a", Phase::Ready, 1, 1, Some(1));
+            a.start_cost = Some(secs(sa));
+            let mut b = view("b", Phase::Stopped, 1, 0, Some(1));
+            b.start_cost = Some(secs(sb));
+            b.last_residency = Some(secs(stay_b));
+            let kept_a = residency(&a, &b, &POLICY);
+            // b stays as long as it did (it has that much to do), then a comes back.
+            let cycle = kept_a + secs(sb) + secs(stay_b) + secs(sa);
+            let loading = secs(sa + sb).as_secs_f64() / cycle.as_secs_f64();
+            assert!(loading <= 0.2 + 1e-9, "starts {sa}+{sb}, b stays {stay_b}: loading {loading}");
+        }
     }
 
     #[test]
@@ -786,9 +823,10 @@ mod tests {
 
     #[test]
     fn a_loading_share_of_one_keeps_a_backend_only_swap_after() {
+        let a = view("a", Phase::Ready, 1, 1, Some(1));
         let mut b = view("b", Phase::Stopped, 1, 0, Some(20));
         b.start_cost = Some(Duration::from_secs(30));
-        assert_eq!(residency(&b, &Policy::by_timer(SWAP_AFTER)), SWAP_AFTER);
-        assert_eq!(residency(&b, &Policy { loading_share: 0.5, ..POLICY }), Duration::from_secs(30));
+        assert_eq!(residency(&a, &b, &Policy::by_timer(SWAP_AFTER)), SWAP_AFTER);
+        assert_eq!(residency(&a, &b, &Policy { loading_share: 0.5, ..POLICY }), Duration::from_secs(30));
     }
 }

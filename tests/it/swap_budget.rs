@@ -1,5 +1,5 @@
 //! Swaps that cost what they must (issue 22), with `mlxgate-sim` as the GPU servers:
-//! - a loaded backend is kept 4× the next one's measured start time (`loading_share: 0.2`),
+//! - a loaded backend is kept 4× a round trip's measured starts (`loading_share: 0.2`),
 //!   read from the gateway's own figures (`/admin/backends`), and the swap is counted by reason;
 //! - backends whose footprints fit `gpu_memory_budget` run side by side with no swap, and never
 //!   more than fit, sampled throughout alternating demand and `kill -9`s of the servers;
@@ -47,7 +47,7 @@ fn pid_of(state: &Value) -> Option<u32> {
 }
 
 #[tokio::test]
-async fn a_loaded_backend_is_kept_four_times_the_next_ones_start_before_a_swap() {
+async fn a_loaded_backend_is_kept_four_times_the_round_trips_starts_before_a_swap() {
     let (pa, pb) = (free_port(), free_port());
     let models = "  ma: {backend: a, max_wait: 120s}\n  mb: {backend: b, max_wait: 120s}\n";
     let gw = gateway(&yaml("swap_after: 1s\n", &[slow_sim("a", pa, 2, ""), slow_sim("b", pb, 2, "")], models)).await;
@@ -55,8 +55,11 @@ async fn a_loaded_backend_is_kept_four_times_the_next_ones_start_before_a_swap()
     for model in ["ma", "mb", "ma"] {
         assert_eq!(chat(&gw, model).await.status(), 200, "{model}");
     }
-    let b_start = backend_state(&gw, "b").await["start_seconds"].as_f64().expect("b's start was measured");
-    assert!(b_start >= 2.0, "b sleeps 2 s before it serves: {b_start}");
+    let b = backend_state(&gw, "b").await;
+    let b_start = b["start_seconds"].as_f64().expect("b's start was measured");
+    let b_stay = b["last_residency_seconds"].as_f64().expect("b served, then was swapped out");
+    let a_start = backend_state(&gw, "a").await["start_seconds"].as_f64().expect("a's start was measured");
+    assert!(b_start >= 2.0 && a_start >= 2.0, "each sleeps 2 s before it serves: {a_start} {b_start}");
     // a is ready and busy with a held stream (no slot moves: stalled) when b's request comes.
     let mut held = post(
         &gw,
@@ -73,9 +76,13 @@ async fn a_loaded_backend_is_kept_four_times_the_next_ones_start_before_a_swap()
     eventually("a is drained for b", || async { backend_state(&gw, "a").await["state"] == "draining" }).await;
     let a = backend_state(&gw, "a").await;
     let kept = a["uptime_seconds"].as_u64().expect("a's uptime") as f64;
+    // The round trip (b started, a started again) costs a_start + b_start; b stayed b_stay the
+    // last time; a stays the rest of four times the two starts.
+    let owed = 4.0 * (a_start + b_start) - b_stay;
     assert!(
-        kept >= (4.0 * b_start).floor(),
-        "a was swapped out after {kept} s of service; b's start takes {b_start} s, so loading would be over a fifth"
+        kept >= owed.floor(),
+        "a was swapped out after {kept} s of service; the starts take {a_start} + {b_start} s and b stayed \
+         {b_stay} s: loading would be over a fifth"
     );
     client().post(format!("http://127.0.0.1:{pa}/sim/release/h")).send().await.expect("release");
     assert!(text_of(held).await.contains("[DONE]"));
