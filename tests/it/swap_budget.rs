@@ -180,3 +180,25 @@ async fn a_fallback_serves_the_model_whose_backend_would_need_a_swap_and_says_so
     assert!(r.headers().get("x-mlxgate-fallback").is_none());
     assert_eq!(r.json::<Value>().await.expect("json")["model"], "haiku");
 }
+
+#[tokio::test]
+async fn a_fallback_answer_is_logged_with_the_model_it_stood_in_for() {
+    let (pa, pb) = (free_port(), free_port());
+    let models = "  coder: {backend: a, max_wait: 120s}\n  haiku: {backend: b, max_wait: 120s, fallback: coder}\n";
+    let config = yaml("swap_after: 1s\n", &[slow_sim("a", pa, 0, ""), slow_sim("b", pb, 0, "")], models);
+    let (gw, lines) = gateway_binary_logged(&config, &[], "info");
+    let url = format!("{}/v1/chat/completions", gw.url);
+    for model in ["coder", "haiku"] {
+        let r = client().post(&url).json(&ask(model, json!({"tokens": 2}))).send().await.expect("send");
+        assert_eq!(r.status(), 200, "{model}");
+    }
+    eventually("two access lines", || async {
+        lines.lock().expect("log").iter().filter(|l| l.contains("mlxgate::access")).count() >= 2
+    })
+    .await;
+    let access: Vec<String> =
+        lines.lock().expect("log").iter().filter(|l| l.contains("mlxgate::access")).cloned().collect();
+    assert!(!access[0].contains("fallback_from"), "{}", access[0]);
+    assert!(access[1].contains("fallback_from=\"haiku\"") && access[1].contains("model=\"coder\""), "{}", access[1]);
+    assert!(access[1].contains("backend=a"), "{}", access[1]);
+}
