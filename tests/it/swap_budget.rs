@@ -164,7 +164,7 @@ async fn a_fallback_serves_the_model_whose_backend_would_need_a_swap_and_says_so
         assert_eq!(r.status(), 200);
         let header = r.headers().get("x-mlxgate-fallback").map(|v| v.to_str().expect("ascii").to_string());
         assert_eq!(header.as_deref(), Some("coder"), "the answer says which model served it");
-        assert_eq!(r.json::<Value>().await.expect("json")["model"], "coder", "coder answered, and says so");
+        assert_eq!(r.json::<Value>().await.expect("json")["model"], "haiku", "the answer carries the name asked for");
     }
     assert_eq!(backend_state(&gw, "b").await["state"], "stopped", "haiku's backend was never started");
     assert_eq!(metric_sum(&gw, "mlxgate_backend_swaps_total").await, Some(0.0));
