@@ -179,6 +179,9 @@ fn backend_entry(state: &AppState, b: &BackendConfig) -> serde_json::Value {
             entry["gpu"] = json!(managed.gpu);
             // Its last start, spawn to ready (the cost the scheduler weighs a swap by).
             entry["start_seconds"] = json!(status.last_start.map(|d| (d.as_secs_f64() * 1000.0).round() / 1000.0));
+            // How long its last process served, ready to stop (the scheduler's guess of its next stay).
+            entry["last_residency_seconds"] =
+                json!(status.last_residency.map(|d| (d.as_secs_f64() * 1000.0).round() / 1000.0));
             // The bytes it holds loaded: written (`footprint:`), else the most measured.
             entry["footprint_bytes"] = json!(status.footprint);
             entry["footprint_source"] = json!(match (managed.footprint, status.footprint) {

@@ -203,7 +203,7 @@ async fn parse<'s>(
     let fallback = state.dispatch.fallback_for(&model).filter(|f| caller.may_use(access, f));
     if let Some((instead, instead_route)) = fallback.and_then(|f| Some((f, state.dispatch.route(f)?))) {
         record.routed(instead, &instead_route.backend.config.name);
-        record.fell_back(&model);
+        record.fell_back(&model, &asked);
         return Ok(Parsed { parts, caller, model: instead.to_string(), route: instead_route, fields, fingerprint });
     }
     record.routed(&model, &route.backend.config.name);
