@@ -230,9 +230,9 @@ timeseries(
     "Share of time spent starting servers (5 min)",
     "Seconds spent starting managed servers (spawn to ready, failed starts included) per second, "
     "over 5 minutes: the share of the GPU's time that went to loading models instead of "
-    "answering. The scheduler keeps a loaded GPU backend long enough that the next one's "
-    "start stays within loading_share of the time (default 20 %, the dashed line: each backend "
-    "is kept at least 4x the other's start time, never less than swap_after). Well above it "
+    "answering. The scheduler keeps a loaded GPU backend long enough that a round trip's two "
+    "starts stay within loading_share of the time (default 20 %, the dashed line: 4x the two "
+    "starts, less the other's last stay, never less than swap_after). Well above it "
     "for long: swaps cut short by a max_wait (see swaps by reason; raise that model's "
     "max_wait), a crash loop (state timeline), or a load that grew (start time). To spend "
     "less: lower loading_share, set gpu_memory_budget so both models stay loaded side by "
@@ -257,9 +257,9 @@ timeseries(
       "{{backend}} stopped ({{reason}})")])
 timeseries(
     "Requests served by a fallback model",
-    "Requests of a model with a fallback: that its backend was not loaded, starting it would "
-    "have needed a swap, and the fallback model's backend was loaded, so the fallback answered "
-    "(the answer's x-mlxgate-fallback header and the access line's fallback_from= name it). "
+    "Requests of a model answered by its fallback: the model's backend was not loaded, starting it "
+    "would have needed a swap, and the fallback's backend was loaded (such answers carry "
+    "x-mlxgate-fallback naming the model that answered; the access line, fallback_from=). "
     "Each one is a swap saved. Clients that must have the model they asked for: remove its "
     "fallback. Fallbacks all the time while its own backend never loads: its traffic is a "
     "minority the fallback serves — as meant for a small fast model.",
@@ -271,9 +271,10 @@ timeseries(
     "Residency p50 per backend (last 30 minutes)",
     "How long a managed backend's process served, from ready to its stop or crash: the median "
     "over the stops of the last 30 minutes. For two GPU models taking turns it is what each "
-    "swap buys. The scheduler keeps a backend at least swap_after and at least the other's "
-    "start time x (1 - loading_share) / loading_share (4x at 20 %), unless that other model's "
-    "max_wait runs out first. Near swap_after with long starts: the max_wait rule cuts "
+    "swap buys. The scheduler keeps a backend at least swap_after and long enough that the "
+    "round trip (the other started, then this one again) costs at most loading_share: "
+    "(1 - s) / s x both starts (4x at 20 %), less the other's last stay — unless the other "
+    "model's max_wait runs out first. Near swap_after with long starts: the max_wait rule cuts "
     "residencies short (swaps by reason). Short after crashes: the server dies (its logs).",
     grid(0, 40, 12),
     [(f"histogram_quantile(0.5, sum by (backend, le) "
