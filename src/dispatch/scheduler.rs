@@ -1,38 +1,44 @@
 //! Which managed backend runs. Metal gives every process its own GPU context and MLX servers do
-//! not share one, so at most one backend with `gpu: true` runs at a time.
+//! not share one, so at most one backend with `gpu: true` runs at a time — or, with a
+//! `gpu_memory_budget`, as many as their footprints fit.
 //!
 //! The rules, applied by the pure [`decide`] over a snapshot of every managed backend, with what
 //! the loop must remember between rounds kept in the pure [`Scheduler`] (both driven by tests
 //! without processes), and carried out by the supervisors:
-//! - a stopped backend with waiting requests is started, if the GPU is free (or it needs none);
+//! - a stopped backend with waiting requests is started, if the GPU is free (or it needs none,
+//!   or its footprint fits the budget beside every running GPU backend's, all of them known);
 //!   a `Start` sent but not yet picked up by the supervisor counts as starting, and a `Stop`
 //!   not yet picked up as draining, so the GPU is never promised twice;
-//! - the running GPU backend keeps serving its own requests until another GPU backend (the one
-//!   whose oldest request has waited longest) is due, and then it is drained and stopped. That
-//!   other backend is due when its oldest request has waited `swap_after` (requests are grouped
-//!   by model) **and** longer than the running backend's oldest waiting request (else the swap
-//!   would be undone at once for the older one), or when the running backend is stalled: no slot
-//!   handed out or freed for `swap_after` (its slots are held by long requests, so its own
-//!   waiters would not move anyway). A running backend with no work at all is swapped out at once,
-//!   unless its clients are between requests (its last request is less than `swap_after` old)
-//!   and it has not been ready for the cost of the round trip (below);
+//! - otherwise the running GPU backend keeps serving its own requests until another GPU backend
+//!   (the one whose oldest request has waited longest) is due, and then it is drained and
+//!   stopped (with a budget: as many running backends as the other needs room from, all or
+//!   none). That other backend is due when its oldest request has waited `swap_after` (requests
+//!   are grouped by model) **and** longer than the running backend's oldest waiting request
+//!   (else the swap would be undone at once for the older one), or when the running backend is
+//!   stalled: no slot handed out or freed for `swap_after` (its slots are held by long requests,
+//!   so its own waiters would not move anyway). A running backend with no work at all is swapped
+//!   out at once;
 //! - a backend is never stopped while it is starting: stopping it there throws away the start
 //!   and, when its own waiters are the older ones, brings it straight back (the livelock of
 //!   issue 7: a stopped and started every 0.5 s, forever);
-//! - a backend that became ready keeps the GPU for at least `swap_after` before it can be swapped
-//!   out for another one's requests (unless it has nothing to do): each swap then buys at least
-//!   as much service as the grouping window the user chose, and swaps come at most once per
-//!   `swap_after` plus a start; and one that still has work keeps it until the swap's round
-//!   trip (the next one's start and its own, to come back for its work) is at most
-//!   `loading_share` of the GPU's time (4× the two starts at 20 %), unless the next one's
-//!   oldest request would then miss its `max_wait`;
+//! - a backend that became ready keeps the GPU for its residency before it can be swapped out
+//!   for another one's requests (unless it has nothing to do): at least `swap_after`, and at
+//!   least `(1 − loading_share) ÷ loading_share` times the next one's measured start, so that
+//!   under alternating demand starting servers takes at most `loading_share` of the GPU's time;
+//!   cut short (never below `swap_after`) when the next one's oldest request would otherwise
+//!   miss its `max_wait`. Once it has served its residency, it still serves the requests that
+//!   waited for it to start (older than its time ready) before a swap back, unless it is stalled;
 //! - a backend in crash backoff (`Restarting`) holds no process and serves nothing, so nothing is
 //!   lost by stopping it: it is swapped out under the same rules as a ready one, without the
-//!   minimum time (it was never ready) and without the stalled rule (its own waiters, if older,
+//!   residency (it was never ready) and without the stalled rule (its own waiters, if older,
 //!   keep their turn: it will be back in at most one backoff);
 //! - after a swap the backend it was made for starts next, even if the stopped one's own
 //!   waiters are older: picking by age again here would restart the one just stopped;
 //! - a ready backend with nothing to do for its `idle_timeout` is stopped.
+//!
+//! [`stands_in`] is the fallback rule the request path asks: a model whose backends are not
+//! running, and would need a swap to run, is served by its `fallback:` model when that one's
+//! backend is starting or ready.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -61,6 +67,8 @@ pub struct BackendView {
     /// The bytes it holds when loaded: written in the file, else measured (None: unknown, so
     /// it never runs beside another GPU backend).
     pub footprint: Option<u64>,
+    /// How long its last process served, ready to stop (None: never ready here).
+    pub last_residency: Option<Duration>,
 }
 
 impl BackendView {
@@ -212,34 +220,18 @@ fn next_gpu_backend<'a>(gpu: &[&'a BackendView], swap_target: Option<&str>) -> O
     target.or_else(|| due().min_by_key(|v| std::cmp::Reverse(v.queue.oldest_wait.unwrap_or_default())))
 }
 
-/// How long a ready backend keeps the GPU before it may be swapped out for `next`: at least
-/// `swap_after`, and long enough that `next`'s start is at most `loading_share` of a residency
-/// and its start (`start × (1 − s) ÷ s`: 4× its start time at 20 %).
-pub fn residency(next: &BackendView, policy: &Policy) -> Duration {
-    keep_for(next.start_cost.unwrap_or_default(), policy)
-}
-
-/// The residency of a ready backend that still has work: its own requests will bring it back,
-/// so a swap to `next` is a round trip of two starts, and its residency pays for both
-/// (`(next's start + its own) × (1 − s) ÷ s`). Paying only for `next`'s start left the way back
-/// unpaid whenever `next` had little to do (a small fast model's few requests, then nothing:
-/// swapped out at once): loading was `(S_next + S_own) ÷ (5 S_next + S_own)`, a third at equal
-/// starts and over two thirds when its own start is ten times `next`'s.
-pub fn round_trip_residency(running: &BackendView, next: &BackendView, policy: &Policy) -> Duration {
-    let starts = next.start_cost.unwrap_or_default() + running.start_cost.unwrap_or_default();
-    keep_for(starts, policy)
-}
-
-/// At least `swap_after`, and long enough that `starts` are at most `loading_share` of it and
-/// them.
-fn keep_for(starts: Duration, policy: &Policy) -> Duration {
-    policy.swap_after.max(by_cost(starts, policy))
-}
-
-/// How long `starts` are worth of GPU time at the policy's loading share: `starts × (1 − s) ÷ s`.
-fn by_cost(starts: Duration, policy: &Policy) -> Duration {
+/// How long `running`, ready, keeps the GPU before it may be swapped out for `next`: at least
+/// `swap_after`, and long enough that the round trip — `next` started, and `running` started
+/// again when its requests come back — costs at most `loading_share` of the GPU's time:
+/// `(1 − s) ÷ s × (next's start + running's start)`, less the time `next` stayed the last time
+/// it was loaded (its stay is the other part of the round trip; a model with little to do
+/// stays briefly, so the one it interrupts carries the round trip's cost). At 20 %: 4× the two
+/// starts. A start never measured counts 0.
+pub fn residency(running: &BackendView, next: &BackendView, policy: &Policy) -> Duration {
     let share = policy.loading_share.clamp(f64::MIN_POSITIVE, 1.0);
-    starts.mul_f64((1.0 - share) / share)
+    let starts = next.start_cost.unwrap_or_default() + running.start_cost.unwrap_or_default();
+    let round_trip = starts.mul_f64((1.0 - share) / share);
+    policy.swap_after.max(round_trip.saturating_sub(next.last_residency.unwrap_or_default()))
 }
 
 /// Whether `next`'s oldest request can be served within its `max_wait` only if `next` starts
@@ -255,15 +247,7 @@ fn may_swap_out(running: &BackendView, next: &BackendView, policy: &Policy) -> O
     let swap_after = policy.swap_after;
     let can_stop = matches!(running.phase, Phase::Ready | Phase::Restarting);
     if !running.has_work() {
-        // Between its clients' requests (an agent runs a tool, then asks again): a swap now
-        // would bring it back unpaid. Kept while its last request is less than `swap_after`
-        // old, within the round trip's residency by cost (not its floor, `swap_after`).
-        let starts = next.start_cost.unwrap_or_default() + running.start_cost.unwrap_or_default();
-        let between_requests = running.phase == Phase::Ready
-            && running.queue.idle_for < swap_after
-            && running.ready_for.is_some_and(|r| r < by_cost(starts, policy))
-            && !due_by_max_wait(next);
-        return (can_stop && !between_requests).then_some(SwapReason::NoWork);
+        return can_stop.then_some(SwapReason::NoWork);
     }
     let waited = next.queue.oldest_wait.unwrap_or_default();
     let due = waited >= swap_after;
@@ -277,7 +261,7 @@ fn may_swap_out(running: &BackendView, next: &BackendView, policy: &Policy) -> O
             let backlog =
                 |t: Duration| !stalled && running.queue.waiting > 0 && running.queue.oldest_wait.is_some_and(|w| w > t);
             let ready_for = running.ready_for.unwrap_or(Duration::MAX);
-            let served = ready_for >= round_trip_residency(running, next, policy) && !backlog(ready_for);
+            let served = ready_for >= residency(running, next, policy) && !backlog(ready_for);
             let last_chance = ready_for >= swap_after && due_by_max_wait(next);
             if !due || !(older || stalled) {
                 return None;
@@ -421,13 +405,12 @@ pub async fn run(managed: Vec<Managed>, policy: Policy, changed: Arc<Notify>, me
 }
 
 /// The scheduler's views of the managed backends, now.
-pub fn views_of(managed: &[Managed]) -> Vec<BackendView> {
-    managed.iter().filter_map(view_of).collect()
+fn views_of(managed: &[Managed]) -> Vec<BackendView> {
+    managed.iter().filter_map(|m| view_of(&m.supervisor, &m.queue)).collect()
 }
 
 /// The scheduler's view of a managed backend (None for a backend mlxgate does not run).
-fn view_of(backend: &Managed) -> Option<BackendView> {
-    let supervisor = &backend.supervisor;
+pub fn view_of(supervisor: &Supervisor, queue: &BackendQueue) -> Option<BackendView> {
     let managed = supervisor.config.managed.as_ref()?;
     let status = supervisor.status();
     Some(BackendView {
@@ -436,10 +419,11 @@ fn view_of(backend: &Managed) -> Option<BackendView> {
         phase: status.phase,
         generation: status.generation,
         ready_for: status.ready_since.filter(|_| status.phase == Phase::Ready).map(|t| t.elapsed()),
-        queue: backend.queue.view(),
+        queue: queue.view(),
         idle_timeout: managed.idle_timeout,
         start_cost: status.last_start,
         footprint: status.footprint,
+        last_residency: status.last_residency,
     })
 }
 
@@ -469,6 +453,7 @@ mod tests {
             idle_timeout: None,
             start_cost: None,
             footprint: None,
+            last_residency: None,
         }
     }
 
@@ -669,21 +654,49 @@ mod tests {
     }
 
     /// Issue 22: a backend that takes long to start is worth keeping loaded longer. The running
-    /// one keeps the GPU until `next`'s start would be at most a fifth of a residency and its
-    /// start (4× its start time), unless `next`'s oldest request would then miss its max_wait.
+    /// one keeps the GPU until the round trip's two starts (next's, and its own when it comes
+    /// back) are at most a fifth of the GPU's time: 4× the two starts, less what next stayed
+    /// the last time; unless next's oldest request would then miss its max_wait.
     #[test]
-    fn a_ready_backend_keeps_the_gpu_four_times_the_next_ones_start_time() {
+    fn a_ready_backend_keeps_the_gpu_four_times_the_round_trips_starts() {
         let mut a = view("a", Phase::Ready, 2, 1, Some(1));
+        a.start_cost = Some(Duration::from_secs(10));
         let mut b = view("b", Phase::Stopped, 1, 0, Some(20));
-        b.start_cost = Some(Duration::from_secs(30));
-        assert_eq!(residency(&b, &POLICY), Duration::from_secs(120));
+        b.start_cost = Some(Duration::from_secs(20));
+        assert_eq!(residency(&a, &b, &POLICY), Duration::from_secs(120));
         a.ready_for = Some(Duration::from_secs(119));
-        assert_eq!(decide(&[a.clone(), b.clone()]), [], "b's start would be over a fifth of the GPU's time");
+        assert_eq!(decide(&[a.clone(), b.clone()]), [], "the round trip's starts would be over a fifth");
         a.ready_for = Some(Duration::from_secs(120));
         assert_eq!(decide(&[a.clone(), b.clone()]), [swap("a", "b", SwapReason::Due)]);
-        // A backend never started here: swap_after, as before.
+        // b stayed 100 s last time: that part of the round trip is expected again.
+        b.last_residency = Some(Duration::from_secs(100));
+        assert_eq!(residency(&a, &b, &POLICY), Duration::from_secs(20));
+        b.last_residency = Some(Duration::from_secs(1000));
+        assert_eq!(residency(&a, &b, &POLICY), SWAP_AFTER, "never below swap_after");
+        // Backends never started here: swap_after, as before.
+        b.last_residency = None;
         b.start_cost = None;
-        assert_eq!(residency(&b, &POLICY), SWAP_AFTER);
+        a.start_cost = None;
+        assert_eq!(residency(&a, &b, &POLICY), SWAP_AFTER);
+    }
+
+    /// The loading share over a round trip stays within the bound whatever the two backends'
+    /// starts and however briefly the other one stays (it may run out of work at once).
+    #[test]
+    fn a_round_trip_spends_at_most_the_loading_share_starting() {
+        for (sa, sb, stay_b) in [(1, 1, 0), (30, 2, 0), (2, 30, 5), (10, 10, 200), (60, 45, 1)] {
+            let secs = Duration::from_secs;
+            let mut a = view("a", Phase::Ready, 1, 1, Some(1));
+            a.start_cost = Some(secs(sa));
+            let mut b = view("b", Phase::Stopped, 1, 0, Some(1));
+            b.start_cost = Some(secs(sb));
+            b.last_residency = Some(secs(stay_b));
+            let kept_a = residency(&a, &b, &POLICY);
+            // b stays as long as it did (it has that much to do), then a comes back.
+            let cycle = kept_a + secs(sb) + secs(stay_b) + secs(sa);
+            let loading = secs(sa + sb).as_secs_f64() / cycle.as_secs_f64();
+            assert!(loading <= 0.2 + 1e-9, "starts {sa}+{sb}, b stays {stay_b}: loading {loading}");
+        }
     }
 
     #[test]
@@ -808,57 +821,12 @@ mod tests {
         assert!(stands_in(&failed, &["haiku"], &["coder"], None));
     }
 
-    /// Issue 22, found by the simulation (`tests/it/swap_schedule.rs`, agents that send their
-    /// small fast model's requests beside their main ones): paying only for the next one's
-    /// start left the way back unpaid. coder was swapped out after 4 × 5 s; haiku served its
-    /// few requests and had nothing left; coder came back: 65 s of starts for 20 s of work.
-    #[test]
-    fn a_working_backend_keeps_the_gpu_for_the_round_trip_of_two_starts() {
-        let mut coder = view("coder", Phase::Ready, 1, 1, Some(1));
-        coder.start_cost = Some(Duration::from_secs(60));
-        let mut haiku = view("haiku", Phase::Stopped, 3, 0, Some(100));
-        haiku.start_cost = Some(Duration::from_secs(5));
-        assert_eq!(round_trip_residency(&coder, &haiku, &POLICY), Duration::from_secs(260));
-        coder.ready_for = Some(Duration::from_secs(259));
-        assert_eq!(decide(&[coder.clone(), haiku.clone()]), []);
-        coder.ready_for = Some(Duration::from_secs(260));
-        assert_eq!(decide(&[coder, haiku]), [swap("coder", "haiku", SwapReason::Due)]);
-    }
-
-    /// Issue 22, found by the simulation: an agent between two requests (running a tool)
-    /// leaves its model's backend without work for a moment; swapping it out then brings it
-    /// back at once, unpaid.
-    #[test]
-    fn a_backend_between_its_clients_requests_is_not_swapped_out_at_once() {
-        let mut coder = view("coder", Phase::Ready, 0, 0, None);
-        coder.start_cost = Some(Duration::from_secs(60));
-        coder.ready_for = Some(Duration::from_secs(100));
-        coder.queue.idle_for = Duration::from_secs(2);
-        let mut haiku = view("haiku", Phase::Stopped, 1, 0, Some(30));
-        haiku.start_cost = Some(Duration::from_secs(5));
-        assert_eq!(decide(&[coder.clone(), haiku.clone()]), []);
-        let no_work = [swap("coder", "haiku", SwapReason::NoWork)];
-        // Nothing for swap_after: its clients are gone (or wait for haiku).
-        let mut idle = coder.clone();
-        idle.queue.idle_for = SWAP_AFTER;
-        assert_eq!(decide(&[idle, haiku.clone()]), no_work);
-        // Ready for the round trip's cost (4 × 65 s) already.
-        let mut paid = coder.clone();
-        paid.ready_for = Some(Duration::from_secs(260));
-        assert_eq!(decide(&[paid, haiku.clone()]), no_work);
-        // haiku's oldest request would miss its max_wait (300 s).
-        let mut late = haiku.clone();
-        late.queue.oldest_wait = Some(Duration::from_secs(296));
-        assert_eq!(decide(&[coder.clone(), late]), no_work);
-        // The rules before issue 22 (no cost): at once.
-        assert_eq!(super::decide(&[coder, haiku], None, &Policy::by_timer(SWAP_AFTER)), no_work);
-    }
-
     #[test]
     fn a_loading_share_of_one_keeps_a_backend_only_swap_after() {
+        let a = view("a", Phase::Ready, 1, 1, Some(1));
         let mut b = view("b", Phase::Stopped, 1, 0, Some(20));
         b.start_cost = Some(Duration::from_secs(30));
-        assert_eq!(residency(&b, &Policy::by_timer(SWAP_AFTER)), SWAP_AFTER);
-        assert_eq!(residency(&b, &Policy { loading_share: 0.5, ..POLICY }), Duration::from_secs(30));
+        assert_eq!(residency(&a, &b, &Policy::by_timer(SWAP_AFTER)), SWAP_AFTER);
+        assert_eq!(residency(&a, &b, &Policy { loading_share: 0.5, ..POLICY }), Duration::from_secs(30));
     }
 }

@@ -162,11 +162,12 @@ impl Case {
     }
 
     /// The residency the scheduler promises before a swap that costs `starts` (the next
-    /// backend's and the running one's, which its own work brings back):
-    /// `starts × (1 − s) ÷ s`, and never less than `swap_after`.
-    fn residency(&self, start: Duration) -> Duration {
-        let by_cost = start.mul_f64((1.0 - self.loading_share) / self.loading_share);
-        ticks(self.swap_after).max(by_cost)
+    /// backend's and the running one's, which its own work brings back), when the next one
+    /// stayed `stay` the last time (the other part of the round trip):
+    /// `starts × (1 − s) ÷ s − stay`, and never less than `swap_after`.
+    fn residency(&self, starts: Duration, stay: Duration) -> Duration {
+        let by_cost = starts.mul_f64((1.0 - self.loading_share) / self.loading_share);
+        ticks(self.swap_after).max(by_cost.saturating_sub(stay))
     }
 
     /// Whether every backend fits the budget at once.
@@ -330,7 +331,7 @@ fn feasible_wait(case: &Case) -> u64 {
     let start = case.backends.iter().map(|b| b.start).max().unwrap_or(0);
     let drain = case.backends.iter().map(|b| b.drain).max().unwrap_or(0);
     let agents = case.agents.as_ref().map_or(0, |a| a.count as u64 * a.service.1);
-    let residency = case.residency(ticks(2 * start)).max(ticks(8 * start)).as_millis() as u64 / TICK_MS;
+    let residency = case.residency(ticks(2 * start), Duration::ZERO).max(ticks(8 * start)).as_millis() as u64 / TICK_MS;
     let turn = start + residency + agents + drain + 20;
     case.backends.len() as u64 * turn
 }
@@ -419,6 +420,8 @@ struct SimBackend {
     last_progress: u64,
     /// Ready once at least: its start time and footprint are measured.
     measured: bool,
+    /// How long its last process served, from ready to its stop or crash.
+    last_residency: Option<u64>,
     /// The least `max_wait` of its models.
     max_wait: Duration,
     /// What led to its current start (for the loading figures).
@@ -520,6 +523,7 @@ impl World {
                 last_activity: 0,
                 last_progress: 0,
                 measured: false,
+                last_residency: None,
                 max_wait: case
                     .models
                     .iter()
@@ -637,7 +641,7 @@ impl World {
         let now = self.now;
         if reason == SwapReason::Due {
             let starts = n.start_cost.unwrap_or_default() + r.start_cost.unwrap_or_default();
-            let promised = self.case.residency(starts);
+            let promised = self.case.residency(starts, n.last_residency.unwrap_or_default());
             let ready_for = r.ready_for.unwrap_or_default();
             if ready_for < promised {
                 self.violations.push(format!(
@@ -776,7 +780,8 @@ impl World {
                 b.last_progress = now;
                 b.measured = true;
             }
-            SimPhase::Ready { .. } if dies => {
+            SimPhase::Ready { since } if dies => {
+                b.last_residency = Some(now - since);
                 for (id, _) in b.in_flight.drain(..) {
                     self.outcomes[id] = Some(Outcome::Crashed);
                 }
@@ -818,7 +823,8 @@ impl World {
                 // Only when the stop was sent during a crash backoff that ended before the
                 // supervisor read it (the scheduler never sends one to a starting backend).
                 (SimCommand::Stop, SimPhase::Starting { .. }) => b.phase = SimPhase::Stopped,
-                (SimCommand::Stop, SimPhase::Ready { .. }) => {
+                (SimCommand::Stop, SimPhase::Ready { since }) => {
+                    b.last_residency = Some(now - since);
                     b.phase = SimPhase::Draining { until: now + b.spec.drain };
                 }
                 (SimCommand::Stop, SimPhase::Restarting { .. }) => b.phase = SimPhase::Stopped,
@@ -895,6 +901,7 @@ impl World {
             // Ready once at least: its start time is known (the supervisor measures it).
             start_cost: b.measured.then(|| ticks(b.spec.start)),
             footprint: (b.measured || b.spec.configured).then_some(b.spec.footprint_gb * GB),
+            last_residency: b.last_residency.map(ticks),
         }
     }
 
@@ -967,6 +974,7 @@ fn random_schedules_never_thrash() {
 struct Summary {
     runs: usize,
     shares: Vec<f64>,
+    charged: Vec<f64>,
     answers: usize,
     timed_out: usize,
     longest_wait: u64,
@@ -979,6 +987,7 @@ impl Summary {
     fn add(&mut self, f: &Figures) {
         self.runs += 1;
         self.shares.push(f.loading_share());
+        self.charged.push(f.charged_share());
         self.answers += f.served;
         self.timed_out += f.timed_out;
         self.longest_wait = self.longest_wait.max(f.longest_wait);
@@ -989,22 +998,28 @@ impl Summary {
         }
     }
 
-    fn mean_share(&self) -> f64 {
-        self.shares.iter().sum::<f64>() / self.shares.len().max(1) as f64
+    fn mean(shares: &[f64]) -> f64 {
+        shares.iter().sum::<f64>() / shares.len().max(1) as f64
+    }
+
+    fn max(shares: &[f64]) -> f64 {
+        shares.iter().copied().fold(0.0, f64::max)
     }
 
     fn row(&self, name: &str) -> String {
-        let mean = self.mean_share();
-        let max = self.shares.iter().copied().fold(0.0, f64::max);
+        let (mean, max) = (Self::mean(&self.shares), Self::max(&self.shares));
+        let (charged, charged_max) = (Self::mean(&self.charged), Self::max(&self.charged));
         let causes: Vec<String> = self
             .starting
             .iter()
             .map(|(cause, n)| format!("{cause} {:.1}%", 100.0 * *n as f64 / self.demand.max(1) as f64))
             .collect();
         format!(
-            "{name:<18} {:>5.1}% {:>5.1}% {:>8} {:>6} {:>8.1}s {:>6}   {}",
+            "{name:<18} {:>5.1}% {:>5.1}% {:>6.1}% {:>5.1}% {:>8} {:>6} {:>8.1}s {:>6}   {}",
             100.0 * mean,
             100.0 * max,
+            100.0 * charged,
+            100.0 * charged_max,
             self.answers,
             self.timed_out,
             secs(self.longest_wait),
@@ -1014,8 +1029,12 @@ impl Summary {
     }
 }
 
-const TABLE_HEAD: &str =
-    "agents / policy             share  (max)  answers  503s   longest   swaps  starting by cause (of demand time)";
+/// The columns: the loading share (ticks starting a server ÷ ticks with demand) of the whole
+/// run, mean and max over the runs; the same in the steady state for the starts the residency
+/// pays for (see [`UNCHARGED`]); answers and 503s over the runs; the longest wait (arrival to
+/// slot) of any request answered; swaps; and the whole runs' starting time by what led to the
+/// start.
+const TABLE_HEAD: &str = "agents / policy     share  (max) charged  (max)  answers   503s   longest  swaps   starting by cause (of demand time)";
 
 /// One line per run, when `SWAP_SIM_VERBOSE` is set: the figures and what replays it.
 fn verbose(label: &str, world: &World) {
@@ -1048,8 +1067,10 @@ fn verbose(label: &str, world: &World) {
 ///   the starts it pays for are at most 20 % of a cycle; allowed on top, and not counted: each
 ///   backend's first start (its cost is not known yet) and a start made early for a request's
 ///   `max_wait` (odd seeds draw short ones). Checked: that charged share ≤ 25 % in every run
-///   (a window of a few cycles cuts one short), the whole run's share ≤ 25 % on average, and
-///   at least 3× the answers of the old rules (the bars for the real benchmark);
+///   (a window of a few cycles cuts one short) and ≤ 20 % on average, and at least 3× the
+///   answers of the old rules (the bars for the real benchmark). The whole run's share
+///   (first starts and the end included) is printed: a run here is some 20 starts long, so
+///   the first starts alone weigh some 8 %;
 /// - blocking (every request waited for): once every agent waits for the model that is not
 ///   loaded, the loaded one has nothing to do and no policy that runs one GPU backend at a
 ///   time can spend the GPU better than on starting the other. Loading is then bounded by the
@@ -1082,9 +1103,9 @@ fn alternating_demand_loading_share_by_policy() {
         lines.push(by_timer.row(&format!("{shape} by_timer")));
         lines.push(default.row(&format!("{shape} default")));
         if side_calls {
-            let mean = default.mean_share();
-            if mean > 0.25 {
-                failures.push(format!("side calls: the default policy's mean loading share is {mean:.3}"));
+            let mean = Summary::mean(&default.charged);
+            if mean > 0.2 {
+                failures.push(format!("side calls: the default policy's mean charged loading share is {mean:.3}"));
             }
             if default.answers < 3 * by_timer.answers {
                 failures.push(format!("side calls: {} answers, by_timer {}", default.answers, by_timer.answers));
