@@ -1063,8 +1063,10 @@ fn verbose(label: &str, world: &World) {
 /// - side calls (each agent works with its main model and sends its small fast model's
 ///   requests beside, without waiting for them): the default policy keeps loading within the
 ///   issue's bar. The scheduler keeps a working backend until the round trip's two starts are
-///   at most 20 % of the GPU's time (4× them), so in the steady state (while the agents run)
-///   the starts it pays for are at most 20 % of a cycle; allowed on top, and not counted: each
+///   at most 20 % of the GPU's time (4× them, less what the other stayed last time: its stay
+///   is the rest of the round trip), and does not give it up for having no work while its
+///   agents are between requests, so in the steady state (while the agents run) the starts
+///   it pays for are at most 20 % of a cycle; allowed on top, and not counted: each
 ///   backend's first start (its cost is not known yet) and a start made early for a request's
 ///   `max_wait` (odd seeds draw short ones). Checked: that charged share ≤ 25 % in every run
 ///   (a window of a few cycles cuts one short) and ≤ 20 % on average, and at least 3× the
