@@ -459,6 +459,8 @@ struct Figures {
     lost: usize,
     /// Arrival to slot, the longest of any request served.
     longest_wait: u64,
+    /// How long each request of the agents' minority model waited (to its slot, or to its 503).
+    minority_waits: Vec<u64>,
     swaps: usize,
     /// Demand ticks while the agents ran, and of those the ticks starting a backend for a
     /// reason the residency pays for (all but [`UNCHARGED`]).
@@ -919,6 +921,13 @@ impl World {
                     problems.push(format!("request {id} waited {waited} ticks, its max_wait is {max_wait}"));
                 }
             }
+            if self.case.agents.as_ref().is_some_and(|a| a.minority == r.model) {
+                let waited = match self.outcomes[id] {
+                    Some(Outcome::TimedOut) => Some(max_wait),
+                    _ => self.granted[id].map(|at| at - r.arrival),
+                };
+                self.figures.minority_waits.extend(waited);
+            }
             match self.outcomes[id] {
                 None => problems.push(format!("request {id} neither served nor timed out")),
                 Some(Outcome::Cut) if r.service <= drain => {
@@ -978,6 +987,7 @@ struct Summary {
     answers: usize,
     timed_out: usize,
     longest_wait: u64,
+    minority_waits: Vec<u64>,
     swaps: usize,
     starting: BTreeMap<&'static str, u64>,
     demand: u64,
@@ -991,6 +1001,7 @@ impl Summary {
         self.answers += f.served;
         self.timed_out += f.timed_out;
         self.longest_wait = self.longest_wait.max(f.longest_wait);
+        self.minority_waits.extend(&f.minority_waits);
         self.swaps += f.swaps;
         self.demand += f.demand;
         for (cause, n) in &f.starting {
@@ -1006,6 +1017,13 @@ impl Summary {
         shares.iter().copied().fold(0.0, f64::max)
     }
 
+    /// The 95th percentile of the minority model's waits.
+    fn minority_p95(&self) -> u64 {
+        let mut waits = self.minority_waits.clone();
+        waits.sort_unstable();
+        waits.get(waits.len() * 95 / 100).copied().unwrap_or(0)
+    }
+
     fn row(&self, name: &str) -> String {
         let (mean, max) = (Self::mean(&self.shares), Self::max(&self.shares));
         let (charged, charged_max) = (Self::mean(&self.charged), Self::max(&self.charged));
@@ -1015,7 +1033,7 @@ impl Summary {
             .map(|(cause, n)| format!("{cause} {:.1}%", 100.0 * *n as f64 / self.demand.max(1) as f64))
             .collect();
         format!(
-            "{name:<18} {:>5.1}% {:>5.1}% {:>6.1}% {:>5.1}% {:>8} {:>6} {:>8.1}s {:>6}   {}",
+            "{name:<18} {:>5.1}% {:>5.1}% {:>6.1}% {:>5.1}% {:>8} {:>6} {:>8.1}s {:>9.1}s {:>6}   {}",
             100.0 * mean,
             100.0 * max,
             100.0 * charged,
@@ -1023,6 +1041,7 @@ impl Summary {
             self.answers,
             self.timed_out,
             secs(self.longest_wait),
+            secs(self.minority_p95()),
             self.swaps,
             causes.join(", ")
         )
@@ -1032,9 +1051,9 @@ impl Summary {
 /// The columns: the loading share (ticks starting a server ÷ ticks with demand) of the whole
 /// run, mean and max over the runs; the same in the steady state for the starts the residency
 /// pays for (see [`UNCHARGED`]); answers and 503s over the runs; the longest wait (arrival to
-/// slot) of any request answered; swaps; and the whole runs' starting time by what led to the
-/// start.
-const TABLE_HEAD: &str = "agents / policy     share  (max) charged  (max)  answers   503s   longest  swaps   starting by cause (of demand time)";
+/// slot) of any request answered; the 95th percentile of the minority model's waits (a 503
+/// counts its `max_wait`); swaps; and the whole runs' starting time by what led to the start.
+const TABLE_HEAD: &str = "agents / policy     share  (max) charged  (max)  answers   503s   longest  minor p95  swaps   starting by cause (of demand time)";
 
 /// One line per run, when `SWAP_SIM_VERBOSE` is set: the figures and what replays it.
 fn verbose(label: &str, world: &World) {
