@@ -237,7 +237,9 @@ pub fn residency(running: &BackendView, next: &BackendView, policy: &Policy) -> 
 fn round_trip_cost(running: &BackendView, next: &BackendView, policy: &Policy) -> Duration {
     let share = policy.loading_share.clamp(f64::MIN_POSITIVE, 1.0);
     let starts = next.start_cost.unwrap_or_default() + running.start_cost.unwrap_or_default();
-    let round_trip = starts.mul_f64((1.0 - share) / share);
+    // Saturating: a tiny share (or a huge start) must not overflow `Duration` (a panic would
+    // end the scheduler's task, and nothing would start again).
+    let round_trip = Duration::try_from_secs_f64(starts.as_secs_f64() * (1.0 - share) / share).unwrap_or(Duration::MAX);
     round_trip.saturating_sub(next.last_residency.unwrap_or_default())
 }
 
@@ -863,6 +865,19 @@ mod tests {
         assert_eq!(decide(&[coder.clone(), late]), no_work);
         // The rules before issue 22 (no cost): at once.
         assert_eq!(super::decide(&[coder, haiku], None, &Policy::by_timer(SWAP_AFTER)), no_work);
+    }
+
+    /// Review of issue 22: `loading_share: 1e-20` passes the configuration's check, and the
+    /// round trip's cost overflowed `Duration::mul_f64`, a panic in the scheduler's task.
+    #[test]
+    fn a_tiny_loading_share_keeps_a_backend_as_long_as_it_can_without_a_panic() {
+        let mut a = view("a", Phase::Ready, 1, 1, Some(1));
+        a.start_cost = Some(Duration::from_secs(10));
+        let mut b = view("b", Phase::Stopped, 1, 0, Some(20));
+        b.start_cost = Some(Duration::from_secs(30));
+        let tiny = Policy { loading_share: 1e-20, ..POLICY };
+        assert_eq!(residency(&a, &b, &tiny), Duration::MAX);
+        assert_eq!(super::decide(&[a, b], None, &tiny), [], "kept: b's request is not yet at its max_wait");
     }
 
     #[test]
