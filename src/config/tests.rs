@@ -534,6 +534,7 @@ models:
   coder: {backend: big, fallback: coder}
   haiku: {backend: small, fallback: nobody}
   lan: {backend: remote, fallback: coder}
+  mini: {backend: small, fallback: lan}
 ",
     );
     for expected in [
@@ -543,10 +544,11 @@ models:
         "models.coder.fallback: a model cannot fall back to itself",
         "models.haiku.fallback: \"nobody\" is not a configured model",
         "models.lan.fallback: only a model served by managed backends falls back",
+        "models.mini.fallback: \"lan\" is served by a url backend",
     ] {
         assert!(p.iter().any(|l| l.starts_with(expected)), "{expected:?} not in {p:#?}");
     }
-    assert_eq!(p.len(), 6, "{p:#?}");
+    assert_eq!(p.len(), 7, "{p:#?}");
     let zero =
         problems("gpu_memory_budget: 0\nbackends: {r: {url: 'http://127.0.0.1:9'}}\nmodels: {m: {backend: r}}\n");
     assert_eq!(zero, ["gpu_memory_budget: must be larger than 0"]);

@@ -293,6 +293,10 @@ fn validate_fallbacks(
             format!("{fallback:?} is not a configured model")
         } else if model.backends.iter().any(|b| backends.get(b).is_some_and(|b| b.managed.is_none())) {
             "only a model served by managed backends falls back (a url backend is never unloaded)".to_string()
+        } else if models[fallback].backends.iter().any(|b| backends.get(b).is_some_and(|b| b.managed.is_none())) {
+            // The fallback stands in while one of its managed backends is starting or ready: a
+            // url backend's model would never be used (the request would wait for a swap).
+            format!("{fallback:?} is served by a url backend: a fallback must be a model of managed backends")
         } else {
             continue;
         };
