@@ -93,3 +93,24 @@ async fn a_prompt_its_own_model_takes_is_not_refused_for_the_fallbacks_smaller_c
     let text = r.text().await.expect("body");
     assert_eq!(status, 200, "fell back: {fell_back}; {text}");
 }
+
+/// A fallback answer on the Messages face, streamed, asked for by an alias (Claude Code's small
+/// fast model): the header names the model that answered; the stream's `model` is the name asked.
+#[tokio::test]
+async fn a_streamed_messages_answer_by_an_alias_says_it_fell_back() {
+    let (pa, pb) = (free_port(), free_port());
+    let models = "  coder: {backend: a, max_wait: 120s}\n  haiku: {backend: b, max_wait: 120s, fallback: coder}\n";
+    let top = "swap_after: 1s\naliases:\n  claude-3-5-haiku-*: haiku\n";
+    let gw = gateway(&yaml(top, &[slow_sim("a", pa, 0, ""), slow_sim("b", pb, 0, "")], models)).await;
+    assert_eq!(post(&gw, "/v1/chat/completions", &ask("coder", json!({"tokens": 2}))).await.status(), 200);
+    let body = json!({"model": "claude-3-5-haiku-20241022", "max_tokens": 16, "stream": true,
+        "messages": [{"role": "user", "content": "hi"}], "sim": {"tokens": 3}});
+    let r = post(&gw, "/v1/messages", &body).await;
+    assert_eq!(r.status(), 200);
+    let header = r.headers().get("x-mlxgate-fallback").map(|v| v.to_str().expect("ascii").to_string());
+    assert_eq!(header.as_deref(), Some("coder"));
+    let text = text_of(r).await;
+    assert!(text.contains("\"model\":\"claude-3-5-haiku-20241022\""), "{text}");
+    assert!(text.contains("message_stop"), "{text}");
+    assert_eq!(backend_state(&gw, "b").await["state"], "stopped");
+}
