@@ -551,5 +551,17 @@ models:
     assert_eq!(p.len(), 7, "{p:#?}");
     let zero =
         problems("gpu_memory_budget: 0\nbackends: {r: {url: 'http://127.0.0.1:9'}}\nmodels: {m: {backend: r}}\n");
-    assert_eq!(zero, ["gpu_memory_budget: must be larger than 0"]);
+    assert_eq!(zero, ["gpu_memory_budget: 0 is 0 bytes, less than any server holds: write a unit, like 48GB"]);
+    // A bare number is bytes: `footprint: 6` meant 6GB, and would fit beside anything.
+    let bare = problems(
+        "gpu_memory_budget: 48\nbackends: {a: {kind: custom, command: [srv, '{port}'], port: 9101, footprint: 6}}\n\
+         models: {m: {backend: a}}\n",
+    );
+    assert_eq!(
+        bare,
+        [
+            "backends.a.footprint: 6 is 6 bytes, less than any server holds: write a unit, like 48GB",
+            "gpu_memory_budget: 48 is 48 bytes, less than any server holds: write a unit, like 48GB",
+        ]
+    );
 }
