@@ -114,3 +114,80 @@ async fn a_streamed_messages_answer_by_an_alias_says_it_fell_back() {
     assert!(text.contains("message_stop"), "{text}");
     assert_eq!(backend_state(&gw, "b").await["state"], "stopped");
 }
+
+// ---- The pure rules (dispatch::scheduler::decide), for the budget's findings ----
+
+mod budget {
+    use std::time::Duration;
+
+    use mlxgate::backend::supervisor::Phase;
+    use mlxgate::dispatch::queue::QueueView;
+    use mlxgate::dispatch::scheduler::{Action, BackendView, Policy, decide};
+
+    const GB: u64 = 1 << 30;
+    const SECS: fn(u64) -> Duration = Duration::from_secs;
+
+    fn view(name: &str, phase: Phase, gb: u64) -> BackendView {
+        BackendView {
+            name: name.into(),
+            gpu: true,
+            phase,
+            generation: 0,
+            ready_for: (phase == Phase::Ready).then_some(SECS(5)),
+            queue: QueueView {
+                waiting: 0,
+                in_flight: 0,
+                abandoned: 0,
+                oldest_wait: None,
+                idle_for: SECS(0),
+                since_progress: SECS(0),
+                max_wait: SECS(120),
+            },
+            idle_timeout: None,
+            start_cost: Some(SECS(20)),
+            footprint: Some(gb * GB),
+            last_residency: None,
+        }
+    }
+
+    fn policy(budget_gb: u64) -> Policy {
+        Policy { swap_after: SECS(10), loading_share: 0.2, gpu_memory_budget: Some(budget_gb * GB) }
+    }
+
+    /// Finding: a measured footprint is the most measured so far, and grows with the server's
+    /// KV and prompt caches after the budget let another backend start beside it. Once the
+    /// running backends' footprints are over the budget, nothing brings them back under it: an
+    /// idle one keeps running (a Mac then swaps to disk or Metal fails an allocation).
+    #[test]
+    #[ignore = "issue22-rev finding 4: fails until running backends over the budget (footprints grown) are brought back under it"]
+    fn running_backends_whose_footprints_grew_over_the_budget_are_brought_under_it() {
+        // a (busy) grew from 12 to 26 GB after b (8 GB, idle for a minute) started beside it.
+        let mut a = view("a", Phase::Ready, 26);
+        a.queue.in_flight = 1;
+        let mut b = view("b", Phase::Ready, 8);
+        b.queue.idle_for = SECS(60);
+        let actions = decide(&[a, b], None, &policy(32));
+        assert!(
+            actions.iter().any(|x| matches!(x, Action::StopIdle(n) | Action::Swap { running: n, .. } if n == "b")),
+            "34 GB run in a 32 GB budget: {actions:?}"
+        );
+    }
+
+    /// Finding: the backend whose request waited longest goes next even when it cannot get room
+    /// yet; a small backend that fits beside what runs waits behind it (head-of-line), its
+    /// requests served only after the big one's turn — or 503 at their max_wait.
+    #[test]
+    #[ignore = "issue22-rev finding 5: fails until a backend that fits now may start while the oldest waits for room"]
+    fn a_small_backend_that_fits_is_not_held_behind_a_big_one_waiting_for_room() {
+        let mut a = view("a", Phase::Ready, 10);
+        a.queue.in_flight = 1;
+        let mut big = view("big", Phase::Stopped, 30);
+        big.queue.waiting = 1;
+        big.queue.oldest_wait = Some(SECS(5));
+        let mut small = view("small", Phase::Stopped, 5);
+        small.queue.waiting = 1;
+        small.queue.oldest_wait = Some(SECS(4));
+        let actions = decide(&[a, big, small], None, &policy(32));
+        assert_eq!(actions, [Action::Start("small".into())], "10 + 5 GB fit a 32 GB budget");
+    }
+}
