@@ -191,3 +191,21 @@ mod budget {
         assert_eq!(actions, [Action::Start("small".into())], "10 + 5 GB fit a 32 GB budget");
     }
 }
+
+/// Finding: the fallback's backend drained for maintenance (`mlxgate drain`) still reads ready,
+/// so the fallback sends the model's requests to a backend that takes none, rather than
+/// letting the model's own backend start.
+#[tokio::test]
+async fn a_fallback_whose_backend_is_drained_for_maintenance_does_not_stand_in() {
+    let (pa, pb) = (free_port(), free_port());
+    let models = "  coder: {backend: a, max_wait: 20s}\n  haiku: {backend: b, max_wait: 8s, fallback: coder}\n";
+    let gw = gateway(&yaml("swap_after: 1s\n", &[slow_sim("a", pa, 0, ""), slow_sim("b", pb, 0, "")], models)).await;
+    assert_eq!(post(&gw, "/v1/chat/completions", &ask("coder", json!({"tokens": 2}))).await.status(), 200);
+    let drained = client().post(gw.url("/admin/backends/a/drain")).send().await.expect("drain");
+    assert_eq!(drained.status(), 200);
+    let r = post(&gw, "/v1/chat/completions", &ask("haiku", json!({"tokens": 2}))).await;
+    let status = r.status();
+    let header = r.headers().get("x-mlxgate-fallback").cloned();
+    assert_eq!(status, 200, "fell back to the drained coder: {header:?}; {}", r.text().await.expect("body"));
+    assert!(header.is_none(), "haiku's own backend served it");
+}
