@@ -209,3 +209,36 @@ async fn a_fallback_whose_backend_is_drained_for_maintenance_does_not_stand_in()
     assert_eq!(status, 200, "fell back to the drained coder: {header:?}; {}", r.text().await.expect("body"));
     assert!(header.is_none(), "haiku's own backend served it");
 }
+
+/// Finding: a request its fallback serves waits in the fallback's queue on the fallback's
+/// `max_wait`, not its own: `haiku`'s 3 s bound becomes `coder`'s 30 s behind coder's long
+/// answers, and the 503 names `coder`.
+#[tokio::test]
+#[ignore = "issue22-rev finding 7: fails (waits the fallback's 30 s) until a fallback request waits within its own model's max_wait"]
+async fn a_fallback_request_waits_within_its_own_models_max_wait() {
+    let (pa, pb) = (free_port(), free_port());
+    let models = "  coder: {backend: a, max_wait: 30s}\n  haiku: {backend: b, max_wait: 3s, fallback: coder}\n";
+    let gw = gateway(&yaml("swap_after: 1s\n", &[slow_sim("a", pa, 0, ""), slow_sim("b", pb, 0, "")], models)).await;
+    // coder's two slots held by long answers.
+    let mut held = Vec::new();
+    for key in ["h1", "h2"] {
+        let mut r = post(
+            &gw,
+            "/v1/chat/completions",
+            &json!({"model": "coder", "stream": true,
+            "messages": [{"role": "user", "content": "hi"}], "sim": {"hold_after": 1, "hold_key": key}}),
+        )
+        .await;
+        read_until(&mut r, "t0 ").await;
+        held.push(r);
+    }
+    let r = post(&gw, "/v1/chat/completions", &ask("haiku", json!({"tokens": 2}))).await;
+    assert_eq!(r.headers().get("x-mlxgate-fallback").map(|v| v.as_bytes().to_vec()), Some(b"coder".to_vec()));
+    let status = r.status();
+    let text = r.text().await.expect("body");
+    for key in ["h1", "h2"] {
+        client().post(format!("http://127.0.0.1:{pa}/sim/release/{key}")).send().await.expect("release");
+    }
+    assert_eq!(status, 503, "{text}");
+    assert!(text.contains("waited 3s"), "haiku's max_wait is 3 s: {text}");
+}
