@@ -128,6 +128,9 @@ struct Parsed<'s> {
     /// For a client with a token limit: the body's fingerprint, to refuse the same body again
     /// before it is counted once its token rate refused it.
     fingerprint: Option<u64>,
+    /// The `max_wait` of the model asked for, when its `fallback:` serves it (`model`, `route`):
+    /// the request still waits no longer than its own model's bound.
+    own_max_wait: Option<std::time::Duration>,
 }
 
 /// identify (the client, from the headers alone: a refused one's body is never read) → parse
@@ -163,10 +166,10 @@ async fn steps(
         Planned::Made(reply) => return Ok(reply),
     };
     let sent = record.sent_flag();
-    let Parsed { parts, route, fields, .. } = request;
+    let Parsed { parts, route, fields, own_max_wait, .. } = request;
     let session = route.balancer.as_ref().and_then(|_| session_key(route, &parts, &fields, record));
-    let answered =
-        answer::call(state, route, &client, &parts, fields, answer::Terms { transform, session }, &sent).await?;
+    let terms = answer::Terms { transform, session, own_max_wait };
+    let answered = answer::call(state, route, &client, &parts, fields, terms, &sent).await?;
     Ok(Reply::Answered { answered, prompt_tokens })
 }
 
@@ -204,10 +207,12 @@ async fn parse<'s>(
     if let Some((instead, instead_route)) = fallback.and_then(|f| Some((f, state.dispatch.route(f)?))) {
         record.routed(instead, &instead_route.backend.config.name);
         record.fell_back(&model, &asked);
-        return Ok(Parsed { parts, caller, model: instead.to_string(), route: instead_route, fields, fingerprint });
+        let own_max_wait = Some(route.model.max_wait);
+        let (model, route) = (instead.to_string(), instead_route);
+        return Ok(Parsed { parts, caller, model, route, fields, fingerprint, own_max_wait });
     }
     record.routed(&model, &route.backend.config.name);
-    Ok(Parsed { parts, caller, model, route, fields, fingerprint })
+    Ok(Parsed { parts, caller, model, route, fields, fingerprint, own_max_wait: None })
 }
 
 /// fit: the context cap applied to the request's prompt (its endpoint's: chat, completions,

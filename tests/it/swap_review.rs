@@ -214,7 +214,6 @@ async fn a_fallback_whose_backend_is_drained_for_maintenance_does_not_stand_in()
 /// `max_wait`, not its own: `haiku`'s 3 s bound becomes `coder`'s 30 s behind coder's long
 /// answers, and the 503 names `coder`.
 #[tokio::test]
-#[ignore = "issue22-rev finding 7: fails (waits the fallback's 30 s) until a fallback request waits within its own model's max_wait"]
 async fn a_fallback_request_waits_within_its_own_models_max_wait() {
     let (pa, pb) = (free_port(), free_port());
     let models = "  coder: {backend: a, max_wait: 30s}\n  haiku: {backend: b, max_wait: 3s, fallback: coder}\n";
