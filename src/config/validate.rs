@@ -290,10 +290,18 @@ fn validate_fallbacks(
             format!("{fallback:?} is not a configured model")
         } else if model.backends.iter().any(|b| backends.get(b).is_some_and(|b| b.managed.is_none())) {
             "only a model served by managed backends falls back (a url backend is never unloaded)".to_string()
-        } else if models[fallback].backends.iter().any(|b| backends.get(b).is_some_and(|b| b.managed.is_none())) {
+        } else if models[fallback].backends.iter().all(|b| backends.get(b).is_some_and(|b| b.managed.is_none())) {
             // The fallback stands in while one of its managed backends is starting or ready: a
-            // url backend's model would never be used (the request would wait for a swap).
-            format!("{fallback:?} is served by a url backend: a fallback must be a model of managed backends")
+            // model of url backends only would never be used (the request would wait for a swap).
+            format!("{fallback:?} is served by url backends only: a fallback stands in while it is loaded")
+        } else if models[fallback]
+            .backends
+            .iter()
+            .filter(|b| backends.get(*b).is_some_and(|b| b.managed.is_some()))
+            .all(|b| model.backends.contains(b))
+        {
+            // Its managed backends are this model's own: whenever one is loaded, so is this model.
+            format!("{fallback:?} runs only on this model's own backends: it would never stand in")
         } else {
             continue;
         };
