@@ -78,7 +78,6 @@ async fn a_max_wait_swap_serves_the_request_even_when_the_running_backend_drains
 /// stood in for it, has a smaller cap: the client gets a 400 it would not get without the
 /// fallback.
 #[tokio::test]
-#[ignore = "issue22-rev finding 3: fails (400 context_length_exceeded) until a fallback is skipped for a prompt over the fallback's cap"]
 async fn a_prompt_its_own_model_takes_is_not_refused_for_the_fallbacks_smaller_context_cap() {
     let (pa, pb) = (free_port(), free_port());
     let models = "  coder: {backend: a, max_wait: 120s}\n  haiku: {backend: b, max_wait: 120s, fallback: coder}\n";
@@ -92,6 +91,8 @@ async fn a_prompt_its_own_model_takes_is_not_refused_for_the_fallbacks_smaller_c
     let fell_back = r.headers().get("x-mlxgate-fallback").is_some();
     let text = r.text().await.expect("body");
     assert_eq!(status, 200, "fell back: {fell_back}; {text}");
+    assert!(!fell_back, "haiku's own backend served it");
+    assert_eq!(backend_state(&gw, "b").await["state"], "ready");
 }
 
 /// A fallback answer on the Messages face, streamed, asked for by an alias (Claude Code's small
