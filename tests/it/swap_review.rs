@@ -160,7 +160,6 @@ mod budget {
     /// running backends' footprints are over the budget, nothing brings them back under it: an
     /// idle one keeps running (a Mac then swaps to disk or Metal fails an allocation).
     #[test]
-    #[ignore = "issue22-rev finding 4: fails until running backends over the budget (footprints grown) are brought back under it"]
     fn running_backends_whose_footprints_grew_over_the_budget_are_brought_under_it() {
         // a (busy) grew from 12 to 26 GB after b (8 GB, idle for a minute) started beside it.
         let mut a = view("a", Phase::Ready, 26);
