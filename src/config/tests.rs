@@ -534,6 +534,9 @@ models:
   coder: {backend: big, fallback: coder}
   haiku: {backend: small, fallback: nobody}
   lan: {backend: remote, fallback: coder}
+  mini: {backend: small, fallback: lan}
+  twin: {backends: [small, remote]}
+  tiny: {backend: small, fallback: twin}
 ",
     );
     for expected in [
@@ -543,11 +546,25 @@ models:
         "models.coder.fallback: a model cannot fall back to itself",
         "models.haiku.fallback: \"nobody\" is not a configured model",
         "models.lan.fallback: only a model served by managed backends falls back",
+        "models.mini.fallback: \"lan\" is served by url backends only",
+        "models.tiny.fallback: \"twin\" runs only on this model's own backends",
     ] {
         assert!(p.iter().any(|l| l.starts_with(expected)), "{expected:?} not in {p:#?}");
     }
-    assert_eq!(p.len(), 6, "{p:#?}");
+    assert_eq!(p.len(), 8, "{p:#?}");
     let zero =
         problems("gpu_memory_budget: 0\nbackends: {r: {url: 'http://127.0.0.1:9'}}\nmodels: {m: {backend: r}}\n");
-    assert_eq!(zero, ["gpu_memory_budget: must be larger than 0"]);
+    assert_eq!(zero, ["gpu_memory_budget: 0 is 0 bytes, less than any server holds: write a unit, like 48GB"]);
+    // A bare number is bytes: `footprint: 6` meant 6GB, and would fit beside anything.
+    let bare = problems(
+        "gpu_memory_budget: 48\nbackends: {a: {kind: custom, command: [srv, '{port}'], port: 9101, footprint: 6}}\n\
+         models: {m: {backend: a}}\n",
+    );
+    assert_eq!(
+        bare,
+        [
+            "backends.a.footprint: 6 is 6 bytes, less than any server holds: write a unit, like 48GB",
+            "gpu_memory_budget: 48 is 48 bytes, less than any server holds: write a unit, like 48GB",
+        ]
+    );
 }

@@ -13,7 +13,7 @@ use super::aliases::Aliases;
 use super::backend_keys::validate_backend;
 use super::clients;
 use super::problem::{Problem, push_at, typed};
-use super::raw::{RawBackend, RawBalance, RawConfig, RawDuration, RawModel};
+use super::raw::{RawBackend, RawBalance, RawConfig, RawDuration, RawModel, RawSize};
 use super::types::{
     BackendConfig, BalanceConfig, Config, DEFAULT_LOADING_SHARE, HealthCheck, ModelConfig, RemoteHealth,
 };
@@ -95,10 +95,7 @@ pub(super) fn validate(raw: RawConfig, problems: &mut Vec<Problem>) -> Option<Co
         .filter(|b| b.managed.as_ref().is_some_and(|m| m.gpu && m.preload))
         .map(|b| b.name.as_str())
         .collect();
-    let gpu_memory_budget = raw.gpu_memory_budget.as_ref().map(|s| s.0 as u64);
-    if gpu_memory_budget == Some(0) {
-        problems.push(Problem { path: "gpu_memory_budget".into(), reason: "must be larger than 0".into() });
-    }
+    let gpu_memory_budget = memory(raw.gpu_memory_budget.as_ref(), "gpu_memory_budget", problems);
     // With a budget, GPU backends that preload must fit it together by their written footprints.
     let preloads_fit = gpu_memory_budget.is_some_and(|budget| {
         let footprints: Option<Vec<u64>> = backends
@@ -293,6 +290,18 @@ fn validate_fallbacks(
             format!("{fallback:?} is not a configured model")
         } else if model.backends.iter().any(|b| backends.get(b).is_some_and(|b| b.managed.is_none())) {
             "only a model served by managed backends falls back (a url backend is never unloaded)".to_string()
+        } else if models[fallback].backends.iter().all(|b| backends.get(b).is_some_and(|b| b.managed.is_none())) {
+            // The fallback stands in while one of its managed backends is starting or ready: a
+            // model of url backends only would never be used (the request would wait for a swap).
+            format!("{fallback:?} is served by url backends only: a fallback stands in while it is loaded")
+        } else if models[fallback]
+            .backends
+            .iter()
+            .filter(|b| backends.get(*b).is_some_and(|b| b.managed.is_some()))
+            .all(|b| model.backends.contains(b))
+        {
+            // Its managed backends are this model's own: whenever one is loaded, so is this model.
+            format!("{fallback:?} runs only on this model's own backends: it would never stand in")
         } else {
             continue;
         };
@@ -390,6 +399,23 @@ fn upstream_model_needed(path: &str, served_by: &[&BackendConfig], problems: &mu
 }
 
 /// A duration that must be longer than zero (zero would refuse or cut everything at once).
+/// The least memory a `gpu_memory_budget` or a `footprint:` may be: a bare number is bytes, and
+/// `footprint: 6` (meant as 6GB) would let that backend fit beside anything.
+const LEAST_MEMORY: usize = 1 << 20;
+
+/// A memory size (`gpu_memory_budget`, `footprint:`), at least [`LEAST_MEMORY`].
+pub(super) fn memory(size: Option<&RawSize>, path: &str, problems: &mut Vec<Problem>) -> Option<u64> {
+    let bytes = size?.0;
+    if bytes < LEAST_MEMORY {
+        problems.push(Problem {
+            path: path.to_string(),
+            reason: format!("{bytes} is {bytes} bytes, less than any server holds: write a unit, like 48GB"),
+        });
+        return None;
+    }
+    Some(bytes as u64)
+}
+
 pub(super) fn positive(d: Option<RawDuration>, default: Duration, path: &str, problems: &mut Vec<Problem>) -> Duration {
     match d {
         Some(RawDuration(d)) if d.is_zero() => {

@@ -201,7 +201,8 @@ impl Dispatch {
 
     /// The model that serves `model`'s requests now instead of it: its `fallback:`, while none
     /// of its backends runs, starting one would need a swap, and one of the fallback's
-    /// backends is starting or ready ([`scheduler::stands_in`]). None: `model` serves them.
+    /// backends is starting or ready ([`scheduler::stands_in`]) and not drained for
+    /// maintenance. None: `model` serves them.
     pub fn fallback_for(&self, model: &str) -> Option<&str> {
         let route = self.routes.get(model)?;
         let fallback = route.model.fallback.as_deref()?;
@@ -212,7 +213,9 @@ impl Dispatch {
             .filter_map(|(name, supervisor)| scheduler::view_of(supervisor, self.queues.get(name)?))
             .collect();
         let own: Vec<&str> = route.model.backends.iter().map(String::as_str).collect();
-        let theirs: Vec<&str> = instead.model.backends.iter().map(String::as_str).collect();
+        // A backend drained for maintenance takes no new request: it cannot stand in.
+        let theirs: Vec<&str> =
+            instead.model.backends.iter().map(String::as_str).filter(|b| !self.drained(b)).collect();
         scheduler::stands_in(&views, &own, &theirs, self.gpu_memory_budget).then_some(fallback)
     }
 

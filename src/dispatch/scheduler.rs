@@ -36,7 +36,10 @@
 //!   keep their turn: it will be back in at most one backoff);
 //! - after a swap the backend it was made for starts next, even if the stopped one's own
 //!   waiters are older: picking by age again here would restart the one just stopped;
-//! - a ready backend with nothing to do for its `idle_timeout` is stopped.
+//! - a ready backend with nothing to do for its `idle_timeout` is stopped;
+//! - with a budget, while the running GPU backends' footprints are over it (a measured one
+//!   grows as the server's caches fill), the idle ones (nothing to do for `swap_after`) are
+//!   stopped, longest idle first, never the last one running.
 //!
 //! [`stands_in`] is the fallback rule the request path asks: a model whose backends are not
 //! running, and would need a swap to run, is served by its `fallback:` model when that one's
@@ -160,6 +163,7 @@ pub fn decide(views: &[BackendView], swap_target: Option<&str>, policy: &Policy)
         }
     }
 
+    over_budget(views, policy, &mut actions);
     let gpu: Vec<&BackendView> = views.iter().filter(|v| v.gpu).collect();
     let Some(next) = next_gpu_backend(&gpu, swap_target) else { return actions };
     let running: Vec<&BackendView> = gpu.iter().copied().filter(|v| v.phase.is_running()).collect();
@@ -187,6 +191,35 @@ pub fn decide(views: &[BackendView], swap_target: Option<&str>, policy: &Policy)
         }
     }
     actions
+}
+
+/// Footprints grow after a backend started beside another (a measured one is the most measured
+/// so far: the server's caches fill). While the running GPU backends' footprints are over the
+/// budget, the idle ones (nothing to do for `swap_after`: not between their clients' requests)
+/// are stopped, longest idle first, until what runs fits again — never the last one running.
+/// Found by the review of issue 22.
+fn over_budget(views: &[BackendView], policy: &Policy, actions: &mut Vec<Action>) {
+    let Some(budget) = policy.gpu_memory_budget else { return };
+    let running: Vec<&BackendView> = views.iter().filter(|v| v.gpu && v.phase.is_running()).collect();
+    let Some(mut total) = running.iter().map(|v| v.footprint).sum::<Option<u64>>() else { return };
+    let mut idle: Vec<&BackendView> = running
+        .iter()
+        .copied()
+        .filter(|v| v.phase == Phase::Ready && !v.has_work() && v.queue.idle_for >= policy.swap_after)
+        .collect();
+    idle.sort_by_key(|v| std::cmp::Reverse(v.queue.idle_for));
+    let mut left = running.len();
+    for v in idle {
+        if total <= budget || left <= 1 {
+            break;
+        }
+        let stop = Action::StopIdle(v.name.clone());
+        if !actions.contains(&stop) {
+            actions.push(stop);
+        }
+        total = total.saturating_sub(v.footprint.unwrap_or_default());
+        left -= 1;
+    }
 }
 
 /// Whether `next` may run beside `running` within the memory budget: a budget is set and
@@ -237,7 +270,9 @@ pub fn residency(running: &BackendView, next: &BackendView, policy: &Policy) -> 
 fn round_trip_cost(running: &BackendView, next: &BackendView, policy: &Policy) -> Duration {
     let share = policy.loading_share.clamp(f64::MIN_POSITIVE, 1.0);
     let starts = next.start_cost.unwrap_or_default() + running.start_cost.unwrap_or_default();
-    let round_trip = starts.mul_f64((1.0 - share) / share);
+    // Saturating: a tiny share (or a huge start) must not overflow `Duration` (a panic would
+    // end the scheduler's task, and nothing would start again).
+    let round_trip = Duration::try_from_secs_f64(starts.as_secs_f64() * (1.0 - share) / share).unwrap_or(Duration::MAX);
     round_trip.saturating_sub(next.last_residency.unwrap_or_default())
 }
 
@@ -810,6 +845,32 @@ mod tests {
         assert_eq!(got, [swap("a", "c", SwapReason::NoWork), swap("b", "c", SwapReason::Due)]);
     }
 
+    /// Review of issue 22: a measured footprint grows (the server's caches fill) after another
+    /// backend started beside it; what runs is then over the budget.
+    #[test]
+    fn idle_backends_are_stopped_while_what_runs_is_over_the_budget_never_the_last() {
+        let mut a = with_footprint(view("a", Phase::Ready, 0, 1, None), 26);
+        a.queue.idle_for = Duration::ZERO;
+        let mut b = with_footprint(view("b", Phase::Ready, 0, 0, None), 8);
+        b.queue.idle_for = Duration::from_secs(60);
+        assert_eq!(super::decide(&[a.clone(), b.clone()], None, &budget(40)), [], "34 GB fit 40");
+        assert_eq!(super::decide(&[a.clone(), b.clone()], None, &budget(32)), [Action::StopIdle("b".into())]);
+        // b between its clients' requests (idle less than swap_after), or busy: kept.
+        let mut between = b.clone();
+        between.queue.idle_for = SWAP_AFTER - Duration::from_millis(1);
+        assert_eq!(super::decide(&[a.clone(), between], None, &budget(32)), []);
+        // The last one running is never stopped for the budget, however big it grew.
+        let mut alone = a.clone();
+        alone.queue.in_flight = 0;
+        alone.queue.idle_for = Duration::from_secs(60);
+        assert_eq!(super::decide(&[alone], None, &budget(20)), []);
+        // No budget, or a footprint not known: nothing to check.
+        assert_eq!(super::decide(&[a.clone(), b.clone()], None, &POLICY), []);
+        let mut unknown = b;
+        unknown.footprint = None;
+        assert_eq!(super::decide(&[a, unknown], None, &budget(32)), []);
+    }
+
     #[test]
     fn a_model_falls_back_only_while_its_backend_would_need_a_swap() {
         let coder = with_footprint(view("coder", Phase::Ready, 0, 1, None), 20);
@@ -863,6 +924,19 @@ mod tests {
         assert_eq!(decide(&[coder.clone(), late]), no_work);
         // The rules before issue 22 (no cost): at once.
         assert_eq!(super::decide(&[coder, haiku], None, &Policy::by_timer(SWAP_AFTER)), no_work);
+    }
+
+    /// Review of issue 22: `loading_share: 1e-20` passes the configuration's check, and the
+    /// round trip's cost overflowed `Duration::mul_f64`, a panic in the scheduler's task.
+    #[test]
+    fn a_tiny_loading_share_keeps_a_backend_as_long_as_it_can_without_a_panic() {
+        let mut a = view("a", Phase::Ready, 1, 1, Some(1));
+        a.start_cost = Some(Duration::from_secs(10));
+        let mut b = view("b", Phase::Stopped, 1, 0, Some(20));
+        b.start_cost = Some(Duration::from_secs(30));
+        let tiny = Policy { loading_share: 1e-20, ..POLICY };
+        assert_eq!(residency(&a, &b, &tiny), Duration::MAX);
+        assert_eq!(super::decide(&[a, b], None, &tiny), [], "kept: b's request is not yet at its max_wait");
     }
 
     #[test]
