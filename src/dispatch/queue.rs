@@ -151,6 +151,8 @@ pub struct QueueView {
     pub since_progress: Duration,
     /// The shortest `max_wait` of the models it serves: how long its waiters may wait.
     pub max_wait: Duration,
+    /// How long its requests held a slot, on average (a moving mean; zero before the first).
+    pub mean_service: Duration,
 }
 
 /// A backend's drain and health, for `/admin/backends`.
@@ -304,6 +306,7 @@ impl BackendQueue {
             idle_for: backend.last_activity.elapsed(),
             since_progress: backend.last_progress.elapsed(),
             max_wait: backend.models.iter().map(|&m| state.models[m].max_wait).min().unwrap_or(Duration::MAX),
+            mean_service: backend.mean_service,
         }
     }
 }

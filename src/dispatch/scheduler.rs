@@ -74,6 +74,8 @@ pub struct BackendView {
     pub footprint: Option<u64>,
     /// How long its last process served, ready to stop (None: never ready here).
     pub last_residency: Option<Duration>,
+    /// How long its requests in flight may go on once it is told to stop (`drain_timeout`).
+    pub drain_timeout: Duration,
 }
 
 impl BackendView {
@@ -277,11 +279,27 @@ fn round_trip_cost(running: &BackendView, next: &BackendView, policy: &Policy) -
 }
 
 /// Whether `next`'s oldest request can be served within its `max_wait` only if `next` starts
-/// now: it has waited as long as its bound less `next`'s start time.
-pub fn due_by_max_wait(next: &BackendView) -> bool {
+/// now: it has waited as long as its bound less the time the swap takes — `running`'s drain
+/// ([`drain_allowance`]), `next`'s start and a round of the scheduler.
+pub fn due_by_max_wait(running: &BackendView, next: &BackendView) -> bool {
     let waited = next.queue.oldest_wait.unwrap_or_default();
-    waited + next.start_cost.unwrap_or_default() >= next.queue.max_wait
+    let swap_takes = drain_allowance(running) + next.start_cost.unwrap_or_default() + TICK;
+    waited.saturating_add(swap_takes) >= next.queue.max_wait
 }
+
+/// How long `running`'s requests in flight are expected to go on once it is told to stop: twice
+/// its mean request time and a second, never more than its `drain_timeout` (none in flight:
+/// nothing to wait for). An estimate: a request far longer than its backend's usual ones can
+/// still make the next one's request miss its `max_wait`; `drain_timeout` bounds the wait.
+pub fn drain_allowance(running: &BackendView) -> Duration {
+    if running.queue.in_flight <= running.queue.abandoned {
+        return Duration::ZERO;
+    }
+    (running.queue.mean_service * 2 + Duration::from_secs(1)).min(running.drain_timeout)
+}
+
+/// The run loop's period when nothing wakes it.
+const TICK: Duration = Duration::from_millis(250);
 
 /// Whether the running GPU backend gives the GPU up for `next` now, and why (see the module's
 /// rules).
@@ -296,7 +314,7 @@ fn may_swap_out(running: &BackendView, next: &BackendView, policy: &Policy) -> O
         let between_requests = running.phase == Phase::Ready
             && running.queue.idle_for < policy.swap_after
             && running.ready_for.is_some_and(|r| r < round_trip_cost(running, next, policy))
-            && !due_by_max_wait(next);
+            && !due_by_max_wait(running, next);
         return (can_stop && !between_requests).then_some(SwapReason::NoWork);
     }
     let waited = next.queue.oldest_wait.unwrap_or_default();
@@ -312,7 +330,7 @@ fn may_swap_out(running: &BackendView, next: &BackendView, policy: &Policy) -> O
                 |t: Duration| !stalled && running.queue.waiting > 0 && running.queue.oldest_wait.is_some_and(|w| w > t);
             let ready_for = running.ready_for.unwrap_or(Duration::MAX);
             let served = ready_for >= residency(running, next, policy) && !backlog(ready_for);
-            let last_chance = ready_for >= swap_after && due_by_max_wait(next);
+            let last_chance = ready_for >= swap_after && due_by_max_wait(running, next);
             if !due || !(older || stalled) {
                 return None;
             }
@@ -449,7 +467,7 @@ pub async fn run(managed: Vec<Managed>, policy: Policy, changed: Arc<Notify>, me
         }
         tokio::select! {
             () = changed.notified() => {}
-            () = tokio::time::sleep(Duration::from_millis(250)) => {}
+            () = tokio::time::sleep(TICK) => {}
         }
     }
 }
@@ -474,6 +492,7 @@ pub fn view_of(supervisor: &Supervisor, queue: &BackendQueue) -> Option<BackendV
         start_cost: status.last_start,
         footprint: status.footprint,
         last_residency: status.last_residency,
+        drain_timeout: managed.drain_timeout,
     })
 }
 
@@ -499,11 +518,13 @@ mod tests {
                 idle_for: Duration::ZERO,
                 since_progress: Duration::ZERO,
                 max_wait: Duration::from_secs(300),
+                mean_service: Duration::ZERO,
             },
             idle_timeout: None,
             start_cost: None,
             footprint: None,
             last_residency: None,
+            drain_timeout: Duration::from_secs(60),
         }
     }
 

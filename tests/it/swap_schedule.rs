@@ -422,6 +422,8 @@ struct SimBackend {
     measured: bool,
     /// How long its last process served, from ready to its stop or crash.
     last_residency: Option<u64>,
+    /// Its requests' mean service, in ticks (the pool's moving mean: 7/8 old, 1/8 new).
+    mean_service: u64,
     /// The least `max_wait` of its models.
     max_wait: Duration,
     /// What led to its current start (for the loading figures).
@@ -526,6 +528,7 @@ impl World {
                 last_progress: 0,
                 measured: false,
                 last_residency: None,
+                mean_service: 0,
                 max_wait: case
                     .models
                     .iter()
@@ -839,9 +842,13 @@ impl World {
         let now = self.now;
         let b = &mut self.backends[index];
         let before = b.in_flight.len();
+        let requests = &self.requests;
+        let mean = &mut b.mean_service;
         b.in_flight.retain(|&(id, ends)| {
             if ends <= now {
                 self.outcomes[id] = Some(Outcome::Served);
+                let held = requests[id].service;
+                *mean = if *mean == 0 { held } else { (*mean * 7 + held) / 8 };
             }
             ends > now
         });
@@ -898,12 +905,14 @@ impl World {
                 idle_for: since(b.last_activity),
                 since_progress: since(b.last_progress),
                 max_wait: b.max_wait,
+                mean_service: ticks(b.mean_service),
             },
             idle_timeout: b.spec.idle_timeout.map(ticks),
             // Ready once at least: its start time is known (the supervisor measures it).
             start_cost: b.measured.then(|| ticks(b.spec.start)),
             footprint: (b.measured || b.spec.configured).then_some(b.spec.footprint_gb * GB),
             last_residency: b.last_residency.map(ticks),
+            drain_timeout: ticks(b.spec.drain),
         }
     }
 
