@@ -175,7 +175,8 @@ def main() -> int:
         raise SystemExit(f"unknown variants {unknown}: pick from {VARIANTS}")
     if "before" in variants and base_bin is None:
         raise SystemExit("`before` needs --baseline-mlxgate (today's main); or run `timer`")
-    for b in {new_bin, *([base_bin] if base_bin and "before" in variants else [])}:
+    needed = ({new_bin} if any(v != "before" for v in variants) else set()) | ({base_bin} if "before" in variants else set())
+    for b in sorted(needed):
         if not b.is_file():
             raise SystemExit(f"missing {b}: `cargo build --release --bins` (or --mlxgate / --baseline-mlxgate)")
     missing = [str(p) for p in (MODEL_DIR / "model.safetensors", *(v / "bin" for _, v, _ in SERVERS.values()))

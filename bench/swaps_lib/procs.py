@@ -97,6 +97,14 @@ def read_proc(pid: str, name: str) -> str | None:
         return None
 
 
+def is_server(argv: list[str], program: str, port: int) -> bool:
+    """Whether a command line runs `program` on `port` — the server itself, not the keeper
+    (`mlxgate keep … -- program …`) that starts it."""
+    if not argv or Path(argv[0]).name == "mlxgate":
+        return False
+    return any(program in a for a in argv) and str(port) in argv
+
+
 def servers() -> dict[str, list[int]]:
     """The GPU servers alive now, by model: processes (not zombies) whose command line runs the
     model's server program on its port."""
@@ -108,11 +116,9 @@ def servers() -> dict[str, list[int]]:
             raw = Path(f"/proc/{pid}/cmdline").read_bytes()
         except OSError:
             continue
-        if not raw:
-            continue
-        cmd = raw.replace(b"\0", b" ").decode("utf-8", "replace")
+        argv = raw.decode("utf-8", "replace").split("\0")[:-1] if raw else []
         for model, (_, _, program) in SERVERS.items():
-            if program in cmd and str(PORTS[model]) in cmd:
+            if is_server(argv, program, PORTS[model]):
                 stat = read_proc(pid, "stat") or ""
                 if stat[stat.rfind(")") + 2:stat.rfind(")") + 3] != "Z":
                     out[model].append(int(pid))

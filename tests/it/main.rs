@@ -16,6 +16,7 @@ mod auth;
 mod balance;
 mod balance_real;
 mod bench_balance;
+mod bench_swaps;
 mod bench_cli;
 mod cached_tokens;
 mod cli;
