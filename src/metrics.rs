@@ -54,6 +54,9 @@ pub struct Declared {
     pub backend_starting_seconds: CounterVec,
     /// How long a managed backend's process served, from ready to its stop or crash.
     pub backend_residency_seconds: HistogramVec,
+    /// Requests of `model` served by its `fallback` model (its backend was not loaded and the
+    /// GPU was busy with the fallback's).
+    pub model_fallbacks: IntCounterVec,
     /// The bytes a managed backend holds when loaded: its `footprint:`, else the most its
     /// server's process group was measured holding (resident memory).
     pub backend_footprint_bytes: IntGaugeVec,
@@ -199,6 +202,11 @@ impl Metrics {
             "How long a managed backend's process served, from ready to its stop or crash.",
             &[1.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0, 14400.0],
             &["backend"],
+        );
+        let model_fallbacks = counter(
+            "mlxgate_model_fallbacks_total",
+            "Requests of a model served by its fallback model instead of swapping its backend in.",
+            &["model", "fallback"],
         );
         let backend_footprint_bytes = IntGaugeVec::new(
             Opts::new(
@@ -348,6 +356,7 @@ impl Metrics {
             Box::new(backend_starting_seconds.clone()),
             Box::new(backend_residency_seconds.clone()),
             Box::new(backend_footprint_bytes.clone()),
+            Box::new(model_fallbacks.clone()),
             Box::new(backend_health.clone()),
             Box::new(backend_ejections.clone()),
             Box::new(backend_start_seconds.clone()),
@@ -390,6 +399,7 @@ impl Metrics {
             backend_starting_seconds,
             backend_residency_seconds,
             backend_footprint_bytes,
+            model_fallbacks,
             backend_health,
             backend_ejections,
             backend_start_seconds,

@@ -131,6 +131,9 @@ fn declare_series(metrics: &Metrics, config: &Config, limiter: &Limiter) {
         }
     }
     for model in config.models.values() {
+        if let Some(fallback) = &model.fallback {
+            metrics.model_fallbacks.with_label_values(&[&model.name, fallback]);
+        }
         for action in [crate::tokens::OnOverflow::Reject, model.on_overflow] {
             metrics.context_overflow.with_label_values(&[&model.name, action.label()]);
         }

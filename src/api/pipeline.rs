@@ -59,7 +59,13 @@ pub(crate) async fn serve(
     };
     // Every response to an admitted request carries the client's x-ratelimit-* headers (a 429
     // carries its own).
-    let rate_limit_headers = record.rate_limit_headers().clone();
+    let mut rate_limit_headers = record.rate_limit_headers().clone();
+    // A request its model's fallback served says so, naming the model that answered.
+    if record.fallback_from().is_some()
+        && let Ok(served) = http::HeaderValue::from_str(&record.model)
+    {
+        rate_limit_headers.insert(FALLBACK_HEADER, served);
+    }
     let mut response = match reply {
         Ok(Reply::Answered { answered, prompt_tokens }) => {
             let mut response = answered.into_response(record, Arc::clone(&state.cutoff)).await;
@@ -87,6 +93,9 @@ pub(crate) async fn serve(
     response.headers_mut().extend(rate_limit_headers);
     response
 }
+
+/// The header of an answer its model's `fallback:` gave: the model that answered.
+pub(crate) const FALLBACK_HEADER: http::HeaderName = http::HeaderName::from_static("x-mlxgate-fallback");
 
 /// The chat endpoint a translating face's request is served as (its URI while in the pipeline:
 /// the context cap counts its messages; the backend gets it at its chat path).
@@ -186,10 +195,18 @@ async fn parse<'s>(
         record.asked(&asked);
         GatewayError::ModelNotFound(asked.clone())
     })?;
-    record.routed(&model, &route.backend.config.name);
     if asked != model {
         record.aliased(&asked);
     }
+    // Its backend is not loaded and the GPU is busy with its fallback's: the fallback serves it
+    // (if the client may use that model too), rather than a swap.
+    let fallback = state.dispatch.fallback_for(&model).filter(|f| caller.may_use(access, f));
+    if let Some((instead, instead_route)) = fallback.and_then(|f| Some((f, state.dispatch.route(f)?))) {
+        record.routed(instead, &instead_route.backend.config.name);
+        record.fell_back(&model, &asked);
+        return Ok(Parsed { parts, caller, model: instead.to_string(), route: instead_route, fields, fingerprint });
+    }
+    record.routed(&model, &route.backend.config.name);
     Ok(Parsed { parts, caller, model, route, fields, fingerprint })
 }
 

@@ -79,6 +79,8 @@ pub struct Status {
     /// The bytes it holds when loaded: its `footprint:`, else the most its server's process
     /// group was measured holding while ready (None until then).
     pub footprint: Option<u64>,
+    /// How long its last process served, from ready to its stop or crash.
+    pub last_residency: Option<Duration>,
     /// Incremented at each process start.
     pub generation: u64,
     pub last_error: Option<String>,
@@ -220,6 +222,7 @@ impl Supervisor {
             ready_since: None,
             last_start: None,
             footprint: managed.footprint,
+            last_residency: None,
             restarts: 0,
             generation: 0,
             last_error: None,
@@ -542,7 +545,7 @@ impl Task {
             tokio::select! {
                 _ = measure.tick(), if self.managed.footprint.is_none() => self.measure_footprint(&process).await,
                 status = process.wait() => {
-                    drop(serving);
+                    self.served(serving);
                     self.gate.close();
                     self.metrics.backend_up.with_label_values(&[&self.config.name]).set(0);
                     return RunEnd::crashed(format!("{}{}", describe_exit(&status), self.last_log()));
@@ -560,7 +563,7 @@ impl Task {
                 },
             }
         };
-        drop(serving);
+        self.served(serving);
         self.gate.close();
         self.metrics.backend_up.with_label_values(&[&self.config.name]).set(0);
         if end.drain {
@@ -569,6 +572,14 @@ impl Task {
         tracing::info!(backend = %self.config.name, "stopping backend");
         process.stop(self.managed.stop_timeout).await;
         end.end
+    }
+
+    /// The process stopped serving (stopped, crashed or hung): its residency is recorded, and
+    /// kept for the scheduler (the other part of a swap's round trip).
+    fn served(&mut self, serving: Clock<prometheus::Histogram>) {
+        let took = serving.since.elapsed();
+        drop(serving);
+        self.set(|s| s.last_residency = Some(took));
     }
 
     /// Measures the resident memory of the server's process group; the footprint is the most
@@ -809,6 +820,7 @@ mod tests {
             ready_since: None,
             last_start: None,
             footprint: None,
+            last_residency: None,
             restarts: 0,
             generation: 1,
             last_error: None,

@@ -53,6 +53,8 @@ pub struct Dispatch {
     scheduler: Option<tokio::task::JoinHandle<()>>,
     /// The probes of remote backends that serve a model with others.
     probes: Vec<tokio::task::JoinHandle<()>>,
+    /// The memory GPU backends may hold at once (for the fallback rule).
+    gpu_memory_budget: Option<u64>,
 }
 
 impl Dispatch {
@@ -170,7 +172,7 @@ impl Dispatch {
             };
             tokio::spawn(scheduler::run(managed, policy, changed, metrics.clone()))
         });
-        Dispatch { routes, queues, supervisors, scheduler, probes }
+        Dispatch { routes, queues, supervisors, scheduler, probes, gpu_memory_budget: config.gpu_memory_budget }
     }
 
     /// Drains backend `name` (`true`: no new requests, running ones finish; its models' waiting
@@ -195,6 +197,23 @@ impl Dispatch {
     /// The route for a public model name.
     pub fn route(&self, model: &str) -> Option<&Route> {
         self.routes.get(model)
+    }
+
+    /// The model that serves `model`'s requests now instead of it: its `fallback:`, while none
+    /// of its backends runs, starting one would need a swap, and one of the fallback's
+    /// backends is starting or ready ([`scheduler::stands_in`]). None: `model` serves them.
+    pub fn fallback_for(&self, model: &str) -> Option<&str> {
+        let route = self.routes.get(model)?;
+        let fallback = route.model.fallback.as_deref()?;
+        let instead = self.routes.get(fallback)?;
+        let views: Vec<scheduler::BackendView> = self
+            .supervisors
+            .iter()
+            .filter_map(|(name, supervisor)| scheduler::view_of(supervisor, self.queues.get(name)?))
+            .collect();
+        let own: Vec<&str> = route.model.backends.iter().map(String::as_str).collect();
+        let theirs: Vec<&str> = instead.model.backends.iter().map(String::as_str).collect();
+        scheduler::stands_in(&views, &own, &theirs, self.gpu_memory_budget).then_some(fallback)
     }
 
     /// Stops starting, swapping and idling backends (the gateway is shutting down): running

@@ -1,33 +1,44 @@
 //! Which managed backend runs. Metal gives every process its own GPU context and MLX servers do
-//! not share one, so at most one backend with `gpu: true` runs at a time.
+//! not share one, so at most one backend with `gpu: true` runs at a time — or, with a
+//! `gpu_memory_budget`, as many as their footprints fit.
 //!
 //! The rules, applied by the pure [`decide`] over a snapshot of every managed backend, with what
 //! the loop must remember between rounds kept in the pure [`Scheduler`] (both driven by tests
 //! without processes), and carried out by the supervisors:
-//! - a stopped backend with waiting requests is started, if the GPU is free (or it needs none);
+//! - a stopped backend with waiting requests is started, if the GPU is free (or it needs none,
+//!   or its footprint fits the budget beside every running GPU backend's, all of them known);
 //!   a `Start` sent but not yet picked up by the supervisor counts as starting, and a `Stop`
 //!   not yet picked up as draining, so the GPU is never promised twice;
-//! - the running GPU backend keeps serving its own requests until another GPU backend (the one
-//!   whose oldest request has waited longest) is due, and then it is drained and stopped. That
-//!   other backend is due when its oldest request has waited `swap_after` (requests are grouped
-//!   by model) **and** longer than the running backend's oldest waiting request (else the swap
-//!   would be undone at once for the older one), or when the running backend is stalled: no slot
-//!   handed out or freed for `swap_after` (its slots are held by long requests, so its own
-//!   waiters would not move anyway). A running backend with no work at all is swapped out at once;
+//! - otherwise the running GPU backend keeps serving its own requests until another GPU backend
+//!   (the one whose oldest request has waited longest) is due, and then it is drained and
+//!   stopped (with a budget: as many running backends as the other needs room from, all or
+//!   none). That other backend is due when its oldest request has waited `swap_after` (requests
+//!   are grouped by model) **and** longer than the running backend's oldest waiting request
+//!   (else the swap would be undone at once for the older one), or when the running backend is
+//!   stalled: no slot handed out or freed for `swap_after` (its slots are held by long requests,
+//!   so its own waiters would not move anyway). A running backend with no work at all is swapped
+//!   out at once;
 //! - a backend is never stopped while it is starting: stopping it there throws away the start
 //!   and, when its own waiters are the older ones, brings it straight back (the livelock of
 //!   issue 7: a stopped and started every 0.5 s, forever);
-//! - a backend that became ready keeps the GPU for at least `swap_after` before it can be swapped
-//!   out for another one's requests (unless it has nothing to do): each swap then buys at least
-//!   as much service as the grouping window the user chose, and swaps come at most once per
-//!   `swap_after` plus a start;
+//! - a backend that became ready keeps the GPU for its residency before it can be swapped out
+//!   for another one's requests (unless it has nothing to do): at least `swap_after`, and at
+//!   least `(1 − loading_share) ÷ loading_share` times the next one's measured start, so that
+//!   under alternating demand starting servers takes at most `loading_share` of the GPU's time;
+//!   cut short (never below `swap_after`) when the next one's oldest request would otherwise
+//!   miss its `max_wait`. Once it has served its residency, it still serves the requests that
+//!   waited for it to start (older than its time ready) before a swap back, unless it is stalled;
 //! - a backend in crash backoff (`Restarting`) holds no process and serves nothing, so nothing is
 //!   lost by stopping it: it is swapped out under the same rules as a ready one, without the
-//!   minimum time (it was never ready) and without the stalled rule (its own waiters, if older,
+//!   residency (it was never ready) and without the stalled rule (its own waiters, if older,
 //!   keep their turn: it will be back in at most one backoff);
 //! - after a swap the backend it was made for starts next, even if the stopped one's own
 //!   waiters are older: picking by age again here would restart the one just stopped;
 //! - a ready backend with nothing to do for its `idle_timeout` is stopped.
+//!
+//! [`stands_in`] is the fallback rule the request path asks: a model whose backends are not
+//! running, and would need a swap to run, is served by its `fallback:` model when that one's
+//! backend is starting or ready.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -56,6 +67,8 @@ pub struct BackendView {
     /// The bytes it holds when loaded: written in the file, else measured (None: unknown, so
     /// it never runs beside another GPU backend).
     pub footprint: Option<u64>,
+    /// How long its last process served, ready to stop (None: never ready here).
+    pub last_residency: Option<Duration>,
 }
 
 impl BackendView {
@@ -207,13 +220,18 @@ fn next_gpu_backend<'a>(gpu: &[&'a BackendView], swap_target: Option<&str>) -> O
     target.or_else(|| due().min_by_key(|v| std::cmp::Reverse(v.queue.oldest_wait.unwrap_or_default())))
 }
 
-/// How long a ready backend keeps the GPU before it may be swapped out for `next`: at least
-/// `swap_after`, and long enough that `next`'s start is at most `loading_share` of a residency
-/// and its start (`start × (1 − s) ÷ s`: 4× its start time at 20 %).
-pub fn residency(next: &BackendView, policy: &Policy) -> Duration {
+/// How long `running`, ready, keeps the GPU before it may be swapped out for `next`: at least
+/// `swap_after`, and long enough that the round trip — `next` started, and `running` started
+/// again when its requests come back — costs at most `loading_share` of the GPU's time:
+/// `(1 − s) ÷ s × (next's start + running's start)`, less the time `next` stayed the last time
+/// it was loaded (its stay is the other part of the round trip; a model with little to do
+/// stays briefly, so the one it interrupts carries the round trip's cost). At 20 %: 4× the two
+/// starts. A start never measured counts 0.
+pub fn residency(running: &BackendView, next: &BackendView, policy: &Policy) -> Duration {
     let share = policy.loading_share.clamp(f64::MIN_POSITIVE, 1.0);
-    let by_cost = next.start_cost.map_or(Duration::ZERO, |start| start.mul_f64((1.0 - share) / share));
-    policy.swap_after.max(by_cost)
+    let starts = next.start_cost.unwrap_or_default() + running.start_cost.unwrap_or_default();
+    let round_trip = starts.mul_f64((1.0 - share) / share);
+    policy.swap_after.max(round_trip.saturating_sub(next.last_residency.unwrap_or_default()))
 }
 
 /// Whether `next`'s oldest request can be served within its `max_wait` only if `next` starts
@@ -243,7 +261,7 @@ fn may_swap_out(running: &BackendView, next: &BackendView, policy: &Policy) -> O
             let backlog =
                 |t: Duration| !stalled && running.queue.waiting > 0 && running.queue.oldest_wait.is_some_and(|w| w > t);
             let ready_for = running.ready_for.unwrap_or(Duration::MAX);
-            let served = ready_for >= residency(next, policy) && !backlog(ready_for);
+            let served = ready_for >= residency(running, next, policy) && !backlog(ready_for);
             let last_chance = ready_for >= swap_after && due_by_max_wait(next);
             if !due || !(older || stalled) {
                 return None;
@@ -387,13 +405,12 @@ pub async fn run(managed: Vec<Managed>, policy: Policy, changed: Arc<Notify>, me
 }
 
 /// The scheduler's views of the managed backends, now.
-pub fn views_of(managed: &[Managed]) -> Vec<BackendView> {
-    managed.iter().filter_map(view_of).collect()
+fn views_of(managed: &[Managed]) -> Vec<BackendView> {
+    managed.iter().filter_map(|m| view_of(&m.supervisor, &m.queue)).collect()
 }
 
 /// The scheduler's view of a managed backend (None for a backend mlxgate does not run).
-fn view_of(backend: &Managed) -> Option<BackendView> {
-    let supervisor = &backend.supervisor;
+pub fn view_of(supervisor: &Supervisor, queue: &BackendQueue) -> Option<BackendView> {
     let managed = supervisor.config.managed.as_ref()?;
     let status = supervisor.status();
     Some(BackendView {
@@ -402,10 +419,11 @@ fn view_of(backend: &Managed) -> Option<BackendView> {
         phase: status.phase,
         generation: status.generation,
         ready_for: status.ready_since.filter(|_| status.phase == Phase::Ready).map(|t| t.elapsed()),
-        queue: backend.queue.view(),
+        queue: queue.view(),
         idle_timeout: managed.idle_timeout,
         start_cost: status.last_start,
         footprint: status.footprint,
+        last_residency: status.last_residency,
     })
 }
 
@@ -435,6 +453,7 @@ mod tests {
             idle_timeout: None,
             start_cost: None,
             footprint: None,
+            last_residency: None,
         }
     }
 
@@ -635,21 +654,49 @@ mod tests {
     }
 
     /// Issue 22: a backend that takes long to start is worth keeping loaded longer. The running
-    /// one keeps the GPU until `next`'s start would be at most a fifth of a residency and its
-    /// start (4× its start time), unless `next`'s oldest request would then miss its max_wait.
+    /// one keeps the GPU until the round trip's two starts (next's, and its own when it comes
+    /// back) are at most a fifth of the GPU's time: 4× the two starts, less what next stayed
+    /// the last time; unless next's oldest request would then miss its max_wait.
     #[test]
-    fn a_ready_backend_keeps_the_gpu_four_times_the_next_ones_start_time() {
+    fn a_ready_backend_keeps_the_gpu_four_times_the_round_trips_starts() {
         let mut a = view("a", Phase::Ready, 2, 1, Some(1));
+        a.start_cost = Some(Duration::from_secs(10));
         let mut b = view("b", Phase::Stopped, 1, 0, Some(20));
-        b.start_cost = Some(Duration::from_secs(30));
-        assert_eq!(residency(&b, &POLICY), Duration::from_secs(120));
+        b.start_cost = Some(Duration::from_secs(20));
+        assert_eq!(residency(&a, &b, &POLICY), Duration::from_secs(120));
         a.ready_for = Some(Duration::from_secs(119));
-        assert_eq!(decide(&[a.clone(), b.clone()]), [], "b's start would be over a fifth of the GPU's time");
+        assert_eq!(decide(&[a.clone(), b.clone()]), [], "the round trip's starts would be over a fifth");
         a.ready_for = Some(Duration::from_secs(120));
         assert_eq!(decide(&[a.clone(), b.clone()]), [swap("a", "b", SwapReason::Due)]);
-        // A backend never started here: swap_after, as before.
+        // b stayed 100 s last time: that part of the round trip is expected again.
+        b.last_residency = Some(Duration::from_secs(100));
+        assert_eq!(residency(&a, &b, &POLICY), Duration::from_secs(20));
+        b.last_residency = Some(Duration::from_secs(1000));
+        assert_eq!(residency(&a, &b, &POLICY), SWAP_AFTER, "never below swap_after");
+        // Backends never started here: swap_after, as before.
+        b.last_residency = None;
         b.start_cost = None;
-        assert_eq!(residency(&b, &POLICY), SWAP_AFTER);
+        a.start_cost = None;
+        assert_eq!(residency(&a, &b, &POLICY), SWAP_AFTER);
+    }
+
+    /// The loading share over a round trip stays within the bound whatever the two backends'
+    /// starts and however briefly the other one stays (it may run out of work at once).
+    #[test]
+    fn a_round_trip_spends_at_most_the_loading_share_starting() {
+        for (sa, sb, stay_b) in [(1, 1, 0), (30, 2, 0), (2, 30, 5), (10, 10, 200), (60, 45, 1)] {
+            let secs = Duration::from_secs;
+            let mut a = view("a", Phase::Ready, 1, 1, Some(1));
+            a.start_cost = Some(secs(sa));
+            let mut b = view("b", Phase::Stopped, 1, 0, Some(1));
+            b.start_cost = Some(secs(sb));
+            b.last_residency = Some(secs(stay_b));
+            let kept_a = residency(&a, &b, &POLICY);
+            // b stays as long as it did (it has that much to do), then a comes back.
+            let cycle = kept_a + secs(sb) + secs(stay_b) + secs(sa);
+            let loading = secs(sa + sb).as_secs_f64() / cycle.as_secs_f64();
+            assert!(loading <= 0.2 + 1e-9, "starts {sa}+{sb}, b stays {stay_b}: loading {loading}");
+        }
     }
 
     #[test]
@@ -776,9 +823,10 @@ mod tests {
 
     #[test]
     fn a_loading_share_of_one_keeps_a_backend_only_swap_after() {
+        let a = view("a", Phase::Ready, 1, 1, Some(1));
         let mut b = view("b", Phase::Stopped, 1, 0, Some(20));
         b.start_cost = Some(Duration::from_secs(30));
-        assert_eq!(residency(&b, &Policy::by_timer(SWAP_AFTER)), SWAP_AFTER);
-        assert_eq!(residency(&b, &Policy { loading_share: 0.5, ..POLICY }), Duration::from_secs(30));
+        assert_eq!(residency(&a, &b, &Policy::by_timer(SWAP_AFTER)), SWAP_AFTER);
+        assert_eq!(residency(&a, &b, &Policy { loading_share: 0.5, ..POLICY }), Duration::from_secs(30));
     }
 }

@@ -58,6 +58,7 @@ mod responses;
 mod responses_real;
 mod responses_sdk;
 mod sim;
+mod swap_budget;
 mod swap_schedule;
 mod tokens_exactness;
 mod tokens_reference;

@@ -412,6 +412,7 @@ impl World {
             // Started once at least: its start time is known (the supervisor measures it).
             start_cost: (b.generation > 0).then(|| ticks(b.spec.start)),
             footprint: None,
+            last_residency: None,
         }
     }
 
