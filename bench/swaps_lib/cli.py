@@ -26,7 +26,8 @@ from .report import write
 from .sampler import Sampler
 from .settings import (
     AGENTS, DEFAULT_VARIANTS, FOOTPRINTS_MB, GATEWAY_PORT, MAJORITY, MAX_TOKENS, MAX_WAIT_S, MINORITY,
-    MINORITY_SHARE, MODEL_DIR, ROOT, SEED, SERVERS, SWAP_AFTER_S, THINK_S, VARIANTS, log,
+    MINORITY_SHARE, MODEL_DIR, ROOT, SEED, SERVERS, SIM_FOOTPRINTS_MB, SIM_START_S, SWAP_AFTER_S, THINK_S, VARIANTS,
+    log,
 )
 
 
@@ -87,11 +88,11 @@ def kill_leftovers() -> list[str]:
 
 
 def run_variant(variant: str, binary: Path, workdir: Path, seconds: float, footprints: dict[str, int],
-                seed: int) -> dict:
+                seed: int, sim: Path | None = None) -> dict:
     vdir = workdir / variant
     vdir.mkdir(parents=True)
     config = vdir / "gateway.yaml"
-    config.write_text(gateway_yaml(variant, footprints))
+    config.write_text(gateway_yaml(variant, footprints, sim))
     gw = Gateway(binary, config, vdir / "mlxgate.log")
     busy = ports_busy()
     if busy:
@@ -129,8 +130,8 @@ def run_variant(variant: str, binary: Path, workdir: Path, seconds: float, footp
     return {"summary": summary, "records": records}
 
 
-def parse_footprints(text: str) -> dict[str, int]:
-    out = dict(FOOTPRINTS_MB)
+def parse_footprints(text: str, defaults: dict[str, int] = FOOTPRINTS_MB) -> dict[str, int]:
+    out = dict(defaults)
     for part in filter(None, text.split(",")):
         name, _, mib = part.partition("=")
         if name not in SERVERS or not mib.isdigit():
@@ -154,6 +155,10 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=SEED, help="the agents' seed (default %(default)s)")
     ap.add_argument("--footprints", default="", help="MiB written as each backend's footprint in `budget`, like "
                     f"coder=600,haiku=700 (default {FOOTPRINTS_MB})")
+    ap.add_argument("--servers", choices=["real", "sim"], default="real",
+                    help="real: mlx_lm.server and mlx-openai-server (default); sim: two mlxgate-sim that take 1 and "
+                    "2 s to start (a quick check of the harness, no MLX)")
+    ap.add_argument("--mlxgate-sim", help="mlxgate-sim for --servers sim (default: beside --mlxgate)")
     ap.add_argument("--out", help="Markdown report (default: bench/results/swaps.md, JSON beside it)")
     ap.add_argument("--render-only", metavar="JSON", help="rewrite the report from a saved raw-figures file")
     ap.add_argument("--keep", action="store_true", help="keep the work directory (logs, configs)")
@@ -179,14 +184,21 @@ def main() -> int:
     for b in sorted(needed):
         if not b.is_file():
             raise SystemExit(f"missing {b}: `cargo build --release --bins` (or --mlxgate / --baseline-mlxgate)")
-    missing = [str(p) for p in (MODEL_DIR / "model.safetensors", *(v / "bin" for _, v, _ in SERVERS.values()))
-               if not p.exists()]
-    if missing:
-        raise SystemExit(f"missing {missing}: scripts/setup-backends mlx-lm mlx-openai-server")
+    sim = None
+    if args.servers == "sim":
+        sim = Path(args.mlxgate_sim).resolve() if args.mlxgate_sim else new_bin.parent / "mlxgate-sim"
+        if not sim.is_file():
+            raise SystemExit(f"missing {sim}: `cargo build --release --bins` (or --mlxgate-sim)")
+        settings.PROGRAMS = {m: "mlxgate-sim" for m in SERVERS}
+    else:
+        missing = [str(p) for p in (MODEL_DIR / "model.safetensors", *(v / "bin" for _, v, _ in SERVERS.values()))
+                   if not p.exists()]
+        if missing:
+            raise SystemExit(f"missing {missing}: scripts/setup-backends mlx-lm mlx-openai-server")
     busy, left = ports_busy(), leftovers()
     if busy or left:
         raise SystemExit(f"refusing to start: ports in use {busy}, servers or gateways of a run alive {left}")
-    footprints = parse_footprints(args.footprints)
+    footprints = parse_footprints(args.footprints, FOOTPRINTS_MB if sim is None else SIM_FOOTPRINTS_MB)
     limit = int(len(variants) * (args.seconds + 400))
 
     def overtime(_sig, _frame):  # noqa: ANN001
@@ -209,14 +221,16 @@ def main() -> int:
                      "think_s": list(THINK_S), "max_tokens": MAX_TOKENS, "seed": args.seed,
                      "swap_after_s": SWAP_AFTER_S, "max_wait_s": MAX_WAIT_S, "majority": MAJORITY,
                      "minority": MINORITY,
-                     "servers": {m: k for m, (k, _, _) in SERVERS.items()}, "model": str(MODEL_DIR.relative_to(ROOT))},
+                     "servers": ({m: k for m, (k, _, _) in SERVERS.items()} if sim is None else
+                                 {m: f"mlxgate-sim (a {SIM_START_S[m]} s start)" for m in SERVERS}),
+                     "sim": sim is not None, "model": str(MODEL_DIR.relative_to(ROOT))},
         "footprints_mib": footprints, "budget_margin_mib": settings.BUDGET_MARGIN_MB,
         "variants": {}, "records": {}, "notes": [],
     }
     try:
         for variant in variants:
             binary = base_bin if variant == "before" else new_bin
-            out = run_variant(variant, binary, workdir, args.seconds, footprints, args.seed)
+            out = run_variant(variant, binary, workdir, args.seconds, footprints, args.seed, sim)
             res["variants"][variant] = out["summary"]
             res["records"][variant] = out["records"]
         res["loadavg_end"] = loadavg()

@@ -65,9 +65,13 @@ def render(res: dict) -> str:
         f"Measured {res['date']} on {res['machine']}, commit `{res['commit']}`, in {res['elapsed_s'] / 60:.1f} "
         f"minutes. Load average before: {res['loadavg_start']}, after: {res.get('loadavg_end', '-')}.",
         "",
-        f"Two managed GPU backends of different kinds on the tiny model `{sch['model']}`: model `{sch['majority']}` on "
-        f"`{sch['servers'][sch['majority']]}` (mlx_lm.server) and model `{sch['minority']}` on "
-        f"`{sch['servers'][sch['minority']]}`, `swap_after: {sch['swap_after_s']}s`, `max_wait: {sch['max_wait_s']}s` "
+        (f"Two managed GPU backends of different kinds on the tiny model `{sch['model']}`: model `{sch['majority']}` "
+         f"on `{sch['servers'][sch['majority']]}` (mlx_lm.server) and model `{sch['minority']}` on "
+         f"`{sch['servers'][sch['minority']]}`" if not sch.get("sim") else
+         f"Two managed GPU backends, both `mlxgate-sim` (`--servers sim`, a check of the harness, not a measure): "
+         f"model `{sch['majority']}` on {sch['servers'][sch['majority']]}, model `{sch['minority']}` on "
+         f"{sch['servers'][sch['minority']]}")
+        + f", `swap_after: {sch['swap_after_s']}s`, `max_wait: {sch['max_wait_s']}s` "
         f"each. {sch['agents']} agents for {fmt(sch['seconds'], 0)} s: each sends a streamed chat completion of its "
         f"short growing conversation (max_tokens {sch['max_tokens']}), its first to `{sch['majority']}`, then "
         f"{sch['minority_share']:.0%} to `{sch['minority']}` (seeded RNG, seed {sch['seed']}: every variant sends "

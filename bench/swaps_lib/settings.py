@@ -28,6 +28,16 @@ SERVERS = {
     MINORITY: ("mlx-openai-server", ROOT / ".venv-mlx-openai-server", "mlx-openai-server"),
 }
 
+# `--servers sim`: the same schedule on two `mlxgate-sim` (a check of the harness, quick, no MLX):
+# managed `kind: custom` GPU backends, each a shell that sleeps its "start" then becomes the
+# simulator; their program in the command line is then mlxgate-sim. `PROGRAMS` is what `servers()`
+# looks for (set by the command line).
+SIM_START_S = {MAJORITY: 1, MINORITY: 2}
+SIM_ARGS = ["--style", "mlx-lm", "--tokens", "32", "--tokens-per-second", "400", "--ttft-ms", "20",
+            "--capacity", "2"]
+SIM_FOOTPRINTS_MB = {MAJORITY: 64, MINORITY: 64}
+PROGRAMS = {m: program for m, (_, _, program) in SERVERS.items()}
+
 # The gateway's terms, the same in every variant (issue 22's schedule).
 SWAP_AFTER_S = 5
 MAX_WAIT_S = 120
