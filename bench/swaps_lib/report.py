@@ -53,6 +53,8 @@ def rows(v: dict) -> list[tuple[str, str]]:
         (f"gateway queue wait, {MINORITY}: p50 / p95 / max s", waits(mino, "queue_s")),
         (f"{MINORITY} answers served by {MAJORITY}", str(served)),
         (f"peak RSS MiB {MAJORITY} / {MINORITY}", pair(v["rss_peak_mib"].get(MAJORITY), v["rss_peak_mib"].get(MINORITY), 0)),
+        (f"footprint measured by the gateway, MiB {MAJORITY} / {MINORITY}",
+         pair(v.get("footprint_gauge_mib", {}).get(MAJORITY), v.get("footprint_gauge_mib", {}).get(MINORITY), 0)),
     ]
 
 
@@ -99,7 +101,8 @@ def render(res: dict) -> str:
         "first byte: from sending the request to the first byte of the answer's body, at the client (answers only). "
         "Gateway queue wait: `queue_ms` of the gateway's access line for that request (joined by `x-request-id`). "
         f"{MINORITY} answers served by {MAJORITY}: the `x-mlxgate-fallback` header, or the access line's backend. "
-        "Peak RSS: the resident memory of each server's process group, sampled once a second.",
+        "Peak RSS: the resident memory of each server's process group, sampled once a second; the gateway's own "
+        "measure is `mlxgate_backend_footprint_bytes` (new binary; a written footprint shows as written).",
         "",
         f"Footprints written for `budget`: {MAJORITY} {fp[MAJORITY]} MiB, {MINORITY} {fp[MINORITY]} MiB (budget "
         f"{sum(fp.values()) + margin} MiB): the peak resident memory measured of each server's process group on this "
@@ -112,8 +115,17 @@ def render(res: dict) -> str:
     ]
     lines += ["", "| goal (issue 22) | variant | measured | met |", "|---|---|---|---|"]
     for g in res["goals"]:
-        value = g["value"]
-        shown = fmt(value, 2) if isinstance(value, float) else str(value)
+        value, unit = g["value"], g.get("unit")
+        if value is None:
+            shown = "-"
+        elif unit == "share":
+            shown = f"{100 * value:.0f} %"
+        elif unit == "×":
+            shown = f"{value:.2f}×"
+        elif unit == "s":
+            shown = f"{value:.1f} s"
+        else:
+            shown = fmt(int(value) if isinstance(value, float) and value.is_integer() else value, 2)
         lines.append(f"| {g['goal']} | `{g['variant']}` | {shown} | {'yes' if g['met'] else '**no**'} |")
     for name in names:
         for note in res["variants"][name].get("notes", []):

@@ -44,6 +44,8 @@ class Sampler:
             if now - last_rss >= 1.0:
                 last_rss = now
                 for model, pids in alive.items():
+                    if not pids:
+                        continue
                     groups = {g for g in (pgid_of(p) for p in pids) if g is not None}
                     rss = sum(group_rss(g) for g in groups)
                     self.rss_peak[model] = max(self.rss_peak.get(model, 0), rss)

@@ -225,8 +225,10 @@ class Report(unittest.TestCase):
         self.assertIn("| answers coder / haiku | **40** (30 / 10) | **140** (100 / 40) |", md)
         self.assertIn("| loading share of wall time | **90 %** | **20 %** |", md)
         self.assertIn("| swaps | 26 | 4 |", md)
-        self.assertIn("| ≥ 3× the answers of `before` | `after` | 3.50 | yes |", md)
+        self.assertIn("| ≥ 3× the answers of `before` | `after` | 3.50× | yes |", md)
+        self.assertIn("| loading ≤ 25% of wall time | `after` | 20 % | yes |", md)
         self.assertIn("budget 1500 MiB", md)
+        self.assertIn("| footprint measured by the gateway, MiB coder / haiku | - / - | - / - |", md)
         self.assertIn("2 CPU cores", md)
 
 

@@ -11,7 +11,7 @@ from balance_lib.stats import parse_metrics
 
 from .agents import complete
 from .settings import (
-    FALLBACK_FIELD, MAJORITY, MAX_WAIT_S, MINORITY, STARTING_METRIC, SWAPS_METRIC,
+    FALLBACK_FIELD, FOOTPRINT_METRIC, MAJORITY, MAX_WAIT_S, MINORITY, STARTING_METRIC, SWAPS_METRIC,
 )
 
 # Issue 22's goals.
@@ -126,6 +126,8 @@ def summarize(records: list[dict], wall_s: float, samples: list[dict], metrics_t
         "starting_s_metric": starting,
         "peak_servers": load["peak_servers"], "both_alive_s": load["both_alive_s"], "samples": load["samples"],
         "rss_peak_mib": {m: round(v / 2**20) for m, v in rss_peak.items()},
+        "footprint_gauge_mib": {b: round(v / 2**20) for b, v in by_label(metrics_text, FOOTPRINT_METRIC, "backend").items()
+                                if v > 0},
         "models": per_model,
     }
 
@@ -138,15 +140,15 @@ def goals(variants: dict[str, dict]) -> list[dict]:
     minority_bound = float(MAX_WAIT_S)
     if after:
         share = after["loading_share"]
-        out.append({"variant": "after", "goal": f"loading ≤ {LOADING_GOAL:.0%} of wall time",
+        out.append({"variant": "after", "goal": f"loading ≤ {LOADING_GOAL:.0%} of wall time", "unit": "share",
                     "value": share, "met": share is not None and share <= LOADING_GOAL})
         if base_name:
             base = variants[base_name]["answers"]
             ratio = after["answers"] / base if base else None
-            out.append({"variant": "after", "goal": f"≥ {ANSWERS_GOAL:g}× the answers of `{base_name}`",
+            out.append({"variant": "after", "goal": f"≥ {ANSWERS_GOAL:g}× the answers of `{base_name}`", "unit": "×",
                         "value": ratio, "met": ratio is not None and ratio >= ANSWERS_GOAL})
         p95 = after["models"][MINORITY]["wait_s"]["p95"]
-        out.append({"variant": "after", "goal": f"{MINORITY}'s p95 wait within its max_wait ({MAX_WAIT_S} s)",
+        out.append({"variant": "after", "goal": f"{MINORITY}'s p95 wait within its max_wait ({MAX_WAIT_S} s)", "unit": "s",
                     "value": p95, "met": p95 is not None and p95 <= minority_bound})
         out.append({"variant": "after", "goal": "no request fails", "value": after["failures"],
                     "met": after["failures"] == 0})
