@@ -168,7 +168,9 @@ def main() -> int:
         return self_test()
     out_md = Path(args.out) if args.out else ROOT / "bench" / "results" / "swaps.md"
     if args.render_only:
-        write(out_md, json.loads(Path(args.render_only).read_text()))
+        res = json.loads(Path(args.render_only).read_text())
+        res["goals"] = stats.goals(res["variants"])  # pure: the goals of this version over the saved figures
+        write(out_md, res)
         return 0
     new_bin = Path(args.mlxgate).resolve()
     base_bin = Path(args.baseline_mlxgate).resolve() if args.baseline_mlxgate else None

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .settings import MAJORITY, MINORITY
+from .stats import pct, start_times
 
 WHAT = {
     "before": "today's main (`--baseline-mlxgate`): a backend is kept `swap_after`",
@@ -37,6 +38,7 @@ def waits(s: dict, key: str) -> str:
 def rows(v: dict) -> list[tuple[str, str]]:
     """One variant's column, row by row."""
     maj, mino = v["models"][MAJORITY], v["models"][MINORITY]
+    starts = start_times(v.get("timeline", []))
     reasons = ", ".join(f"{k} {int(n)}" for k, n in sorted(v.get("swaps_by_reason", {}).items()) if n)
     served = max(mino["served_by_majority_header"], mino["served_by_majority_log"])
     return [
@@ -45,8 +47,12 @@ def rows(v: dict) -> list[tuple[str, str]]:
         (f"failures {MAJORITY} / {MINORITY}", f"{v['failures']} ({maj['failures']} / {mino['failures']})"),
         ("swaps", fmt(v["swaps"], 0) + (f" ({reasons})" if reasons else "")),
         ("seconds loading (sampled; counter)", f"{fmt(v['loading_s'])}; {fmt(v['starting_s_metric'])}"),
+        (f"starts {MAJORITY} / {MINORITY}: how many, median s",
+         f"{len(starts.get(MAJORITY, []))}, {fmt(pct(starts.get(MAJORITY, []), 50))} / "
+         f"{len(starts.get(MINORITY, []))}, {fmt(pct(starts.get(MINORITY, []), 50))}"),
         ("loading share of wall time", f"**{fmt(100 * v['loading_share'] if v['loading_share'] is not None else None, 0)} %**"),
-        ("most GPU servers alive at once", str(v["peak_servers"])),
+        ("most server processes alive at once", str(v["peak_servers"])),
+        ("seconds with both servers alive", fmt(v.get("both_alive_s"))),
         (f"wait to first byte, {MAJORITY}: p50 / p95 / max s", waits(maj, "wait_s")),
         (f"wait to first byte, {MINORITY}: p50 / p95 / max s", waits(mino, "wait_s")),
         (f"gateway queue wait, {MAJORITY}: p50 / p95 / max s", waits(maj, "queue_s")),
@@ -97,7 +103,8 @@ def render(res: dict) -> str:
         "event); failures: any other status or a cut stream. Swaps: `mlxgate_backend_swaps_total` summed (the "
         "baseline's has no labels; the new one's by reason). Seconds loading: `/admin/backends` sampled every "
         "100 ms, the time any GPU backend was `starting`; the counter is `mlxgate_backend_starting_seconds_total` "
-        "(new binary only). Most servers at once: the servers' processes found in /proc at each sample. Wait to "
+        "(new binary only). Server processes: those found in /proc at each sample running a server program on "
+        "its port (not the keeper that starts it); both servers alive: the time both models had one. Wait to "
         "first byte: from sending the request to the first byte of the answer's body, at the client (answers only). "
         "Gateway queue wait: `queue_ms` of the gateway's access line for that request (joined by `x-request-id`). "
         f"{MINORITY} answers served by {MAJORITY}: the `x-mlxgate-fallback` header, or the access line's backend. "
@@ -108,10 +115,11 @@ def render(res: dict) -> str:
         f"{sum(fp.values()) + margin} MiB): the peak resident memory measured of each server's process group on this "
         "machine, rounded up (the peak RSS row shows what each run measured).",
         "",
-        "What bounds these figures: 2 CPU cores shared with the gateway and the agents, CPU inference (MLX's CPU "
-        "backend). The tiny model starts in a few seconds here (the servers' Python imports dominate); on a Mac a "
-        "20 GB model loads in tens of seconds, so the loading a policy causes weighs more there and the answers "
-        "it buys are faster.",
+        "What bounds these figures: 2 CPU cores shared with the gateway, the agents and other jobs (the load "
+        "average above), CPU inference (MLX's CPU backend) of a tiny model, so an answer takes a fraction of a "
+        "second. A start is the servers' Python imports (the starts row: mlx-openai-server imports PyTorch); on a "
+        "Mac a 20 GB model loads in tens of seconds, so the loading a policy causes weighs more there and each "
+        "answer takes longer.",
     ]
     lines += ["", "| goal (issue 22) | variant | measured | met |", "|---|---|---|---|"]
     for g in res["goals"]:

@@ -53,6 +53,12 @@ class Loading(unittest.TestCase):
         self.assertEqual(stats.loading([])["loading_s"], 0.0)
         self.assertEqual(stats.loading([sample(0, "starting", "stopped")])["loading_s"], 0.0)
 
+    def test_starts_from_the_timeline(self):
+        timeline = [[0.0, "coder", "stopped"], [0.1, "coder", "starting"], [2.1, "coder", "ready"],
+                    [4.0, "coder", "stopped"], [4.0, "haiku", "starting"], [16.5, "haiku", "ready"],
+                    [20.0, "coder", "starting"], [21.5, "coder", "ready"], [30.0, "haiku", "starting"]]
+        self.assertEqual(stats.start_times(timeline), {"coder": [2.0, 1.5], "haiku": [12.5]})
+
     def test_the_timeline_keeps_changes_only(self):
         samples = [sample(0.0, "stopped", "stopped"), sample(0.1, "starting", "stopped"),
                    sample(0.2, "starting", "stopped"), sample(0.3, "ready", "stopped")]
@@ -193,7 +199,7 @@ class Goals(unittest.TestCase):
                     "budget": variant((120, 50), 0, 10.0), "fallback": variant((120, 50), 0, 5.0, fallback_served=50)}
         goals = stats.goals(variants)
         self.assertTrue(all(g["met"] for g in goals), goals)
-        self.assertEqual(len(goals), 9)
+        self.assertEqual(len(goals), 11)
         ratio = next(g for g in goals if "answers of" in g["goal"])
         self.assertAlmostEqual(ratio["value"], 3.5)
 

@@ -36,7 +36,8 @@ def spread(values: list[float]) -> dict:
 def loading(samples: list[dict]) -> dict:
     """From samples in time order, `{"t": s, "states": {backend: state}, "alive": {model: [pids]}}`:
     the seconds during which any GPU backend was `starting` (each sample's state holds until the
-    next sample), per backend too, and the most server processes alive at once."""
+    next sample), per backend too, the most server processes alive at once, and the seconds during
+    which both models had a server process alive."""
     total, per = 0.0, {}
     for cur, nxt in zip(samples, samples[1:]):
         dt = nxt["t"] - cur["t"]
@@ -50,6 +51,19 @@ def loading(samples: list[dict]) -> dict:
                if sum(1 for p in cur.get("alive", {}).values() if p) > 1)
     return {"loading_s": total, "per_backend_s": per, "peak_servers": peak, "both_alive_s": both,
             "samples": len(samples)}
+
+
+def start_times(timeline: list[list]) -> dict[str, list[float]]:
+    """Each backend's starts (seconds from `starting` to the next state) from a timeline of
+    [seconds, backend, state] changes."""
+    out: dict[str, list[float]] = {}
+    began: dict[str, float] = {}
+    for t, backend, state in timeline:
+        if state == "starting":
+            began[backend] = t
+        elif backend in began:
+            out.setdefault(backend, []).append(round(t - began.pop(backend), 1))
+    return out
 
 
 def metric_sum(text: str, name: str) -> float | None:
@@ -132,6 +146,12 @@ def summarize(records: list[dict], wall_s: float, samples: list[dict], metrics_t
     }
 
 
+def never_both(name: str, v: dict) -> dict:
+    """Without a budget, one GPU server at a time: the seconds both were alive must be 0."""
+    return {"variant": name, "goal": "never both servers alive (no budget)", "unit": "s",
+            "value": v["both_alive_s"], "met": v["both_alive_s"] == 0}
+
+
 def goals(variants: dict[str, dict]) -> list[dict]:
     """Issue 22's goals, each judged on the variants that ran (one not run is not judged)."""
     out = []
@@ -152,6 +172,7 @@ def goals(variants: dict[str, dict]) -> list[dict]:
                     "value": p95, "met": p95 is not None and p95 <= minority_bound})
         out.append({"variant": "after", "goal": "no request fails", "value": after["failures"],
                     "met": after["failures"] == 0})
+        out.append(never_both("after", after))
     budget = variants.get("budget")
     if budget:
         out.append({"variant": "budget", "goal": "0 swaps (both fit the budget)", "value": budget["swaps"],
@@ -167,4 +188,5 @@ def goals(variants: dict[str, dict]) -> list[dict]:
                     "value": f"{served} of {m['answers']}", "met": m["answers"] > 0 and served == m["answers"]})
         out.append({"variant": "fallback", "goal": "no request fails", "value": fb["failures"],
                     "met": fb["failures"] == 0})
+        out.append(never_both("fallback", fb))
     return out
