@@ -24,7 +24,7 @@ variants side by side with issue 22's goals met or not: `after` loading ≤ 25 %
 the answers of `before`, haiku's p95 wait within its max_wait, no failure; `budget` 0 swaps;
 `fallback` 0 swaps and every haiku answer served by coder.
 
-    bench/swaps --baseline-mlxgate PATH           # the four variants, 180 s each (about 15 minutes)
+    bench/swaps --baseline-mlxgate PATH           # the four variants, 180 s each (about 13 minutes)
     bench/swaps --variants after,budget --seconds 40
     bench/swaps --self-test                       # the pieces, no process started (tests/it/bench_swaps.rs)
 
