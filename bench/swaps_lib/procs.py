@@ -189,6 +189,3 @@ def wait_gone(timeout: float = 30.0) -> list[str]:
             return left
         time.sleep(0.5)
 
-
-__all__ = ["Gateway", "gateway_yaml", "group_rss", "leftovers", "pgid_of", "ports_busy", "servers", "wait_gone",
-           "MINORITY"]
