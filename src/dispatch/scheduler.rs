@@ -17,7 +17,9 @@
 //!   (else the swap would be undone at once for the older one), or when the running backend is
 //!   stalled: no slot handed out or freed for `swap_after` (its slots are held by long requests,
 //!   so its own waiters would not move anyway). A running backend with no work at all is swapped
-//!   out at once;
+//!   out at once, unless its clients are between requests (an agent running a tool): its last
+//!   request is less than `swap_after` old and it has not yet served the round trip's cost (its
+//!   residency below, without the `swap_after` floor);
 //! - a backend is never stopped while it is starting: stopping it there throws away the start
 //!   and, when its own waiters are the older ones, brings it straight back (the livelock of
 //!   issue 7: a stopped and started every 0.5 s, forever);
@@ -228,10 +230,15 @@ fn next_gpu_backend<'a>(gpu: &[&'a BackendView], swap_target: Option<&str>) -> O
 /// stays briefly, so the one it interrupts carries the round trip's cost). At 20 %: 4× the two
 /// starts. A start never measured counts 0.
 pub fn residency(running: &BackendView, next: &BackendView, policy: &Policy) -> Duration {
+    policy.swap_after.max(round_trip_cost(running, next, policy))
+}
+
+/// The residency by cost alone (without its `swap_after` floor).
+fn round_trip_cost(running: &BackendView, next: &BackendView, policy: &Policy) -> Duration {
     let share = policy.loading_share.clamp(f64::MIN_POSITIVE, 1.0);
     let starts = next.start_cost.unwrap_or_default() + running.start_cost.unwrap_or_default();
     let round_trip = starts.mul_f64((1.0 - share) / share);
-    policy.swap_after.max(round_trip.saturating_sub(next.last_residency.unwrap_or_default()))
+    round_trip.saturating_sub(next.last_residency.unwrap_or_default())
 }
 
 /// Whether `next`'s oldest request can be served within its `max_wait` only if `next` starts
@@ -247,7 +254,15 @@ fn may_swap_out(running: &BackendView, next: &BackendView, policy: &Policy) -> O
     let swap_after = policy.swap_after;
     let can_stop = matches!(running.phase, Phase::Ready | Phase::Restarting);
     if !running.has_work() {
-        return can_stop.then_some(SwapReason::NoWork);
+        // Its clients may be between requests (an agent runs a tool, then asks again): a swap
+        // now would bring it back at once, its round trip unpaid. Found by the simulation
+        // (tests/it/swap_schedule.rs): agents sending side calls to a small model spent 66 % of
+        // the GPU's time starting servers, 22 % with this rule.
+        let between_requests = running.phase == Phase::Ready
+            && running.queue.idle_for < policy.swap_after
+            && running.ready_for.is_some_and(|r| r < round_trip_cost(running, next, policy))
+            && !due_by_max_wait(next);
+        return (can_stop && !between_requests).then_some(SwapReason::NoWork);
     }
     let waited = next.queue.oldest_wait.unwrap_or_default();
     let due = waited >= swap_after;
@@ -819,6 +834,35 @@ mod tests {
         // A failed own backend falls back too (better an answer than a 503).
         let failed = [coder, view("haiku", Phase::Failed, 0, 0, None)];
         assert!(stands_in(&failed, &["haiku"], &["coder"], None));
+    }
+
+    /// Issue 22, found by the simulation (`tests/it/swap_schedule.rs`, side calls, seed 12): an
+    /// agent between two requests (running a tool) leaves its model's backend without work for
+    /// a moment; swapping it out then for the small model's requests brings it back at once.
+    #[test]
+    fn a_backend_between_its_clients_requests_is_not_swapped_out_at_once() {
+        let mut coder = view("coder", Phase::Ready, 0, 0, None);
+        coder.start_cost = Some(Duration::from_secs(60));
+        coder.ready_for = Some(Duration::from_secs(100));
+        coder.queue.idle_for = Duration::from_secs(2);
+        let mut haiku = view("haiku", Phase::Stopped, 1, 0, Some(30));
+        haiku.start_cost = Some(Duration::from_secs(5));
+        assert_eq!(decide(&[coder.clone(), haiku.clone()]), []);
+        let no_work = [swap("coder", "haiku", SwapReason::NoWork)];
+        // Nothing for swap_after: its clients are gone (or wait for haiku).
+        let mut idle = coder.clone();
+        idle.queue.idle_for = SWAP_AFTER;
+        assert_eq!(decide(&[idle, haiku.clone()]), no_work);
+        // Ready for the round trip's cost (4 × 65 s) already.
+        let mut paid = coder.clone();
+        paid.ready_for = Some(Duration::from_secs(260));
+        assert_eq!(decide(&[paid, haiku.clone()]), no_work);
+        // haiku's oldest request would miss its max_wait (300 s).
+        let mut late = haiku.clone();
+        late.queue.oldest_wait = Some(Duration::from_secs(296));
+        assert_eq!(decide(&[coder.clone(), late]), no_work);
+        // The rules before issue 22 (no cost): at once.
+        assert_eq!(super::decide(&[coder, haiku], None, &Policy::by_timer(SWAP_AFTER)), no_work);
     }
 
     #[test]
