@@ -17,6 +17,7 @@ mod balance;
 mod balance_real;
 mod bench_balance;
 mod bench_cli;
+mod bench_swaps;
 mod cached_tokens;
 mod cli;
 mod context;
