@@ -1,7 +1,17 @@
-"""The agents: each a thread that, until the run's end, sends a streamed chat completion of its
-short growing conversation to one of the two models (its first to the majority model, as a
-session opens with its main model; then the minority one with a fixed probability),
-waits for the whole answer, thinks, and goes on. Every draw (model, think time, message) comes
+"""The agents, in one of two shapes (`--agents`):
+
+- `side` (the default, Claude Code's shape: its small fast model does background work — titles,
+  summaries — beside the main conversation): each agent's main loop sends a streamed chat
+  completion of its short growing conversation to the majority model, waits for the whole answer,
+  thinks, and goes on; after a main turn it also sends, with a probability that makes the minority
+  model's share of all requests `MINORITY_SHARE`, a side call to the minority model on a thread of
+  its own, which it does not wait for (at most `SIDE_OUTSTANDING` of its side calls under way at
+  once: a skipped draw is not sent).
+- `blocking` (an agent that waits for every answer, e.g. an editor model's turn): each agent sends
+  its request to one of the two models (its first to the majority model, as a session opens with
+  its main model; then the minority one with a fixed probability), waits for the whole answer,
+  thinks, and goes on.
+ Every draw (model, think time, message) comes
 from the agent's own seeded RNG, so every run sends the same sequence of models per agent. One
 record per request: when it was sent, its status, the time to the first byte of the body (the
 wait a user sees) and to the first content token, whether the stream ended whole, and which
@@ -123,8 +133,16 @@ def complete(rec: dict) -> bool:
     return rec.get("status") == 200 and not rec.get("error") and bool(rec.get("done")) and bool(rec.get("finished"))
 
 
+SIDE_OUTSTANDING = 2
+
+
+def side_probability(share: float = MINORITY_SHARE) -> float:
+    """The chance of a side call after a main turn that makes the side calls `share` of all requests."""
+    return share / (1.0 - share)
+
+
 def run_agents(port: int, seconds: float, label: str, agents: int = AGENTS, seed: int = SEED,
-               on_record=None) -> tuple[list[dict], float]:
+               on_record=None, shape: str = "side") -> tuple[list[dict], float]:
     """The agents for `seconds` (no request is sent after; those under way finish); every
     record, and the wall seconds from the first request to the last answer."""
     records: list[dict] = []
@@ -139,10 +157,22 @@ def run_agents(port: int, seconds: float, label: str, agents: int = AGENTS, seed
         n = 0
         # Agents start a little apart, as sessions do (the first draw of each RNG).
         time.sleep(rng.uniform(0, 1.0))
+        side_calls: list[threading.Thread] = []
+
+        def side_call(messages: list[dict], request_id: str) -> None:
+            sent = time.monotonic() - t0
+            rec = send(port, MINORITY, messages, request_id)
+            rec.update(agent=i, n=request_id, sent_s=sent, ended_s=time.monotonic() - t0, side=True)
+            rec.pop("text", None)
+            with lock:
+                records.append(rec)
+            if on_record is not None:
+                on_record(rec)
+
         while time.monotonic() < deadline:
             model, think, task = draw(rng)
-            if n == 0:
-                model = MAJORITY  # a session opens with its main model
+            if n == 0 or shape == "side":
+                model = MAJORITY  # a session opens with its main model; side agents' main loop is it
             if turns[model] >= TURNS_PER_CONVERSATION:
                 history[model], turns[model] = [], 0
             messages = history[model] + [{"role": "user", "content": task}]
@@ -158,9 +188,18 @@ def run_agents(port: int, seconds: float, label: str, agents: int = AGENTS, seed
             if on_record is not None:
                 on_record(rec)
             n += 1
+            if shape == "side" and rng.random() < side_probability():
+                side_calls = [t for t in side_calls if t.is_alive()]
+                if len(side_calls) < SIDE_OUTSTANDING and time.monotonic() < deadline:
+                    summary = [{"role": "user", "content": f"Name this conversation in five words: {task}"}]
+                    call = threading.Thread(target=side_call, args=(summary, f"{label}-a{i}-s{n}"), daemon=True)
+                    call.start()
+                    side_calls.append(call)
             if time.monotonic() + think >= deadline:
                 break
             time.sleep(think)
+        for call in side_calls:
+            call.join()
 
     threads = [threading.Thread(target=agent, args=(i,), daemon=True) for i in range(agents)]
     for t in threads:

@@ -88,7 +88,7 @@ def kill_leftovers() -> list[str]:
 
 
 def run_variant(variant: str, binary: Path, workdir: Path, seconds: float, footprints: dict[str, int],
-                seed: int, sim: Path | None = None) -> dict:
+                seed: int, sim: Path | None = None, shape: str = "side") -> dict:
     vdir = workdir / variant
     vdir.mkdir(parents=True)
     config = vdir / "gateway.yaml"
@@ -106,7 +106,7 @@ def run_variant(variant: str, binary: Path, workdir: Path, seconds: float, footp
         t0 = time.monotonic()
         sampler = Sampler(gw, t0)
         sampler.start()
-        records, wall = run_agents(GATEWAY_PORT, seconds, variant, seed=seed)
+        records, wall = run_agents(GATEWAY_PORT, seconds, variant, seed=seed, shape=shape)
         try:
             metrics_text = gw.get("/metrics")
         except OSError as e:
@@ -152,6 +152,9 @@ def main() -> int:
                     f"{','.join(DEFAULT_VARIANTS)})")
     ap.add_argument("--seconds", type=float, default=settings.SECONDS, help="how long the agents send, per variant "
                     "(default %(default)s)")
+    ap.add_argument("--agents", choices=["side", "blocking"], default="side",
+                    help="side: the minority model's requests are side calls the agents do not wait for (Claude "
+                         "Code's small fast model); blocking: every request waited for (default %(default)s)")
     ap.add_argument("--seed", type=int, default=SEED, help="the agents' seed (default %(default)s)")
     ap.add_argument("--footprints", default="", help="MiB written as each backend's footprint in `budget`, like "
                     f"coder=600,haiku=700 (default {FOOTPRINTS_MB})")
@@ -220,7 +223,7 @@ def main() -> int:
         "commit": commit(), "loadavg_start": loadavg(),
         "command": "bench/swaps " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
         "schedule": {"agents": AGENTS, "seconds": args.seconds, "minority_share": MINORITY_SHARE,
-                     "think_s": list(THINK_S), "max_tokens": MAX_TOKENS, "seed": args.seed,
+                     "think_s": list(THINK_S), "max_tokens": MAX_TOKENS, "seed": args.seed, "agents_shape": args.agents,
                      "swap_after_s": SWAP_AFTER_S, "max_wait_s": MAX_WAIT_S, "majority": MAJORITY,
                      "minority": MINORITY,
                      "servers": ({m: k for m, (k, _, _) in SERVERS.items()} if sim is None else
@@ -232,7 +235,7 @@ def main() -> int:
     try:
         for variant in variants:
             binary = base_bin if variant == "before" else new_bin
-            out = run_variant(variant, binary, workdir, args.seconds, footprints, args.seed, sim)
+            out = run_variant(variant, binary, workdir, args.seconds, footprints, args.seed, sim, args.agents)
             res["variants"][variant] = out["summary"]
             res["records"][variant] = out["records"]
         res["loadavg_end"] = loadavg()

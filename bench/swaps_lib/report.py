@@ -80,11 +80,20 @@ def render(res: dict) -> str:
          f"model `{sch['majority']}` on {sch['servers'][sch['majority']]}, model `{sch['minority']}` on "
          f"{sch['servers'][sch['minority']]}")
         + f", `swap_after: {sch['swap_after_s']}s`, `max_wait: {sch['max_wait_s']}s` "
-        f"each. {sch['agents']} agents for {fmt(sch['seconds'], 0)} s: each sends a streamed chat completion of its "
-        f"short growing conversation (max_tokens {sch['max_tokens']}), its first to `{sch['majority']}`, then "
-        f"{sch['minority_share']:.0%} to `{sch['minority']}` (seeded RNG, seed {sch['seed']}: every variant sends "
-        f"the same sequence of models per agent), thinking {sch['think_s'][0]}–{sch['think_s'][1]} s between turns. "
-        "Each variant is a fresh gateway; no backend is preloaded.",
+        f"each. {sch['agents']} agents for {fmt(sch['seconds'], 0)} s"
+        + (f" (`--agents side`): each runs its main conversation on `{sch['majority']}` — a streamed chat completion "
+           f"of its short growing conversation (max_tokens {sch['max_tokens']}), waited for, then "
+           f"{sch['think_s'][0]}–{sch['think_s'][1]} s of thinking — and after a turn sends, with a chance that makes "
+           f"them {sch['minority_share']:.0%} of all requests, a side call to `{sch['minority']}` it does not wait "
+           f"for (at most 2 under way per agent; Claude Code's small fast model does such background work) "
+           f"(seeded RNG, seed {sch['seed']})"
+           if sch.get("agents_shape", "blocking") == "side" else
+           f" (`--agents blocking`): each sends a streamed chat completion of its "
+           f"short growing conversation (max_tokens {sch['max_tokens']}), its first to `{sch['majority']}`, then "
+           f"{sch['minority_share']:.0%} to `{sch['minority']}` (seeded RNG, seed {sch['seed']}: every variant sends "
+           f"the same sequence of models per agent), waits for the whole answer, and thinks "
+           f"{sch['think_s'][0]}–{sch['think_s'][1]} s between turns")
+        + ". Each variant is a fresh gateway; no backend is preloaded.",
         "",
         f"Command: `{res['command']}`",
         "",
