@@ -18,7 +18,7 @@ const SIM: &str = env!("CARGO_BIN_EXE_mlxgate-sim");
 
 /// A managed GPU sim backend named `name` on `port` that takes `start_secs` to start (a shell
 /// sleeps, then becomes the server), with `extra` keys.
-fn slow_sim(name: &str, port: u16, start_secs: u32, extra: &str) -> String {
+pub(crate) fn slow_sim(name: &str, port: u16, start_secs: u32, extra: &str) -> String {
     let command = if start_secs == 0 {
         format!("['{SIM}', '--port', '{{port}}', '--style', 'mlx-lm']")
     } else {
@@ -30,11 +30,11 @@ fn slow_sim(name: &str, port: u16, start_secs: u32, extra: &str) -> String {
     )
 }
 
-fn yaml(top: &str, backends: &[String], models: &str) -> String {
+pub(crate) fn yaml(top: &str, backends: &[String], models: &str) -> String {
     format!("{top}backends:\n{}models:\n{models}", backends.concat())
 }
 
-fn ask(model: &str, sim: Value) -> Value {
+pub(crate) fn ask(model: &str, sim: Value) -> Value {
     json!({"model": model, "messages": [{"role": "user", "content": "hi"}], "sim": sim})
 }
 

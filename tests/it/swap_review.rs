@@ -1,33 +1,10 @@
 //! Issue 22's review (branch issue22-rev): schedules that break the swap costing, with
 //! `mlxgate-sim` as the GPU servers (as `swap_budget.rs`).
 
-use std::time::Duration;
-
 use crate::common::*;
-use serde_json::{Value, json};
+use serde_json::json;
 
-const SIM: &str = env!("CARGO_BIN_EXE_mlxgate-sim");
-
-/// A managed GPU sim backend named `name` on `port` that takes `start_secs` to start, with `extra` keys.
-fn slow_sim(name: &str, port: u16, start_secs: u32, extra: &str) -> String {
-    let command = if start_secs == 0 {
-        format!("['{SIM}', '--port', '{{port}}', '--style', 'mlx-lm']")
-    } else {
-        format!("['sh', '-c', 'sleep {start_secs}; exec {SIM} --port {{port}} --style mlx-lm']")
-    };
-    format!(
-        "  {name}:\n    kind: custom\n    command: {command}\n    port: {port}\n    max_concurrency: 2\n    \
-         stop_timeout: 5s\n{extra}"
-    )
-}
-
-fn yaml(top: &str, backends: &[String], models: &str) -> String {
-    format!("{top}backends:\n{}models:\n{models}", backends.concat())
-}
-
-fn ask(model: &str, sim: Value) -> Value {
-    json!({"model": model, "messages": [{"role": "user", "content": "hi"}], "sim": sim})
-}
+use crate::swap_budget::{ask, slow_sim, yaml};
 
 /// Finding 1 of the review: the `max_wait` rule swapped at the last moment that left the next
 /// backend its start time, but the running backend drains first (its requests in flight go
