@@ -230,14 +230,16 @@ def main() -> int:
                                  {m: f"mlxgate-sim (a {SIM_START_S[m]} s start)" for m in SERVERS}),
                      "sim": sim is not None, "model": str(MODEL_DIR.relative_to(ROOT))},
         "footprints_mib": footprints, "budget_margin_mib": settings.BUDGET_MARGIN_MB,
-        "variants": {}, "records": {}, "notes": [],
+        "variants": {}, "notes": [],
     }
     try:
         for variant in variants:
             binary = base_bin if variant == "before" else new_bin
             out = run_variant(variant, binary, workdir, args.seconds, footprints, args.seed, sim, args.agents)
             res["variants"][variant] = out["summary"]
-            res["records"][variant] = out["records"]
+            # Every request's record stays with the run's logs (with --keep), not in the results:
+            # thousands of them would make the committed JSON megabytes.
+            (workdir / variant / "records.json").write_text(json.dumps(finite(out["records"]), default=str))
         res["loadavg_end"] = loadavg()
     finally:
         signal.alarm(0)
