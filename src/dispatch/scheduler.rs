@@ -233,10 +233,11 @@ pub fn fits(next: &BackendView, running: &[&BackendView], budget: Option<u64>) -
 }
 
 /// Whether a model served by `own` backends (all managed) is better served now by its
-/// fallback, served by `fallback`: none of its own runs (or is due to: it has no waiting
-/// requests that would start it), starting one would need a swap (the GPU is busy and it does
-/// not fit the budget beside what runs), and one of the fallback's backends is starting or
-/// ready. Pure, over the supervisors' latest views.
+/// fallback, served by `fallback`: none of its own runs, starting one would need a swap (the
+/// GPU is busy and it does not fit the budget beside what runs), and one of the fallback's
+/// backends is starting or ready. Requests of the model already waiting for its own backend
+/// (queued before the fallback's was loaded) still wait for it, and may swap it in; new ones go
+/// to the fallback. Pure, over the supervisors' latest views.
 pub fn stands_in(views: &[BackendView], own: &[&str], fallback: &[&str], budget: Option<u64>) -> bool {
     let view = |name: &&str| views.iter().find(|v| v.name == *name);
     let own: Vec<&BackendView> = own.iter().filter_map(view).collect();

@@ -430,6 +430,9 @@ struct SimBackend {
     start_cause: &'static str,
     /// The reason of the last swap made for it, until it starts.
     swapped_in_for: Option<SwapReason>,
+    /// Swapped out for another's `max_wait` before its residency had paid for the round trip:
+    /// its next start (the way back) is forced by that `max_wait` too.
+    cut_by_max_wait: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -473,8 +476,11 @@ struct Figures {
 }
 
 /// Starts the residency does not pay for: a backend's first (its cost is not known yet), one
-/// after a crash, and one a request's `max_wait` forced early.
-const UNCHARGED: [&str; 3] = ["first", "crash", "max_wait"];
+/// after a crash, one a request's `max_wait` forced early, and the way back of a residency that
+/// `max_wait` cut short (the round trip it would have paid for was forced: since the swap
+/// leaves room for the running backend's drain, such a cut comes earlier, and the way back
+/// weighs more in a short run).
+const UNCHARGED: [&str; 4] = ["first", "crash", "max_wait", "max_wait_return"];
 
 impl Figures {
     fn charged_share(&self) -> f64 {
@@ -538,6 +544,7 @@ impl World {
                     .unwrap_or(Duration::MAX),
                 start_cause: "first",
                 swapped_in_for: None,
+                cut_by_max_wait: false,
             })
             .collect();
         let mut rng = Rng(case.seed.wrapping_mul(31));
@@ -642,6 +649,9 @@ impl World {
         };
         if let Some(b) = self.backends.iter_mut().find(|b| b.name == next) {
             b.swapped_in_for = Some(reason);
+        }
+        if let Some(b) = self.backends.iter_mut().find(|b| b.name == running) {
+            b.cut_by_max_wait = reason == SwapReason::MaxWait;
         }
         let now = self.now;
         if reason == SwapReason::Due {
@@ -819,8 +829,10 @@ impl World {
                     b.generation += 1;
                     b.phase = SimPhase::Starting { ready_at: now + b.spec.start };
                     let why = b.swapped_in_for.take();
+                    let returning_from_a_cut = std::mem::take(&mut b.cut_by_max_wait);
                     b.start_cause = match why {
                         _ if !b.measured => "first",
+                        _ if returning_from_a_cut => "max_wait_return",
                         Some(reason) => reason.label(),
                         None => "gpu_free",
                     };
