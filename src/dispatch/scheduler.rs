@@ -289,13 +289,11 @@ pub fn due_by_max_wait(running: &BackendView, next: &BackendView) -> bool {
 }
 
 /// How long `running`'s requests in flight are expected to go on once it is told to stop: twice
-/// its mean request time and a second, never more than its `drain_timeout` (none in flight:
-/// nothing to wait for). An estimate: a request far longer than its backend's usual ones can
+/// its mean request time and a second, never more than its `drain_timeout`. An estimate: a request far longer than its backend's usual ones can
 /// still make the next one's request miss its `max_wait`; `drain_timeout` bounds the wait.
 pub fn drain_allowance(running: &BackendView) -> Duration {
-    if running.queue.in_flight <= running.queue.abandoned {
-        return Duration::ZERO;
-    }
+    // Also with nothing in flight: a backend kept while its clients are between requests may
+    // be busy again by the time the next one's request is due.
     (running.queue.mean_service * 2 + Duration::from_secs(1)).min(running.drain_timeout)
 }
 

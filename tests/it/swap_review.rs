@@ -6,6 +6,51 @@ use serde_json::json;
 
 use crate::swap_budget::{ask, slow_sim, yaml};
 
+/// Finding 1 of the review, as it first stood: one generation far longer than the backend's
+/// usual answers (held until released) is in flight when the `max_wait` swap comes; the drain
+/// allowance (twice the mean answer and a second) does not cover it, and the minority request
+/// misses its `max_wait`. Still open: the estimate cannot know one answer's length; the drain
+/// is bounded by `drain_timeout`, and a cut of the long answer would keep the bound at its cost.
+#[tokio::test]
+#[ignore = "issue 22 review, finding 1 (open): one answer far longer than its backend's mean, in flight at the max_wait swap, still makes the minority request miss max_wait (the drain estimate is a mean)"]
+async fn one_answer_far_longer_than_its_backends_mean_can_still_cost_the_next_ones_max_wait() {
+    let (pa, pb) = (free_port(), free_port());
+    let models = "  ma: {backend: a, max_wait: 120s}\n  mb: {backend: b, max_wait: 8s}\n";
+    // A long residency (99× the round trip's starts): only the max_wait rule swaps b in.
+    let top = "swap_after: 1s\nloading_share: 0.01\n";
+    let backends = [slow_sim("a", pa, 0, "    drain_timeout: 30s\n"), slow_sim("b", pb, 1, "")];
+    let gw = gateway(&yaml(top, &backends, models)).await;
+    for model in ["mb", "ma"] {
+        let r = post(&gw, "/v1/chat/completions", &ask(model, json!({"tokens": 2}))).await;
+        assert_eq!(r.status(), 200, "{model}: each starts once, its start measured");
+    }
+    // a generates a long answer for an agent (held until released).
+    let mut held = post(
+        &gw,
+        "/v1/chat/completions",
+        &json!({"model": "ma", "stream": true,
+        "messages": [{"role": "user", "content": "hi"}], "sim": {"hold_after": 1, "hold_key": "h"}}),
+    )
+    .await;
+    read_until(&mut held, "t0 ").await;
+    let waiting = tokio::spawn({
+        let url = gw.url("/v1/chat/completions");
+        async move { client().post(url).json(&ask("mb", json!({"tokens": 2}))).send().await.expect("send").status() }
+    });
+    eventually("a is drained for b", || async { backend_state(&gw, "a").await["state"] == "draining" }).await;
+    let reason = "mlxgate_backend_swaps_total{backend=\"a\",reason=\"max_wait\"}";
+    assert_eq!(metric(&gw, reason).await, Some(1.0), "the max_wait rule swapped a out");
+    // The generation in flight goes on a few seconds more (well within a's drain_timeout).
+    tokio::time::sleep(std::time::Duration::from_secs(4)).await;
+    client().post(format!("http://127.0.0.1:{pa}/sim/release/h")).send().await.expect("release");
+    assert!(text_of(held).await.contains("[DONE]"));
+    assert_eq!(
+        waiting.await.expect("task"),
+        200,
+        "mb's request waited for a's drain after the max_wait swap, then b's start: over its 8 s max_wait"
+    );
+}
+
 /// Finding 1 of the review: the `max_wait` rule swapped at the last moment that left the next
 /// backend its start time, but the running backend drains first (its requests in flight go
 /// on): agents keeping `a` busy with 2-second answers made the minority request miss the
