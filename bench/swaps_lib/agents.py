@@ -5,8 +5,8 @@
   completion of its short growing conversation to the majority model, waits for the whole answer,
   thinks, and goes on; after a main turn it also sends, with a probability that makes the minority
   model's share of all requests `MINORITY_SHARE`, a side call to the minority model on a thread of
-  its own, which it does not wait for (at most `SIDE_OUTSTANDING` of its side calls under way at
-  once: a skipped draw is not sent).
+  its own, which it does not wait for (every draw is sent, however many are under way: the
+  minority model's load does not shrink when it waits longer).
 - `blocking` (an agent that waits for every answer, e.g. an editor model's turn): each agent sends
   its request to one of the two models (its first to the majority model, as a session opens with
   its main model; then the minority one with a fixed probability), waits for the whole answer,
@@ -133,9 +133,6 @@ def complete(rec: dict) -> bool:
     return rec.get("status") == 200 and not rec.get("error") and bool(rec.get("done")) and bool(rec.get("finished"))
 
 
-SIDE_OUTSTANDING = 2
-
-
 def side_probability(share: float = MINORITY_SHARE) -> float:
     """The chance of a side call after a main turn that makes the side calls `share` of all requests."""
     return share / (1.0 - share)
@@ -190,7 +187,7 @@ def run_agents(port: int, seconds: float, label: str, agents: int = AGENTS, seed
             n += 1
             if shape == "side" and rng.random() < side_probability():
                 side_calls = [t for t in side_calls if t.is_alive()]
-                if len(side_calls) < SIDE_OUTSTANDING and time.monotonic() < deadline:
+                if time.monotonic() < deadline:
                     summary = [{"role": "user", "content": f"Name this conversation in five words: {task}"}]
                     call = threading.Thread(target=side_call, args=(summary, f"{label}-a{i}-s{n}"), daemon=True)
                     call.start()

@@ -85,7 +85,8 @@ def render(res: dict) -> str:
            f"of its short growing conversation (max_tokens {sch['max_tokens']}), waited for, then "
            f"{sch['think_s'][0]}–{sch['think_s'][1]} s of thinking — and after a turn sends, with a chance that makes "
            f"them {sch['minority_share']:.0%} of all requests, a side call to `{sch['minority']}` it does not wait "
-           f"for (at most 2 under way per agent; Claude Code's small fast model does such background work) "
+           f"for (every draw sent, however many are under way; Claude Code's small fast model does such background "
+           f"work), `max_queue: 256` "
            f"(seeded RNG, seed {sch['seed']})"
            if sch.get("agents_shape", "blocking") == "side" else
            f" (`--agents blocking`): each sends a streamed chat completion of its "

@@ -10,7 +10,7 @@ from . import report, stats
 from .agents import complete, draw, plan, read_stream
 from .cli import finite, parse_footprints, transitions
 from .procs import gateway_yaml, is_server
-from .settings import MAJORITY, MAX_WAIT_S, MINORITY, MINORITY_SHARE, PORTS
+from .settings import MAJORITY, MAX_QUEUE, MAX_WAIT_S, MINORITY, MINORITY_SHARE, PORTS
 
 
 def rec(model: str, i: int, wait: float | None = 1.0, ok: bool = True, served: str | None = None, **kw) -> dict:
@@ -145,7 +145,7 @@ class Configs(unittest.TestCase):
         self.assertIn("gpu_memory_budget: 1500MiB", budget)
         self.assertIn("    footprint: 600MiB\n", budget)
         self.assertIn("    footprint: 700MiB\n", budget)
-        self.assertIn(f"  {MINORITY}: {{backend: {MINORITY}, max_queue: 64, max_wait: {MAX_WAIT_S}s, "
+        self.assertIn(f"  {MINORITY}: {{backend: {MINORITY}, max_queue: {MAX_QUEUE}, max_wait: {MAX_WAIT_S}s, "
                       f"fallback: {MAJORITY}}}", gateway_yaml("fallback"))
         with self.assertRaises(ValueError):
             gateway_yaml("budget")

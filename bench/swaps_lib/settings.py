@@ -41,7 +41,9 @@ PROGRAMS = {m: program for m, (_, _, program) in SERVERS.items()}
 # The gateway's terms, the same in every variant (issue 22's schedule).
 SWAP_AFTER_S = 5
 MAX_WAIT_S = 120
-MAX_QUEUE = 64
+# Room for the side calls that wait while the other model is loaded (a user whose agents send
+# background calls sizes max_queue so: 64, the default, is less than a residency's worth here).
+MAX_QUEUE = 256
 MAX_CONCURRENCY = 2
 
 # The variants, in the report's order: name -> (binary: "baseline" or "new", extra config).
