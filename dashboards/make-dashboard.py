@@ -129,7 +129,7 @@ timeseries(
     unit="percentunit")
 
 # ---- Row 2: the backends ------------------------------------------------------------------
-row("Backends: state, swaps, restarts, load", 17)
+row("Backends: state, swaps, restarts, load, and what the GPU's time goes to", 17)
 STATES = ["stopped", "starting", "ready", "draining", "restarting", "failed"]
 state_expr = " + ".join(
     f'(max by (backend) (mlxgate_backend_state{{{B}, state="{s}"}}) * {i})' for i, s in enumerate(STATES))
@@ -158,7 +158,8 @@ timeseries(
     "the model and warming up), ready, draining (finishing requests before a stop), restarting "
     "(crashed, waiting out its backoff) and failed (crashed too often: it waits for POST "
     "/admin/backends/NAME/restart). Two GPU backends alternating quickly between starting and "
-    "stopped are thrashing: raise swap_after or max_wait, or give one of the models its own "
+    "stopped are thrashing: read the share of time spent starting below; lower loading_share, "
+    "set gpu_memory_budget, give the small model a fallback, or give one of the models its own "
     "machine. Restarting or failed: read GET /admin/backends/NAME/logs for the server's last "
     "words (out of memory, a missing model file). Each backend is named with its kind of server "
     "(mlx-lm, mlx-openai-server, …): GET /admin/backends lists what the gateway normalises for it.",
@@ -189,7 +190,7 @@ timeseries(
     "answering its health check and was restarted) and swaps (one GPU backend stopped so "
     "another could start). Each also marks the latency panels. Restarts in a loop: the server "
     "cannot stay up (memory, a bad flag); swaps every minute: two models are asked for in "
-    "turn — batch by model, or raise swap_after.",
+    "turn — why each swap happened and what it cost are in the panels below.",
     grid(12, 24, 6),
     [(f"sum by (backend, reason) (increase(mlxgate_backend_restarts_total{{{B}}}[{EI}]))",
       "restart {{backend}} ({{reason}})"),
@@ -208,8 +209,93 @@ timeseries(
       "{{backend}} p95")],
     unit="s")
 
+# What the GPU's time goes to when several GPU models share it (swaps costed by their start
+# time, several backends side by side within gpu_memory_budget, a fallback model).
+LOADING_SHARE = 0.2  # the default loading_share: the line drawn on the loading panel
+
+
+def threshold_line(value, soft_max):
+    """A dashed red line at `value` on a time series, its axis at least up to `soft_max`."""
+    def extra(panel):
+        defaults = panel["fieldConfig"]["defaults"]
+        defaults["thresholds"] = {"mode": "absolute", "steps": [
+            {"color": "transparent", "value": None}, {"color": "red", "value": value}]}
+        defaults["custom"]["thresholdsStyle"] = {"mode": "dashed"}
+        defaults["custom"]["axisSoftMax"] = soft_max
+    return extra
+
+
+STARTING = f"rate(mlxgate_backend_starting_seconds_total{{{B}}}[5m])"
+timeseries(
+    "Share of time spent starting servers (5 min)",
+    "Seconds spent starting managed servers (spawn to ready, failed starts included) per second, "
+    "over 5 minutes: the share of the GPU's time that went to loading models instead of "
+    "answering. The scheduler keeps a loaded GPU backend long enough that a round trip's two "
+    "starts stay within loading_share of the time (default 20 %, the dashed line: 4x the two "
+    "starts, less the other's last stay, never less than swap_after). Well above it "
+    "for long: swaps cut short by a max_wait (see swaps by reason; raise that model's "
+    "max_wait), a crash loop (state timeline), or a load that grew (start time). To spend "
+    "less: lower loading_share, set gpu_memory_budget so both models stay loaded side by "
+    "side, or give the small model a fallback. Seconds are counted when a start ends, so a "
+    "start longer than the window shows as a spike; clamped at 100 %.",
+    grid(0, 32, 8),
+    [(f"clamp_max(sum({STARTING}), 1)", "all backends"),
+     (f"clamp_max(sum by (backend) ({STARTING}), 1)", "{{backend}}")],
+    unit="percentunit", extra=threshold_line(LOADING_SHARE, 0.25))
+timeseries(
+    "GPU swaps per minute by reason",
+    "Swaps by the backend stopped and why: no_work (it had nothing to do), due (the other "
+    "model's requests had waited swap_after and it had kept the GPU its residency), max_wait "
+    "(the other model's oldest request would have missed its max_wait unless its backend "
+    "started now: the residency was cut short), stalled (none of its slots moved for "
+    "swap_after: long requests held them), backoff (it was in crash backoff, holding no "
+    "process). Mostly due and no_work is the scheduler working as meant. Many max_wait: the "
+    "max_wait is shorter than a residency plus a start (raise it, or give the model a "
+    "fallback). Stalled: answers longer than swap_after hold the GPU (raise swap_after).",
+    grid(8, 32, 8),
+    [(f"sum by (backend, reason) (rate(mlxgate_backend_swaps_total{{{B}}}[{RI}])) * 60",
+      "{{backend}} stopped ({{reason}})")])
+timeseries(
+    "Requests served by a fallback model",
+    "Requests of a model answered by its fallback: the model's backend was not loaded, starting it "
+    "would have needed a swap, and the fallback's backend was loaded (such answers carry "
+    "x-mlxgate-fallback naming the model that answered; the access line, fallback_from=). "
+    "Each one is a swap saved. Clients that must have the model they asked for: remove its "
+    "fallback. Fallbacks all the time while its own backend never loads: its traffic is a "
+    "minority the fallback serves — as meant for a small fast model.",
+    grid(16, 32, 8),
+    [(f"sum by (model, fallback) (increase(mlxgate_model_fallbacks_total{{{M}}}[{EI}]))",
+      "{{model}} served by {{fallback}}")],
+    bars=True)
+timeseries(
+    "Residency p50 per backend (last 30 minutes)",
+    "How long a managed backend's process served, from ready to its stop or crash: the median "
+    "over the stops of the last 30 minutes. For two GPU models taking turns it is what each "
+    "swap buys. The scheduler keeps a backend at least swap_after and long enough that the "
+    "round trip (the other started, then this one again) costs at most loading_share: "
+    "(1 - s) / s x both starts (4x at 20 %), less the other's last stay — unless the other "
+    "model's max_wait runs out first. Near swap_after with long starts: the max_wait rule cuts "
+    "residencies short (swaps by reason). Short after crashes: the server dies (its logs).",
+    grid(0, 40, 12),
+    [(f"histogram_quantile(0.5, sum by (backend, le) "
+      f"(increase(mlxgate_backend_residency_seconds_bucket{{{B}}}[30m])))", "{{backend}} p50")],
+    unit="s")
+timeseries(
+    "Backend memory footprint",
+    "The memory each managed backend holds when loaded: its footprint: in gateway.yaml, else "
+    "the most resident memory its server's process group was measured holding (every 5 s "
+    "while ready; on a Mac the model's Metal buffers count). With gpu_memory_budget set, GPU "
+    "backends whose footprints fit the budget together run side by side and no swap happens "
+    "between them; one whose footprint is unknown (never measured) runs alone. Two models "
+    "that should fit but keep swapping: the sum of these is over the budget (raise it, if the "
+    "Mac has the memory, or use smaller quantisations).",
+    grid(12, 40, 12),
+    [(f"max by (backend) (mlxgate_backend_footprint_bytes{{{B}}})", "{{backend}}")],
+    unit="bytes")
+
+
 # ---- Row 3: traffic -----------------------------------------------------------------------
-row("Traffic: requests, outcomes, tokens", 32)
+row("Traffic: requests, outcomes, tokens", 48)
 timeseries(
     "Requests by outcome",
     "Requests answered per second by outcome: ok; client_closed (the client left before the "
@@ -218,7 +304,7 @@ timeseries(
     "stream_error (the server failed, hung, or cut a stream); backend_rejected (the server "
     "refused the request, 4xx); invalid_request_error (a bad request, e.g. over the context "
     "cap). Anything but ok and client_closed rising: read the gateway's log at that minute.",
-    grid(0, 33, 12),
+    grid(0, 49, 12),
     [(f"sum by (outcome) (rate(mlxgate_requests_total{{{M}, {B}, {C}}}[{RI}]))", "{{outcome}}")],
     unit="reqps")
 timeseries(
@@ -228,18 +314,18 @@ timeseries(
     "normal for agents (whole conversations resent each turn) — that is what the prompt "
     "cache saves. Generated tokens/s that falls while requests keep coming: the backends slow "
     "down (see decode speed) or answers are cut short.",
-    grid(12, 33, 12),
+    grid(12, 49, 12),
     [(f"sum by (model) (rate(mlxgate_prompt_tokens_total{{{M}, {B}, {C}}}[{RI}]))", "{{model}} prompt"),
      (f"sum by (model) (rate(mlxgate_generation_tokens_total{{{M}, {B}, {C}}}[{RI}]))", "{{model}} generated")],
     unit="none")
 
 # ---- Row 4: clients, limits, context ------------------------------------------------------
-row("Clients, rate limits and context caps", 41)
+row("Clients, rate limits and context caps", 57)
 timeseries(
     "Requests per client",
     "Requests per second by client (the names in gateway.yaml's clients:, or anonymous). "
     "One client far above the others is the one to give a limit (rpm, tpm, concurrency).",
-    grid(0, 42, 8),
+    grid(0, 58, 8),
     [(f"sum by (client) (rate(mlxgate_requests_total{{{M}, {B}, {C}}}[{RI}]))", "{{client}}")],
     unit="reqps")
 timeseries(
@@ -248,7 +334,7 @@ timeseries(
     "read Retry-After and retry by themselves; steady refusals mean the limit is below what "
     "the client needs (raise it in gateway.yaml and send SIGHUP) or the client is a runaway "
     "agent (leave it limited: that is what the limit is for).",
-    grid(8, 42, 8),
+    grid(8, 58, 8),
     [(f"sum by (client, limit) (rate(mlxgate_rate_limited_total{{{C}}}[{RI}]))", "{{client}} {{limit}}")],
     unit="reqps")
 timeseries(
@@ -257,7 +343,7 @@ timeseries(
     "context_length_exceeded to the client), middle_out (messages removed from the middle) "
     "or chunk (map-reduce over pieces). Rejections a client keeps meeting: switch its model "
     "to middle_out, or give it a model with a longer context.",
-    grid(16, 42, 8),
+    grid(16, 58, 8),
     [(f"sum by (model, action) (increase(mlxgate_context_overflow_total{{{M}}}[{EI}]))", "{{model}} {{action}}")],
     bars=True)
 timeseries(
@@ -266,7 +352,7 @@ timeseries(
     "wrong or a stream cut after its usage), and answers that reported no usage at all (their "
     "tokens cannot be counted, nor charged to a client's tpm). Steady mismatches from one "
     "backend: its token figures cannot be trusted — report it upstream.",
-    grid(0, 50, 12),
+    grid(0, 66, 12),
     [(f"sum by (backend) (increase(mlxgate_usage_mismatch_total{{{B}}}[{EI}]))", "mismatch {{backend}}"),
      (f"sum by (backend) (increase(mlxgate_generation_tokens_unknown_total{{{M}, {B}}}[{EI}]))",
       "no usage {{backend}}")],
@@ -277,7 +363,7 @@ timeseries(
     "template (before the queue, for the context cap and tpm). Milliseconds are normal for "
     "long prompts; tens of milliseconds on every request mean huge prompts or a gateway "
     "short of CPU (it shares the machine with the server).",
-    grid(12, 50, 12),
+    grid(12, 66, 12),
     [(quantile(0.95, "mlxgate_prompt_count_seconds", "model", M), "{{model}} p95")],
     unit="s")
 timeseries(
@@ -288,13 +374,13 @@ timeseries(
     "turn's prompt differ from its first token and every prompt-cache lookup miss. Zero while "
     "Claude Code is in use: its attribution header is off (CLAUDE_CODE_ATTRIBUTION_HEADER=0), "
     "which saves the same.",
-    grid(0, 58, 12),
+    grid(0, 74, 12),
     [("sum(increase(mlxgate_anthropic_billing_blocks_stripped_total[$__interval]))", "stripped")],
     bars=True)
 
 
 # ---- Row 5: several backends behind one model ----------------------------------------------
-row("Balancing: several backends behind one model", 66)
+row("Balancing: several backends behind one model", 82)
 timeseries(
     "Routing decisions by backend and reason",
     "Requests of models with several backends, by the backend that got them and why: "
@@ -305,7 +391,7 @@ timeseries(
     "preferred one ran out, or a failover). An agent's turns should be mostly cache_hit; mostly cold on long "
     "conversations means their prefixes keep being evicted (raise the servers' prompt cache "
     "or add memory).",
-    grid(0, 67, 8),
+    grid(0, 83, 8),
     [(f"sum by (backend, reason) (rate(mlxgate_route_decisions_total{{{M}, {B}}}[{RI}]))", "{{backend}} {{reason}}")],
     unit="reqps")
 timeseries(
@@ -315,7 +401,7 @@ timeseries(
     "cached_tokens). Close lines: the index is right and routing by cache works. Predicted far "
     "above reported: the server keeps fewer prompts than prompt_cache_sequences says (set it), "
     "or it restarted. The error panel shows how far off single answers are.",
-    grid(8, 67, 8),
+    grid(8, 83, 8),
     [(f"sum by (backend) (rate(mlxgate_route_predicted_cached_tokens_total{{{M}, {B}}}[{RI}]))", "predicted {{backend}}"),
      (f"sum by (backend) (rate(mlxgate_route_reported_cached_tokens_total{{{M}, {B}}}[{RI}]))", "reported {{backend}}")],
     unit="short")
@@ -324,7 +410,7 @@ timeseries(
     "Per backend: the 90th percentile of |predicted - reported| cached tokens per answer "
     "(falls as the index corrects itself from each answer), and how many prompts the balancer "
     "believes the server's cache holds (0 after a restart: its cache is gone).",
-    grid(16, 67, 8),
+    grid(16, 83, 8),
     [(quantile(0.9, "mlxgate_route_prediction_error_tokens", "backend", f"{M}, {B}"), "error p90 {{backend}}"),
      (f"max by (backend) (mlxgate_route_index_sequences{{{M}, {B}}})", "held {{backend}}")],
     unit="short")
@@ -334,7 +420,7 @@ timeseries(
     "requests or probes in a row took it out, half_open: its one trial request), and each "
     "ejection as a bar. An ejected backend's requests go to the others; it is tried again "
     "after eject_for. Repeated ejections: look at that Mac (its server's log, its network).",
-    grid(0, 75, 12),
+    grid(0, 91, 12),
     [(f"max by (backend, state) (mlxgate_backend_health{{{B}}})", "{{backend}} {{state}}"),
      (f"sum by (backend) (increase(mlxgate_backend_ejections_total{{{B}}}[{EI}]))", "ejected {{backend}}")],
     unit="short")

@@ -155,6 +155,8 @@ pub struct AccessLine {
     pub asked_model: Option<Box<str>>,
     /// The alias the client asked for a configured model by (cut as `asked_model` is).
     pub alias: Option<Box<str>>,
+    /// The configured model whose request another (its `fallback:`) served.
+    pub fallback_from: Option<Box<str>>,
     pub queue_wait: Option<Duration>,
     pub ttft: Option<Duration>,
     pub prompt_tokens: Option<u64>,
@@ -180,6 +182,7 @@ impl AccessLine {
             status: None,
             asked_model: None,
             alias: None,
+            fallback_from: None,
             queue_wait: None,
             ttft: None,
             prompt_tokens: None,
@@ -265,6 +268,7 @@ pub fn write(line: &AccessLine, end: &Ending<'_>) {
         outcome = %end.outcome,
         model = (!model.is_empty()).then_some(model),
         alias = line.alias.as_deref(),
+        fallback_from = line.fallback_from.as_deref(),
         backend = (!end.backend.is_empty()).then(|| tracing::field::display(end.backend)),
         client = %end.client,
         duration_ms = rounded(end.duration),

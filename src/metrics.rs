@@ -4,7 +4,8 @@
 //! (configured model, backend and client names, `anonymous`, error types).
 
 use prometheus::{
-    Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder,
+    CounterVec, Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry,
+    TextEncoder,
 };
 
 /// The gateway's metrics, shared: a clone is one reference count (every request's record
@@ -45,8 +46,20 @@ pub struct Declared {
     pub backend_state: IntGaugeVec,
     /// Restarts of a managed backend, by reason (`crash`).
     pub backend_restarts: IntCounterVec,
-    /// Times the scheduler stopped one GPU backend to start another.
-    pub backend_swaps: IntCounter,
+    /// Times the scheduler stopped a GPU backend (`backend`) to start another, by `reason`
+    /// (`no_work`, `due`, `max_wait`, `stalled`, `backoff`: the scheduler's `SwapReason`).
+    pub backend_swaps: IntCounterVec,
+    /// Seconds a managed backend spent starting (spawn to ready, or to a start that failed):
+    /// the share of the GPU's time spent loading is its rate summed over the GPU backends.
+    pub backend_starting_seconds: CounterVec,
+    /// How long a managed backend's process served, from ready to its stop or crash.
+    pub backend_residency_seconds: HistogramVec,
+    /// Requests of `model` served by its `fallback` model (its backend was not loaded and the
+    /// GPU was busy with the fallback's).
+    pub model_fallbacks: IntCounterVec,
+    /// The bytes a managed backend holds when loaded: its `footprint:`, else the most its
+    /// server's process group was measured holding (resident memory).
+    pub backend_footprint_bytes: IntGaugeVec,
     /// A backend's health, one-hot (healthy, ejected, half_open), for backends of models of
     /// several backends (the only ones ever ejected).
     pub backend_health: IntGaugeVec,
@@ -171,9 +184,38 @@ impl Metrics {
             &["backend", "reason"],
         )
         .expect("static metric definition");
-        let backend_swaps =
-            IntCounter::new("mlxgate_backend_swaps_total", "GPU backend swaps (one stopped for another to start).")
-                .expect("static metric definition");
+        let backend_swaps = counter(
+            "mlxgate_backend_swaps_total",
+            "GPU backend swaps (backend: the one stopped for another to start), by reason.",
+            &["backend", "reason"],
+        );
+        let backend_starting_seconds = CounterVec::new(
+            Opts::new(
+                "mlxgate_backend_starting_seconds_total",
+                "Seconds a managed backend spent starting (spawn to ready, or to a failed start).",
+            ),
+            &["backend"],
+        )
+        .expect("static metric definition");
+        let backend_residency_seconds = histogram(
+            "mlxgate_backend_residency_seconds",
+            "How long a managed backend's process served, from ready to its stop or crash.",
+            &[1.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0, 14400.0],
+            &["backend"],
+        );
+        let model_fallbacks = counter(
+            "mlxgate_model_fallbacks_total",
+            "Requests of a model served by its fallback model instead of swapping its backend in.",
+            &["model", "fallback"],
+        );
+        let backend_footprint_bytes = IntGaugeVec::new(
+            Opts::new(
+                "mlxgate_backend_footprint_bytes",
+                "The memory a managed backend holds when loaded: its footprint, else the most measured.",
+            ),
+            &["backend"],
+        )
+        .expect("static metric definition");
         let backend_health = IntGaugeVec::new(
             Opts::new(
                 "mlxgate_backend_health",
@@ -311,6 +353,10 @@ impl Metrics {
             Box::new(backend_state.clone()),
             Box::new(backend_restarts.clone()),
             Box::new(backend_swaps.clone()),
+            Box::new(backend_starting_seconds.clone()),
+            Box::new(backend_residency_seconds.clone()),
+            Box::new(backend_footprint_bytes.clone()),
+            Box::new(model_fallbacks.clone()),
             Box::new(backend_health.clone()),
             Box::new(backend_ejections.clone()),
             Box::new(backend_start_seconds.clone()),
@@ -350,6 +396,10 @@ impl Metrics {
             backend_state,
             backend_restarts,
             backend_swaps,
+            backend_starting_seconds,
+            backend_residency_seconds,
+            backend_footprint_bytes,
+            model_fallbacks,
             backend_health,
             backend_ejections,
             backend_start_seconds,

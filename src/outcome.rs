@@ -310,6 +310,21 @@ impl RequestRecord {
         self.on_answer = Some(hook);
     }
 
+    /// Notes that the request's model, `from`, fell back to the model it is now routed to
+    /// (logged as `fallback_from=`; counted in `mlxgate_model_fallbacks_total`). The answer
+    /// still carries the name the client asked for, `asked` (as an alias's does): the
+    /// `x-mlxgate-fallback` header names the model that answered.
+    pub fn fell_back(&mut self, from: &str, asked: &str) {
+        self.metrics.model_fallbacks.with_label_values(&[from, &self.model]).inc();
+        self.access.fallback_from = Some(from.into());
+        self.alias = Some(asked.to_string());
+    }
+
+    /// The model the request's own model fell back from, if it did.
+    pub fn fallback_from(&self) -> Option<&str> {
+        self.access.fallback_from.as_deref()
+    }
+
     /// Notes that the client asked for `model` by an alias, `asked` (logged as `alias=`).
     pub fn aliased(&mut self, asked: &str) {
         self.alias = Some(asked.to_string());

@@ -49,7 +49,7 @@ fn preflight(config: Config) -> Result<Config, Vec<String>> {
 /// `admin_key_sha256`), by their names in gateway.yaml.
 pub fn unapplied_changes(running: &Config, new: &Config) -> Vec<&'static str> {
     let same = |a: &dyn std::fmt::Debug, b: &dyn std::fmt::Debug| format!("{a:?}") == format!("{b:?}");
-    let keys: [(&'static str, bool); 12] = [
+    let keys: [(&'static str, bool); 14] = [
         ("listen", running.listen == new.listen),
         ("metrics_listen", running.metrics_listen == new.metrics_listen),
         ("shutdown_grace", running.shutdown_grace == new.shutdown_grace),
@@ -58,6 +58,8 @@ pub fn unapplied_changes(running: &Config, new: &Config) -> Vec<&'static str> {
         ("max_connections_per_client", running.max_connections_per_client == new.max_connections_per_client),
         ("body_read_timeout", running.body_read_timeout == new.body_read_timeout),
         ("swap_after", running.swap_after == new.swap_after),
+        ("loading_share", running.loading_share == new.loading_share),
+        ("gpu_memory_budget", running.gpu_memory_budget == new.gpu_memory_budget),
         // Plain data all through: their Debug text is their value.
         ("backends", same(&running.backends, &new.backends)),
         ("models", same(&running.models, &new.models)),
@@ -222,6 +224,9 @@ mod tests {
         assert!(unapplied_changes(&running, &access_only).is_empty());
         let moved = parse("listen: 127.0.0.1:8001\nswap_after: 3s\nclients: {a: {key: '${A}'}}\n");
         assert_eq!(unapplied_changes(&running, &moved), ["listen", "swap_after"]);
+        // The scheduler's terms (issue 22) apply only at a restart too.
+        let costed = parse("loading_share: 0.5\ngpu_memory_budget: 48GB\nclients: {a: {key: '${A}'}}\n");
+        assert_eq!(unapplied_changes(&running, &costed), ["loading_share", "gpu_memory_budget"]);
         let text = "backends: {local: {url: 'http://127.0.0.1:10'}}\nmodels: {qwen: {backend: local, max_queue: 3}}\n";
         let other = Config::parse(text, &|_| None).expect("valid");
         assert_eq!(unapplied_changes(&running, &other), ["backends", "models"]);

@@ -129,12 +129,22 @@ pub async fn backends(State(state): State<Arc<AppState>>) -> Json<serde_json::Va
         .map(|m| {
             let balance = &m.balance;
             let session_header = balance.session_header.as_ref().map(|h| h.as_str());
-            let entry =
-                json!({"backends": m.backends, "policy": balance.policy.label(), "session_header": session_header});
+            let entry = json!({
+                "backends": m.backends,
+                "policy": balance.policy.label(),
+                "session_header": session_header,
+                "fallback": m.fallback,
+            });
             (m.name.clone(), entry)
         })
         .collect();
-    Json(json!({"backends": list, "models": models}))
+    let config = &state.config;
+    let scheduler = json!({
+        "swap_after_seconds": config.swap_after.as_secs_f64(),
+        "loading_share": config.loading_share,
+        "gpu_memory_budget_bytes": config.gpu_memory_budget,
+    });
+    Json(json!({"backends": list, "models": models, "scheduler": scheduler}))
 }
 
 /// One backend as `/admin/backends` lists it (and the drain calls answer it).
@@ -167,6 +177,18 @@ fn backend_entry(state: &AppState, b: &BackendConfig) -> serde_json::Value {
             entry["last_error"] = json!(status.last_error);
             entry["model"] = json!(managed.model);
             entry["gpu"] = json!(managed.gpu);
+            // Its last start, spawn to ready (the cost the scheduler weighs a swap by).
+            entry["start_seconds"] = json!(status.last_start.map(|d| (d.as_secs_f64() * 1000.0).round() / 1000.0));
+            // How long its last process served, ready to stop (the scheduler's guess of its next stay).
+            entry["last_residency_seconds"] =
+                json!(status.last_residency.map(|d| (d.as_secs_f64() * 1000.0).round() / 1000.0));
+            // The bytes it holds loaded: written (`footprint:`), else the most measured.
+            entry["footprint_bytes"] = json!(status.footprint);
+            entry["footprint_source"] = json!(match (managed.footprint, status.footprint) {
+                (Some(_), _) => "configured",
+                (None, Some(_)) => "measured",
+                (None, None) => "unknown",
+            });
         }
         _ => entry["state"] = json!("remote"),
     }

@@ -40,6 +40,9 @@ use crate::stream::shutdown::Cutoff;
 pub(crate) struct Terms {
     pub transform: Option<String>,
     pub session: Option<String>,
+    /// The `max_wait` of the model the client asked for, when its `fallback:` (`route`'s model)
+    /// serves it: the request waits no longer than either model's bound.
+    pub own_max_wait: Option<Duration>,
 }
 
 /// call: the request prepared for `route`'s backend ([`prepare`]; for a model of several
@@ -55,7 +58,8 @@ pub(crate) async fn call(
     terms: Terms,
     sent: &std::sync::atomic::AtomicBool,
 ) -> Result<Answered, GatewayError> {
-    let Terms { transform, session } = terms;
+    let Terms { transform, session, own_max_wait } = terms;
+    let max_wait = own_max_wait.map_or(route.model.max_wait, |own| own.min(route.model.max_wait));
     // A model of several backends keeps the client's fields, to build another backend's request.
     let pristine = (route.backends.len() > 1).then(|| fields.clone());
     let mut outgoing = prepare(parts, &mut fields, route)?;
@@ -74,7 +78,7 @@ pub(crate) async fn call(
     let held = {
         let mut choose = plan.as_mut().map(|plan| move |candidates: &[Candidate<'_>]| plan.choose(candidates));
         let router: Option<Router<'_>> = choose.as_mut().map(|f| f as Router<'_>);
-        let prepared = Prepared { route, client, outbound: &outgoing.outbound, encode, router, sent };
+        let prepared = Prepared { route, client, outbound: &outgoing.outbound, encode, router, sent, max_wait };
         dispatch::call::call(prepared, &state.metrics, &state.cutoff).await?
     };
     let backend = route.backends.get(held.position()).unwrap_or(&route.backend);

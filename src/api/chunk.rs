@@ -393,7 +393,9 @@ async fn whole_answer(
     // failing the whole request after the parts before it did their work.
     let deadline = Instant::now() + route.model.max_wait;
     let Held { permit, answer, .. } = loop {
-        let prepared = Prepared { route, client, outbound: &outgoing.outbound, encode, router: None, sent: &sent };
+        let max_wait = route.model.max_wait;
+        let prepared =
+            Prepared { route, client, outbound: &outgoing.outbound, encode, router: None, sent: &sent, max_wait };
         match call::call(prepared, &state.metrics, &state.cutoff).await {
             Ok(held) => break held,
             Err(GatewayError::QueueFull { .. }) if Instant::now() < deadline => {

@@ -115,13 +115,25 @@ fn declare_series(metrics: &Metrics, config: &Config, limiter: &Limiter) {
         metrics.abandoned_held.with_label_values(&[&backend.name]);
         metrics.stream_bursts.with_label_values(&[&backend.name]);
         metrics.usage_mismatch.with_label_values(&[&backend.name]);
-        if backend.managed.is_some() {
+        if let Some(managed) = &backend.managed {
             for reason in ["crash", "health"] {
                 metrics.backend_restarts.with_label_values(&[&backend.name, reason]);
+            }
+            metrics.backend_starting_seconds.with_label_values(&[&backend.name]);
+            if let Some(bytes) = managed.footprint {
+                metrics.backend_footprint_bytes.with_label_values(&[&backend.name]).set(bytes as i64);
+            }
+            if managed.gpu {
+                for reason in crate::dispatch::scheduler::SwapReason::ALL {
+                    metrics.backend_swaps.with_label_values(&[&backend.name, reason.label()]);
+                }
             }
         }
     }
     for model in config.models.values() {
+        if let Some(fallback) = &model.fallback {
+            metrics.model_fallbacks.with_label_values(&[&model.name, fallback]);
+        }
         for action in [crate::tokens::OnOverflow::Reject, model.on_overflow] {
             metrics.context_overflow.with_label_values(&[&model.name, action.label()]);
         }

@@ -59,7 +59,13 @@ pub(crate) async fn serve(
     };
     // Every response to an admitted request carries the client's x-ratelimit-* headers (a 429
     // carries its own).
-    let rate_limit_headers = record.rate_limit_headers().clone();
+    let mut rate_limit_headers = record.rate_limit_headers().clone();
+    // A request its model's fallback served says so, naming the model that answered.
+    if record.fallback_from().is_some()
+        && let Ok(served) = http::HeaderValue::from_str(&record.model)
+    {
+        rate_limit_headers.insert(FALLBACK_HEADER, served);
+    }
     let mut response = match reply {
         Ok(Reply::Answered { answered, prompt_tokens }) => {
             let mut response = answered.into_response(record, Arc::clone(&state.cutoff)).await;
@@ -87,6 +93,9 @@ pub(crate) async fn serve(
     response.headers_mut().extend(rate_limit_headers);
     response
 }
+
+/// The header of an answer its model's `fallback:` gave: the model that answered.
+pub(crate) const FALLBACK_HEADER: http::HeaderName = http::HeaderName::from_static("x-mlxgate-fallback");
 
 /// The chat endpoint a translating face's request is served as (its URI while in the pipeline:
 /// the context cap counts its messages; the backend gets it at its chat path).
@@ -119,6 +128,21 @@ struct Parsed<'s> {
     /// For a client with a token limit: the body's fingerprint, to refuse the same body again
     /// before it is counted once its token rate refused it.
     fingerprint: Option<u64>,
+    /// The `max_wait` of the model asked for, when its `fallback:` serves it (`model`, `route`):
+    /// the request still waits no longer than its own model's bound.
+    own_max_wait: Option<std::time::Duration>,
+    /// The model asked for, while its fallback (`model`, `route`) is to serve it, until the fit
+    /// shows whether the prompt fits the fallback's context cap as it is.
+    own: Option<Own<'s>>,
+}
+
+/// The model a request asked for, which its fallback may serve instead.
+struct Own<'s> {
+    /// The configured model's name (an alias resolved).
+    model: String,
+    /// The name the client asked for.
+    asked: String,
+    route: &'s Route,
 }
 
 /// identify (the client, from the headers alone: a refused one's body is never read) → parse
@@ -142,7 +166,7 @@ async fn steps(
     // is counted (the costly part of a refusal).
     let (caller, fingerprint) = (&request.caller, request.fingerprint);
     state.limiter.precheck(caller.name(), fingerprint).await.map_err(|denied| rate_limited(state, caller, denied))?;
-    let fitted = fit(state, &mut request).await?;
+    let fitted = fit_or_own(state, &mut request, record).await?;
     let prompt_tokens = match &fitted {
         Some(Fitted::Send { prompt_tokens: Some(counted), .. }) => *counted as u64,
         _ => estimated_prompt_tokens(&request.fields),
@@ -154,10 +178,10 @@ async fn steps(
         Planned::Made(reply) => return Ok(reply),
     };
     let sent = record.sent_flag();
-    let Parsed { parts, route, fields, .. } = request;
+    let Parsed { parts, route, fields, own_max_wait, .. } = request;
     let session = route.balancer.as_ref().and_then(|_| session_key(route, &parts, &fields, record));
-    let answered =
-        answer::call(state, route, &client, &parts, fields, answer::Terms { transform, session }, &sent).await?;
+    let terms = answer::Terms { transform, session, own_max_wait };
+    let answered = answer::call(state, route, &client, &parts, fields, terms, &sent).await?;
     Ok(Reply::Answered { answered, prompt_tokens })
 }
 
@@ -186,11 +210,41 @@ async fn parse<'s>(
         record.asked(&asked);
         GatewayError::ModelNotFound(asked.clone())
     })?;
-    record.routed(&model, &route.backend.config.name);
     if asked != model {
         record.aliased(&asked);
     }
-    Ok(Parsed { parts, caller, model, route, fields, fingerprint })
+    // Its backend is not loaded and the GPU is busy with its fallback's: the fallback serves it
+    // (if the client may use that model too), rather than a swap.
+    let fallback = state.dispatch.fallback_for(&model).filter(|f| caller.may_use(access, f));
+    if let Some((instead, instead_route)) = fallback.and_then(|f| Some((f, state.dispatch.route(f)?))) {
+        record.routed(instead, &instead_route.backend.config.name);
+        let own = Some(Own { model, asked, route });
+        let (model, route) = (instead.to_string(), instead_route);
+        return Ok(Parsed { parts, caller, model, route, fields, fingerprint, own_max_wait: None, own });
+    }
+    record.routed(&model, &route.backend.config.name);
+    Ok(Parsed { parts, caller, model, route, fields, fingerprint, own_max_wait: None, own: None })
+}
+
+/// fit, for a request its model's fallback is to serve: the fallback serves it when the prompt
+/// fits the fallback's context cap as it is; a prompt the fallback would refuse, cut or chunk
+/// (its cap is smaller) goes to its own model instead, as without a fallback.
+async fn fit_or_own(
+    state: &AppState,
+    request: &mut Parsed<'_>,
+    record: &mut RequestRecord,
+) -> Result<Option<Fitted>, GatewayError> {
+    let Some(own) = request.own.take() else { return fit(state, request).await };
+    let pristine = request.fields.clone();
+    let fitted = fit(state, request).await;
+    if matches!(fitted, Ok(None | Some(Fitted::Send { transform: None, .. }))) {
+        record.fell_back(&own.model, &own.asked);
+        request.own_max_wait = Some(own.route.model.max_wait);
+        return fitted;
+    }
+    record.routed(&own.model, &own.route.backend.config.name);
+    (request.model, request.route, request.fields) = (own.model, own.route, pristine);
+    fit(state, request).await
 }
 
 /// fit: the context cap applied to the request's prompt (its endpoint's: chat, completions,

@@ -1,6 +1,7 @@
 //! Backends: the servers requests are forwarded to, the client that reaches them, and for
 //! managed backends the process, its keeper and its supervisor.
 
+pub mod footprint;
 pub mod gate;
 pub mod handle;
 pub mod keeper;

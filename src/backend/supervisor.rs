@@ -74,6 +74,13 @@ pub struct Status {
     /// When the current process became ready.
     pub ready_since: Option<Instant>,
     pub restarts: u64,
+    /// How long its last start took, from the spawn to ready (the cost of loading it).
+    pub last_start: Option<Duration>,
+    /// The bytes it holds when loaded: its `footprint:`, else the most its server's process
+    /// group was measured holding while ready (None until then).
+    pub footprint: Option<u64>,
+    /// How long its last process served, from ready to its stop or crash.
+    pub last_residency: Option<Duration>,
     /// Incremented at each process start.
     pub generation: u64,
     pub last_error: Option<String>,
@@ -158,6 +165,44 @@ const CANNOT_START: i32 = 127;
 /// whole `stop_timeout` if it ignores SIGTERM.
 const PORT_WAIT: Duration = Duration::from_secs(5);
 
+/// How often a ready server's memory is measured, when its footprint is not configured.
+const FOOTPRINT_EVERY: Duration = Duration::from_secs(5);
+
+/// Adds the time from its creation to its drop to a counter or a histogram: a start's time
+/// (however it ends) and a process's time serving.
+struct Clock<M: ClockMetric> {
+    since: Instant,
+    metric: M,
+}
+
+impl<M: ClockMetric> Clock<M> {
+    fn new(metric: M) -> Self {
+        Clock { since: Instant::now(), metric }
+    }
+}
+
+impl<M: ClockMetric> Drop for Clock<M> {
+    fn drop(&mut self) {
+        self.metric.add(self.since.elapsed().as_secs_f64());
+    }
+}
+
+trait ClockMetric {
+    fn add(&self, seconds: f64);
+}
+
+impl ClockMetric for prometheus::Counter {
+    fn add(&self, seconds: f64) {
+        self.inc_by(seconds);
+    }
+}
+
+impl ClockMetric for prometheus::Histogram {
+    fn add(&self, seconds: f64) {
+        self.observe(seconds);
+    }
+}
+
 impl Supervisor {
     /// Starts the supervisor task for a managed backend (it stays stopped until told).
     /// `gate`: the gate in front of its requests, which the task opens, closes and fails.
@@ -175,6 +220,9 @@ impl Supervisor {
             phase: Phase::Stopped,
             pid: None,
             ready_since: None,
+            last_start: None,
+            footprint: managed.footprint,
+            last_residency: None,
             restarts: 0,
             generation: 0,
             last_error: None,
@@ -406,6 +454,7 @@ impl Task {
     /// stopped.
     async fn run_once(&mut self) -> RunEnd {
         let started = Instant::now();
+        let starting = Clock::new(self.metrics.backend_starting_seconds.with_label_values(&[&self.config.name]));
         self.set(|s| {
             s.phase = Phase::Starting;
             s.generation += 1;
@@ -475,6 +524,7 @@ impl Task {
             }
         }
         let took = started.elapsed();
+        drop(starting);
         self.metrics.backend_start_seconds.with_label_values(&[&self.config.name]).observe(took.as_secs_f64());
         self.metrics.backend_up.with_label_values(&[&self.config.name]).set(1);
         tracing::info!(backend = %self.config.name, pid = ?process.pid(), seconds = took.as_secs_f64(), "backend ready");
@@ -482,15 +532,20 @@ impl Task {
             s.phase = Phase::Ready;
             s.pid = process.pid();
             s.ready_since = Some(Instant::now());
+            s.last_start = Some(took);
         });
         self.gate.open();
         process.record().await;
+        let serving = Clock::new(self.metrics.backend_residency_seconds.with_label_values(&[&self.config.name]));
 
         let health = watch_health(self.upstream.clone(), Arc::clone(&self.config), self.managed.health);
         tokio::pin!(health);
+        let mut measure = tokio::time::interval(FOOTPRINT_EVERY);
         let end: RunStop = loop {
             tokio::select! {
+                _ = measure.tick(), if self.managed.footprint.is_none() => self.measure_footprint(&process).await,
                 status = process.wait() => {
+                    self.served(serving);
                     self.gate.close();
                     self.metrics.backend_up.with_label_values(&[&self.config.name]).set(0);
                     return RunEnd::crashed(format!("{}{}", describe_exit(&status), self.last_log()));
@@ -508,6 +563,7 @@ impl Task {
                 },
             }
         };
+        self.served(serving);
         self.gate.close();
         self.metrics.backend_up.with_label_values(&[&self.config.name]).set(0);
         if end.drain {
@@ -516,6 +572,27 @@ impl Task {
         tracing::info!(backend = %self.config.name, "stopping backend");
         process.stop(self.managed.stop_timeout).await;
         end.end
+    }
+
+    /// The process stopped serving (stopped, crashed or hung): its residency is recorded, and
+    /// kept for the scheduler (the other part of a swap's round trip).
+    fn served(&mut self, serving: Clock<prometheus::Histogram>) {
+        let took = serving.since.elapsed();
+        drop(serving);
+        self.set(|s| s.last_residency = Some(took));
+    }
+
+    /// Measures the resident memory of the server's process group; the footprint is the most
+    /// ever measured (a server's memory grows with its caches; the budget must hold the most).
+    async fn measure_footprint(&mut self, process: &ServerProcess) {
+        let Some(pid) = process.pid() else { return };
+        let measured = tokio::task::spawn_blocking(move || super::footprint::group_resident_bytes(pid)).await;
+        let Ok(Some(bytes)) = measured else { return };
+        let most = self.status.borrow().footprint.map_or(bytes, |known| known.max(bytes));
+        self.metrics.backend_footprint_bytes.with_label_values(&[&self.config.name]).set(most as i64);
+        if self.status.borrow().footprint != Some(most) {
+            self.set(|s| s.footprint = Some(most));
+        }
     }
 
     /// Waits until the backend's port is free, first stopping the process that holds it if that
@@ -741,6 +818,9 @@ mod tests {
             phase: Phase::Ready,
             pid: None,
             ready_since: None,
+            last_start: None,
+            footprint: None,
+            last_residency: None,
             restarts: 0,
             generation: 1,
             last_error: None,

@@ -11,7 +11,7 @@ use super::types::{BackendConfig, HealthCheck, ManagedConfig, RemoteHealth};
 use super::validate::{
     DEFAULT_CONNECT_TIMEOUT, DEFAULT_DRAIN_TIMEOUT, DEFAULT_HEALTH, DEFAULT_MAX_CONCURRENCY, DEFAULT_MAX_RESTARTS,
     DEFAULT_READY_TIMEOUT, DEFAULT_REMOTE_HEALTH, DEFAULT_RESPONSE_TIMEOUT, DEFAULT_RESTART_WINDOW,
-    DEFAULT_STOP_TIMEOUT, DEFAULT_STREAM_IDLE_TIMEOUT, positive,
+    DEFAULT_STOP_TIMEOUT, DEFAULT_STREAM_IDLE_TIMEOUT, memory, positive,
 };
 use crate::kinds::launch::MANAGED_HOST;
 use crate::kinds::{ASSUMED_PROMPT_CACHE_SEQUENCES, Kind, Normalise};
@@ -112,6 +112,7 @@ fn remote_url(url: &str, b: &RawBackend, path: &str, problems: &mut Vec<Problem>
         (b.idle_timeout.is_some(), "idle_timeout"),
         (b.preload.is_some(), "preload"),
         (b.gpu.is_some(), "gpu"),
+        (b.footprint.is_some(), "footprint"),
         (b.drain_timeout.is_some(), "drain_timeout"),
         (b.stop_timeout.is_some(), "stop_timeout"),
         (b.max_restarts.is_some(), "max_restarts"),
@@ -202,6 +203,7 @@ fn validate_managed(
         idle_timeout,
         preload: b.preload.unwrap_or(false),
         gpu: b.gpu.unwrap_or(true),
+        footprint: memory(b.footprint.as_ref(), &format!("{path}.footprint"), problems),
         drain_timeout: b.drain_timeout.map_or(DEFAULT_DRAIN_TIMEOUT, |d| d.0),
         stop_timeout,
         max_restarts: b.max_restarts.unwrap_or(DEFAULT_MAX_RESTARTS),

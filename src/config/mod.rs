@@ -33,7 +33,8 @@ pub use aliases::Aliases;
 pub use clients::{ANONYMOUS, AuthMode, ClientConfig, KeyHash, Limits, RateLimitStore, RedisUrl};
 pub use problem::{ConfigError, Problem};
 pub use types::{
-    BackendConfig, BalanceConfig, BalancePolicy, Config, HealthCheck, ManagedConfig, ModelConfig, RemoteHealth,
+    BackendConfig, BalanceConfig, BalancePolicy, Config, DEFAULT_LOADING_SHARE, HealthCheck, ManagedConfig,
+    ModelConfig, RemoteHealth,
 };
 
 impl Config {

@@ -33,6 +33,13 @@ pub(super) struct RawConfig {
     pub(super) max_body: Option<RawSize>,
     /// How long a request for a stopped GPU backend waits before the running one is swapped out (default 10s).
     pub(super) swap_after: Option<RawDuration>,
+    /// The largest share of the GPU's time starting servers may take when requests alternate
+    /// between GPU backends: a loaded backend is kept (1 − share) ÷ share times the next one's
+    /// measured start time before it is swapped out (default 0.2: 4× the start time; 1: keep it only swap_after).
+    pub(super) loading_share: Option<f64>,
+    /// The memory GPU backends may hold at once (like 48GB). Unset (default): one GPU backend
+    /// runs at a time. Set: GPU backends whose footprints fit run side by side.
+    pub(super) gpu_memory_budget: Option<RawSize>,
     /// A connection that has not sent a whole request head within this time is closed (default 30s).
     pub(super) header_read_timeout: Option<RawDuration>,
     /// Connections one client address may hold open at once (default 128).
@@ -96,6 +103,9 @@ pub(super) struct RawBackend {
     pub(super) preload: Option<bool>,
     /// The server holds the Metal context: at most one such backend runs at a time (default true).
     pub(super) gpu: Option<bool>,
+    /// The memory a GPU backend holds when loaded (like 20GB), for gpu_memory_budget (default:
+    /// measured from its server's resident memory once it is ready).
+    pub(super) footprint: Option<RawSize>,
     /// How long in-flight requests may go on when a managed server is swapped out or stopped (default 60s).
     pub(super) drain_timeout: Option<RawDuration>,
     /// SIGTERM to SIGKILL (default 10s).
@@ -199,6 +209,9 @@ pub(super) struct RawModel {
     pub(super) tokenizer: Option<String>,
     /// How each request is given one of several backends.
     pub(super) balance: Option<RawBalance>,
+    /// A model that serves this one's requests when this one's backend is not loaded and the
+    /// GPU is busy with the other's (no swap; the answer says so in x-mlxgate-fallback).
+    pub(super) fallback: Option<String>,
 }
 
 /// A model's `balance:`.

@@ -15,6 +15,10 @@ fn upstream<'a>(c: &'a Config, model: &str) -> &'a str {
     m.upstream_model_for(&c.backends[&m.backends[0]])
 }
 
+fn parse(text: &str) -> Config {
+    Config::parse(text, &no_env).unwrap_or_else(|e| panic!("{e}"))
+}
+
 fn problems(text: &str) -> Vec<String> {
     match Config::parse(text, &no_env) {
         Ok(_) => vec![],
@@ -495,4 +499,72 @@ fn balance_has_a_policy_and_a_session_header() {
     assert!(p.iter().any(|l| l == "models.h.balance.session_header: \"bad header\" is not a header name"), "{p:#?}");
     assert!(p.iter().any(|l| l.starts_with("models.k.balance.polcy: unknown field")), "{p:#?}");
     assert_eq!(p.len(), 3, "{p:#?}");
+}
+
+#[test]
+fn the_swap_costing_keys_are_read_and_checked() {
+    let ok = parse(
+        "
+loading_share: 0.25
+gpu_memory_budget: 48GB
+backends:
+  big: {kind: custom, command: [srv, '{port}'], port: 9101, footprint: 20GB, preload: true}
+  small: {kind: custom, command: [srv, '{port}'], port: 9102, footprint: 6GB, preload: true}
+models:
+  coder: {backend: big}
+  haiku: {backend: small, fallback: coder}
+",
+    );
+    assert_eq!(ok.loading_share, 0.25);
+    assert_eq!(ok.gpu_memory_budget, Some(48_000_000_000));
+    assert_eq!(ok.backends["big"].managed.as_ref().and_then(|m| m.footprint), Some(20_000_000_000));
+    assert_eq!(ok.models["haiku"].fallback.as_deref(), Some("coder"));
+    let defaults = parse("backends: {r: {url: 'http://127.0.0.1:9'}}\nmodels: {m: {backend: r}}\n");
+    assert_eq!((defaults.loading_share, defaults.gpu_memory_budget), (0.2, None));
+
+    let p = problems(
+        "
+loading_share: 1.5
+gpu_memory_budget: 20GB
+backends:
+  big: {kind: custom, command: [srv, '{port}'], port: 9101, footprint: 20GB, preload: true}
+  small: {kind: custom, command: [srv, '{port}'], port: 9102, footprint: 6GB, preload: true}
+  remote: {url: 'http://127.0.0.1:9000', footprint: 1GB}
+models:
+  coder: {backend: big, fallback: coder}
+  haiku: {backend: small, fallback: nobody}
+  lan: {backend: remote, fallback: coder}
+  mini: {backend: small, fallback: lan}
+  twin: {backends: [small, remote]}
+  tiny: {backend: small, fallback: twin}
+",
+    );
+    for expected in [
+        "loading_share: 1.5 is not a share of time in (0, 1]",
+        "backends.small.preload: only one GPU backend can run at a time",
+        "backends.remote.footprint: only for managed backends",
+        "models.coder.fallback: a model cannot fall back to itself",
+        "models.haiku.fallback: \"nobody\" is not a configured model",
+        "models.lan.fallback: only a model served by managed backends falls back",
+        "models.mini.fallback: \"lan\" is served by url backends only",
+        "models.tiny.fallback: \"twin\" runs only on this model's own backends",
+    ] {
+        assert!(p.iter().any(|l| l.starts_with(expected)), "{expected:?} not in {p:#?}");
+    }
+    assert_eq!(p.len(), 8, "{p:#?}");
+    let zero =
+        problems("gpu_memory_budget: 0\nbackends: {r: {url: 'http://127.0.0.1:9'}}\nmodels: {m: {backend: r}}\n");
+    assert_eq!(zero, ["gpu_memory_budget: 0 is 0 bytes, less than any server holds: write a unit, like 48GB"]);
+    // A bare number is bytes: `footprint: 6` meant 6GB, and would fit beside anything.
+    let bare = problems(
+        "gpu_memory_budget: 48\nbackends: {a: {kind: custom, command: [srv, '{port}'], port: 9101, footprint: 6}}\n\
+         models: {m: {backend: a}}\n",
+    );
+    assert_eq!(
+        bare,
+        [
+            "backends.a.footprint: 6 is 6 bytes, less than any server holds: write a unit, like 48GB",
+            "gpu_memory_budget: 48 is 48 bytes, less than any server holds: write a unit, like 48GB",
+        ]
+    );
 }

@@ -15,6 +15,9 @@ use super::clients::{AuthMode, ClientConfig, KeyHash, Limits, RateLimitStore};
 use crate::kinds::{Kind, Normalise};
 use crate::tokens::OnOverflow;
 
+/// The default `loading_share`: a loaded backend is kept 4× the next one's start time.
+pub const DEFAULT_LOADING_SHARE: f64 = 0.2;
+
 #[derive(Debug, Clone)]
 pub struct Config {
     pub listen: SocketAddr,
@@ -35,6 +38,11 @@ pub struct Config {
     /// How long a request for a stopped GPU backend may wait before the running one is swapped
     /// out for it (requests for the running model flow until then).
     pub swap_after: Duration,
+    /// The largest share of the GPU's time starting servers may take under alternating demand
+    /// (`loading_share`, in (0, 1]; default [`DEFAULT_LOADING_SHARE`]).
+    pub loading_share: f64,
+    /// Bytes GPU backends may hold at once (`gpu_memory_budget`); `None`: one at a time.
+    pub gpu_memory_budget: Option<u64>,
     pub backends: BTreeMap<String, BackendConfig>,
     pub models: BTreeMap<String, ModelConfig>,
     /// Whether requests must carry a configured client's key (default: `Required` when
@@ -136,8 +144,11 @@ pub struct ManagedConfig {
     pub idle_timeout: Option<Duration>,
     /// Start at gateway start-up rather than on the first request.
     pub preload: bool,
-    /// Holds the Metal context: at most one such backend runs at a time.
+    /// Holds the Metal context: at most one such backend runs at a time (or as many as fit
+    /// `gpu_memory_budget`).
     pub gpu: bool,
+    /// The bytes it holds when loaded, as written (`footprint:`); else measured once ready.
+    pub footprint: Option<u64>,
     /// How long in-flight requests may go on when the backend is swapped out or stopped.
     pub drain_timeout: Duration,
     /// SIGTERM to SIGKILL.
@@ -185,6 +196,9 @@ pub struct ModelConfig {
     pub tokenizer: Option<PathBuf>,
     /// How a request is given one of `backends` (`balance:`; no effect with one backend).
     pub balance: BalanceConfig,
+    /// A configured model that serves this one's requests while this one's backends are not
+    /// loaded and the GPU is busy with the fallback's (`fallback:`; one hop, never itself).
+    pub fallback: Option<String>,
 }
 
 /// A model's `balance:`: which policy picks a backend for each request, and where the session

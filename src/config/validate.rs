@@ -13,8 +13,10 @@ use super::aliases::Aliases;
 use super::backend_keys::validate_backend;
 use super::clients;
 use super::problem::{Problem, push_at, typed};
-use super::raw::{RawBackend, RawBalance, RawConfig, RawDuration, RawModel};
-use super::types::{BackendConfig, BalanceConfig, Config, HealthCheck, ModelConfig, RemoteHealth};
+use super::raw::{RawBackend, RawBalance, RawConfig, RawDuration, RawModel, RawSize};
+use super::types::{
+    BackendConfig, BalanceConfig, Config, DEFAULT_LOADING_SHARE, HealthCheck, ModelConfig, RemoteHealth,
+};
 use crate::kinds::UpstreamModel;
 
 pub(super) const DEFAULT_LISTEN: &str = "127.0.0.1:8000";
@@ -93,14 +95,36 @@ pub(super) fn validate(raw: RawConfig, problems: &mut Vec<Problem>) -> Option<Co
         .filter(|b| b.managed.as_ref().is_some_and(|m| m.gpu && m.preload))
         .map(|b| b.name.as_str())
         .collect();
-    if gpu_preloads.len() > 1 {
+    let gpu_memory_budget = memory(raw.gpu_memory_budget.as_ref(), "gpu_memory_budget", problems);
+    // With a budget, GPU backends that preload must fit it together by their written footprints.
+    let preloads_fit = gpu_memory_budget.is_some_and(|budget| {
+        let footprints: Option<Vec<u64>> = backends
+            .values()
+            .filter_map(|b| b.managed.as_ref())
+            .filter(|m| m.gpu && m.preload)
+            .map(|m| m.footprint)
+            .collect();
+        footprints.is_some_and(|f| f.iter().sum::<u64>() <= budget)
+    });
+    if gpu_preloads.len() > 1 && !preloads_fit {
         problems.push(Problem {
             path: format!("backends.{}.preload", gpu_preloads[1]),
-            reason: format!("only one GPU backend can run at a time, and {} already preloads", gpu_preloads[0]),
+            reason: format!(
+                "only one GPU backend can run at a time, and {} already preloads (unless gpu_memory_budget \
+                 is set and the preloading backends' footprints fit it)",
+                gpu_preloads[0]
+            ),
         });
     }
 
     let swap_after = positive(raw.swap_after, DEFAULT_SWAP_AFTER, "swap_after", problems);
+    let loading_share = raw.loading_share.unwrap_or(DEFAULT_LOADING_SHARE);
+    if !(loading_share > 0.0 && loading_share <= 1.0) {
+        problems.push(Problem {
+            path: "loading_share".into(),
+            reason: format!("{loading_share} is not a share of time in (0, 1], like 0.2"),
+        });
+    }
     let mut models = BTreeMap::new();
     for (name, value) in raw.models {
         let path = format!("models.{name}");
@@ -150,6 +174,7 @@ pub(super) fn validate(raw: RawConfig, problems: &mut Vec<Problem>) -> Option<Co
         problems,
     );
     let aliases = Aliases::validate(raw.aliases, &models, problems);
+    validate_fallbacks(&models, &backends, problems);
     Some(Config {
         listen: listen?,
         metrics_listen,
@@ -157,6 +182,8 @@ pub(super) fn validate(raw: RawConfig, problems: &mut Vec<Problem>) -> Option<Co
         max_body_bytes,
         body_read_timeout,
         swap_after,
+        loading_share,
+        gpu_memory_budget,
         header_read_timeout,
         max_connections_per_client,
         backends,
@@ -243,6 +270,42 @@ fn validate_model(
         min_room: m.min_room.unwrap_or(DEFAULT_MIN_ROOM),
         tokenizer: m.tokenizer.map(PathBuf::from),
         balance,
+        fallback: m.fallback,
+    }
+}
+
+/// Each model's `fallback:` names another configured model, and the model it stands in for is
+/// served by managed backends only (a url backend is always there: nothing to fall back from).
+fn validate_fallbacks(
+    models: &BTreeMap<String, ModelConfig>,
+    backends: &BTreeMap<String, BackendConfig>,
+    problems: &mut Vec<Problem>,
+) {
+    for model in models.values() {
+        let Some(fallback) = &model.fallback else { continue };
+        let path = format!("models.{}.fallback", model.name);
+        let reason = if *fallback == model.name {
+            "a model cannot fall back to itself".to_string()
+        } else if !models.contains_key(fallback) {
+            format!("{fallback:?} is not a configured model")
+        } else if model.backends.iter().any(|b| backends.get(b).is_some_and(|b| b.managed.is_none())) {
+            "only a model served by managed backends falls back (a url backend is never unloaded)".to_string()
+        } else if models[fallback].backends.iter().all(|b| backends.get(b).is_some_and(|b| b.managed.is_none())) {
+            // The fallback stands in while one of its managed backends is starting or ready: a
+            // model of url backends only would never be used (the request would wait for a swap).
+            format!("{fallback:?} is served by url backends only: a fallback stands in while it is loaded")
+        } else if models[fallback]
+            .backends
+            .iter()
+            .filter(|b| backends.get(*b).is_some_and(|b| b.managed.is_some()))
+            .all(|b| model.backends.contains(b))
+        {
+            // Its managed backends are this model's own: whenever one is loaded, so is this model.
+            format!("{fallback:?} runs only on this model's own backends: it would never stand in")
+        } else {
+            continue;
+        };
+        problems.push(Problem { path, reason });
     }
 }
 
@@ -336,6 +399,23 @@ fn upstream_model_needed(path: &str, served_by: &[&BackendConfig], problems: &mu
 }
 
 /// A duration that must be longer than zero (zero would refuse or cut everything at once).
+/// The least memory a `gpu_memory_budget` or a `footprint:` may be: a bare number is bytes, and
+/// `footprint: 6` (meant as 6GB) would let that backend fit beside anything.
+const LEAST_MEMORY: usize = 1 << 20;
+
+/// A memory size (`gpu_memory_budget`, `footprint:`), at least [`LEAST_MEMORY`].
+pub(super) fn memory(size: Option<&RawSize>, path: &str, problems: &mut Vec<Problem>) -> Option<u64> {
+    let bytes = size?.0;
+    if bytes < LEAST_MEMORY {
+        problems.push(Problem {
+            path: path.to_string(),
+            reason: format!("{bytes} is {bytes} bytes, less than any server holds: write a unit, like 48GB"),
+        });
+        return None;
+    }
+    Some(bytes as u64)
+}
+
 pub(super) fn positive(d: Option<RawDuration>, default: Duration, path: &str, problems: &mut Vec<Problem>) -> Duration {
     match d {
         Some(RawDuration(d)) if d.is_zero() => {

@@ -75,6 +75,9 @@ pub struct Prepared<'a> {
     /// The model's router (`None`: the least loaded backend).
     pub router: Option<Router<'a>>,
     pub sent: &'a AtomicBool,
+    /// How long the request may wait for slots in all: its model's `max_wait`, or less (a
+    /// request its model's `fallback:` serves keeps its own model's bound).
+    pub max_wait: Duration,
 }
 
 /// The answer the call holds for its request.
@@ -119,7 +122,7 @@ enum Attempted {
 /// and held abandoned answers are observed there; `cutoff`: the end of the shutdown grace,
 /// which ends the hold of an abandoned answer.
 pub async fn call(request: Prepared<'_>, metrics: &Metrics, cutoff: &Arc<Cutoff>) -> Result<Held, GatewayError> {
-    let Prepared { route, client, outbound, encode, mut router, sent } = request;
+    let Prepared { route, client, outbound, encode, mut router, sent, max_wait } = request;
     let model = &route.model.name;
     let several = route.backends.len() > 1;
     let mut retries = 0;
@@ -135,7 +138,7 @@ pub async fn call(request: Prepared<'_>, metrics: &Metrics, cutoff: &Arc<Cutoff>
     let mut attempts = 0u32;
     let (permit, answer) = loop {
         // A request sent again waits again, within what is left of its max_wait.
-        let left = route.model.max_wait.saturating_sub(queue_wait).max(Duration::from_millis(1));
+        let left = max_wait.saturating_sub(queue_wait).max(Duration::from_millis(1));
         let asked = Instant::now();
         // A reborrow for this acquire (the router's object lifetime shortened to it).
         let this_time = router.as_mut().map(|r| &mut **r as Router<'_>);

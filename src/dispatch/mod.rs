@@ -53,6 +53,8 @@ pub struct Dispatch {
     scheduler: Option<tokio::task::JoinHandle<()>>,
     /// The probes of remote backends that serve a model with others.
     probes: Vec<tokio::task::JoinHandle<()>>,
+    /// The memory GPU backends may hold at once (for the fallback rule).
+    gpu_memory_budget: Option<u64>,
 }
 
 impl Dispatch {
@@ -163,9 +165,14 @@ impl Dispatch {
                     Some(scheduler::Managed { supervisor: Arc::clone(supervisor), queue })
                 })
                 .collect();
-            tokio::spawn(scheduler::run(managed, config.swap_after, changed, metrics.clone()))
+            let policy = scheduler::Policy {
+                swap_after: config.swap_after,
+                loading_share: config.loading_share,
+                gpu_memory_budget: config.gpu_memory_budget,
+            };
+            tokio::spawn(scheduler::run(managed, policy, changed, metrics.clone()))
         });
-        Dispatch { routes, queues, supervisors, scheduler, probes }
+        Dispatch { routes, queues, supervisors, scheduler, probes, gpu_memory_budget: config.gpu_memory_budget }
     }
 
     /// Drains backend `name` (`true`: no new requests, running ones finish; its models' waiting
@@ -190,6 +197,26 @@ impl Dispatch {
     /// The route for a public model name.
     pub fn route(&self, model: &str) -> Option<&Route> {
         self.routes.get(model)
+    }
+
+    /// The model that serves `model`'s requests now instead of it: its `fallback:`, while none
+    /// of its backends runs, starting one would need a swap, and one of the fallback's
+    /// backends is starting or ready ([`scheduler::stands_in`]) and not drained for
+    /// maintenance. None: `model` serves them.
+    pub fn fallback_for(&self, model: &str) -> Option<&str> {
+        let route = self.routes.get(model)?;
+        let fallback = route.model.fallback.as_deref()?;
+        let instead = self.routes.get(fallback)?;
+        let views: Vec<scheduler::BackendView> = self
+            .supervisors
+            .iter()
+            .filter_map(|(name, supervisor)| scheduler::view_of(supervisor, self.queues.get(name)?))
+            .collect();
+        let own: Vec<&str> = route.model.backends.iter().map(String::as_str).collect();
+        // A backend drained for maintenance takes no new request: it cannot stand in.
+        let theirs: Vec<&str> =
+            instead.model.backends.iter().map(String::as_str).filter(|b| !self.drained(b)).collect();
+        scheduler::stands_in(&views, &own, &theirs, self.gpu_memory_budget).then_some(fallback)
     }
 
     /// Stops starting, swapping and idling backends (the gateway is shutting down): running

@@ -149,6 +149,10 @@ pub struct QueueView {
     /// Time since a slot was last handed out or freed, or the gate opened: how long the
     /// backend has made no progress through its queue (its slots held by long requests).
     pub since_progress: Duration,
+    /// The shortest `max_wait` of the models it serves: how long its waiters may wait.
+    pub max_wait: Duration,
+    /// How long its requests held a slot, on average (a moving mean; zero before the first).
+    pub mean_service: Duration,
 }
 
 /// A backend's drain and health, for `/admin/backends`.
@@ -301,6 +305,8 @@ impl BackendQueue {
             oldest_wait: oldest.map(|t| t.elapsed()),
             idle_for: backend.last_activity.elapsed(),
             since_progress: backend.last_progress.elapsed(),
+            max_wait: backend.models.iter().map(|&m| state.models[m].max_wait).min().unwrap_or(Duration::MAX),
+            mean_service: backend.mean_service,
         }
     }
 }

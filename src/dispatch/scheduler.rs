@@ -1,33 +1,49 @@
 //! Which managed backend runs. Metal gives every process its own GPU context and MLX servers do
-//! not share one, so at most one backend with `gpu: true` runs at a time.
+//! not share one, so at most one backend with `gpu: true` runs at a time — or, with a
+//! `gpu_memory_budget`, as many as their footprints fit.
 //!
 //! The rules, applied by the pure [`decide`] over a snapshot of every managed backend, with what
 //! the loop must remember between rounds kept in the pure [`Scheduler`] (both driven by tests
 //! without processes), and carried out by the supervisors:
-//! - a stopped backend with waiting requests is started, if the GPU is free (or it needs none);
+//! - a stopped backend with waiting requests is started, if the GPU is free (or it needs none,
+//!   or its footprint fits the budget beside every running GPU backend's, all of them known);
 //!   a `Start` sent but not yet picked up by the supervisor counts as starting, and a `Stop`
 //!   not yet picked up as draining, so the GPU is never promised twice;
-//! - the running GPU backend keeps serving its own requests until another GPU backend (the one
-//!   whose oldest request has waited longest) is due, and then it is drained and stopped. That
-//!   other backend is due when its oldest request has waited `swap_after` (requests are grouped
-//!   by model) **and** longer than the running backend's oldest waiting request (else the swap
-//!   would be undone at once for the older one), or when the running backend is stalled: no slot
-//!   handed out or freed for `swap_after` (its slots are held by long requests, so its own
-//!   waiters would not move anyway). A running backend with no work at all is swapped out at once;
+//! - otherwise the running GPU backend keeps serving its own requests until another GPU backend
+//!   (the one whose oldest request has waited longest) is due, and then it is drained and
+//!   stopped (with a budget: as many running backends as the other needs room from, all or
+//!   none). That other backend is due when its oldest request has waited `swap_after` (requests
+//!   are grouped by model) **and** longer than the running backend's oldest waiting request
+//!   (else the swap would be undone at once for the older one), or when the running backend is
+//!   stalled: no slot handed out or freed for `swap_after` (its slots are held by long requests,
+//!   so its own waiters would not move anyway). A running backend with no work at all is swapped
+//!   out at once, unless its clients are between requests (an agent running a tool): its last
+//!   request is less than `swap_after` old and it has not yet served the round trip's cost (its
+//!   residency below, without the `swap_after` floor);
 //! - a backend is never stopped while it is starting: stopping it there throws away the start
 //!   and, when its own waiters are the older ones, brings it straight back (the livelock of
 //!   issue 7: a stopped and started every 0.5 s, forever);
-//! - a backend that became ready keeps the GPU for at least `swap_after` before it can be swapped
-//!   out for another one's requests (unless it has nothing to do): each swap then buys at least
-//!   as much service as the grouping window the user chose, and swaps come at most once per
-//!   `swap_after` plus a start;
+//! - a backend that became ready keeps the GPU for its residency before it can be swapped out
+//!   for another one's requests (unless it has nothing to do): at least `swap_after`, and at
+//!   least `(1 − loading_share) ÷ loading_share` times the next one's measured start, so that
+//!   under alternating demand starting servers takes at most `loading_share` of the GPU's time;
+//!   cut short (never below `swap_after`) when the next one's oldest request would otherwise
+//!   miss its `max_wait`. Once it has served its residency, it still serves the requests that
+//!   waited for it to start (older than its time ready) before a swap back, unless it is stalled;
 //! - a backend in crash backoff (`Restarting`) holds no process and serves nothing, so nothing is
 //!   lost by stopping it: it is swapped out under the same rules as a ready one, without the
-//!   minimum time (it was never ready) and without the stalled rule (its own waiters, if older,
+//!   residency (it was never ready) and without the stalled rule (its own waiters, if older,
 //!   keep their turn: it will be back in at most one backoff);
 //! - after a swap the backend it was made for starts next, even if the stopped one's own
 //!   waiters are older: picking by age again here would restart the one just stopped;
-//! - a ready backend with nothing to do for its `idle_timeout` is stopped.
+//! - a ready backend with nothing to do for its `idle_timeout` is stopped;
+//! - with a budget, while the running GPU backends' footprints are over it (a measured one
+//!   grows as the server's caches fill), the idle ones (nothing to do for `swap_after`) are
+//!   stopped, longest idle first, never the last one running.
+//!
+//! [`stands_in`] is the fallback rule the request path asks: a model whose backends are not
+//! running, and would need a swap to run, is served by its `fallback:` model when that one's
+//! backend is starting or ready.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -51,6 +67,15 @@ pub struct BackendView {
     pub ready_for: Option<Duration>,
     pub queue: QueueView,
     pub idle_timeout: Option<Duration>,
+    /// How long its last start took (None: never started here).
+    pub start_cost: Option<Duration>,
+    /// The bytes it holds when loaded: written in the file, else measured (None: unknown, so
+    /// it never runs beside another GPU backend).
+    pub footprint: Option<u64>,
+    /// How long its last process served, ready to stop (None: never ready here).
+    pub last_residency: Option<Duration>,
+    /// How long its requests in flight may go on once it is told to stop (`drain_timeout`).
+    pub drain_timeout: Duration,
 }
 
 impl BackendView {
@@ -61,14 +86,66 @@ impl BackendView {
     }
 }
 
+/// The scheduler's terms, from the configuration.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Policy {
+    /// How long a request for a stopped GPU backend waits before a swap is considered, and the
+    /// least time a backend keeps the GPU once ready (`swap_after`).
+    pub swap_after: Duration,
+    /// The largest share of the GPU's time starting servers may take under alternating demand
+    /// (`loading_share`, in (0, 1]).
+    pub loading_share: f64,
+    /// Bytes GPU backends may hold at once (`gpu_memory_budget`); `None`: one at a time.
+    pub gpu_memory_budget: Option<u64>,
+}
+
+impl Policy {
+    /// One GPU backend at a time, kept only `swap_after`: the rules before loading was costed.
+    pub fn by_timer(swap_after: Duration) -> Self {
+        Policy { swap_after, loading_share: 1.0, gpu_memory_budget: None }
+    }
+}
+
+/// Why a running GPU backend was swapped out (the label of `mlxgate_backend_swaps_total`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum SwapReason {
+    /// It had nothing to do.
+    NoWork,
+    /// The other's requests were due and it had kept the GPU its residency.
+    Due,
+    /// The other's oldest request would miss its `max_wait` unless it started now.
+    MaxWait,
+    /// No slot of it moved for `swap_after`: its own waiters were not moving either.
+    Stalled,
+    /// It was in crash backoff, holding no process.
+    Backoff,
+}
+
+impl SwapReason {
+    pub const ALL: [SwapReason; 5] =
+        [SwapReason::NoWork, SwapReason::Due, SwapReason::MaxWait, SwapReason::Stalled, SwapReason::Backoff];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            SwapReason::NoWork => "no_work",
+            SwapReason::Due => "due",
+            SwapReason::MaxWait => "max_wait",
+            SwapReason::Stalled => "stalled",
+            SwapReason::Backoff => "backoff",
+        }
+    }
+}
+
 /// A decision.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Action {
     Start(String),
-    /// Drain and stop `running` so that `next`, whose requests are due, gets the GPU.
+    /// Drain and stop `running` so that `next`, whose requests are due, gets the GPU (or the
+    /// room in the memory budget it needs).
     Swap {
         running: String,
         next: String,
+        reason: SwapReason,
     },
     /// Stop a ready backend unused for its `idle_timeout`.
     StopIdle(String),
@@ -76,7 +153,7 @@ pub enum Action {
 
 /// The scheduling rules over a snapshot of every managed backend. `swap_target` is the backend
 /// the last swap was made for, while it has not started yet.
-pub fn decide(views: &[BackendView], swap_target: Option<&str>, swap_after: Duration) -> Vec<Action> {
+pub fn decide(views: &[BackendView], swap_target: Option<&str>, policy: &Policy) -> Vec<Action> {
     let mut actions = Vec::new();
     for v in views {
         let idle = v.idle_timeout.is_some_and(|t| v.queue.idle_for >= t);
@@ -88,18 +165,89 @@ pub fn decide(views: &[BackendView], swap_target: Option<&str>, swap_after: Dura
         }
     }
 
+    over_budget(views, policy, &mut actions);
     let gpu: Vec<&BackendView> = views.iter().filter(|v| v.gpu).collect();
     let Some(next) = next_gpu_backend(&gpu, swap_target) else { return actions };
-    match gpu.iter().find(|v| v.phase.is_running()) {
-        None => actions.push(Action::Start(next.name.clone())),
-        Some(running) => {
-            let idle_stopping = actions.contains(&Action::StopIdle(running.name.clone()));
-            if !idle_stopping && may_swap_out(running, next, swap_after) {
-                actions.push(Action::Swap { running: running.name.clone(), next: next.name.clone() });
-            }
+    let running: Vec<&BackendView> = gpu.iter().copied().filter(|v| v.phase.is_running()).collect();
+    if running.is_empty() || fits(next, &running, policy.gpu_memory_budget) {
+        actions.push(Action::Start(next.name.clone()));
+        return actions;
+    }
+    // Room for `next`: the running backends that may give the GPU up for it, those with nothing
+    // to do first, then the longest ready; all of them or none (a partial eviction frees
+    // nothing `next` can use).
+    let mut candidates: Vec<(&BackendView, SwapReason)> = running
+        .iter()
+        .filter(|r| !actions.contains(&Action::StopIdle(r.name.clone())))
+        .filter_map(|r| may_swap_out(r, next, policy).map(|why| (*r, why)))
+        .collect();
+    candidates.sort_by_key(|(r, _)| (r.has_work(), std::cmp::Reverse(r.ready_for)));
+    let mut staying = running;
+    let mut swaps = Vec::new();
+    for (r, reason) in candidates {
+        staying.retain(|s| s.name != r.name);
+        swaps.push(Action::Swap { running: r.name.clone(), next: next.name.clone(), reason });
+        if staying.is_empty() || fits(next, &staying, policy.gpu_memory_budget) {
+            actions.extend(swaps);
+            break;
         }
     }
     actions
+}
+
+/// Footprints grow after a backend started beside another (a measured one is the most measured
+/// so far: the server's caches fill). While the running GPU backends' footprints are over the
+/// budget, the idle ones (nothing to do for `swap_after`: not between their clients' requests)
+/// are stopped, longest idle first, until what runs fits again — never the last one running.
+/// Found by the review of issue 22.
+fn over_budget(views: &[BackendView], policy: &Policy, actions: &mut Vec<Action>) {
+    let Some(budget) = policy.gpu_memory_budget else { return };
+    let running: Vec<&BackendView> = views.iter().filter(|v| v.gpu && v.phase.is_running()).collect();
+    let Some(mut total) = running.iter().map(|v| v.footprint).sum::<Option<u64>>() else { return };
+    let mut idle: Vec<&BackendView> = running
+        .iter()
+        .copied()
+        .filter(|v| v.phase == Phase::Ready && !v.has_work() && v.queue.idle_for >= policy.swap_after)
+        .collect();
+    idle.sort_by_key(|v| std::cmp::Reverse(v.queue.idle_for));
+    let mut left = running.len();
+    for v in idle {
+        if total <= budget || left <= 1 {
+            break;
+        }
+        let stop = Action::StopIdle(v.name.clone());
+        if !actions.contains(&stop) {
+            actions.push(stop);
+        }
+        total = total.saturating_sub(v.footprint.unwrap_or_default());
+        left -= 1;
+    }
+}
+
+/// Whether `next` may run beside `running` within the memory budget: a budget is set and
+/// every footprint is known and their sum fits it.
+pub fn fits(next: &BackendView, running: &[&BackendView], budget: Option<u64>) -> bool {
+    let (Some(budget), Some(own)) = (budget, next.footprint) else { return false };
+    let others: Option<u64> = running.iter().map(|r| r.footprint).sum();
+    others.is_some_and(|others| own.saturating_add(others) <= budget)
+}
+
+/// Whether a model served by `own` backends (all managed) is better served now by its
+/// fallback, served by `fallback`: none of its own runs, starting one would need a swap (the
+/// GPU is busy and it does not fit the budget beside what runs), and one of the fallback's
+/// backends is starting or ready. Requests of the model already waiting for its own backend
+/// (queued before the fallback's was loaded) still wait for it, and may swap it in; new ones go
+/// to the fallback. Pure, over the supervisors' latest views.
+pub fn stands_in(views: &[BackendView], own: &[&str], fallback: &[&str], budget: Option<u64>) -> bool {
+    let view = |name: &&str| views.iter().find(|v| v.name == *name);
+    let own: Vec<&BackendView> = own.iter().filter_map(view).collect();
+    let loaded = |v: &&BackendView| matches!(v.phase, Phase::Starting | Phase::Ready);
+    if own.is_empty() || own.iter().any(|v| v.phase.is_running() || !v.gpu) {
+        return false;
+    }
+    let running: Vec<&BackendView> = views.iter().filter(|v| v.gpu && v.phase.is_running()).collect();
+    let needs_swap = !running.is_empty() && own.iter().all(|v| !fits(v, &running, budget));
+    needs_swap && fallback.iter().filter_map(view).any(|v| loaded(&v))
 }
 
 /// The stopped GPU backend that gets the GPU next: the swap's target while it still has
@@ -110,24 +258,92 @@ fn next_gpu_backend<'a>(gpu: &[&'a BackendView], swap_target: Option<&str>) -> O
     target.or_else(|| due().min_by_key(|v| std::cmp::Reverse(v.queue.oldest_wait.unwrap_or_default())))
 }
 
-/// Whether the running GPU backend gives the GPU up for `next` now (see the module's rules).
-fn may_swap_out(running: &BackendView, next: &BackendView, swap_after: Duration) -> bool {
+/// How long `running`, ready, keeps the GPU before it may be swapped out for `next`: at least
+/// `swap_after`, and long enough that the round trip — `next` started, and `running` started
+/// again when its requests come back — costs at most `loading_share` of the GPU's time:
+/// `(1 − s) ÷ s × (next's start + running's start)`, less the time `next` stayed the last time
+/// it was loaded (its stay is the other part of the round trip; a model with little to do
+/// stays briefly, so the one it interrupts carries the round trip's cost). At 20 %: 4× the two
+/// starts. A start never measured counts 0.
+pub fn residency(running: &BackendView, next: &BackendView, policy: &Policy) -> Duration {
+    policy.swap_after.max(round_trip_cost(running, next, policy))
+}
+
+/// The residency by cost alone (without its `swap_after` floor).
+fn round_trip_cost(running: &BackendView, next: &BackendView, policy: &Policy) -> Duration {
+    let share = policy.loading_share.clamp(f64::MIN_POSITIVE, 1.0);
+    let starts = next.start_cost.unwrap_or_default() + running.start_cost.unwrap_or_default();
+    // Saturating: a tiny share (or a huge start) must not overflow `Duration` (a panic would
+    // end the scheduler's task, and nothing would start again).
+    let round_trip = Duration::try_from_secs_f64(starts.as_secs_f64() * (1.0 - share) / share).unwrap_or(Duration::MAX);
+    round_trip.saturating_sub(next.last_residency.unwrap_or_default())
+}
+
+/// Whether `next`'s oldest request can be served within its `max_wait` only if `next` starts
+/// now: it has waited as long as its bound less the time the swap takes — `running`'s drain
+/// ([`drain_allowance`]), `next`'s start and a round of the scheduler.
+pub fn due_by_max_wait(running: &BackendView, next: &BackendView) -> bool {
+    let waited = next.queue.oldest_wait.unwrap_or_default();
+    let swap_takes = drain_allowance(running) + next.start_cost.unwrap_or_default() + TICK;
+    waited.saturating_add(swap_takes) >= next.queue.max_wait
+}
+
+/// How long `running`'s requests in flight are expected to go on once it is told to stop: twice
+/// its mean request time and a second, never more than its `drain_timeout`. An estimate: a request far longer than its backend's usual ones can
+/// still make the next one's request miss its `max_wait`; `drain_timeout` bounds the wait.
+pub fn drain_allowance(running: &BackendView) -> Duration {
+    // Also with nothing in flight: a backend kept while its clients are between requests may
+    // be busy again by the time the next one's request is due.
+    (running.queue.mean_service * 2 + Duration::from_secs(1)).min(running.drain_timeout)
+}
+
+/// The run loop's period when nothing wakes it.
+const TICK: Duration = Duration::from_millis(250);
+
+/// Whether the running GPU backend gives the GPU up for `next` now, and why (see the module's
+/// rules).
+fn may_swap_out(running: &BackendView, next: &BackendView, policy: &Policy) -> Option<SwapReason> {
+    let swap_after = policy.swap_after;
     let can_stop = matches!(running.phase, Phase::Ready | Phase::Restarting);
     if !running.has_work() {
-        return can_stop;
+        // Its clients may be between requests (an agent runs a tool, then asks again): a swap
+        // now would bring it back at once, its round trip unpaid. Found by the simulation
+        // (tests/it/swap_schedule.rs): agents sending side calls to a small model spent 66 % of
+        // the GPU's time starting servers, 22 % with this rule.
+        let between_requests = running.phase == Phase::Ready
+            && running.queue.idle_for < policy.swap_after
+            && running.ready_for.is_some_and(|r| r < round_trip_cost(running, next, policy))
+            && !due_by_max_wait(running, next);
+        return (can_stop && !between_requests).then_some(SwapReason::NoWork);
     }
     let waited = next.queue.oldest_wait.unwrap_or_default();
     let due = waited >= swap_after;
     let older = waited > running.queue.oldest_wait.unwrap_or_default();
     match running.phase {
         Phase::Ready => {
-            let held = running.ready_for.is_none_or(|t| t >= swap_after);
             let stalled = running.queue.since_progress >= swap_after;
-            due && held && (older || stalled)
+            // After a swap, the backend serves the queue that waited for it to start before a
+            // swap back is considered (a waiter older than its residency came before it was
+            // ready) — unless it is stalled, and not serving that queue anyway.
+            let backlog =
+                |t: Duration| !stalled && running.queue.waiting > 0 && running.queue.oldest_wait.is_some_and(|w| w > t);
+            let ready_for = running.ready_for.unwrap_or(Duration::MAX);
+            let served = ready_for >= residency(running, next, policy) && !backlog(ready_for);
+            let last_chance = ready_for >= swap_after && due_by_max_wait(running, next);
+            if !due || !(older || stalled) {
+                return None;
+            }
+            if served {
+                Some(if stalled && !older { SwapReason::Stalled } else { SwapReason::Due })
+            } else if last_chance {
+                Some(SwapReason::MaxWait)
+            } else {
+                None
+            }
         }
-        Phase::Restarting => due && older,
+        Phase::Restarting => (due && older).then_some(SwapReason::Backoff),
         // Starting: never (see the module's rules); draining: a swap is under way.
-        _ => false,
+        _ => None,
     }
 }
 
@@ -135,7 +351,7 @@ fn may_swap_out(running: &BackendView, next: &BackendView, swap_after: Duration)
 /// but not yet seen carried out, and the target of the last swap.
 #[derive(Debug, Clone)]
 pub struct Scheduler {
-    swap_after: Duration,
+    policy: Policy,
     /// Backends sent `Start` while stopped, with the generation they had then.
     starting: HashMap<String, u64>,
     /// Backends sent a stop that are not yet stopped.
@@ -145,8 +361,8 @@ pub struct Scheduler {
 }
 
 impl Scheduler {
-    pub fn new(swap_after: Duration) -> Self {
-        Scheduler { swap_after, starting: HashMap::new(), stopping: HashSet::new(), swap_target: None }
+    pub fn new(policy: Policy) -> Self {
+        Scheduler { policy, starting: HashMap::new(), stopping: HashSet::new(), swap_target: None }
     }
 
     /// One round over the supervisors' latest status: returns the commands to send now.
@@ -156,7 +372,7 @@ impl Scheduler {
             .swap_target
             .clone()
             .filter(|t| views.iter().any(|v| v.name == *t && v.phase == Phase::Stopped && v.queue.waiting > 0));
-        let actions: Vec<Action> = decide(&views, target.as_deref(), self.swap_after)
+        let actions: Vec<Action> = decide(&views, target.as_deref(), &self.policy)
             .into_iter()
             .filter(|a| match a {
                 Action::Start(n) => !self.starting.contains_key(n),
@@ -172,7 +388,7 @@ impl Scheduler {
                     let generation = views.iter().find(|v| v.name == *name).map_or(0, |v| v.generation);
                     self.starting.insert(name.clone(), generation);
                 }
-                Action::Swap { running, next } => {
+                Action::Swap { running, next, .. } => {
                     self.stopping.insert(running.clone());
                     self.swap_target = Some(next.clone());
                 }
@@ -214,12 +430,12 @@ pub struct Managed {
 }
 
 /// Runs the rules whenever a queue or a backend changes (and on a short tick for timers).
-pub async fn run(managed: Vec<Managed>, swap_after: Duration, changed: Arc<Notify>, metrics: Metrics) {
-    let mut scheduler = Scheduler::new(swap_after);
+pub async fn run(managed: Vec<Managed>, policy: Policy, changed: Arc<Notify>, metrics: Metrics) {
+    let mut scheduler = Scheduler::new(policy);
     let by_name: HashMap<String, Arc<Supervisor>> =
         managed.iter().map(|m| (m.supervisor.config.name.clone(), Arc::clone(&m.supervisor))).collect();
     loop {
-        let mut views: Vec<BackendView> = managed.iter().filter_map(view_of).collect();
+        let mut views = views_of(&managed);
         // A backend that cannot start (its program or venv is gone) is failed at once, before
         // any healthy backend is swapped out for it.
         for v in views.iter_mut().filter(|v| v.phase == Phase::Stopped && v.queue.waiting > 0) {
@@ -234,9 +450,9 @@ pub async fn run(managed: Vec<Managed>, swap_after: Duration, changed: Arc<Notif
         for action in scheduler.step(&views) {
             let (name, command) = match &action {
                 Action::Start(name) => (name, Command::Start),
-                Action::Swap { running, next } => {
-                    metrics.backend_swaps.inc();
-                    tracing::info!(backend = %running, next = %next, "swapping out: another model's requests are due");
+                Action::Swap { running, next, reason } => {
+                    metrics.backend_swaps.with_label_values(&[running.as_str(), reason.label()]).inc();
+                    tracing::info!(backend = %running, next = %next, reason = reason.label(), "swapping out: another model's requests are due");
                     (running, Command::Stop)
                 }
                 Action::StopIdle(name) => {
@@ -250,14 +466,18 @@ pub async fn run(managed: Vec<Managed>, swap_after: Duration, changed: Arc<Notif
         }
         tokio::select! {
             () = changed.notified() => {}
-            () = tokio::time::sleep(Duration::from_millis(250)) => {}
+            () = tokio::time::sleep(TICK) => {}
         }
     }
 }
 
+/// The scheduler's views of the managed backends, now.
+fn views_of(managed: &[Managed]) -> Vec<BackendView> {
+    managed.iter().filter_map(|m| view_of(&m.supervisor, &m.queue)).collect()
+}
+
 /// The scheduler's view of a managed backend (None for a backend mlxgate does not run).
-fn view_of(backend: &Managed) -> Option<BackendView> {
-    let supervisor = &backend.supervisor;
+pub fn view_of(supervisor: &Supervisor, queue: &BackendQueue) -> Option<BackendView> {
     let managed = supervisor.config.managed.as_ref()?;
     let status = supervisor.status();
     Some(BackendView {
@@ -266,8 +486,12 @@ fn view_of(backend: &Managed) -> Option<BackendView> {
         phase: status.phase,
         generation: status.generation,
         ready_for: status.ready_since.filter(|_| status.phase == Phase::Ready).map(|t| t.elapsed()),
-        queue: backend.queue.view(),
+        queue: queue.view(),
         idle_timeout: managed.idle_timeout,
+        start_cost: status.last_start,
+        footprint: status.footprint,
+        last_residency: status.last_residency,
+        drain_timeout: managed.drain_timeout,
     })
 }
 
@@ -292,8 +516,14 @@ mod tests {
                 oldest_wait: oldest_secs.map(Duration::from_secs),
                 idle_for: Duration::ZERO,
                 since_progress: Duration::ZERO,
+                max_wait: Duration::from_secs(300),
+                mean_service: Duration::ZERO,
             },
             idle_timeout: None,
+            start_cost: None,
+            footprint: None,
+            last_residency: None,
+            drain_timeout: Duration::from_secs(60),
         }
     }
 
@@ -301,12 +531,15 @@ mod tests {
         Action::Start(n.into())
     }
 
-    fn swap(running: &str, next: &str) -> Action {
-        Action::Swap { running: running.into(), next: next.into() }
+    fn swap(running: &str, next: &str, reason: SwapReason) -> Action {
+        Action::Swap { running: running.into(), next: next.into(), reason }
     }
 
+    /// The default terms: one GPU backend at a time, loading at most a fifth of the time.
+    const POLICY: Policy = Policy { swap_after: SWAP_AFTER, loading_share: 0.2, gpu_memory_budget: None };
+
     fn decide(views: &[BackendView]) -> Vec<Action> {
-        super::decide(views, None, SWAP_AFTER)
+        super::decide(views, None, &POLICY)
     }
 
     #[test]
@@ -330,7 +563,7 @@ mod tests {
         assert_eq!(decide(&views), []);
         // Once b's oldest has waited swap_after (and longer than a's oldest), a is drained.
         let views = [view("a", Phase::Ready, 4, 2, Some(3)), view("b", Phase::Stopped, 2, 0, Some(10))];
-        assert_eq!(decide(&views), [swap("a", "b")]);
+        assert_eq!(decide(&views), [swap("a", "b", SwapReason::Due)]);
         // While a drains nothing else happens; once stopped, b starts.
         let views = [view("a", Phase::Draining, 4, 1, Some(3)), view("b", Phase::Stopped, 2, 0, Some(11))];
         assert_eq!(decide(&views), []);
@@ -344,7 +577,7 @@ mod tests {
         // Even just after it became ready: the minimum time protects work, and it has none.
         a.ready_for = Some(Duration::ZERO);
         let views = [a, view("b", Phase::Stopped, 1, 0, Some(0))];
-        assert_eq!(decide(&views), [swap("a", "b")]);
+        assert_eq!(decide(&views), [swap("a", "b", SwapReason::NoWork)]);
     }
 
     #[test]
@@ -361,7 +594,7 @@ mod tests {
         let mut other = "b";
         for _ in 0..4 {
             let views = [view(running, Phase::Ready, 50, 2, Some(1)), view(other, Phase::Stopped, 1, 0, Some(10))];
-            assert_eq!(decide(&views), [swap(running, other)]);
+            assert_eq!(decide(&views), [swap(running, other, SwapReason::Due)]);
             std::mem::swap(&mut running, &mut other);
         }
     }
@@ -376,7 +609,10 @@ mod tests {
         // waiters would not move either.
         let mut stalled = view("a", Phase::Ready, 3, 1, Some(15));
         stalled.queue.since_progress = SWAP_AFTER;
-        assert_eq!(decide(&[stalled, view("b", Phase::Stopped, 1, 0, Some(12))]), [swap("a", "b")]);
+        assert_eq!(
+            decide(&[stalled, view("b", Phase::Stopped, 1, 0, Some(12))]),
+            [swap("a", "b", SwapReason::Stalled)]
+        );
     }
 
     #[test]
@@ -396,16 +632,22 @@ mod tests {
         let b = view("b", Phase::Stopped, 1, 0, Some(99));
         assert_eq!(decide(&[a.clone(), b.clone()]), []);
         a.ready_for = Some(SWAP_AFTER);
-        assert_eq!(decide(&[a, b]), [swap("a", "b")]);
+        assert_eq!(decide(&[a, b]), [swap("a", "b", SwapReason::Due)]);
     }
 
     #[test]
     fn a_backend_in_crash_backoff_is_swapped_out_only_for_older_requests() {
         let b = view("b", Phase::Stopped, 1, 0, Some(12));
         // Nothing to do: at once.
-        assert_eq!(decide(&[view("a", Phase::Restarting, 0, 0, None), b.clone()]), [swap("a", "b")]);
+        assert_eq!(
+            decide(&[view("a", Phase::Restarting, 0, 0, None), b.clone()]),
+            [swap("a", "b", SwapReason::NoWork)]
+        );
         // Its own waiters are younger: swapped out once b has waited swap_after.
-        assert_eq!(decide(&[view("a", Phase::Restarting, 2, 0, Some(5)), b.clone()]), [swap("a", "b")]);
+        assert_eq!(
+            decide(&[view("a", Phase::Restarting, 2, 0, Some(5)), b.clone()]),
+            [swap("a", "b", SwapReason::Backoff)]
+        );
         let early = view("b", Phase::Stopped, 1, 0, Some(9));
         assert_eq!(decide(&[view("a", Phase::Restarting, 2, 0, Some(5)), early]), []);
         // Its own waiters are older: it keeps its turn.
@@ -433,7 +675,7 @@ mod tests {
 
     #[test]
     fn a_start_not_yet_picked_up_holds_the_gpu_and_is_sent_once() {
-        let mut scheduler = Scheduler::new(SWAP_AFTER);
+        let mut scheduler = Scheduler::new(POLICY);
         let a = view("a", Phase::Stopped, 1, 0, Some(0));
         assert_eq!(scheduler.step(&[a.clone(), view("b", Phase::Stopped, 0, 0, None)]), [start("a")]);
         // The supervisor has not picked the Start up yet (same generation, still stopped), and
@@ -447,9 +689,9 @@ mod tests {
 
     #[test]
     fn a_stop_not_yet_picked_up_is_sent_once() {
-        let mut scheduler = Scheduler::new(SWAP_AFTER);
+        let mut scheduler = Scheduler::new(POLICY);
         let views = [view("a", Phase::Ready, 0, 0, None), view("b", Phase::Stopped, 1, 0, Some(1))];
-        assert_eq!(scheduler.step(&views), [swap("a", "b")]);
+        assert_eq!(scheduler.step(&views), [swap("a", "b", SwapReason::NoWork)]);
         assert_eq!(scheduler.step(&views), []);
         let views = [view("a", Phase::Stopped, 0, 0, None), view("b", Phase::Stopped, 1, 0, Some(2))];
         assert_eq!(scheduler.step(&views), [start("b")]);
@@ -461,13 +703,13 @@ mod tests {
     #[test]
     fn after_a_swap_its_target_starts_even_when_the_stopped_one_has_older_waiters() {
         let swap_after = Duration::from_secs(2);
-        let mut scheduler = Scheduler::new(swap_after);
+        let mut scheduler = Scheduler::new(Policy { swap_after, ..POLICY });
         let mut a = view("a", Phase::Ready, 1, 1, Some(3));
         a.queue.since_progress = Duration::from_secs(5);
         let b = |secs| view("b", Phase::Stopped, 1, 0, Some(secs));
         // a is stalled behind its long stream: b's request is due after swap_after.
         assert_eq!(scheduler.step(&[a.clone(), b(1)]), []);
-        assert_eq!(scheduler.step(&[a, b(2)]), [swap("a", "b")]);
+        assert_eq!(scheduler.step(&[a, b(2)]), [swap("a", "b", SwapReason::Stalled)]);
         // a drained and stopped; its waiter (4 s) is older than b's (3 s): b starts all the same.
         let a_stopped = view("a", Phase::Stopped, 1, 0, Some(4));
         assert_eq!(scheduler.step(&[a_stopped.clone(), b(3)]), [start("b")]);
@@ -478,6 +720,251 @@ mod tests {
         assert_eq!(scheduler.step(&[a_old.clone(), b_starting]), []);
         // b ready and served its request: a's turn, at once since b has nothing left to do.
         let b_done = view("b", Phase::Ready, 0, 0, None);
-        assert_eq!(scheduler.step(&[a_old, b_done]), [swap("b", "a")]);
+        assert_eq!(scheduler.step(&[a_old, b_done]), [swap("b", "a", SwapReason::NoWork)]);
+    }
+
+    /// Issue 22: a backend that takes long to start is worth keeping loaded longer. The running
+    /// one keeps the GPU until the round trip's two starts (next's, and its own when it comes
+    /// back) are at most a fifth of the GPU's time: 4× the two starts, less what next stayed
+    /// the last time; unless next's oldest request would then miss its max_wait.
+    #[test]
+    fn a_ready_backend_keeps_the_gpu_four_times_the_round_trips_starts() {
+        let mut a = view("a", Phase::Ready, 2, 1, Some(1));
+        a.start_cost = Some(Duration::from_secs(10));
+        let mut b = view("b", Phase::Stopped, 1, 0, Some(20));
+        b.start_cost = Some(Duration::from_secs(20));
+        assert_eq!(residency(&a, &b, &POLICY), Duration::from_secs(120));
+        a.ready_for = Some(Duration::from_secs(119));
+        assert_eq!(decide(&[a.clone(), b.clone()]), [], "the round trip's starts would be over a fifth");
+        a.ready_for = Some(Duration::from_secs(120));
+        assert_eq!(decide(&[a.clone(), b.clone()]), [swap("a", "b", SwapReason::Due)]);
+        // b stayed 100 s last time: that part of the round trip is expected again.
+        b.last_residency = Some(Duration::from_secs(100));
+        assert_eq!(residency(&a, &b, &POLICY), Duration::from_secs(20));
+        b.last_residency = Some(Duration::from_secs(1000));
+        assert_eq!(residency(&a, &b, &POLICY), SWAP_AFTER, "never below swap_after");
+        // Backends never started here: swap_after, as before.
+        b.last_residency = None;
+        b.start_cost = None;
+        a.start_cost = None;
+        assert_eq!(residency(&a, &b, &POLICY), SWAP_AFTER);
+    }
+
+    /// The loading share over a round trip stays within the bound whatever the two backends'
+    /// starts and however briefly the other one stays (it may run out of work at once).
+    #[test]
+    fn a_round_trip_spends_at_most_the_loading_share_starting() {
+        for (sa, sb, stay_b) in [(1, 1, 0), (30, 2, 0), (2, 30, 5), (10, 10, 200), (60, 45, 1)] {
+            let secs = Duration::from_secs;
+            let mut a = view("a", Phase::Ready, 1, 1, Some(1));
+            a.start_cost = Some(secs(sa));
+            let mut b = view("b", Phase::Stopped, 1, 0, Some(1));
+            b.start_cost = Some(secs(sb));
+            b.last_residency = Some(secs(stay_b));
+            let kept_a = residency(&a, &b, &POLICY);
+            // b stays as long as it did (it has that much to do), then a comes back.
+            let cycle = kept_a + secs(sb) + secs(stay_b) + secs(sa);
+            let loading = secs(sa + sb).as_secs_f64() / cycle.as_secs_f64();
+            assert!(loading <= 0.2 + 1e-9, "starts {sa}+{sb}, b stays {stay_b}: loading {loading}");
+        }
+    }
+
+    #[test]
+    fn the_next_ones_max_wait_cuts_the_residency_short() {
+        let mut a = view("a", Phase::Ready, 2, 1, Some(1));
+        a.ready_for = Some(Duration::from_secs(60));
+        let mut b = view("b", Phase::Stopped, 1, 0, Some(200));
+        b.start_cost = Some(Duration::from_secs(30));
+        b.queue.max_wait = Duration::from_secs(300);
+        // 200 s waited + 30 s to start < 300 s: a keeps the GPU (its residency is 120 s).
+        assert_eq!(decide(&[a.clone(), b.clone()]), []);
+        // 270 s waited: starting b now is the last chance to serve it within 300 s.
+        b.queue.oldest_wait = Some(Duration::from_secs(270));
+        assert_eq!(decide(&[a.clone(), b.clone()]), [swap("a", "b", SwapReason::MaxWait)]);
+        // Never before swap_after, whatever the wait.
+        a.ready_for = Some(SWAP_AFTER - Duration::from_millis(1));
+        assert_eq!(decide(&[a, b]), []);
+    }
+
+    #[test]
+    fn after_a_swap_the_queue_that_waited_for_it_is_served_before_a_swap_back() {
+        // a became ready 150 s ago; its oldest waiter has waited 200 s: it came before a was
+        // ready (the queue a was started for). b is due, but a serves that queue first.
+        let mut a = view("a", Phase::Ready, 3, 2, Some(200));
+        a.ready_for = Some(Duration::from_secs(150));
+        let mut b = view("b", Phase::Stopped, 1, 0, Some(210));
+        b.start_cost = Some(Duration::from_secs(30));
+        assert_eq!(decide(&[a.clone(), b.clone()]), []);
+        // Its backlog served (the oldest came after it was ready): b's turn.
+        a.queue.oldest_wait = Some(Duration::from_secs(100));
+        assert_eq!(decide(&[a.clone(), b.clone()]), [swap("a", "b", SwapReason::Due)]);
+        // Unless b's oldest would miss its max_wait: then b goes first all the same.
+        a.queue.oldest_wait = Some(Duration::from_secs(200));
+        b.queue.max_wait = Duration::from_secs(240);
+        assert_eq!(decide(&[a, b]), [swap("a", "b", SwapReason::MaxWait)]);
+    }
+
+    const GB: u64 = 1 << 30;
+
+    fn with_footprint(mut v: BackendView, gb: u64) -> BackendView {
+        v.footprint = Some(gb * GB);
+        v
+    }
+
+    fn budget(gb: u64) -> Policy {
+        Policy { gpu_memory_budget: Some(gb * GB), ..POLICY }
+    }
+
+    #[test]
+    fn backends_that_fit_the_budget_run_side_by_side_without_a_swap() {
+        let a = with_footprint(view("a", Phase::Ready, 2, 1, Some(1)), 20);
+        let b = with_footprint(view("b", Phase::Stopped, 1, 0, Some(0)), 6);
+        assert_eq!(super::decide(&[a.clone(), b.clone()], None, &budget(32)), [start("b")]);
+        // Too big for what is left: the usual rules (b's request is not due yet: nothing).
+        assert_eq!(super::decide(&[a.clone(), b.clone()], None, &budget(24)), []);
+        // No budget: one at a time, whatever the footprints.
+        assert_eq!(super::decide(&[a.clone(), b.clone()], None, &POLICY), []);
+        // A footprint not known yet (never measured, not written) never runs beside another.
+        let mut unknown = b.clone();
+        unknown.footprint = None;
+        assert_eq!(super::decide(&[a.clone(), unknown], None, &budget(32)), []);
+        let mut a_unknown = a;
+        a_unknown.footprint = None;
+        assert_eq!(super::decide(&[a_unknown, b], None, &budget(32)), []);
+    }
+
+    #[test]
+    fn a_draining_backend_still_holds_its_memory() {
+        let a = with_footprint(view("a", Phase::Draining, 0, 1, None), 20);
+        let b = with_footprint(view("b", Phase::Stopped, 1, 0, Some(30)), 20);
+        assert_eq!(super::decide(&[a, b], None, &budget(32)), []);
+    }
+
+    #[test]
+    fn room_is_made_by_stopping_as_many_as_needed_or_none() {
+        // a and b run (10 GB each) in a 32 GB budget; c (20 GB) needs both gone.
+        let mut a = with_footprint(view("a", Phase::Ready, 0, 0, None), 10);
+        let mut b = with_footprint(view("b", Phase::Ready, 0, 0, None), 10);
+        let c = with_footprint(view("c", Phase::Stopped, 1, 0, Some(30)), 20);
+        // Stopping one (the idle a) is enough: 10 + 20 <= 32.
+        b.queue.in_flight = 1;
+        b.queue.oldest_wait = None;
+        let got = super::decide(&[a.clone(), b.clone(), c.clone()], None, &budget(32));
+        assert_eq!(got, [swap("a", "c", SwapReason::NoWork)]);
+        // c of 30 GB needs both; b is busy and not yet due to give it up (ready 5 s): neither
+        // is stopped, since stopping a alone frees nothing c can use.
+        let c = with_footprint(c, 30);
+        b.ready_for = Some(Duration::from_secs(5));
+        b.queue.waiting = 1;
+        b.queue.oldest_wait = Some(Duration::from_secs(1));
+        assert_eq!(super::decide(&[a.clone(), b.clone(), c.clone()], None, &budget(32)), []);
+        // Once b may give it up too, both are stopped for c.
+        b.ready_for = Some(Duration::from_secs(60));
+        a.ready_for = Some(Duration::from_secs(60));
+        let got = super::decide(&[a, b, c], None, &budget(32));
+        assert_eq!(got, [swap("a", "c", SwapReason::NoWork), swap("b", "c", SwapReason::Due)]);
+    }
+
+    /// Review of issue 22: a measured footprint grows (the server's caches fill) after another
+    /// backend started beside it; what runs is then over the budget.
+    #[test]
+    fn idle_backends_are_stopped_while_what_runs_is_over_the_budget_never_the_last() {
+        let mut a = with_footprint(view("a", Phase::Ready, 0, 1, None), 26);
+        a.queue.idle_for = Duration::ZERO;
+        let mut b = with_footprint(view("b", Phase::Ready, 0, 0, None), 8);
+        b.queue.idle_for = Duration::from_secs(60);
+        assert_eq!(super::decide(&[a.clone(), b.clone()], None, &budget(40)), [], "34 GB fit 40");
+        assert_eq!(super::decide(&[a.clone(), b.clone()], None, &budget(32)), [Action::StopIdle("b".into())]);
+        // b between its clients' requests (idle less than swap_after), or busy: kept.
+        let mut between = b.clone();
+        between.queue.idle_for = SWAP_AFTER - Duration::from_millis(1);
+        assert_eq!(super::decide(&[a.clone(), between], None, &budget(32)), []);
+        // The last one running is never stopped for the budget, however big it grew.
+        let mut alone = a.clone();
+        alone.queue.in_flight = 0;
+        alone.queue.idle_for = Duration::from_secs(60);
+        assert_eq!(super::decide(&[alone], None, &budget(20)), []);
+        // No budget, or a footprint not known: nothing to check.
+        assert_eq!(super::decide(&[a.clone(), b.clone()], None, &POLICY), []);
+        let mut unknown = b;
+        unknown.footprint = None;
+        assert_eq!(super::decide(&[a, unknown], None, &budget(32)), []);
+    }
+
+    #[test]
+    fn a_model_falls_back_only_while_its_backend_would_need_a_swap() {
+        let coder = with_footprint(view("coder", Phase::Ready, 0, 1, None), 20);
+        let haiku = with_footprint(view("haiku", Phase::Stopped, 0, 0, None), 6);
+        let views = [coder.clone(), haiku.clone()];
+        assert!(stands_in(&views, &["haiku"], &["coder"], None), "the GPU is busy with coder");
+        assert!(!stands_in(&views, &["haiku"], &["coder"], Some(32 * GB)), "haiku fits beside coder: it starts");
+        assert!(stands_in(&views, &["haiku"], &["coder"], Some(24 * GB)), "it does not fit");
+        // The GPU is free: haiku starts for its own requests.
+        let free = [view("coder", Phase::Stopped, 0, 0, None), haiku.clone()];
+        assert!(!stands_in(&free, &["haiku"], &["coder"], None));
+        // haiku is already starting or running: its own requests go to it.
+        for phase in [Phase::Starting, Phase::Ready, Phase::Draining, Phase::Restarting] {
+            let views = [coder.clone(), view("haiku", phase, 0, 0, None)];
+            assert!(!stands_in(&views, &["haiku"], &["coder"], None), "{phase:?}");
+        }
+        // The fallback is starting: it will be loaded; draining or in backoff: it will not.
+        for (phase, expected) in [(Phase::Starting, true), (Phase::Draining, false), (Phase::Restarting, false)] {
+            let views = [view("coder", phase, 0, 0, None), haiku.clone()];
+            assert_eq!(stands_in(&views, &["haiku"], &["coder"], None), expected, "{phase:?}");
+        }
+        // A failed own backend falls back too (better an answer than a 503).
+        let failed = [coder, view("haiku", Phase::Failed, 0, 0, None)];
+        assert!(stands_in(&failed, &["haiku"], &["coder"], None));
+    }
+
+    /// Issue 22, found by the simulation (`tests/it/swap_schedule.rs`, side calls, seed 12): an
+    /// agent between two requests (running a tool) leaves its model's backend without work for
+    /// a moment; swapping it out then for the small model's requests brings it back at once.
+    #[test]
+    fn a_backend_between_its_clients_requests_is_not_swapped_out_at_once() {
+        let mut coder = view("coder", Phase::Ready, 0, 0, None);
+        coder.start_cost = Some(Duration::from_secs(60));
+        coder.ready_for = Some(Duration::from_secs(100));
+        coder.queue.idle_for = Duration::from_secs(2);
+        let mut haiku = view("haiku", Phase::Stopped, 1, 0, Some(30));
+        haiku.start_cost = Some(Duration::from_secs(5));
+        assert_eq!(decide(&[coder.clone(), haiku.clone()]), []);
+        let no_work = [swap("coder", "haiku", SwapReason::NoWork)];
+        // Nothing for swap_after: its clients are gone (or wait for haiku).
+        let mut idle = coder.clone();
+        idle.queue.idle_for = SWAP_AFTER;
+        assert_eq!(decide(&[idle, haiku.clone()]), no_work);
+        // Ready for the round trip's cost (4 × 65 s) already.
+        let mut paid = coder.clone();
+        paid.ready_for = Some(Duration::from_secs(260));
+        assert_eq!(decide(&[paid, haiku.clone()]), no_work);
+        // haiku's oldest request would miss its max_wait (300 s).
+        let mut late = haiku.clone();
+        late.queue.oldest_wait = Some(Duration::from_secs(296));
+        assert_eq!(decide(&[coder.clone(), late]), no_work);
+        // The rules before issue 22 (no cost): at once.
+        assert_eq!(super::decide(&[coder, haiku], None, &Policy::by_timer(SWAP_AFTER)), no_work);
+    }
+
+    /// Review of issue 22: `loading_share: 1e-20` passes the configuration's check, and the
+    /// round trip's cost overflowed `Duration::mul_f64`, a panic in the scheduler's task.
+    #[test]
+    fn a_tiny_loading_share_keeps_a_backend_as_long_as_it_can_without_a_panic() {
+        let mut a = view("a", Phase::Ready, 1, 1, Some(1));
+        a.start_cost = Some(Duration::from_secs(10));
+        let mut b = view("b", Phase::Stopped, 1, 0, Some(20));
+        b.start_cost = Some(Duration::from_secs(30));
+        let tiny = Policy { loading_share: 1e-20, ..POLICY };
+        assert_eq!(residency(&a, &b, &tiny), Duration::MAX);
+        assert_eq!(super::decide(&[a, b], None, &tiny), [], "kept: b's request is not yet at its max_wait");
+    }
+
+    #[test]
+    fn a_loading_share_of_one_keeps_a_backend_only_swap_after() {
+        let a = view("a", Phase::Ready, 1, 1, Some(1));
+        let mut b = view("b", Phase::Stopped, 1, 0, Some(20));
+        b.start_cost = Some(Duration::from_secs(30));
+        assert_eq!(residency(&a, &b, &Policy::by_timer(SWAP_AFTER)), SWAP_AFTER);
+        assert_eq!(residency(&a, &b, &Policy { loading_share: 0.5, ..POLICY }), Duration::from_secs(30));
     }
 }

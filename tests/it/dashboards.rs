@@ -1,11 +1,13 @@
 //! The Grafana dashboard and the alert rules in `dashboards/`, proven against a real Prometheus
 //! (Debian's `prometheus` package, from `scripts/setup-system`): a gateway serves real traffic
-//! (managed simulator backends with a GPU swap and a crash, a remote simulator, context caps, a
-//! rate-limited client, a full queue, and a real mlx_lm.server answering a repeated prefix);
+//! (managed simulator backends with GPU swaps, a crash and a request its fallback model serves, a
+//! remote simulator, context caps, a rate-limited client, a full queue, and a real mlx_lm.server
+//! answering a repeated prefix);
 //! Prometheus scrapes it every second and loads the rules; then every panel target, every
 //! annotation and every alert's signal (its expression without the trailing threshold) must
-//! return at least one series through Prometheus's HTTP API, and `promtool` must accept the rules
-//! and the shipped scrape config.
+//! return at least one series through Prometheus's HTTP API (those reading what the GPU's time
+//! goes to — swaps, starts, residency, footprint, fallbacks — a value other than zero), and
+//! `promtool` must accept the rules and the shipped scrape config.
 //!
 //! `MLXGATE_DASHBOARDS=DIR` reads the three files from DIR instead of `dashboards/` (to try a
 //! draft). `MLXGATE_DASHBOARD_PICTURE=out.png` also draws the dashboard with the traffic's data
@@ -302,9 +304,10 @@ fn sim_backend(name: &str, port: u16) -> String {
     )
 }
 
-/// GPU models `ma`/`mb` (managed sims on `ports`), `plain` on the remote `sim`, `strict` and
-/// `squeeze` behind a context cap, `narrow` with a queue of one, and `qwen` on a real
-/// mlx_lm.server (off the GPU rotation, so the swaps do not reload it).
+/// GPU models `ma`/`mb` (managed sims on `ports`) and `mc` (on `mb`'s backend, falling back to
+/// `ma`), `plain` on the remote `sim`, `strict` and `squeeze` behind a context cap, `narrow` with
+/// a queue of one, and `qwen` on a real mlx_lm.server (off the GPU rotation, so the swaps do not
+/// reload it).
 fn gateway_yaml(sim_url: &str, ports: (u16, u16, u16), model_dir: &Path) -> String {
     let native = backend("native", "mlx-lm", model_dir, ports.2, "    gpu: false\n");
     let tokenizer = model_dir.display();
@@ -318,6 +321,7 @@ fn gateway_yaml(sim_url: &str, ports: (u16, u16, u16), model_dir: &Path) -> Stri
          pa: {{url: '{sim_url}', max_concurrency: 2}}\n  \
          pb: {{url: '{sim_url}', max_concurrency: 2}}\n\
          models:\n  ma: {{backend: gpu-a, max_wait: 120s}}\n  mb: {{backend: gpu-b, max_wait: 120s}}\n  \
+         mc: {{backend: gpu-b, max_wait: 120s, fallback: ma}}\n  \
          plain: {{backend: sim, upstream_model: tiny-qwen3}}\n  \
          strict: {{backend: capped, upstream_model: tiny-qwen3, on_overflow: reject, tokenizer: '{tokenizer}', default_max_tokens: 32}}\n  \
          squeeze: {{backend: capped, upstream_model: tiny-qwen3, on_overflow: middle_out, tokenizer: '{tokenizer}', default_max_tokens: 32}}\n  \
@@ -398,7 +402,9 @@ async fn conversation_on_two_backends(gw: &Gateway, round: usize) {
     }
 }
 
-/// Alternates the two GPU models (swaps), then kills gpu-a's server and is served by its restart.
+/// Alternates the two GPU models (swaps: each start counted, each stop a residency, each server
+/// measured), then kills gpu-a's server and is served by its restart; then asks for `mc`, whose
+/// backend is stopped while the GPU serves `ma`: its fallback answers, without a swap.
 async fn swap_and_crash(gw: &Gateway) {
     for model in ["ma", "mb", "ma", "mb", "ma"] {
         expect(gw, &ask(model, true, "hi", json!({"tokens": 4, "tokens_per_second": 100})), 200).await;
@@ -409,6 +415,13 @@ async fn swap_and_crash(gw: &Gateway) {
     expect(gw, &ask("ma", false, "again", json!({"tokens": 3})), 200).await;
     let state = backend_state(gw, "gpu-a").await;
     assert!(state["restarts"].as_u64().is_some_and(|n| n >= 1), "{state}");
+    let swaps = metric_sum(gw, "mlxgate_backend_swaps_total").await;
+    let r = send(gw, AGENT_KEY, &ask("mc", false, "small and fast", json!({"tokens": 2}))).await;
+    assert_eq!(r.status().as_u16(), 200);
+    let served_by = r.headers().get("x-mlxgate-fallback").and_then(|v| v.to_str().ok()).map(str::to_owned);
+    assert_eq!(served_by.as_deref(), Some("ma"), "mc's fallback answered");
+    text_of(r).await;
+    assert_eq!(metric_sum(gw, "mlxgate_backend_swaps_total").await, swaps, "a fallback, not a swap");
 }
 
 /// A prompt over the cap refused, and a long conversation cut middle-out.
@@ -519,6 +532,37 @@ async fn wrong_values(prom: &Prometheus, queries: &[Query], start: f64) -> Vec<S
     wrong
 }
 
+/// The metrics of what the GPU's time goes to (swaps by reason, time spent starting, residency,
+/// footprint, fallbacks): series of them exist from the start at 0, so returning data proves
+/// little; the traffic makes each move, and every query reading one must show it.
+const MOVED_BY_THE_TRAFFIC: [&str; 5] = [
+    "mlxgate_backend_swaps_total",
+    "mlxgate_backend_starting_seconds_total",
+    "mlxgate_backend_residency_seconds",
+    "mlxgate_backend_footprint_bytes",
+    "mlxgate_model_fallbacks_total",
+];
+
+/// The queries reading one of MOVED_BY_THE_TRAFFIC (variables at "All") that never show a value
+/// other than zero.
+async fn never_moved(prom: &Prometheus, queries: &[Query], start: f64) -> Vec<String> {
+    let mut flat = Vec::new();
+    for q in queries.iter().filter(|q| !q.origin.ends_with("(variables .+)")) {
+        if !MOVED_BY_THE_TRAFFIC.iter().any(|m| q.promql.contains(m)) {
+            continue;
+        }
+        let series = prom.range(&q.promql, start).await.unwrap_or_default();
+        let moved = series
+            .iter()
+            .flat_map(|one| one["values"].as_array().cloned().unwrap_or_default())
+            .any(|v| v[1].as_str().and_then(|v| v.parse::<f64>().ok()).is_some_and(|v| v.is_finite() && v != 0.0));
+        if !moved {
+            flat.push(format!("{}: {}", q.origin, q.promql));
+        }
+    }
+    flat
+}
+
 fn render_picture(prom: &Prometheus, dashboard: &Path, start: f64, out: &Path) {
     let status = std::process::Command::new(Path::new(ROOT).join("scripts/render-dashboard"))
         .args(["--prometheus", &prom.url, "--dashboard"])
@@ -569,6 +613,7 @@ async fn every_panel_annotation_and_alert_query_returns_data_from_a_real_prometh
 
     let empty = still_empty(&prom, &gw, &queries, start).await;
     let wrong = wrong_values(&prom, &queries, start).await;
+    let flat = never_moved(&prom, &queries, start).await;
     if let Some(out) = std::env::var_os("MLXGATE_DASHBOARD_PICTURE") {
         // For the picture, a few minutes of the same traffic (MLXGATE_DASHBOARD_SECONDS, 180 by
         // default), with a swap and a crash every minute, so the panels show a session.
@@ -594,4 +639,5 @@ async fn every_panel_annotation_and_alert_query_returns_data_from_a_real_prometh
         prom.log().lines().rev().take(5).collect::<Vec<_>>().join(" | ")
     );
     assert!(wrong.is_empty(), "queries whose series are wrong:\n{}", wrong.join("\n"));
+    assert!(flat.is_empty(), "queries the traffic should have moved, flat at zero:\n{}", flat.join("\n"));
 }

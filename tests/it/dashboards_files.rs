@@ -194,6 +194,7 @@ fn every_alert_is_a_signal_against_a_threshold_and_says_what_to_do() {
         "UsageMismatch",
         "SwapThrash",
         "BackendErrors",
+        "LoadingShare",
     ] {
         assert!(names.iter().any(|n| n.ends_with(wanted)), "no {wanted} alert: {names:?}");
     }

@@ -1,6 +1,7 @@
 //! The documentation against the code: every whole configuration shown in README.md and
-//! `docs/*.md` passes `mlxgate check`, and every relative link (and its `#anchor`) in them and in
-//! ARCHITECTURE.md names something that exists.
+//! `docs/*.md` passes `mlxgate check`, every relative link (and its `#anchor`) in them and in
+//! ARCHITECTURE.md names something that exists, and docs/metrics.md names every metric the
+//! gateway declares.
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
@@ -168,4 +169,14 @@ fn every_relative_link_in_the_docs_names_a_file_and_anchor_that_exist() {
     println!("{checked} relative links checked");
     assert!(checked > 0, "no relative link found: the test would prove nothing");
     assert!(broken.is_empty(), "broken links:\n{}", broken.join("\n"));
+}
+
+#[test]
+fn docs_metrics_md_names_every_metric_the_gateway_declares() {
+    let page = std::fs::read_to_string(Path::new(ROOT).join("docs/metrics.md")).expect("docs/metrics.md");
+    let metrics = mlxgate::metrics::Metrics::new();
+    let declared = metrics.family_names();
+    assert!(declared.len() > 20, "{declared:?}");
+    let missing: Vec<&String> = declared.iter().filter(|name| !page.contains(&format!("`{name}"))).collect();
+    assert!(missing.is_empty(), "declared in src/metrics.rs, not in docs/metrics.md: {missing:?}");
 }

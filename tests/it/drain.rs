@@ -55,7 +55,7 @@ async fn admin_backends_shows_each_models_backends_and_each_backends_drain_and_h
     }
     assert_eq!(
         listed["models"]["qwen"],
-        json!({"backends": ["a", "b"], "policy": "least_loaded", "session_header": null})
+        json!({"backends": ["a", "b"], "policy": "least_loaded", "session_header": null, "fallback": null})
     );
     assert_eq!(listed["models"]["one"]["backends"], json!(["solo"]));
     assert_eq!(listed["models"]["one"]["policy"], "cache_aware", "the default");

@@ -202,7 +202,7 @@ async fn alternating_models_swap_gpu_backends_and_two_never_run_at_once() {
         }
     }
     assert_eq!(watcher.peak(), 1, "at most one GPU backend process at any moment");
-    assert_eq!(metric(&gw, "mlxgate_backend_swaps_total").await, Some(5.0));
+    assert_eq!(metric_sum(&gw, "mlxgate_backend_swaps_total").await, Some(5.0));
 }
 
 #[tokio::test]

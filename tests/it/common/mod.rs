@@ -116,6 +116,17 @@ pub async fn metric(gw: &Gateway, series: &str) -> Option<f64> {
         .and_then(|v| v.parse().ok())
 }
 
+/// The sum of every series of a metric family (`name` alone or with any labels).
+pub async fn metric_sum(gw: &Gateway, name: &str) -> Option<f64> {
+    let text = client().get(gw.url("/metrics")).send().await.ok()?.text().await.ok()?;
+    let values: Vec<f64> = text
+        .lines()
+        .filter(|l| l.strip_prefix(name).is_some_and(|rest| rest.starts_with(' ') || rest.starts_with('{')))
+        .filter_map(|l| l.rsplit(' ').next()?.parse().ok())
+        .collect();
+    (!values.is_empty()).then(|| values.iter().sum())
+}
+
 /// The simulator's /sim/stats.
 pub async fn sim_stats(sim: &SimHandle) -> Value {
     client().get(format!("{}/sim/stats", sim.url())).send().await.expect("stats").json().await.expect("json")
