@@ -16,6 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from balance_lib.cli import finite  # one JSON cleaner for both benches
 from overhead_lib.processes import loadavg
 
 from . import __doc__ as USAGE
@@ -59,17 +60,6 @@ def transitions(samples: list[dict]) -> list[list]:
                 out.append([round(s["t"], 1), b, state])
                 last[b] = state
     return out
-
-
-def finite(value):
-    """`value` with every infinite or NaN float replaced by None (standard JSON has neither)."""
-    if isinstance(value, float) and (value != value or value in (float("inf"), float("-inf"))):
-        return None
-    if isinstance(value, dict):
-        return {k: finite(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [finite(v) for v in value]
-    return value
 
 
 def kill_leftovers() -> list[str]:
