@@ -297,20 +297,19 @@
         kind: el('span', { class: 'sub' }),
         state: el('span', { class: 'badge', 'data-testid': 'backend-state' }),
         gpu: el('span', { class: 'badge gpu', 'data-testid': 'backend-gpu' }),
-        health: el('td'),
-        model: el('td'),
+        health: el('span', { class: 'health' }),
+        model: el('td', { class: 'clip' }),
         uptime: el('td', { class: 'r' }),
         restarts: el('td', { class: 'r', 'data-testid': 'backend-restarts' }),
         load: el('td', { class: 'r' }),
         queue: el('td', { class: 'r' }),
-        start: el('td', { class: 'r' }),
         footprint: el('td', { class: 'r' }),
         error: el('td', { class: 'err', 'data-testid': 'backend-error' }),
         acts: el('td', { class: 'acts' }),
       };
       const row = el('tr', { 'data-testid': 'backend-row', 'data-backend': b.name },
-        c.name, el('td', {}, c.state), el('td', {}, c.gpu), c.health, c.model, c.uptime, c.restarts,
-        c.load, c.queue, c.start, c.footprint, c.error, c.acts);
+        c.name, el('td', {}, c.state, c.health), el('td', {}, c.gpu), c.model, c.uptime, c.restarts,
+        c.load, c.queue, c.footprint, c.error, c.acts);
       row.cells_ = c;
       c.name.append(c.nameText, c.kind);
       const button = (action, label, cls) =>
@@ -330,17 +329,19 @@
       c.state.dataset.state = b.state || '';
       setText(c.gpu, b.holds_gpu ? 'GPU' : '');
       c.gpu.title = b.holds_gpu ? 'holds the GPU now' : '';
-      setText(c.health, b.health || DASH);
-      c.health.className = { healthy: 'c-ok', ejected: 'c-bad', half_open: 'c-warn' }[b.health] || 'muted';
+      setText(c.health, b.health && b.health !== 'healthy' ? b.health : '');
+      c.health.className = `health ${b.health === 'ejected' ? 'bad' : 'warn'}`;
       setText(c.model, b.model || DASH);
+      c.model.title = b.model || '';
       c.uptime.dataset.base = isNum(b.uptime_seconds) ? b.uptime_seconds : '';
       setText(c.restarts, isNum(b.restarts) ? b.restarts : b.managed ? 0 : DASH);
       const cap = isNum(b.max_concurrency) ? ` / ${b.max_concurrency}` : '';
       const abandoned = isNum(b.abandoned) && b.abandoned > 0 ? ` (+${b.abandoned} abandoned)` : '';
       setText(c.load, `${fmtNum(b.in_flight)}${cap}${abandoned}`);
       setText(c.queue, fmtNum(b.queue));
-      setText(c.start, isNum(b.start_seconds) ? `${b.start_seconds.toFixed(1)} s` : DASH);
-      setText(c.footprint, fmtBytes(b.footprint_bytes));
+      const start = isNum(b.start_seconds) ? `${b.start_seconds.toFixed(1)} s · ` : '';
+      setText(c.footprint, isNum(b.footprint_bytes) ? `${start}${fmtBytes(b.footprint_bytes)}` : start ? start.slice(0, -3) : DASH);
+      c.footprint.title = 'measured start time · memory footprint';
       setText(c.error, b.last_error || '');
       c.error.title = b.last_error || '';
       const action = b.drained ? 'undrain' : 'drain';
@@ -371,19 +372,20 @@
         setText(queued, fmtNum(m.queued));
         queued.classList.toggle('warn', isNum(m.queued) && m.queued > 0);
         setText(fallback, m.fallback || DASH);
-        capture.replaceChildren(m.capture ? el('span', { class: 'badge c-warn', text: 'capture on' }) : DASH);
+        capture.replaceChildren(m.capture ? el('span', { class: 'badge c-warn', text: 'on', title: 'request bodies are kept (bounded)' }) : DASH);
       });
     },
 
     renderClients(list) {
       syncRows($('#clients tbody'), list, (c) => c.name, (c) => {
         const row = el('tr', { 'data-testid': 'client-row', 'data-client': c.name });
-        row.append(el('td', { style: 'font-weight:600' }), el('td', { class: 'r', 'data-testid': 'client-in-flight' }));
+        row.append(el('td', { class: 'clip', style: 'font-weight:600' }), el('td', { class: 'r', 'data-testid': 'client-in-flight' }));
         for (let i = 0; i < 4; i += 1) row.append(el('td', { class: 'r' }));
         return row;
       }, (row, c) => {
         const [name, inFlight, conc, rpm, tpm, limited] = row.cells;
         setText(name, c.name);
+        name.title = c.name;
         setText(inFlight, fmtNum(c.in_flight));
         setText(conc, c.concurrency ?? DASH);
         setText(rpm, c.rpm ?? DASH);
@@ -451,7 +453,7 @@
         return;
       }
       const d = r.data || {};
-      const what = d.state || (d.drained === true ? 'drained' : d.drained === false ? 'undrained' : 'done');
+      const what = typeof d.drained === 'boolean' ? (d.drained ? 'drained' : 'undrained') : d.state || 'done';
       setText(out, `${action} ${backend} → ${what} (${fmtClock(Date.now())})`);
       out.className = 'action-result ok';
       // drain/undrain answer the BackendEntry: show it now rather than at the next state event.
@@ -523,7 +525,7 @@
 
   /** The activity table's columns: [td's data-field, formatter, right-aligned]. */
   const COLUMNS = [
-    ['time', (r) => fmtClock(r.at, true)],
+    ['time', (r) => fmtClock(r.at)],
     ['id', (r) => r.id],
     ['client', (r) => r.client ?? DASH],
     ['model', (r) => (r.fallback_from ? `${r.model} ← ${r.fallback_from}` : r.alias ? `${r.model} (${r.alias})` : r.model ?? DASH)],
@@ -554,6 +556,7 @@
       for (const [field, fmt, right] of COLUMNS) {
         row.append(el('td', { 'data-field': field, class: right ? 'r' : null, text: fmt(r) }));
       }
+      row.querySelector('[data-field=id]').title = r.id;
       const tps = row.querySelector('[data-field=decode_tps]');
       if (r.burst) tps.classList.add('burst');
       const cls = outcomeClass(r);
@@ -656,7 +659,9 @@
         if (k === 'decode_tps' && r.burst) text = `burst${isNum(v) ? ` (${v})` : ''}`;
         dl.append(el('dt', { text: k }), el('dd', { 'data-field': k, text }));
       }
-      const nodes = [el('h3', { text: 'Request', style: 'margin-top:0' }), el('div', { class: 'mono', text: r.id })];
+      const close = el('button', { class: 'ghost small close', title: 'Close (Esc)', text: '✕' });
+      close.addEventListener('click', Activity.closeDetail);
+      const nodes = [close, el('h3', { text: 'Request', style: 'margin-top:0' }), el('div', { class: 'mono', text: r.id })];
       if (note) nodes.push(el('div', { class: 'muted small', text: note }));
       nodes.push(dl, el('h3', { text: 'Request body' }));
       if (capture && typeof capture.body === 'string') {
@@ -666,6 +671,13 @@
         nodes.push(el('div', { class: 'muted small', text: capture === undefined ? DASH : 'Not captured: request capture is off for this model.' }));
       }
       box.replaceChildren(...nodes);
+      box.hidden = false;
+    },
+
+    closeDetail() {
+      Activity.selected = null;
+      byTestId('request-detail').hidden = true;
+      for (const { row } of Activity.byId.values()) row.classList.remove('selected');
     },
 
     init() {
@@ -674,6 +686,7 @@
         if (row) Activity.open(row.dataset.requestId);
       });
       byTestId('activity-filter').addEventListener('input', (e) => Activity.filter(e.target.value));
+      document.addEventListener('keydown', (e) => { if (e.key === 'Escape') Activity.closeDetail(); });
       Activity.count();
     },
   };
