@@ -145,7 +145,7 @@
       button.disabled = true;
       const r = await api('POST', '/ui/login', { key: byTestId('login-key').value });
       button.disabled = false;
-      if (r.status === 204 || r.ok) { window.location.assign('/ui' + window.location.hash); return; }
+      if (r.status === 204 || r.ok) { Auth.reload(); return; }
       const defaults = {
         401: 'That key is not the admin key.',
         403: 'No admin key is configured on this gateway.',
@@ -156,7 +156,13 @@
 
     async logout() {
       await api('POST', '/ui/logout');
-      window.location.assign('/ui');
+      Auth.reload();
+    },
+
+    /** Loads /ui again (keeping the tab): the server decides what it shows. */
+    reload() {
+      if (window.location.pathname === '/ui') window.location.reload();
+      else window.location.assign(`/ui${window.location.hash}`);
     },
 
     /** After a feed was refused: ask /ui itself what the server thinks of us. */
