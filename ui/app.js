@@ -34,7 +34,7 @@
 
   function fmtNum(v, digits = 0) {
     if (!isNum(v)) return DASH;
-    return v.toLocaleString('en-US', { minimumFractionDigits: digits, maximumFractionDigits: digits });
+    return v.toFixed(digits); // plain digits: a test (or a person copying) reads the number as is
   }
 
   function fmtDuration(seconds) {
@@ -44,11 +44,6 @@
     if (s < 3600) return `${Math.floor(s / 60)} m ${s % 60} s`;
     if (s < 86400) return `${Math.floor(s / 3600)} h ${Math.floor((s % 3600) / 60)} m`;
     return `${Math.floor(s / 86400)} d ${Math.floor((s % 86400) / 3600)} h`;
-  }
-
-  function fmtMsDuration(ms) {
-    if (!isNum(ms)) return DASH;
-    return ms < 1000 ? `${Math.round(ms)} ms` : `${(ms / 1000).toFixed(ms < 10000 ? 2 : 1)} s`;
   }
 
   function fmtBytes(b) {
@@ -546,7 +541,7 @@
     ['cached_tokens', (r) => fmtNum(r.cached_tokens), true],
     ['completion_tokens', (r) => fmtNum(r.completion_tokens), true],
     ['transform', (r) => r.transform ?? ''],
-    ['duration_ms', (r) => fmtMsDuration(r.duration_ms), true],
+    ['duration_ms', (r) => fmtNum(r.duration_ms), true],
   ];
 
   const Activity = {
