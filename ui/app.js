@@ -941,7 +941,7 @@
     init() {
       const key = sessionStorage.getItem('mlxgate.pg-key');
       if (key) byTestId('pg-key').value = key;
-      byTestId('pg-send').addEventListener('click', () => Playground.send());
+      $('#pg-form').addEventListener('submit', (e) => { e.preventDefault(); Playground.send(); });
       byTestId('pg-input').addEventListener('keydown', (e) => {
         if (e.key === 'Enter' && (e.ctrlKey || e.metaKey)) { e.preventDefault(); Playground.send(); }
       });
