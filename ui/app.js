@@ -380,7 +380,7 @@
     renderClients(list) {
       syncRows($('#clients tbody'), list, (c) => c.name, (c) => {
         const row = el('tr', { 'data-testid': 'client-row', 'data-client': c.name });
-        row.append(el('td', { class: 'clip', style: 'font-weight:600' }), el('td', { class: 'r', 'data-testid': 'client-in-flight' }));
+        row.append(el('td', { class: 'clip strong' }), el('td', { class: 'r', 'data-testid': 'client-in-flight' }));
         for (let i = 0; i < 4; i += 1) row.append(el('td', { class: 'r' }));
         return row;
       }, (row, c) => {
@@ -662,7 +662,7 @@
       }
       const close = el('button', { class: 'ghost small close', title: 'Close (Esc)', text: '✕' });
       close.addEventListener('click', Activity.closeDetail);
-      const nodes = [close, el('h3', { text: 'Request', style: 'margin-top:0' }), el('div', { class: 'mono', text: r.id })];
+      const nodes = [close, el('h3', { text: 'Request', class: 'flush' }), el('div', { class: 'mono', text: r.id })];
       if (note) nodes.push(el('div', { class: 'muted small', text: note }));
       nodes.push(dl, el('h3', { text: 'Request body' }));
       if (capture && typeof capture.body === 'string') {
