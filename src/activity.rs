@@ -34,6 +34,9 @@ const FOLLOWER_LAG: usize = 1024;
 /// a configured one (or the request id); every figure may be unknown.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct RequestSummary {
+    /// The gateway's own number for it, in finishing order (a client may send the same
+    /// `x-request-id` twice: this one is unique in the process).
+    pub seq: u64,
     pub id: Box<str>,
     /// When it finished and when it arrived, in milliseconds since the Unix epoch.
     pub at: u64,
@@ -113,7 +116,9 @@ pub struct Activity {
     requests: Mutex<VecDeque<Arc<RequestSummary>>>,
     feed: broadcast::Sender<Arc<RequestSummary>>,
     swaps: Mutex<VecDeque<Swap>>,
-    captures: Mutex<VecDeque<(Box<str>, Arc<Capture>)>>,
+    /// By the summary's `seq`.
+    captures: Mutex<VecDeque<(u64, Arc<Capture>)>>,
+    next_seq: std::sync::atomic::AtomicU64,
 }
 
 impl Default for Activity {
@@ -123,6 +128,7 @@ impl Default for Activity {
             feed: broadcast::channel(FOLLOWER_LAG).0,
             swaps: Mutex::default(),
             captures: Mutex::default(),
+            next_seq: std::sync::atomic::AtomicU64::new(1),
         }
     }
 }
@@ -142,12 +148,13 @@ fn push_bounded<T>(ring: &mut VecDeque<T>, item: T, most: usize) {
 
 impl Activity {
     /// Keeps a finished request (and its capture, if any) and hands it to the followers.
-    pub fn finished(&self, summary: RequestSummary, capture: Option<Capture>) {
+    pub fn finished(&self, mut summary: RequestSummary, capture: Option<Capture>) {
+        let mut requests = lock(&self.requests);
+        summary.seq = self.next_seq.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         if let Some(capture) = capture {
-            push_bounded(&mut lock(&self.captures), (summary.id.clone(), Arc::new(capture)), CAPTURES);
+            push_bounded(&mut lock(&self.captures), (summary.seq, Arc::new(capture)), CAPTURES);
         }
         let summary = Arc::new(summary);
-        let mut requests = lock(&self.requests);
         push_bounded(&mut requests, Arc::clone(&summary), REQUESTS);
         // Under the ring's lock, so that a follower's backlog and its feed neither miss nor
         // repeat a request (see `follow`).
@@ -169,10 +176,12 @@ impl Activity {
         (backlog, self.feed.subscribe())
     }
 
-    /// A request still in the ring, by id, with its capture if one was kept.
-    pub fn request(&self, id: &str) -> Option<(Arc<RequestSummary>, Option<Arc<Capture>>)> {
-        let summary = lock(&self.requests).iter().rev().find(|r| &*r.id == id).cloned()?;
-        let capture = lock(&self.captures).iter().rev().find(|(c, _)| &**c == id).map(|(_, c)| Arc::clone(c));
+    /// A request still in the ring, by id (the newest of that id, or the one numbered `seq`),
+    /// with its capture if one was kept.
+    pub fn request(&self, id: &str, seq: Option<u64>) -> Option<(Arc<RequestSummary>, Option<Arc<Capture>>)> {
+        let summary =
+            lock(&self.requests).iter().rev().find(|r| &*r.id == id && seq.is_none_or(|seq| r.seq == seq)).cloned()?;
+        let capture = lock(&self.captures).iter().rev().find(|(c, _)| *c == summary.seq).map(|(_, c)| Arc::clone(c));
         Some((summary, capture))
     }
 
@@ -216,10 +225,10 @@ mod tests {
         let recent = activity.recent(usize::MAX);
         assert_eq!(recent.len(), REQUESTS);
         assert_eq!(&*recent[0].id, format!("r{}", REQUESTS + 9));
-        assert!(activity.request("r0").is_none(), "pushed out of the ring");
-        let (_, capture) = activity.request(&format!("r{}", REQUESTS + 8)).expect("kept");
+        assert!(activity.request("r0", None).is_none(), "pushed out of the ring");
+        let (_, capture) = activity.request(&format!("r{}", REQUESTS + 8), None).expect("kept");
         assert!(capture.is_some());
-        assert!(activity.request(&format!("r{}", REQUESTS + 9)).expect("kept").1.is_none());
+        assert!(activity.request(&format!("r{}", REQUESTS + 9), None).expect("kept").1.is_none());
         assert!(lock(&activity.captures).len() <= CAPTURES);
         for i in 0..SWAPS + 3 {
             activity.swapped("a", Some("b"), if i % 2 == 0 { "due" } else { "idle" });
@@ -238,6 +247,22 @@ mod tests {
         assert_eq!(cut.body.len(), CAPTURE_BYTES - 1, "the 2-byte é across the bound is left out whole");
         let invalid = Capture::of(b"\xff\xfeok");
         assert_eq!((invalid.body.as_str(), invalid.truncated), ("\u{fffd}\u{fffd}ok", false));
+    }
+
+    #[test]
+    fn the_same_client_id_twice_is_two_requests_told_apart_by_seq() {
+        let activity = Activity::default();
+        activity.finished(summary("dup"), Some(Capture::of(b"first")));
+        activity.finished(summary("dup"), None);
+        let recent = activity.recent(10);
+        assert_eq!(recent.len(), 2);
+        assert!(recent[0].seq > recent[1].seq);
+        let (newest, capture) = activity.request("dup", None).expect("kept");
+        assert_eq!((newest.seq, capture.is_none()), (recent[0].seq, true));
+        let (first, capture) = activity.request("dup", Some(recent[1].seq)).expect("kept");
+        assert_eq!(first.seq, recent[1].seq);
+        assert_eq!(capture.map(|c| c.body.clone()).as_deref(), Some("first"), "the capture is the first one's");
+        assert!(activity.request("dup", Some(u64::MAX)).is_none());
     }
 
     #[tokio::test]

@@ -59,8 +59,8 @@ pub enum GatewayError {
          localhost and this machine's name are; add it to admin_hosts in gateway.yaml)."
     )]
     ForeignHost(String),
-    /// Too many wrong admin keys given to `/ui/login` lately.
-    #[error("Too many failed sign-ins; try again in a minute.")]
+    /// Too many wrong admin keys from one address lately (`/ui/login` or `/admin/*`).
+    #[error("Too many wrong admin keys from this address; try again in a minute.")]
     TooManySignIns,
     /// The client is over one of its rate limits (429 `rate_limit_exceeded`, with OpenAI's
     /// `x-ratelimit-*` headers and `Retry-After`/`retry-after-ms` or `x-should-retry: false`).

@@ -470,11 +470,16 @@ impl RequestRecord {
         let line = &mut self.access;
         let at = crate::activity::now_ms();
         RequestSummary {
+            seq: 0,
             id: line.id.as_str().into(),
             at,
             started: at.saturating_sub(u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)),
             client: std::mem::take(&mut self.client),
-            model: std::mem::take(&mut self.model),
+            // A request routed nowhere (404): the name it asked for, as its access line says.
+            model: match std::mem::take(&mut self.model) {
+                model if model.is_empty() => line.asked_model.as_deref().unwrap_or_default().to_owned(),
+                model => model,
+            },
             alias: line.alias.take(),
             fallback_from: line.fallback_from.take(),
             backend: std::mem::take(&mut self.backend),
@@ -668,7 +673,7 @@ mod access_tests {
         assert_eq!(m.requests.with_label_values(&["qwen", "local", "anonymous", "ok"]).get(), 1);
         let recent = activity.recent(10);
         assert_eq!(recent.len(), 1);
-        let (summary, capture) = activity.request(&recent[0].id).expect("in the ring");
+        let (summary, capture) = activity.request(&recent[0].id, None).expect("in the ring");
         assert_eq!((summary.model.as_str(), summary.backend.as_str(), summary.outcome), ("qwen", "local", "ok"));
         assert_eq!(
             (summary.status, summary.transform.as_deref(), summary.captured),

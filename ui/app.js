@@ -544,16 +544,19 @@
     ['duration_ms', (r) => fmtNum(r.duration_ms), true],
   ];
 
+  /** A request's key: the gateway's sequence number (a client may send the same x-request-id twice). */
+  const keyOf = (r) => (isNum(r.seq) ? `#${r.seq}` : String(r.id));
+
   const Activity = {
     max: 500,
-    byId: new Map(), // id → { r, row }
+    byKey: new Map(), // keyOf(r) → { r, row }
     pending: [],
     flushTimer: null,
     selected: null,
     query: '',
 
     makeRow(r) {
-      const row = el('tr', { 'data-testid': 'activity-row', 'data-request-id': r.id });
+      const row = el('tr', { 'data-testid': 'activity-row', 'data-request-id': r.id, 'data-key': keyOf(r) });
       for (const [field, fmt, right] of COLUMNS) {
         row.append(el('td', { 'data-field': field, class: right ? 'r' : null, text: fmt(r) }));
       }
@@ -568,7 +571,7 @@
       if (r.transform) row.querySelector('[data-field=transform]').replaceChildren(el('span', { class: 'badge c-warn', text: r.transform }));
       row.hay = [r.id, r.client, r.model, r.alias, r.fallback_from, r.backend, r.outcome].filter(Boolean).join(' ').toLowerCase();
       row.hidden = !Activity.matches(row);
-      if (r.id === Activity.selected) row.classList.add('selected');
+      if (keyOf(r) === Activity.selected) row.classList.add('selected');
       return row;
     },
 
@@ -576,7 +579,7 @@
 
     /** A finished request, live: batched so a busy gateway costs one DOM update per 100 ms. */
     add(r) {
-      if (!r || !r.id || Activity.byId.has(r.id)) return;
+      if (!r || !r.id || Activity.byKey.has(keyOf(r))) return;
       Activity.pending.push(r);
       if (Activity.pending.length > Activity.max) Activity.pending.splice(0, Activity.pending.length - Activity.max);
       if (!Activity.flushTimer) Activity.flushTimer = setTimeout(Activity.flush, 100);
@@ -584,12 +587,12 @@
 
     flush() {
       Activity.flushTimer = null;
-      const batch = Activity.pending.splice(0).filter((r) => !Activity.byId.has(r.id));
+      const batch = Activity.pending.splice(0).filter((r) => !Activity.byKey.has(keyOf(r)));
       const frag = document.createDocumentFragment();
       for (let i = batch.length - 1; i >= 0; i -= 1) { // newest (last to arrive) first
         const row = Activity.makeRow(batch[i]);
         row.classList.add('fresh');
-        Activity.byId.set(batch[i].id, { r: batch[i], row });
+        Activity.byKey.set(keyOf(batch[i]), { r: batch[i], row });
         frag.append(row);
       }
       const tbody = $('#activity tbody');
@@ -600,14 +603,14 @@
 
     /** The backlog on (re)connect: merged with what is shown, newest first. */
     backlog(list) {
-      const all = new Map([...Activity.byId].map(([id, v]) => [id, v.r]));
-      for (const r of list || []) if (r && r.id) all.set(r.id, r);
+      const all = new Map([...Activity.byKey].map(([id, v]) => [id, v.r]));
+      for (const r of list || []) if (r && r.id) all.set(keyOf(r), r);
       const sorted = [...all.values()].sort((a, b) => (b.at || 0) - (a.at || 0)).slice(0, Activity.max);
       const rows = sorted.map((r) => {
-        const known = Activity.byId.get(r.id);
+        const known = Activity.byKey.get(keyOf(r));
         return known ? known.row : Activity.makeRow(r);
       });
-      Activity.byId = new Map(sorted.map((r, i) => [r.id, { r, row: rows[i] }]));
+      Activity.byKey = new Map(sorted.map((r, i) => [keyOf(r), { r, row: rows[i] }]));
       $('#activity tbody').replaceChildren(...rows);
       Activity.count();
     },
@@ -616,15 +619,15 @@
       const tbody = $('#activity tbody');
       while (tbody.rows.length > Activity.max) {
         const row = tbody.lastElementChild;
-        Activity.byId.delete(row.dataset.requestId);
+        Activity.byKey.delete(row.dataset.key);
         row.remove();
       }
     },
 
     count() {
-      const total = Activity.byId.size;
+      const total = Activity.byKey.size;
       let shown = total;
-      if (Activity.query) shown = [...Activity.byId.values()].filter((v) => !v.row.hidden).length;
+      if (Activity.query) shown = [...Activity.byKey.values()].filter((v) => !v.row.hidden).length;
       setText($('#activity-count'), Activity.query ? `${shown} of ${total} requests` : `${total} requests`);
       $('#activity-empty').hidden = total > 0;
     },
@@ -635,17 +638,19 @@
 
     filter(q) {
       Activity.query = q.trim().toLowerCase();
-      for (const { row } of Activity.byId.values()) row.hidden = !Activity.matches(row);
+      for (const { row } of Activity.byKey.values()) row.hidden = !Activity.matches(row);
       Activity.count();
     },
 
-    async open(id) {
-      Activity.selected = id;
-      for (const { row } of Activity.byId.values()) row.classList.toggle('selected', row.dataset.requestId === id);
-      const known = Activity.byId.get(id);
-      if (known) Activity.renderDetail(known.r, undefined, 'loading…');
-      const r = await api('GET', `/admin/requests/${encodeURIComponent(id)}`);
-      if (Activity.selected !== id) return; // another row was clicked meanwhile
+    async open(key) {
+      Activity.selected = key;
+      for (const { row } of Activity.byKey.values()) row.classList.toggle('selected', row.dataset.key === key);
+      const known = Activity.byKey.get(key);
+      if (!known) return;
+      Activity.renderDetail(known.r, undefined, 'loading…');
+      const seq = isNum(known.r.seq) ? `?seq=${known.r.seq}` : '';
+      const r = await api('GET', `/admin/requests/${encodeURIComponent(known.r.id)}${seq}`);
+      if (Activity.selected !== key) return; // another row was clicked meanwhile
       if (r.ok && r.data) Activity.renderDetail(r.data, r.data.capture, '');
       else if (known) Activity.renderDetail(known.r, undefined, r.status === 404 ? 'no longer in the gateway’s ring: its summary only' : r.message);
     },
@@ -678,13 +683,13 @@
     closeDetail() {
       Activity.selected = null;
       byTestId('request-detail').hidden = true;
-      for (const { row } of Activity.byId.values()) row.classList.remove('selected');
+      for (const { row } of Activity.byKey.values()) row.classList.remove('selected');
     },
 
     init() {
       $('#activity tbody').addEventListener('click', (e) => {
-        const row = e.target.closest('tr[data-request-id]');
-        if (row) Activity.open(row.dataset.requestId);
+        const row = e.target.closest('tr[data-key]');
+        if (row) Activity.open(row.dataset.key);
       });
       byTestId('activity-filter').addEventListener('input', (e) => Activity.filter(e.target.value));
       document.addEventListener('keydown', (e) => { if (e.key === 'Escape') Activity.closeDetail(); });
@@ -960,6 +965,17 @@
     Logs.init();
     Playground.init();
     Live.connect();
+    // A hidden tab holds no connection: a browser opens at most six to one host, and a few
+    // tabs left open would otherwise leave none for the buttons and the playground.
+    document.addEventListener('visibilitychange', () => {
+      if (document.hidden) {
+        Live.close();
+        if (Logs.active) Logs.close();
+      } else {
+        Live.connect();
+        if (Logs.active) Logs.open(byTestId('log-backend').value);
+      }
+    });
   }
 
   start();

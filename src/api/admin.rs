@@ -114,10 +114,22 @@ pub async fn require_admin(State(state): State<Arc<AppState>>, request: Request,
 /// The admin rule for a request's `headers` from `peer`: the admin key, an open `/ui` session's
 /// cookie, or (no admin key set) this machine; then the browser rules (no cross-site request; a
 /// `Host` of this gateway's unless the key itself came).
+///
+/// Wrong admin keys count as wrong sign-ins do (see `auth::session`): an address that sent ten
+/// this minute is refused (429) before its key is compared.
 pub(super) fn admit(state: &AppState, headers: &HeaderMap, peer: Option<SocketAddr>) -> Result<AdminBy, GatewayError> {
     let access = state.access();
+    let ip = peer.map(|p| p.ip());
+    let keyed = access.admin_key.is_some() && crate::auth::presented_key(headers).is_some();
+    if keyed && !state.sessions.may_try(ip) {
+        return Err(GatewayError::TooManySignIns);
+    }
     let session = session::token(headers).is_some_and(|t| state.sessions.valid(t, access.admin_key.as_ref()));
-    let by = crate::auth::admit_admin(&access, headers, peer, session)?;
+    let by = crate::auth::admit_admin(&access, headers, peer, session).inspect_err(|e| {
+        if matches!(e, GatewayError::InvalidApiKey(crate::error::KeyProblem::Incorrect)) && keyed {
+            state.sessions.failed(ip);
+        }
+    })?;
     browser::check(headers, by, &state.hosts)?;
     Ok(by)
 }
@@ -385,14 +397,24 @@ pub async fn requests(
     Ok(Json(json!({"requests": recent})))
 }
 
-/// GET `/admin/requests/{id}`: one request still in the ring, with its body when its model has
-/// `capture: true`.
+/// Query of `/admin/requests/{id}`.
+#[derive(serde::Deserialize)]
+pub struct RequestQuery {
+    /// The gateway's number of the request, when a client sent the same id twice.
+    seq: Option<u64>,
+}
+
+/// GET `/admin/requests/{id}[?seq=N]`: one request still in the ring (the newest of that id,
+/// or the one numbered `seq`), with its body when its model has `capture: true`.
 pub async fn request(
     State(state): State<Arc<AppState>>,
     id: Result<Path<String>, PathRejection>,
+    query: Result<Query<RequestQuery>, QueryRejection>,
 ) -> Result<Json<serde_json::Value>, GatewayError> {
     let Path(id) = id.map_err(bad_path)?;
-    let (summary, capture) = state.activity.request(&id).ok_or_else(|| GatewayError::UnknownRequest(id.clone()))?;
+    let Query(query) = query.map_err(|e| GatewayError::invalid(e.body_text(), Some("seq")))?;
+    let (summary, capture) =
+        state.activity.request(&id, query.seq).ok_or_else(|| GatewayError::UnknownRequest(id.clone()))?;
     let mut entry = json!(summary);
     entry["capture"] = json!(capture);
     Ok(Json(entry))

@@ -78,6 +78,9 @@ pub struct AppState {
     /// The file the configuration was loaded from (`mlxgate serve`), which `/admin/reload`
     /// reads again; unset when the gateway was given a configuration in code.
     config_file: OnceLock<PathBuf>,
+    /// The last snapshot of the state as JSON and when it was made: the open pages' feeds
+    /// share one per tick (see `admin::snapshot_text`).
+    snapshot: std::sync::Mutex<Option<(std::time::Instant, Arc<str>)>>,
 }
 
 impl AppState {
@@ -105,6 +108,7 @@ impl AppState {
             sessions: Sessions::default(),
             closing: Arc::new(Cutoff::default()),
             config_file: OnceLock::new(),
+            snapshot: std::sync::Mutex::default(),
         })
     }
 
@@ -112,6 +116,19 @@ impl AppState {
     pub fn loaded_from(&self, path: &Path) {
         let absolute = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
         let _ = self.config_file.set(absolute);
+    }
+
+    /// The state's snapshot as JSON, made at most once per `fresh` for all who ask.
+    pub(crate) fn snapshot_text(&self, fresh: std::time::Duration) -> Arc<str> {
+        let mut cache = self.snapshot.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some((at, text)) = cache.as_ref()
+            && at.elapsed() < fresh
+        {
+            return Arc::clone(text);
+        }
+        let text: Arc<str> = serde_json::to_string(&admin::snapshot(self)).unwrap_or_default().into();
+        *cache = Some((std::time::Instant::now(), Arc::clone(&text)));
+        text
     }
 
     /// The file the configuration came from, when it came from one.
@@ -132,6 +149,14 @@ impl AppState {
     /// the new keys and then finds the old limits; buckets keep their state.
     pub fn reload_access(&self, config: &Config) {
         let mut access = self.access.write().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let same_admin_key = match (&access.admin_key, &config.admin_key) {
+            (Some(old), Some(new)) => bool::from(subtle::ConstantTimeEq::ct_eq(old, new)),
+            (old, new) => old.is_none() && new.is_none(),
+        };
+        if !same_admin_key {
+            // A new admin key ends every /ui session (and one changed back revives none).
+            self.sessions.close_all();
+        }
         self.limiter.configure_clients(config);
         *access = Arc::new(Access::of(config));
         declare_client_series(&self.metrics, config, &self.limiter);

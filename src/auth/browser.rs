@@ -38,6 +38,16 @@ pub struct Hosts {
 }
 
 impl Hosts {
+    /// Whether `origin`'s host is one named in `admin_hosts:` (by name, not `*`): the public
+    /// name a reverse proxy serves the gateway by, which rewrites `Host` but not `Origin`.
+    fn names_origin(&self, origin: &str) -> bool {
+        let Some((_, authority)) = origin.split_once("://") else { return false };
+        let name = host_name(authority).trim_end_matches('.').to_ascii_lowercase();
+        self.extra.contains(&name)
+    }
+}
+
+impl Hosts {
     /// This machine's name and `admin_hosts`.
     pub fn of_machine(extra: &[String]) -> Hosts {
         let machine = nix::unistd::gethostname().ok().and_then(|n| n.into_string().ok()).map(|n| {
@@ -50,7 +60,8 @@ impl Hosts {
     /// Whether `host` (a `Host` header's name, without its port; any case) is one of them.
     pub fn allows(&self, host: &str) -> bool {
         let host = host.trim_end_matches('.').to_ascii_lowercase();
-        if host.parse::<std::net::IpAddr>().is_ok() || (host.starts_with('[') && host.ends_with(']')) {
+        let ipv6 = host.strip_prefix('[').and_then(|h| h.strip_suffix(']'));
+        if host.parse::<std::net::IpAddr>().is_ok() || ipv6.is_some_and(|h| h.parse::<std::net::Ipv6Addr>().is_ok()) {
             return true;
         }
         if host == "localhost" || host.ends_with(".localhost") {
@@ -72,18 +83,25 @@ fn host_name(authority: &str) -> &str {
 
 /// Refuses what a web page could do (see the module's header): a cross-site request always;
 /// a foreign `Host` when `by` is what a browser brings by itself.
+///
+/// An `Origin` is this gateway's when it names the request's `Host`, or a name listed in
+/// `admin_hosts` (behind a reverse proxy that rewrites `Host`). A request with no `Host` at all
+/// (HTTP/1.0 from a tool) is no browser's.
 pub fn check(headers: &HeaderMap, by: AdminBy, hosts: &Hosts) -> Result<(), GatewayError> {
-    let host = headers.get(header::HOST).and_then(|h| h.to_str().ok()).unwrap_or("");
-    if let Some(origin) = headers.get(header::ORIGIN) {
+    let host = headers.get(header::HOST).map(|h| h.to_str().unwrap_or("\u{fffd}"));
+    for origin in headers.get_all(header::ORIGIN) {
         let origin_text = String::from_utf8_lossy(origin.as_bytes()).into_owned();
-        if !same_origin(&origin_text, host) {
+        if !(same_origin(&origin_text, host.unwrap_or("")) || hosts.names_origin(&origin_text)) {
             return Err(GatewayError::CrossSite { origin: origin_text.chars().take(100).collect() });
         }
     }
-    if headers.get("sec-fetch-site").is_some_and(|v| v.as_bytes() == b"cross-site") {
+    if headers.get_all("sec-fetch-site").iter().any(|v| v.as_bytes().eq_ignore_ascii_case(b"cross-site")) {
         return Err(GatewayError::CrossSite { origin: "(Sec-Fetch-Site: cross-site)".into() });
     }
-    if by != AdminBy::Key && !hosts.allows(host_name(host)) {
+    if let Some(host) = host
+        && by != AdminBy::Key
+        && !hosts.allows(host_name(host))
+    {
         return Err(GatewayError::ForeignHost(host.chars().take(100).collect()));
     }
     Ok(())
@@ -141,8 +159,15 @@ mod tests {
         ] {
             assert!(hosts.allows(ok), "{ok}");
         }
-        for bad in ["evil.example", "mac.evil.example", "localhost.evil.example", "macx.local", "", "gateway.lan.evil"]
-        {
+        for bad in [
+            "evil.example",
+            "mac.evil.example",
+            "localhost.evil.example",
+            "macx.local",
+            "",
+            "gateway.lan.evil",
+            "[evil.example]",
+        ] {
             assert!(!hosts.allows(bad), "{bad}");
         }
         assert!(Hosts { machine: None, extra: vec!["*".into()] }.allows("anything.example"));
@@ -190,6 +215,16 @@ mod tests {
         assert!(matches!(check(&rebound, AdminBy::Session, &hosts), Err(GatewayError::ForeignHost(_))));
         let tool = headers(&[("host", "gateway.example.com:8000")]);
         assert!(check(&tool, AdminBy::Key, &hosts).is_ok(), "a caller with the key may use any name");
-        assert!(matches!(check(&HeaderMap::new(), AdminBy::Loopback, &hosts), Err(GatewayError::ForeignHost(_))));
+        assert!(check(&HeaderMap::new(), AdminBy::Loopback, &hosts).is_ok(), "no Host: no browser (HTTP/1.0 tools)");
+        let shouting = headers(&[("host", "127.0.0.1:8000"), ("sec-fetch-site", "Cross-Site")]);
+        assert!(matches!(check(&shouting, AdminBy::Key, &hosts), Err(GatewayError::CrossSite { .. })));
+        let mut two = headers(&[("host", "127.0.0.1:8000"), ("origin", "http://127.0.0.1:8000")]);
+        two.append("origin", HeaderValue::from_static("http://evil.example"));
+        assert!(matches!(check(&two, AdminBy::Key, &hosts), Err(GatewayError::CrossSite { .. })), "every Origin");
+        // Behind a reverse proxy that rewrote Host: the public name is listed.
+        let proxied = headers(&[("host", "127.0.0.1:8000"), ("origin", "https://gateway.lan")]);
+        assert!(check(&proxied, AdminBy::Session, &hosts).is_ok());
+        let unlisted = headers(&[("host", "127.0.0.1:8000"), ("origin", "https://other.lan")]);
+        assert!(matches!(check(&unlisted, AdminBy::Session, &hosts), Err(GatewayError::CrossSite { .. })));
     }
 }

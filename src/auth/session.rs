@@ -87,6 +87,13 @@ impl Sessions {
         found.into()
     }
 
+    /// Closes every session (the admin key changed).
+    pub fn close_all(&self) {
+        let mut state = self.state();
+        state.open.clear();
+        state.closed += 1;
+    }
+
     /// Closes the session of `token`, if open.
     pub fn close(&self, token: &[u8]) {
         let presented = digest(token);

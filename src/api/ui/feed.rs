@@ -34,6 +34,8 @@ const BACKLOG_REQUESTS: usize = 200;
 const BACKLOG_LINES: usize = 200;
 /// How often the state is compared with the last one sent.
 const STATE_EVERY: Duration = Duration::from_millis(500);
+/// A snapshot this young is shared by every open feed (one made per tick, not one per page).
+const SHARED: Duration = Duration::from_millis(400);
 /// A comment this often keeps proxies and the browser from closing an idle feed.
 const KEEP_ALIVE: Duration = Duration::from_secs(15);
 /// Events written and not yet read by the page.
@@ -122,7 +124,7 @@ async fn run_activity(state: Arc<AppState>, mut credentials: Credentials, tx: mp
     if state.closing.is_cut() {
         return;
     }
-    let mut last = serde_json::to_string(&admin::snapshot(&state)).unwrap_or_default();
+    let mut last = state.snapshot_text(SHARED);
     let first = Bytes::from(format!("event: state\ndata: {last}\n\n"));
     let (backlog, mut finished) = state.activity.follow(BACKLOG_REQUESTS);
     if tx.send(first).await.is_err() || tx.send(event("requests", &backlog)).await.is_err() {
@@ -145,7 +147,7 @@ async fn run_activity(state: Arc<AppState>, mut credentials: Credentials, tx: mp
                 if !credentials.still_admitted(&state) {
                     return;
                 }
-                let now = serde_json::to_string(&admin::snapshot(&state)).unwrap_or_default();
+                let now = state.snapshot_text(SHARED);
                 if now == last {
                     continue;
                 }
