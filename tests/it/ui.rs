@@ -1,2 +1,440 @@
-//! The /ui page's safety over plain HTTP (no browser): cross-site POSTs and foreign `Host`s
-//! refused, a remote caller's admin-key login and session, no prompt text in the activity feed.
+//! The /ui page's safety over plain HTTP (no browser; `ui_browser.rs` drives the page itself):
+//! cross-site POSTs refused (Origin), foreign `Host`s refused (DNS rebinding cannot reach the
+//! loopback rule), the admin key's sign-in and its session cookie (the only way a browser's
+//! `EventSource` can carry it) for remote callers, and no prompt text in the activity feed or a
+//! request's details unless the model's `capture` is on.
+
+use std::net::SocketAddr;
+
+use crate::common::*;
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
+
+const ADMIN_KEY: &str = "sk-admin-4c1e9b07d2a85f36";
+const SIM: &str = env!("CARGO_BIN_EXE_mlxgate-sim");
+
+fn sha256_hex(key: &str) -> String {
+    Sha256::digest(key.as_bytes()).iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// A managed `mlxgate-sim` backend `a` (it has a log and can be restarted) serving model `a`,
+/// and a remote backend `local` (the in-process simulator at `sim_url`) serving `qwen`.
+fn yaml(sim_url: &str, top: &str) -> String {
+    format!(
+        "{top}backends:\n  a:\n    kind: custom\n    command: ['{SIM}', '--port', '{{port}}', '--style', 'mlx-lm']\n    \
+         port: {}\n    max_concurrency: 2\n    stop_timeout: 5s\n  local: {{url: '{sim_url}', max_concurrency: 4}}\n\
+         models:\n  a: {{backend: a, max_wait: 120s}}\n  qwen: {{backend: local, upstream_model: tiny-qwen3}}\n",
+        free_port()
+    )
+}
+
+fn with_admin_key() -> String {
+    format!("admin_key_sha256: {}\n", sha256_hex(ADMIN_KEY))
+}
+
+/// The `host:port` of a gateway's address, as a browser's `Host` and `Origin` carry it.
+fn authority(gw: &Gateway) -> String {
+    gw.addr.to_string()
+}
+
+async fn status_and_text(response: reqwest::Response) -> (u16, String) {
+    let status = response.status().as_u16();
+    (status, response.text().await.unwrap_or_default())
+}
+
+/// Reads Server-Sent Events from a response, one at a time (bounded by `PATIENCE`).
+struct Events {
+    response: reqwest::Response,
+    buffer: String,
+    /// Every byte read, for checks over the whole feed.
+    seen: String,
+}
+
+impl Events {
+    fn new(response: reqwest::Response) -> Self {
+        Events { response, buffer: String::new(), seen: String::new() }
+    }
+
+    /// The next event's name and data (comments skipped).
+    async fn next(&mut self) -> (String, String) {
+        let read = tokio::time::timeout(PATIENCE, async {
+            loop {
+                let normalised = self.buffer.replace("\r\n", "\n");
+                if let Some(end) = normalised.find("\n\n") {
+                    let frame = normalised[..end].to_string();
+                    self.buffer = normalised[end + 2..].to_string();
+                    let mut name = String::from("message");
+                    let mut data: Vec<&str> = vec![];
+                    for line in frame.lines() {
+                        if let Some(v) = line.strip_prefix("event:") {
+                            name = v.trim().to_string();
+                        } else if let Some(v) = line.strip_prefix("data:") {
+                            data.push(v.strip_prefix(' ').unwrap_or(v));
+                        }
+                    }
+                    if !data.is_empty() {
+                        return Some((name, data.join("\n")));
+                    }
+                    continue;
+                }
+                match self.response.chunk().await {
+                    Ok(Some(chunk)) => {
+                        let text = String::from_utf8_lossy(&chunk);
+                        self.buffer.push_str(&text);
+                        self.seen.push_str(&text);
+                    }
+                    _ => return None,
+                }
+            }
+        })
+        .await;
+        match read {
+            Ok(Some(event)) => event,
+            Ok(None) => panic!("the feed ended; it had sent: {}", self.seen),
+            Err(_) => panic!("no event within {PATIENCE:?}; the feed had sent: {}", self.seen),
+        }
+    }
+
+    /// Reads events until one named `name` whose data passes `wanted`; returns its data.
+    async fn until(&mut self, name: &str, wanted: impl Fn(&Value) -> bool) -> Value {
+        loop {
+            let (event, data) = self.next().await;
+            if event == name {
+                let value: Value =
+                    serde_json::from_str(&data).unwrap_or_else(|e| panic!("{event} data is not JSON ({e}): {data}"));
+                if wanted(&value) {
+                    return value;
+                }
+            }
+        }
+    }
+}
+
+/// GET `path` with the given extra headers.
+async fn get(gw: &Gateway, path: &str, headers: &[(&str, &str)]) -> reqwest::Response {
+    let mut request = client().get(gw.url(path));
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    request.send().await.expect("send")
+}
+
+/// POST `path` (JSON `body`) with the given extra headers.
+async fn post_with(gw: &Gateway, path: &str, body: &Value, headers: &[(&str, &str)]) -> reqwest::Response {
+    let mut request = client().post(gw.url(path)).json(body);
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    request.send().await.expect("send")
+}
+
+// ---- Cross-site POSTs (Origin) ----
+
+#[tokio::test]
+async fn a_cross_site_post_is_refused_and_a_same_origin_or_origin_less_one_is_not() {
+    let sim = sim().await;
+    let gw = gateway(&yaml(&sim.url(), "")).await;
+    let same = format!("http://{}", authority(&gw));
+    // A page elsewhere (or a sandboxed one: `Origin: null`) posting to the gateway from this
+    // machine's browser: the peer is loopback, which alone would pass the admin rule.
+    for origin in ["http://evil.example", "http://evil.example:8000", "null", "http://localhost.evil.example"] {
+        for path in ["/admin/backends/a/restart", "/admin/backends/a/stop", "/admin/backends/local/drain"] {
+            let (status, text) = status_and_text(post_with(&gw, path, &json!({}), &[("origin", origin)]).await).await;
+            assert_eq!(status, 403, "POST {path} from Origin {origin}: {text}");
+        }
+        let login = post_with(&gw, "/ui/login", &json!({"key": ADMIN_KEY}), &[("origin", origin)]).await;
+        assert_eq!(login.status(), 403, "POST /ui/login from Origin {origin}");
+    }
+    assert_eq!(backend_state(&gw, "a").await["state"], "stopped", "no refused POST reached the backend");
+    assert_eq!(backend_state(&gw, "local").await["drained"], false, "no refused POST drained it");
+
+    // The page's own POSTs (same origin) and the CLI's (no Origin: `mlxgate drain`) go through.
+    let drain = post_with(&gw, "/admin/backends/local/drain", &json!({}), &[("origin", &same)]).await;
+    assert_eq!(drain.status(), 200, "same-origin drain");
+    let undrain = post_with(&gw, "/admin/backends/local/undrain", &json!({}), &[]).await;
+    assert_eq!(undrain.status(), 200, "origin-less undrain");
+    let (status, text) =
+        status_and_text(post_with(&gw, "/admin/backends/a/restart", &json!({}), &[("origin", &same)]).await).await;
+    assert_eq!(status, 202, "same-origin restart: {text}");
+    let answer: Value = serde_json::from_str(&text).expect("json");
+    assert_eq!(answer["backend"], "a", "{answer}");
+}
+
+#[tokio::test]
+async fn a_cross_site_login_is_refused_even_with_the_right_key() {
+    let sim = sim().await;
+    let gw = gateway(&yaml(&sim.url(), &with_admin_key())).await;
+    let evil = post_with(&gw, "/ui/login", &json!({"key": ADMIN_KEY}), &[("origin", "http://evil.example")]).await;
+    assert_eq!(evil.status(), 403);
+    assert!(evil.headers().get("set-cookie").is_none(), "no session for a cross-site login");
+    // The same key from the page's own origin signs in.
+    let same = format!("http://{}", authority(&gw));
+    let login = post_with(&gw, "/ui/login", &json!({"key": ADMIN_KEY}), &[("origin", &same)]).await;
+    assert_eq!(login.status(), 204);
+}
+
+// ---- Foreign Host (DNS rebinding) ----
+
+#[tokio::test]
+async fn a_foreign_host_is_refused_on_the_page_and_its_feeds_and_the_machines_own_names_are_not() {
+    let sim = sim().await;
+    let gw = gateway(&yaml(&sim.url(), "")).await;
+    let port = gw.addr.port();
+    // A page of evil.example whose name now resolves to 127.0.0.1: same-origin for the browser,
+    // so no Origin check helps; only the Host it sends tells.
+    for host in ["evil.example:8000", &format!("evil.example:{port}"), "evil.example"] {
+        for path in ["/ui", "/ui/events", "/ui/events/logs/a"] {
+            let (status, text) = status_and_text(get(&gw, path, &[("host", host)]).await).await;
+            assert_eq!(status, 403, "GET {path} with Host {host}: {text}");
+        }
+    }
+    for host in [format!("127.0.0.1:{port}"), format!("localhost:{port}")] {
+        let (status, text) = status_and_text(get(&gw, "/ui", &[("host", &host)]).await).await;
+        assert_eq!(status, 200, "Host {host}");
+        assert!(text.contains("data-auth=\"ok\""), "loopback without an admin key: the page itself: {text}");
+        let events = get(&gw, "/ui/events", &[("host", &host)]).await;
+        assert_eq!(events.status(), 200, "Host {host}");
+    }
+}
+
+#[tokio::test]
+async fn a_foreign_host_cannot_reach_the_admin_api_through_the_loopback_rule() {
+    let sim = sim().await;
+    let gw = gateway(&yaml(&sim.url(), "")).await;
+    // The admin API serves the same rule as the page; a rebinding page reading the backends'
+    // logs (a server may log prompts) or restarting them is the same attack.
+    let (status, text) = status_and_text(get(&gw, "/admin/backends", &[("host", "evil.example:8000")]).await).await;
+    assert_eq!(status, 403, "GET /admin/backends with a foreign Host: {text}");
+    let (status, text) =
+        status_and_text(get(&gw, "/admin/backends/a/logs", &[("host", "evil.example:8000")]).await).await;
+    assert_eq!(status, 403, "GET /admin/backends/a/logs with a foreign Host: {text}");
+    let restart = post_with(&gw, "/admin/backends/a/restart", &json!({}), &[("host", "evil.example:8000")]).await;
+    assert_eq!(restart.status(), 403, "POST restart with a foreign Host");
+    assert_eq!(get(&gw, "/admin/backends", &[]).await.status(), 200, "its own Host is served");
+}
+
+// ---- The admin key: 401, sign-in, the session cookie, sign-out ----
+
+/// The `name=value` of a `Set-Cookie` header, and its attributes (lower-cased names).
+fn parse_set_cookie(header: &str) -> (String, Vec<String>) {
+    let mut parts = header.split(';').map(str::trim);
+    let pair = parts.next().unwrap_or_default().to_string();
+    (pair, parts.map(|a| a.to_ascii_lowercase()).collect())
+}
+
+/// The checks of a caller at `gw`, which has an admin key: refused without it, signs in with
+/// it, rides the session on the page and both feeds, and is refused again after signing out.
+async fn sign_in_and_out(gw: &Gateway, peer: &str) {
+    for path in ["/ui", "/ui/events", "/ui/events/logs/a"] {
+        let (status, text) = status_and_text(get(gw, path, &[]).await).await;
+        assert_eq!(status, 401, "{peer}: GET {path} without the key: {text}");
+        if path == "/ui" {
+            assert!(text.contains("data-auth=\"login\""), "{peer}: the login page: {text}");
+        }
+    }
+    // The page's assets are public (the login form needs them).
+    for asset in ["/ui/app.js", "/ui/style.css"] {
+        let r = get(gw, asset, &[]).await;
+        assert_eq!(r.status(), 200, "{peer}: {asset}");
+        assert_eq!(r.headers().get("cache-control").map(|v| v.as_bytes()), Some(&b"no-cache"[..]), "{asset}");
+    }
+
+    let wrong = post_with(gw, "/ui/login", &json!({"key": "sk-admin-0000000000000000"}), &[]).await;
+    assert!(wrong.headers().get("set-cookie").is_none(), "{peer}: no session for a wrong key");
+    let (status, text) = status_and_text(wrong).await;
+    assert_eq!(status, 401, "{peer}: wrong key: {text}");
+    let body: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
+    assert!(body["error"]["message"].is_string(), "{peer}: an error message: {text}");
+
+    let login = post_with(gw, "/ui/login", &json!({"key": ADMIN_KEY}), &[]).await;
+    assert_eq!(login.status(), 204, "{peer}: the right key");
+    let set_cookie = login.headers().get("set-cookie").expect("a session cookie").to_str().expect("ascii").to_string();
+    let (pair, attributes) = parse_set_cookie(&set_cookie);
+    assert!(pair.starts_with("mlxgate_session="), "{set_cookie}");
+    assert!(pair.len() > "mlxgate_session=".len() + 16, "a session id worth guessing nothing from: {set_cookie}");
+    assert!(attributes.iter().any(|a| a == "httponly"), "HttpOnly: {set_cookie}");
+    assert!(attributes.iter().any(|a| a == "samesite=strict"), "SameSite=Strict: {set_cookie}");
+    assert!(attributes.iter().any(|a| a == "path=/"), "Path=/: {set_cookie}");
+    assert!(
+        !set_cookie.contains(ADMIN_KEY) && !set_cookie.contains(&sha256_hex(ADMIN_KEY)),
+        "the key is not the cookie"
+    );
+    let cookie = pair.as_str();
+
+    let (status, text) = status_and_text(get(gw, "/ui", &[("cookie", cookie)]).await).await;
+    assert_eq!(status, 200, "{peer}: the page with the session");
+    assert!(text.contains("data-auth=\"ok\""), "{text}");
+    assert!(!text.contains(ADMIN_KEY), "the page never shows the key");
+    let events = get(gw, "/ui/events", &[("cookie", cookie)]).await;
+    assert_eq!(events.status(), 200, "{peer}: the feed with the session");
+    let content_type = events.headers().get("content-type").map(|v| v.to_str().unwrap_or("").to_string());
+    assert!(content_type.as_deref().is_some_and(|t| t.starts_with("text/event-stream")), "{content_type:?}");
+    let mut feed = Events::new(events);
+    let state = feed.until("state", |_| true).await;
+    assert_eq!(state["admin_key"], true, "{state}");
+    let names: Vec<&str> =
+        state["backends"].as_array().expect("backends").iter().filter_map(|b| b["name"].as_str()).collect();
+    assert!(names.contains(&"a") && names.contains(&"local"), "{state}");
+    assert!(!feed.seen.contains(ADMIN_KEY) && !feed.seen.contains(&sha256_hex(ADMIN_KEY)), "no key in the feed");
+    drop(feed);
+    let logs = get(gw, "/ui/events/logs/a", &[("cookie", cookie)]).await;
+    assert_eq!(logs.status(), 200, "{peer}: a backend's log feed with the session");
+    drop(logs);
+    // The admin API takes the session too (the page's buttons), and the key as a header still.
+    assert_eq!(get(gw, "/admin/backends", &[("cookie", cookie)]).await.status(), 200, "{peer}");
+    let bearer = format!("Bearer {ADMIN_KEY}");
+    assert_eq!(get(gw, "/ui/events", &[("authorization", &bearer)]).await.status(), 200, "{peer}: the key itself");
+    // A made-up session is none.
+    let forged = get(gw, "/ui", &[("cookie", "mlxgate_session=0123456789abcdef0123456789abcdef")]).await;
+    assert_eq!(forged.status(), 401, "{peer}: a forged session");
+
+    let logout = post_with(gw, "/ui/logout", &json!({}), &[("cookie", cookie)]).await;
+    assert_eq!(logout.status(), 204, "{peer}: sign out");
+    for path in ["/ui", "/ui/events", "/ui/events/logs/a"] {
+        let (status, text) = status_and_text(get(gw, path, &[("cookie", cookie)]).await).await;
+        assert_eq!(status, 401, "{peer}: GET {path} with the session after logout: {text}");
+    }
+    assert_eq!(get(gw, "/admin/backends", &[("cookie", cookie)]).await.status(), 401, "{peer}: the session is gone");
+}
+
+#[tokio::test]
+async fn with_an_admin_key_a_local_caller_signs_in_too() {
+    // With a key set, loopback no longer suffices (the admin rule): the same sign-in.
+    let sim = sim().await;
+    let gw = gateway(&yaml(&sim.url(), &with_admin_key())).await;
+    sign_in_and_out(&gw, "loopback").await;
+}
+
+#[tokio::test]
+async fn a_remote_caller_gets_401_until_it_signs_in_with_the_admin_key() {
+    let Some(ip) = non_loopback_address() else {
+        eprintln!("SKIPPED: this machine has no non-loopback address (the loopback half runs in the test above)");
+        return;
+    };
+    let sim = sim().await;
+    let gw = gateway_on(&yaml(&sim.url(), &with_admin_key()), SocketAddr::new(ip, 0)).await;
+    sign_in_and_out(&gw, &format!("remote {ip}")).await;
+}
+
+#[tokio::test]
+async fn a_remote_caller_without_an_admin_key_configured_is_forbidden_and_told_why() {
+    let Some(ip) = non_loopback_address() else {
+        eprintln!("SKIPPED: this machine has no non-loopback address");
+        return;
+    };
+    let sim = sim().await;
+    let gw = gateway_on(&yaml(&sim.url(), ""), SocketAddr::new(ip, 0)).await;
+    let (status, text) = status_and_text(get(&gw, "/ui", &[]).await).await;
+    assert_eq!(status, 403, "{text}");
+    assert!(text.contains("data-auth=\"forbidden\""), "{text}");
+    assert!(text.contains("admin_key_sha256"), "the page says how to open it from elsewhere: {text}");
+    for path in ["/ui/events", "/ui/events/logs/a", "/admin/backends"] {
+        let (status, text) = status_and_text(get(&gw, path, &[]).await).await;
+        assert_eq!(status, 403, "GET {path}: {text}");
+    }
+    let login = post_with(&gw, "/ui/login", &json!({"key": ADMIN_KEY}), &[]).await;
+    assert_eq!(login.status(), 403, "no key to sign in with");
+}
+
+#[tokio::test]
+async fn failed_sign_ins_are_limited() {
+    let sim = sim().await;
+    let gw = gateway(&yaml(&sim.url(), &with_admin_key())).await;
+    // Guessing the key: refused, then refused faster (429) within a bounded number of tries.
+    let mut statuses = vec![];
+    for attempt in 0..100 {
+        let guess = format!("sk-admin-guess-{attempt:04}");
+        let status = post_with(&gw, "/ui/login", &json!({"key": guess}), &[]).await.status().as_u16();
+        statuses.push(status);
+        if status == 429 {
+            break;
+        }
+        assert_eq!(status, 401, "attempt {attempt}");
+    }
+    assert_eq!(statuses.last(), Some(&429), "100 wrong keys in a row and never a 429: {statuses:?}");
+}
+
+// ---- No prompt text in the feed unless capture is on ----
+
+/// A gateway on the simulator with `open` (capture off) and `captured` (`capture: true`).
+async fn capture_gateway(sim: &mlxgate::sim::SimHandle) -> Gateway {
+    gateway(&format!(
+        "backends:\n  local: {{url: '{}', max_concurrency: 4}}\n\
+         models:\n  open: {{backend: local, upstream_model: tiny-qwen3}}\n  \
+         captured: {{backend: local, upstream_model: tiny-qwen3, capture: true}}\n",
+        sim.url()
+    ))
+    .await
+}
+
+/// Sends a streamed chat whose prompt is `prompt` to `model`; its request id.
+async fn chat_with(gw: &Gateway, model: &str, prompt: &str) -> String {
+    let body = json!({"model": model, "stream": true, "messages": [{"role": "user", "content": prompt}],
+        "sim": {"tokens": 3}});
+    let r = post(gw, "/v1/chat/completions", &body).await;
+    assert_eq!(r.status(), 200);
+    let id = r.headers().get("x-request-id").expect("x-request-id").to_str().expect("ascii").to_string();
+    let text = text_of(r).await;
+    assert!(text.contains("[DONE]"), "{text}");
+    id
+}
+
+async fn details(gw: &Gateway, id: &str) -> Value {
+    let r = get(gw, &format!("/admin/requests/{id}"), &[]).await;
+    assert_eq!(r.status(), 200, "/admin/requests/{id}");
+    r.json().await.expect("json")
+}
+
+#[tokio::test]
+async fn the_activity_feed_never_carries_a_prompt_and_details_only_when_capture_is_on() {
+    let sim = sim().await;
+    let gw = capture_gateway(&sim).await;
+    let mut feed = Events::new(get(&gw, "/ui/events", &[]).await);
+    feed.until("requests", |v| v.is_array()).await;
+
+    let marker = format!("PROMPT-MARKER-{:x}", std::process::id() as u64 * 7_919 + 13);
+    let open = chat_with(&gw, "open", &format!("please remember {marker} for me")).await;
+    let summary = feed.until("request", |v| v["id"] == open.as_str()).await;
+    assert_eq!(summary["model"], "open", "{summary}");
+    assert_eq!(summary["backend"], "local", "{summary}");
+    assert_eq!(summary["status"], 200, "{summary}");
+    assert_eq!(summary["face"], "chat", "{summary}");
+    assert_eq!(summary["streaming"], true, "{summary}");
+    assert_eq!(summary["captured"], false, "{summary}");
+    let detail = details(&gw, &open).await;
+    assert_eq!(detail["id"], open.as_str(), "{detail}");
+    assert_eq!(detail["capture"], Value::Null, "capture is off for `open`: {detail}");
+    assert!(!detail.to_string().contains(&marker), "no prompt text in the details: {detail}");
+
+    let captured = chat_with(&gw, "captured", &format!("and this one {marker} too")).await;
+    let summary = feed.until("request", |v| v["id"] == captured.as_str()).await;
+    assert_eq!(summary["captured"], true, "{summary}");
+    let detail = details(&gw, &captured).await;
+    let body = detail["capture"]["body"].as_str().unwrap_or_else(|| panic!("a captured body: {detail}"));
+    assert!(body.contains(&marker), "the captured body is the request's: {body}");
+    assert_eq!(detail["capture"]["truncated"], false, "{detail}");
+
+    // Neither the live feed nor a new page's backlog carries a prompt, captured or not.
+    assert!(!feed.seen.contains(&marker), "the live feed carried a prompt: {}", feed.seen);
+    drop(feed);
+    let mut fresh = Events::new(get(&gw, "/ui/events", &[]).await);
+    let backlog = fresh.until("requests", |v| v.is_array()).await;
+    let ids: Vec<&str> = backlog.as_array().expect("array").iter().filter_map(|r| r["id"].as_str()).collect();
+    assert_eq!(ids, [captured.as_str(), open.as_str()], "the backlog, newest first");
+    assert!(!fresh.seen.contains(&marker), "the backlog carried a prompt: {}", fresh.seen);
+}
+
+#[tokio::test]
+async fn a_captured_body_is_bounded() {
+    let sim = sim().await;
+    let gw = capture_gateway(&sim).await;
+    // A prompt far over any sensible capture (its text is never needed whole to debug a request).
+    let marker = "CAPTURE-HEAD";
+    let prompt = format!("{marker} {}", "lorem ipsum dolor sit amet ".repeat(40_000));
+    let id = chat_with(&gw, "captured", &prompt).await;
+    let detail = details(&gw, &id).await;
+    let body = detail["capture"]["body"].as_str().unwrap_or_else(|| panic!("a captured body: {detail}"));
+    assert_eq!(detail["capture"]["truncated"], true, "a {} byte body", prompt.len());
+    assert!(body.len() < prompt.len(), "bounded: {} bytes kept of {}", body.len(), prompt.len());
+    assert!(body.contains(marker), "its beginning is kept");
+}

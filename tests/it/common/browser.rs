@@ -134,11 +134,6 @@ impl Browser {
         element.attr(name).await.ok().flatten()
     }
 
-    /// How many elements match `css`.
-    pub async fn count(&self, css: &str) -> usize {
-        self.client().find_all(Locator::Css(css)).await.map_or(0, |e| e.len())
-    }
-
     /// Waits (reading the page every 200 ms, at most [`PATIENCE`]) until the text of the first
     /// element matching `css` passes `ok`; returns it. A wait, not a timing assertion: the
     /// failure message says what the page showed last.
