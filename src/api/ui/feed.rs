@@ -1,0 +1,147 @@
+//! The `/ui` page's live feeds, as Server-Sent Events (the browser's `EventSource` reconnects
+//! by itself): `/ui/events` — the state of everything (`state`, when it changed, checked twice a
+//! second), the last finished requests (`requests`, once) and each one as it finishes
+//! (`request`) — and `/ui/events/logs/{name}`, a managed backend's output (`line`, the last 200
+//! then each new one, the gateway's marks of starts and ends among them).
+//!
+//! Each open feed is one task writing into a bounded channel that the response body reads: a
+//! page that reads slowly makes its task wait, and the rings it follows tell it how many
+//! entries it missed (`lagged`) rather than holding them. With no page open nothing here runs.
+//! Feeds end when the page goes away or the gateway begins to shut down.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::{Body, Bytes};
+use axum::extract::rejection::PathRejection;
+use axum::extract::{Path, State};
+use axum::http::{HeaderValue, header};
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+use tokio::sync::{broadcast, mpsc};
+
+use super::super::AppState;
+use super::super::admin;
+use crate::error::GatewayError;
+
+/// How many requests the activity feed starts with.
+const BACKLOG_REQUESTS: usize = 200;
+/// How many log lines the log feed starts with.
+const BACKLOG_LINES: usize = 200;
+/// How often the state is compared with the last one sent.
+const STATE_EVERY: Duration = Duration::from_millis(500);
+/// A comment this often keeps proxies and the browser from closing an idle feed.
+const KEEP_ALIVE: Duration = Duration::from_secs(15);
+/// Events written and not yet read by the page.
+const PENDING: usize = 32;
+
+/// One SSE event: `event: NAME` and its JSON on one `data:` line (JSON never holds a raw
+/// newline).
+fn event(name: &str, data: &impl Serialize) -> Bytes {
+    let json = serde_json::to_string(data).unwrap_or_else(|_| "null".into());
+    Bytes::from(format!("event: {name}\ndata: {json}\n\n"))
+}
+
+/// The response whose body is what the task given the sender writes.
+fn stream(run: impl FnOnce(mpsc::Sender<Bytes>) -> tokio::task::JoinHandle<()>) -> Response {
+    let (tx, rx) = mpsc::channel::<Bytes>(PENDING);
+    run(tx);
+    let body = futures_util::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|bytes| (Ok::<_, Infallible>(bytes), rx))
+    });
+    let mut response = Body::from_stream(body).into_response();
+    let headers = response.headers_mut();
+    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    // A buffering proxy in front (nginx) would hold the events back.
+    headers.insert("x-accel-buffering", HeaderValue::from_static("no"));
+    response
+}
+
+/// GET `/ui/events`.
+pub async fn activity(State(state): State<Arc<AppState>>) -> Response {
+    stream(|tx| tokio::spawn(run_activity(state, tx)))
+}
+
+async fn run_activity(state: Arc<AppState>, tx: mpsc::Sender<Bytes>) {
+    let mut closing = state.closing.notified();
+    if state.closing.is_cut() {
+        return;
+    }
+    let mut last = serde_json::to_string(&admin::snapshot(&state)).unwrap_or_default();
+    let first = Bytes::from(format!("event: state\ndata: {last}\n\n"));
+    let (backlog, mut finished) = state.activity.follow(BACKLOG_REQUESTS);
+    if tx.send(first).await.is_err() || tx.send(event("requests", &backlog)).await.is_err() {
+        return;
+    }
+    drop(backlog);
+    let mut tick = tokio::time::interval(STATE_EVERY);
+    let mut keep_alive = tokio::time::interval(KEEP_ALIVE);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        let frame = tokio::select! {
+            () = &mut closing => return,
+            () = tx.closed() => return,
+            received = finished.recv() => match received {
+                Ok(summary) => event("request", &summary),
+                Err(broadcast::error::RecvError::Lagged(missed)) => event("lagged", &serde_json::json!({"missed": missed})),
+                Err(broadcast::error::RecvError::Closed) => return,
+            },
+            _ = tick.tick() => {
+                let now = serde_json::to_string(&admin::snapshot(&state)).unwrap_or_default();
+                if now == last {
+                    continue;
+                }
+                let frame = Bytes::from(format!("event: state\ndata: {now}\n\n"));
+                last = now;
+                frame
+            }
+            _ = keep_alive.tick() => Bytes::from_static(b": keep-alive\n\n"),
+        };
+        if tx.send(frame).await.is_err() {
+            return;
+        }
+    }
+}
+
+/// GET `/ui/events/logs/{name}`: a managed backend's output (404 for another backend).
+pub async fn logs(
+    State(state): State<Arc<AppState>>,
+    name: Result<Path<String>, PathRejection>,
+) -> Result<Response, GatewayError> {
+    let Path(name) = name.map_err(|e| GatewayError::invalid(e.body_text(), None))?;
+    let supervisor = state.dispatch.supervisors.get(&name).ok_or_else(|| GatewayError::UnknownBackend(name.clone()))?;
+    let logs = Arc::clone(&supervisor.logs);
+    Ok(stream(|tx| {
+        tokio::spawn(async move {
+            let mut closing = state.closing.notified();
+            if state.closing.is_cut() {
+                return;
+            }
+            let (backlog, mut lines) = logs.follow(BACKLOG_LINES);
+            drop(logs);
+            for line in backlog {
+                if tx.send(event("line", &*line)).await.is_err() {
+                    return;
+                }
+            }
+            let mut keep_alive = tokio::time::interval(KEEP_ALIVE);
+            loop {
+                let frame = tokio::select! {
+                    () = &mut closing => return,
+                    () = tx.closed() => return,
+                    received = lines.recv() => match received {
+                        Ok(line) => event("line", &*line),
+                        Err(broadcast::error::RecvError::Lagged(missed)) => event("lagged", &serde_json::json!({"missed": missed})),
+                        Err(broadcast::error::RecvError::Closed) => return,
+                    },
+                    _ = keep_alive.tick() => Bytes::from_static(b": keep-alive\n\n"),
+                };
+                if tx.send(frame).await.is_err() {
+                    return;
+                }
+            }
+        })
+    }))
+}

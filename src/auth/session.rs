@@ -1,0 +1,180 @@
+//! `/ui` sessions: a browser on another machine signs in once with the admin key and holds a
+//! cookie (`mlxgate_session`, `HttpOnly`, `SameSite=Strict`), which the page's live feeds ride
+//! on (`EventSource` cannot send an `Authorization` header).
+//!
+//! A token is 32 bytes from the OS's generator; only its SHA-256 is kept, compared in constant
+//! time, with the digest of the admin key it was opened with — a reload that changes the key
+//! ends every session. At most [`MAX_SESSIONS`] live (the oldest closed first), each for
+//! [`LIFETIME`]; at most [`MAX_FAILURES`] wrong keys a minute are tried (the key is guessed
+//! no faster than that).
+
+use std::collections::VecDeque;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use axum::http::{HeaderMap, HeaderValue, header};
+use sha2::{Digest, Sha256};
+use subtle::ConstantTimeEq;
+
+use crate::config::KeyHash;
+
+/// The cookie's name.
+pub const COOKIE: &str = "mlxgate_session";
+/// How many sessions may be open at once.
+pub const MAX_SESSIONS: usize = 64;
+/// How long a session lasts.
+pub const LIFETIME: Duration = Duration::from_secs(12 * 3600);
+/// Wrong keys tried per minute before sign-ins are refused for the rest of it.
+pub const MAX_FAILURES: usize = 10;
+
+struct Session {
+    token: [u8; 32],
+    key: KeyHash,
+    until: Instant,
+}
+
+#[derive(Default)]
+struct State {
+    open: VecDeque<Session>,
+    failures: VecDeque<Instant>,
+}
+
+/// The open sessions.
+#[derive(Default)]
+pub struct Sessions(Mutex<State>);
+
+impl Sessions {
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Opens a session for the admin key `key`; its token, to go in the cookie (64 hex digits).
+    pub fn open(&self, key: KeyHash) -> Result<String, getrandom::Error> {
+        let mut token = [0u8; 32];
+        getrandom::fill(&mut token)?;
+        let now = Instant::now();
+        let mut state = self.state();
+        state.open.retain(|s| s.until > now);
+        if state.open.len() >= MAX_SESSIONS {
+            state.open.pop_front();
+        }
+        state.open.push_back(Session { token: digest(&token), key, until: now + LIFETIME });
+        Ok(token.iter().map(|b| format!("{b:02x}")).collect())
+    }
+
+    /// Whether `token` is an open session's, opened with the admin key in force (`key`).
+    pub fn valid(&self, token: &[u8], key: Option<&KeyHash>) -> bool {
+        let Some(key) = key else { return false };
+        let presented = digest(token);
+        let now = Instant::now();
+        let state = self.state();
+        let mut found = subtle::Choice::from(0);
+        for session in &state.open {
+            let live = subtle::Choice::from(u8::from(session.until > now));
+            found |= session.token.ct_eq(&presented) & session.key.ct_eq(key) & live;
+        }
+        found.into()
+    }
+
+    /// Closes the session of `token`, if open.
+    pub fn close(&self, token: &[u8]) {
+        let presented = digest(token);
+        self.state().open.retain(|s| !bool::from(s.token.ct_eq(&presented)));
+    }
+
+    /// Whether a sign-in may be tried now (fewer than [`MAX_FAILURES`] wrong keys this minute).
+    pub fn may_try(&self) -> bool {
+        let mut state = self.state();
+        let now = Instant::now();
+        while state.failures.front().is_some_and(|t| now.duration_since(*t) > Duration::from_secs(60)) {
+            state.failures.pop_front();
+        }
+        state.failures.len() < MAX_FAILURES
+    }
+
+    /// Counts a wrong key.
+    pub fn failed(&self) {
+        let mut state = self.state();
+        state.failures.push_back(Instant::now());
+        if state.failures.len() > MAX_FAILURES {
+            state.failures.pop_front();
+        }
+    }
+}
+
+fn digest(token: &[u8]) -> [u8; 32] {
+    Sha256::digest(token).into()
+}
+
+/// The session token a request's `Cookie` headers carry.
+pub fn token(headers: &HeaderMap) -> Option<&[u8]> {
+    headers
+        .get_all(header::COOKIE)
+        .iter()
+        .flat_map(|value| value.as_bytes().split(|&b| b == b';'))
+        .find_map(|pair| {
+            let pair = pair.trim_ascii();
+            let value = pair.strip_prefix(COOKIE.as_bytes())?.strip_prefix(b"=")?;
+            (!value.is_empty()).then_some(value)
+        })
+}
+
+/// The `Set-Cookie` value of a new session (`Secure` is left out: the gateway speaks plain
+/// HTTP on a home network; behind a TLS proxy the browser keeps it all the same).
+pub fn set_cookie(token: &str) -> HeaderValue {
+    let value = format!("{COOKIE}={token}; Path=/; HttpOnly; SameSite=Strict; Max-Age={}", LIFETIME.as_secs());
+    HeaderValue::from_str(&value).unwrap_or_else(|_| HeaderValue::from_static("mlxgate_session=; Max-Age=0"))
+}
+
+/// The `Set-Cookie` value that ends the session in the browser.
+pub fn clear_cookie() -> HeaderValue {
+    HeaderValue::from_static("mlxgate_session=; Path=/; HttpOnly; SameSite=Strict; Max-Age=0")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_session_opens_is_checked_against_the_key_and_closes() {
+        let sessions = Sessions::default();
+        let key = KeyHash::of_key(b"admin");
+        let token = sessions.open(key).expect("token");
+        assert_eq!(token.len(), 64);
+        assert!(sessions.valid(token.as_bytes(), Some(&key)));
+        assert!(!sessions.valid(b"0000", Some(&key)));
+        assert!(!sessions.valid(token.as_bytes(), Some(&KeyHash::of_key(b"new key"))), "a new key ends it");
+        assert!(!sessions.valid(token.as_bytes(), None), "no key, no sessions");
+        sessions.close(token.as_bytes());
+        assert!(!sessions.valid(token.as_bytes(), Some(&key)));
+    }
+
+    #[test]
+    fn sessions_and_failures_are_bounded() {
+        let sessions = Sessions::default();
+        let key = KeyHash::of_key(b"admin");
+        let first = sessions.open(key).expect("token");
+        for _ in 0..MAX_SESSIONS {
+            sessions.open(key).expect("token");
+        }
+        assert!(!sessions.valid(first.as_bytes(), Some(&key)), "the oldest closed");
+        assert_eq!(sessions.state().open.len(), MAX_SESSIONS);
+        for _ in 0..MAX_FAILURES {
+            assert!(sessions.may_try());
+            sessions.failed();
+        }
+        assert!(!sessions.may_try());
+    }
+
+    #[test]
+    fn the_cookie_is_found_among_others() {
+        let mut headers = HeaderMap::new();
+        headers.append(header::COOKIE, HeaderValue::from_static("a=1; mlxgate_sessionx=no"));
+        headers.append(header::COOKIE, HeaderValue::from_static("b=2;  mlxgate_session=abc ; c=3"));
+        assert_eq!(token(&headers), Some(&b"abc"[..]));
+        assert_eq!(token(&HeaderMap::new()), None);
+        let set = set_cookie("abc");
+        let set = set.to_str().expect("text");
+        assert!(set.contains("HttpOnly") && set.contains("SameSite=Strict") && set.starts_with("mlxgate_session=abc;"));
+    }
+}
