@@ -278,13 +278,14 @@ async fn the_page_shows_traffic_a_crash_and_its_restart_a_restart_button_and_the
             (visible_column(&browser, "id").await.len() == sent.len()).then_some(())
         })
         .await;
+    browser.screenshot("activity").await;
     // A row's details: its fields, and no body (capture is off).
     browser.click(&format!("tr[data-testid=activity-row][data-request-id=\"{}\"]", sent[0].id)).await;
     let detail = browser
         .wait_text("[data-testid=request-detail]", "the request's details", |t| t.contains("Not captured"))
         .await;
     assert!(detail.contains(&sent[0].id), "{detail}");
-    browser.screenshot("activity").await;
+    browser.screenshot("request-detail").await;
 
     // kill -9 the real server: its state cell goes ready → restarting/starting → ready.
     show(&browser, "now").await;
@@ -345,6 +346,16 @@ async fn the_page_shows_traffic_a_crash_and_its_restart_a_restart_button_and_the
     assert!(tps.strip_suffix(" tok/s").is_some_and(|n| n.parse::<f64>().is_ok()), "speed: {tps:?}");
     let id = browser.text("[data-testid=pg-request-id]").await.unwrap_or_default();
     assert!(id.starts_with("req_"), "the request id: {id:?}");
+    // The tiny model's random weights answer noise; the picture shows the simulator's words.
+    select.select_by_value(HAIKU).await.expect("the other model");
+    browser.click("[data-testid=pg-send]").await;
+    browser
+        .wait_for("the second answer", || async {
+            let shown = browser.text("[data-testid=pg-request-id]").await?;
+            let status = browser.text("[data-testid=pg-status]").await?;
+            (shown.starts_with("req_") && shown != id && status == "done").then_some(())
+        })
+        .await;
     browser.screenshot("playground").await;
     // It is an activity row like any other request, the key's client's.
     show(&browser, "activity").await;
