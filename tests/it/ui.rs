@@ -145,6 +145,19 @@ async fn a_cross_site_post_is_refused_and_a_same_origin_or_origin_less_one_is_no
         let login = post_with(&gw, "/ui/login", &json!({"key": ADMIN_KEY}), &[("origin", origin)]).await;
         assert_eq!(login.status(), 403, "POST /ui/login from Origin {origin}");
     }
+    // A page elsewhere opening the feed (`new EventSource(...)` sends its Origin): refused too,
+    // and nothing invites a cross-origin read.
+    for path in ["/ui/events", "/admin/backends"] {
+        let r = get(&gw, path, &[("origin", "http://evil.example")]).await;
+        assert_eq!(r.status(), 403, "GET {path} from another origin");
+        let own = get(&gw, path, &[]).await;
+        assert!(own.headers().get("access-control-allow-origin").is_none(), "{path}: no CORS: {:?}", own.headers());
+    }
+    // Nor can a page elsewhere frame the page to steer clicks on its buttons.
+    let page = get(&gw, "/ui", &[]).await;
+    let csp = page.headers().get("content-security-policy").and_then(|v| v.to_str().ok()).unwrap_or_default();
+    let frame = page.headers().get("x-frame-options").and_then(|v| v.to_str().ok()).unwrap_or_default();
+    assert!(csp.contains("frame-ancestors 'none'") || frame.eq_ignore_ascii_case("deny"), "framing: {csp:?} {frame:?}");
     assert_eq!(backend_state(&gw, "a").await["state"], "stopped", "no refused POST reached the backend");
     assert_eq!(backend_state(&gw, "local").await["drained"], false, "no refused POST drained it");
 

@@ -368,3 +368,60 @@ async fn the_page_shows_traffic_a_crash_and_its_restart_a_restart_button_and_the
     browser.screenshot("now").await;
     browser.close().await;
 }
+
+/// The admin key's sign-in, in the browser: the form, a wrong key's message, the right key's
+/// session (an `HttpOnly` cookie the page's script cannot read) carrying the live feed, and
+/// signing out.
+#[tokio::test]
+async fn a_browser_signs_in_with_the_admin_key_and_the_live_feed_rides_its_session() {
+    const ADMIN_KEY: &str = "sk-admin-93d0b6e1f27a4c58";
+    let Some(browser) = browser().await else { return };
+    let sim = sim().await;
+    let gw = gateway(&format!(
+        "admin_key_sha256: {}\nbackends:\n  local: {{url: '{}'}}\nmodels:\n  qwen: {{backend: local}}\n",
+        sha256_hex(ADMIN_KEY),
+        sim.url()
+    ))
+    .await;
+    browser.goto(&gw.url("/ui")).await;
+    assert_eq!(browser.attr("body", "data-auth").await.as_deref(), Some("login"));
+    let displayed = |css: &'static str| {
+        let browser = &browser;
+        async move {
+            let element = browser.client().find(Locator::Css(css)).await.expect(css);
+            element.is_displayed().await.expect("displayed")
+        }
+    };
+    assert!(displayed("[data-testid=login-key]").await, "the sign-in form");
+    assert!(!displayed("[data-testid=view-now]").await, "nothing of the gateway before signing in");
+
+    browser.type_into("[data-testid=login-key]", "sk-admin-not-this-one").await;
+    browser.click("[data-testid=login-submit]").await;
+    browser.wait_text("[data-testid=login-error]", "the wrong key's message", |t| !t.is_empty()).await;
+    assert_eq!(browser.attr("body", "data-auth").await.as_deref(), Some("login"));
+
+    browser.type_into("[data-testid=login-key]", ADMIN_KEY).await;
+    browser.click("[data-testid=login-submit]").await;
+    browser
+        .wait_for("the page after signing in", || async {
+            (browser.attr("body", "data-auth").await.as_deref() == Some("ok")).then_some(())
+        })
+        .await;
+    browser.wait_text("[data-testid=live]", "the live feed on the session", |t| t == "live").await;
+    browser.wait_text(&backend_cell("local", "backend-state"), "the backend's row", |t| t == "remote").await;
+    let cookies = browser.script("return document.cookie", vec![]).await;
+    assert!(!cookies.as_str().unwrap_or_default().contains("mlxgate_session"), "HttpOnly: {cookies}");
+    let source = browser.client().source().await.expect("source");
+    assert!(!source.contains(ADMIN_KEY), "the key is nowhere in the page");
+
+    // Signing out ends the session: the page is the sign-in form again, and stays so on reload.
+    browser.click("#logout").await;
+    browser
+        .wait_for("the sign-in form after signing out", || async {
+            (browser.attr("body", "data-auth").await.as_deref() == Some("login")).then_some(())
+        })
+        .await;
+    browser.goto(&gw.url("/ui")).await;
+    assert_eq!(browser.attr("body", "data-auth").await.as_deref(), Some("login"));
+    browser.close().await;
+}
