@@ -650,35 +650,55 @@ mod access_tests {
     }
 
     #[test]
-    fn an_operator_request_is_not_counted_and_one_an_api_handler_took_is() {
+    fn an_operator_request_is_not_counted_nor_fed_and_one_an_api_handler_took_is() {
         let m = Metrics::new();
+        let activity = Arc::new(Activity::default());
         let line = AccessLine::new(false, RequestId::new(), Method::GET, "/health");
-        RequestRecord::at_arrival(m.clone(), line.clone(), None).finish(Outcome::Ok);
-        drop(RequestRecord::at_arrival(m.clone(), line.clone(), None));
+        RequestRecord::at_arrival(m.clone(), line.clone(), Some(Arc::clone(&activity))).finish(Outcome::Ok);
+        drop(RequestRecord::at_arrival(m.clone(), line.clone(), Some(Arc::clone(&activity))));
         assert_eq!(ok(&m), 0);
         assert_eq!(m.requests.with_label_values(&["", "", "anonymous", "client_closed"]).get(), 0);
-        let mut taken = RequestRecord::at_arrival(m.clone(), line);
+        assert!(activity.recent(10).is_empty(), "operator requests are not the activity");
+        let mut taken = RequestRecord::at_arrival(m.clone(), line, Some(Arc::clone(&activity)));
         taken.metered();
+        taken.routed("qwen", "local");
+        taken.capture(b"{\"messages\": \"the prompt\"}");
+        taken.transformed(Some("max_tokens=100"));
         taken.finish(Outcome::Ok);
-        assert_eq!(ok(&m), 1);
+        assert_eq!(m.requests.with_label_values(&["qwen", "local", "anonymous", "ok"]).get(), 1);
+        let recent = activity.recent(10);
+        assert_eq!(recent.len(), 1);
+        let (summary, capture) = activity.request(&recent[0].id).expect("in the ring");
+        assert_eq!((summary.model.as_str(), summary.backend.as_str(), summary.outcome), ("qwen", "local", "ok"));
+        assert_eq!((summary.status, summary.transform.as_deref(), summary.captured), (499, Some("max_tokens=100"), true));
+        assert!(capture.is_some_and(|c| c.body.contains("the prompt")));
     }
 
     #[test]
     fn a_piece_carries_its_requests_id_and_a_taken_record_leaves_nothing_behind() {
         let m = Metrics::new();
+        let activity = Arc::new(Activity::default());
         let id = RequestId::new();
         let mut record = RequestRecord::at_arrival(
             m.clone(),
             AccessLine::new(false, id.clone(), Method::POST, "/v1/chat/completions"),
+            Some(Arc::clone(&activity)),
         );
+        record.metered();
         record.responded(200);
         let piece = record.piece();
         assert_eq!(piece.request_id(), &id);
         assert!(piece.access.piece && piece.access.status.is_none());
+        drop(piece);
         let taken = record.take();
         assert_eq!(taken.request_id(), &id);
         assert_eq!(taken.access.status, Some(200));
         assert!(record.finished && !record.access.enabled, "the spent record writes no line");
+        drop(record);
+        assert!(activity.recent(10).is_empty(), "pieces and spent records are not fed");
+        drop(taken);
+        let fed = activity.recent(10);
+        assert_eq!((fed.len(), &*fed[0].id, fed[0].outcome), (1, id.as_str(), "client_closed"));
     }
 }
 

@@ -34,7 +34,7 @@
 
   function fmtNum(v, digits = 0) {
     if (!isNum(v)) return DASH;
-    return v.toLocaleString('en-US', { minimumFractionDigits: digits, maximumFractionDigits: digits });
+    return v.toFixed(digits); // plain digits: a test (or a person copying) reads the number as is
   }
 
   function fmtDuration(seconds) {
@@ -44,11 +44,6 @@
     if (s < 3600) return `${Math.floor(s / 60)} m ${s % 60} s`;
     if (s < 86400) return `${Math.floor(s / 3600)} h ${Math.floor((s % 3600) / 60)} m`;
     return `${Math.floor(s / 86400)} d ${Math.floor((s % 86400) / 3600)} h`;
-  }
-
-  function fmtMsDuration(ms) {
-    if (!isNum(ms)) return DASH;
-    return ms < 1000 ? `${Math.round(ms)} ms` : `${(ms / 1000).toFixed(ms < 10000 ? 2 : 1)} s`;
   }
 
   function fmtBytes(b) {
@@ -385,7 +380,7 @@
     renderClients(list) {
       syncRows($('#clients tbody'), list, (c) => c.name, (c) => {
         const row = el('tr', { 'data-testid': 'client-row', 'data-client': c.name });
-        row.append(el('td', { class: 'clip', style: 'font-weight:600' }), el('td', { class: 'r', 'data-testid': 'client-in-flight' }));
+        row.append(el('td', { class: 'clip strong' }), el('td', { class: 'r', 'data-testid': 'client-in-flight' }));
         for (let i = 0; i < 4; i += 1) row.append(el('td', { class: 'r' }));
         return row;
       }, (row, c) => {
@@ -546,7 +541,7 @@
     ['cached_tokens', (r) => fmtNum(r.cached_tokens), true],
     ['completion_tokens', (r) => fmtNum(r.completion_tokens), true],
     ['transform', (r) => r.transform ?? ''],
-    ['duration_ms', (r) => fmtMsDuration(r.duration_ms), true],
+    ['duration_ms', (r) => fmtNum(r.duration_ms), true],
   ];
 
   const Activity = {
@@ -667,7 +662,7 @@
       }
       const close = el('button', { class: 'ghost small close', title: 'Close (Esc)', text: '✕' });
       close.addEventListener('click', Activity.closeDetail);
-      const nodes = [close, el('h3', { text: 'Request', style: 'margin-top:0' }), el('div', { class: 'mono', text: r.id })];
+      const nodes = [close, el('h3', { text: 'Request', class: 'flush' }), el('div', { class: 'mono', text: r.id })];
       if (note) nodes.push(el('div', { class: 'muted small', text: note }));
       nodes.push(dl, el('h3', { text: 'Request body' }));
       if (capture && typeof capture.body === 'string') {
@@ -946,7 +941,7 @@
     init() {
       const key = sessionStorage.getItem('mlxgate.pg-key');
       if (key) byTestId('pg-key').value = key;
-      byTestId('pg-send').addEventListener('click', () => Playground.send());
+      $('#pg-form').addEventListener('submit', (e) => { e.preventDefault(); Playground.send(); });
       byTestId('pg-input').addEventListener('keydown', (e) => {
         if (e.key === 'Enter' && (e.ctrlKey || e.metaKey)) { e.preventDefault(); Playground.send(); }
       });

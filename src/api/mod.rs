@@ -110,7 +110,8 @@ impl AppState {
 
     /// Names the file the configuration came from (once; `mlxgate serve`).
     pub fn loaded_from(&self, path: &Path) {
-        let _ = self.config_file.set(path.to_path_buf());
+        let absolute = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+        let _ = self.config_file.set(absolute);
     }
 
     /// The file the configuration came from, when it came from one.

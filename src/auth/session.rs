@@ -50,16 +50,18 @@ impl Sessions {
 
     /// Opens a session for the admin key `key`; its token, to go in the cookie (64 hex digits).
     pub fn open(&self, key: KeyHash) -> Result<String, getrandom::Error> {
-        let mut token = [0u8; 32];
-        getrandom::fill(&mut token)?;
+        let mut random = [0u8; 32];
+        getrandom::fill(&mut random)?;
+        let token: String = random.iter().map(|b| format!("{b:02x}")).collect();
         let now = Instant::now();
         let mut state = self.state();
         state.open.retain(|s| s.until > now);
         if state.open.len() >= MAX_SESSIONS {
             state.open.pop_front();
         }
-        state.open.push_back(Session { token: digest(&token), key, until: now + LIFETIME });
-        Ok(token.iter().map(|b| format!("{b:02x}")).collect())
+        // The cookie's text is the token: its digest is what is kept.
+        state.open.push_back(Session { token: digest(token.as_bytes()), key, until: now + LIFETIME });
+        Ok(token)
     }
 
     /// Whether `token` is an open session's, opened with the admin key in force (`key`).
