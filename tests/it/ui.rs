@@ -95,6 +95,24 @@ impl Events {
         }
     }
 
+    /// Reads events until one named `name` whose data passes `wanted`; every event of that
+    /// name read on the way, the last one included.
+    async fn all_until(&mut self, name: &str, wanted: impl Fn(&Value) -> bool) -> Vec<Value> {
+        let mut all = vec![];
+        loop {
+            let (event, data) = self.next().await;
+            if event == name {
+                let value: Value =
+                    serde_json::from_str(&data).unwrap_or_else(|e| panic!("{event} data is not JSON ({e}): {data}"));
+                let done = wanted(&value);
+                all.push(value);
+                if done {
+                    return all;
+                }
+            }
+        }
+    }
+
     /// Reads events until one named `name` whose data passes `wanted`; returns its data.
     async fn until(&mut self, name: &str, wanted: impl Fn(&Value) -> bool) -> Value {
         loop {
@@ -145,6 +163,9 @@ async fn a_cross_site_post_is_refused_and_a_same_origin_or_origin_less_one_is_no
         let login = post_with(&gw, "/ui/login", &json!({"key": ADMIN_KEY}), &[("origin", origin)]).await;
         assert_eq!(login.status(), 403, "POST /ui/login from Origin {origin}");
     }
+    // A browser that sends no Origin on a cross-site POST still sends Sec-Fetch-Site.
+    let fetched = post_with(&gw, "/admin/backends/a/restart", &json!({}), &[("sec-fetch-site", "cross-site")]).await;
+    assert_eq!(fetched.status(), 403, "Sec-Fetch-Site: cross-site");
     // A page elsewhere opening the feed (`new EventSource(...)` sends its Origin): refused too,
     // and nothing invites a cross-origin read.
     for path in ["/ui/events", "/admin/backends"] {
@@ -450,4 +471,126 @@ async fn a_captured_body_is_bounded() {
     assert_eq!(detail["capture"]["truncated"], true, "a {} byte body", prompt.len());
     assert!(body.len() < prompt.len(), "bounded: {} bytes kept of {}", body.len(), prompt.len());
     assert!(body.contains(marker), "its beginning is kept");
+}
+
+// ---- What the feeds hold, and how much ----
+
+#[tokio::test]
+async fn no_key_reaches_the_feed_not_even_in_a_query_string() {
+    const CLIENT_KEY: &str = "sk-cline-0f3b8e27c5d94a16";
+    let sim = sim().await;
+    let gw = gateway(&format!(
+        "backends:\n  local: {{url: '{}'}}\nmodels:\n  qwen: {{backend: local}}\n\
+         clients:\n  cline: {{key_sha256: {}}}\n",
+        sim.url(),
+        sha256_hex(CLIENT_KEY)
+    ))
+    .await;
+    let mut feed = Events::new(get(&gw, "/ui/events", &[]).await);
+    let state = feed.until("state", |_| true).await;
+    assert_eq!(state["auth"], "required", "{state}");
+    assert_eq!(state["clients"][0]["name"], "cline", "{state}");
+    // Some clients put their key in the URL; the summary's path must not carry it.
+    let body = json!({"model": "qwen", "messages": [{"role": "user", "content": "hi"}]});
+    let r = client()
+        .post(gw.url(&format!("/v1/chat/completions?api_key={CLIENT_KEY}")))
+        .bearer_auth(CLIENT_KEY)
+        .json(&body)
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(r.status(), 200);
+    let id = r.headers().get("x-request-id").expect("id").to_str().expect("ascii").to_string();
+    let summary = feed.until("request", |v| v["id"] == id.as_str()).await;
+    assert_eq!(summary["client"], "cline", "{summary}");
+    assert_eq!(summary["path"], "/v1/chat/completions", "the path without its query: {summary}");
+    let detail = details(&gw, &id).await;
+    for text in
+        [feed.seen.as_str(), &detail.to_string(), &get(&gw, "/admin/state", &[]).await.text().await.expect("text")]
+    {
+        assert!(!text.contains(CLIENT_KEY), "a client's key: {text}");
+        assert!(!text.contains(&sha256_hex(CLIENT_KEY)), "a client's key digest: {text}");
+    }
+}
+
+#[tokio::test]
+async fn the_backlog_and_the_rings_are_bounded_and_newest_first() {
+    // Answers at once: REQUESTS + 1 requests.
+    let fast = mlxgate::sim::Behaviour { ttft_ms: Some(0), tokens: Some(1), ..Default::default() };
+    let sim = sim_with(fast).await;
+    let gw = capture_gateway(&sim).await;
+    let mut ids = vec![];
+    for n in 0..mlxgate::activity::REQUESTS + 1 {
+        let model = if n < mlxgate::activity::CAPTURES + 2 { "captured" } else { "open" };
+        let body = json!({"model": model, "messages": [{"role": "user", "content": format!("request {n}")}]});
+        let r = post(&gw, "/v1/chat/completions", &body).await;
+        assert_eq!(r.status(), 200);
+        ids.push(r.headers().get("x-request-id").expect("id").to_str().expect("ascii").to_string());
+    }
+    let mut feed = Events::new(get(&gw, "/ui/events", &[]).await);
+    let backlog = feed.until("requests", |v| v.is_array()).await;
+    let shown: Vec<&str> = backlog.as_array().expect("array").iter().filter_map(|r| r["id"].as_str()).collect();
+    let newest: Vec<&str> = ids.iter().rev().take(200).map(String::as_str).collect();
+    assert_eq!(shown, newest, "the last 200, newest first");
+    // The ring keeps REQUESTS summaries: the oldest one is gone, the next still there.
+    let gone = get(&gw, &format!("/admin/requests/{}", ids[0]), &[]).await;
+    assert_eq!(gone.status(), 404, "the oldest request left the ring");
+    let kept = details(&gw, &ids[1]).await;
+    assert_eq!(kept["id"], ids[1].as_str());
+    // Captures are fewer (CAPTURES bodies): the oldest captured request still has its summary,
+    // its body is gone; the newest captured one has its body.
+    assert_eq!(kept["captured"], true, "{kept}");
+    assert_eq!(kept["capture"], Value::Null, "only the last CAPTURES bodies are kept: {kept}");
+    let last_captured = details(&gw, &ids[mlxgate::activity::CAPTURES + 1]).await;
+    let body = last_captured["capture"]["body"].as_str().unwrap_or_else(|| panic!("{last_captured}"));
+    assert!(body.contains(&format!("request {}", mlxgate::activity::CAPTURES + 1)), "{body}");
+    assert_eq!(get(&gw, "/admin/requests/req_0000nothing", &[]).await.status(), 404);
+}
+
+#[tokio::test]
+async fn a_log_feed_is_for_managed_backends_and_marks_a_crash_and_its_restart() {
+    let sim = sim().await;
+    let gw = gateway(&yaml(&sim.url(), "")).await;
+    for path in ["/ui/events/logs/local", "/ui/events/logs/nothing"] {
+        let (status, text) = status_and_text(get(&gw, path, &[]).await).await;
+        assert_eq!(status, 404, "{path}: {text}");
+    }
+    let r = post(&gw, "/v1/chat/completions", &json!({"model": "a", "messages": [{"role": "user", "content": "hi"}]}))
+        .await;
+    assert_eq!(r.status(), 200);
+    let mut feed = Events::new(get(&gw, "/ui/events/logs/a", &[]).await);
+    let lines = feed.all_until("line", |l| l["mark"] == "ready").await;
+    let marks: Vec<&Value> = lines.iter().map(|l| &l["mark"]).collect();
+    assert_eq!(marks.first().copied(), Some(&json!("start")), "the backlog from the start: {lines:?}");
+    assert!(lines[0]["at"].as_u64().is_some_and(|at| at > 1_600_000_000_000), "epoch ms: {lines:?}");
+    let plain: Vec<&str> = lines.iter().filter(|l| l["mark"].is_null()).filter_map(|l| l["text"].as_str()).collect();
+    assert!(plain.iter().any(|t| t.contains("mlxgate-sim listening on")), "the server's own output: {lines:?}");
+    let pid = backend_state(&gw, "a").await["pid"].as_u64().expect("pid");
+    assert!(std::process::Command::new("kill").args(["-9", &pid.to_string()]).status().expect("kill").success());
+    let exit = feed.until("line", |l| l["mark"] == "exit").await;
+    assert!(exit["text"].as_str().is_some_and(|t| t.contains('9')), "the signal is said: {exit}");
+    feed.until("line", |l| l["mark"] == "start").await;
+    feed.until("line", |l| l["mark"] == "ready").await;
+}
+
+#[tokio::test]
+async fn an_open_page_does_not_hold_the_gateway_at_shutdown() {
+    // A page left open (its feeds never end by themselves) must not keep a SIGTERM'd gateway
+    // waiting for the whole shutdown grace, which is here longer than the test's patience.
+    let sim = sim().await;
+    let config = format!(
+        "shutdown_grace: 300s\nbackends:\n  local: {{url: '{}'}}\nmodels:\n  qwen: {{backend: local}}\n",
+        sim.url()
+    );
+    let gateway = gateway_binary(&config, None);
+    let activity = client().get(format!("{}/ui/events", gateway.url)).send().await.expect("feed");
+    assert_eq!(activity.status(), 200);
+    let mut feed = Events::new(activity);
+    feed.until("state", |_| true).await;
+    let pid = gateway.child.id().to_string();
+    assert!(std::process::Command::new("kill").args(["-TERM", &pid]).status().expect("kill").success());
+    let ended = tokio::time::timeout(PATIENCE, async { while let Ok(Some(_)) = feed.response.chunk().await {} }).await;
+    assert!(ended.is_ok(), "the feed went on after SIGTERM");
+    let status = tokio::time::timeout(PATIENCE, gateway.exit_status()).await.expect("the gateway exits");
+    assert!(status.success(), "{status:?}");
 }
