@@ -331,8 +331,13 @@ async fn the_page_shows_traffic_a_crash_and_its_restart_a_restart_button_and_the
     show(&browser, "playground").await;
     let select = browser.client().find(Locator::Css("select[data-testid=pg-model]")).await.expect("select");
     select.select_by_value(QWEN).await.expect("the model");
-    browser.type_into("[data-testid=pg-key]", AIDER_KEY).await;
+    // Without a key (auth is required): the refusal's message in the status.
     browser.type_into("[data-testid=pg-input]", "Write one short sentence about the sea.").await;
+    browser.click("[data-testid=pg-send]").await;
+    let refused =
+        browser.wait_text("[data-testid=pg-status]", "the refusal", |t| t == "done" || t.starts_with("error")).await;
+    assert!(refused.starts_with("error: ") && refused.contains("API key"), "{refused}");
+    browser.type_into("[data-testid=pg-key]", AIDER_KEY).await;
     browser.click("[data-testid=pg-send]").await;
     let status = browser
         .wait_text("[data-testid=pg-status]", "the answer's end", |t| t == "done" || t.starts_with("error"))
@@ -366,6 +371,11 @@ async fn the_page_shows_traffic_a_crash_and_its_restart_a_restart_button_and_the
     show(&browser, "now").await;
     browser.wait_text(&backend_cell(NATIVE, "backend-state"), "ready", |t| t == "ready").await;
     browser.screenshot("now").await;
+
+    // The gateway goes away: the page says so (and its EventSource keeps trying).
+    let mut gw = gw;
+    gw.stop();
+    browser.wait_text("[data-testid=live]", "the live mark to drop", |t| t == "reconnecting").await;
     browser.close().await;
 }
 
