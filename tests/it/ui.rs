@@ -594,3 +594,138 @@ async fn an_open_page_does_not_hold_the_gateway_at_shutdown() {
     let status = tokio::time::timeout(PATIENCE, gateway.exit_status()).await.expect("the gateway exits");
     assert!(status.success(), "{status:?}");
 }
+
+// ---- Reload from the page: checked first, then applied ----
+
+/// A gateway run from a file the test rewrites (`mlxgate serve --config FILE`).
+struct FileGateway {
+    dir: tempfile::TempDir,
+    gateway: GatewayBinary,
+    _log: LogLines,
+}
+
+impl FileGateway {
+    fn start(text: &str) -> FileGateway {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = FileGateway::write_in(dir.path(), text);
+        let (gateway, log) = gateway_binary_at(&file, &[("XDG_RUNTIME_DIR", &dir.path().display().to_string())]);
+        FileGateway { dir, gateway, _log: log }
+    }
+
+    fn write_in(dir: &std::path::Path, text: &str) -> std::path::PathBuf {
+        let file = dir.join("gateway.yaml");
+        let partial = dir.join("gateway.yaml.partial");
+        std::fs::write(&partial, format!("listen: 127.0.0.1:0\n{text}")).expect("write");
+        std::fs::rename(&partial, &file).expect("rename");
+        file
+    }
+
+    fn write(&self, text: &str) {
+        FileGateway::write_in(self.dir.path(), text);
+    }
+
+    fn file(&self) -> String {
+        self.dir.path().join("gateway.yaml").display().to_string()
+    }
+
+    async fn reload(&self, dry_run: bool, headers: &[(&str, &str)]) -> (u16, Value) {
+        let path = if dry_run { "/admin/reload?dry_run=true" } else { "/admin/reload" };
+        let mut request = client().post(format!("{}{path}", self.gateway.url));
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        let r = request.send().await.expect("send");
+        let status = r.status().as_u16();
+        let text = r.text().await.expect("text");
+        (status, serde_json::from_str(&text).unwrap_or_else(|_| panic!("{path}: not JSON: {text}")))
+    }
+
+    async fn chat_status(&self, key: &str) -> u16 {
+        let body = json!({"model": "qwen", "messages": [{"role": "user", "content": "hi"}]});
+        let r = client().post(format!("{}/v1/chat/completions", self.gateway.url)).bearer_auth(key).json(&body);
+        r.send().await.expect("send").status().as_u16()
+    }
+}
+
+fn reload_yaml(sim_url: &str, client_key: &str, extra_model: bool, top: &str) -> String {
+    let other = if extra_model { "  other: {backend: local}\n" } else { "" };
+    format!(
+        "{top}backends:\n  local: {{url: '{sim_url}'}}\nmodels:\n  qwen: {{backend: local}}\n{other}\
+         clients:\n  aider: {{key_sha256: {}}}\n",
+        sha256_hex(client_key)
+    )
+}
+
+fn names(list: &Value) -> Vec<&str> {
+    list.as_array().map(|l| l.iter().filter_map(Value::as_str).collect()).unwrap_or_default()
+}
+
+#[tokio::test]
+async fn a_reload_is_checked_first_and_says_what_applies_now_and_what_needs_a_restart() {
+    let (old_key, new_key) = ("sk-aider-old-6d2e0c9b71a4f358", "sk-aider-new-90a7c3e1f5b26d48");
+    let sim = sim().await;
+    let gw = FileGateway::start(&reload_yaml(&sim.url(), old_key, false, ""));
+
+    let (status, check) = gw.reload(true, &[]).await;
+    assert_eq!(status, 200, "{check}");
+    assert_eq!(check["ok"], true, "{check}");
+    assert_eq!(check["applied"], false, "{check}");
+    assert_eq!(check["problems"], json!([]), "{check}");
+    assert_eq!(check["config"], gw.file().as_str(), "the file it read: {check}");
+    assert!(names(&check["applies_now"]).is_empty() && names(&check["needs_restart"]).is_empty(), "unchanged: {check}");
+
+    // A new key for the client (applies now) and a new model (needs a restart).
+    gw.write(&reload_yaml(&sim.url(), new_key, true, ""));
+    let (status, check) = gw.reload(true, &[]).await;
+    assert_eq!(status, 200, "{check}");
+    assert_eq!(check["applied"], false, "{check}");
+    assert!(names(&check["applies_now"]).contains(&"clients"), "{check}");
+    assert!(names(&check["needs_restart"]).contains(&"models"), "{check}");
+    assert_eq!((gw.chat_status(old_key).await, gw.chat_status(new_key).await), (200, 401), "a check changes nothing");
+
+    let (status, applied) = gw.reload(false, &[]).await;
+    assert_eq!(status, 200, "{applied}");
+    assert_eq!(applied["applied"], true, "{applied}");
+    assert_eq!((gw.chat_status(old_key).await, gw.chat_status(new_key).await), (401, 200), "applied");
+
+    // A file with a problem: named with its path, nothing applied, even when asked to apply.
+    gw.write(&format!(
+        "backends:\n  local: {{url: '{}'}}\nmodels:\n  qwen: {{backend: nowhere}}\nclients:\n  aider: {{key_sha256: {}}}\n",
+        sim.url(),
+        sha256_hex(old_key)
+    ));
+    for dry_run in [true, false] {
+        let (status, check) = gw.reload(dry_run, &[]).await;
+        assert_eq!(status, 422, "{check}");
+        assert_eq!(check["ok"], false, "{check}");
+        assert_eq!(check["applied"], false, "{check}");
+        let problems = names(&check["problems"]);
+        assert!(problems.iter().any(|p| p.starts_with("models.qwen.backend")), "{check}");
+    }
+    assert_eq!((gw.chat_status(old_key).await, gw.chat_status(new_key).await), (401, 200), "nothing applied");
+}
+
+#[tokio::test]
+async fn a_new_admin_key_ends_every_session() {
+    let (first, second) = ("sk-admin-first-3e8d1a07c6b95f24", "sk-admin-second-b2f64c0e9d17a358");
+    let client_key = "sk-aider-1c5f9e2a8b3d7064";
+    let sim = sim().await;
+    let top = |admin: &str| format!("admin_key_sha256: {}\n", sha256_hex(admin));
+    let gw = FileGateway::start(&reload_yaml(&sim.url(), client_key, false, &top(first)));
+    let url = |path: &str| format!("{}{path}", gw.gateway.url);
+    let login = client().post(url("/ui/login")).json(&json!({"key": first})).send().await.expect("send");
+    assert_eq!(login.status(), 204);
+    let cookie = parse_set_cookie(login.headers().get("set-cookie").expect("cookie").to_str().expect("ascii")).0;
+    let page = |cookie: String| async move {
+        client().get(url("/ui")).header("cookie", cookie).send().await.expect("send").status().as_u16()
+    };
+    assert_eq!(page(cookie.clone()).await, 200);
+
+    gw.write(&reload_yaml(&sim.url(), client_key, false, &top(second)));
+    let (status, applied) = gw.reload(false, &[("cookie", &cookie)]).await;
+    assert_eq!(status, 200, "the page's Apply, on its session: {applied}");
+    assert!(names(&applied["applies_now"]).contains(&"admin_key_sha256"), "{applied}");
+    assert_eq!(page(cookie.clone()).await, 401, "the session of the old key is over");
+    let login = client().post(url("/ui/login")).json(&json!({"key": second})).send().await.expect("send");
+    assert_eq!(login.status(), 204, "the new key signs in");
+}
