@@ -435,3 +435,69 @@ async fn a_browser_signs_in_with_the_admin_key_and_the_live_feed_rides_its_sessi
     assert_eq!(browser.attr("body", "data-auth").await.as_deref(), Some("login"));
     browser.close().await;
 }
+
+/// The Now view's other buttons, in the browser, on a gateway run from a file: drain and undrain
+/// (the answer shown, the button turned), and the reload box (check first: problems, or what
+/// applies now and what needs a restart; Apply only after a check without problems).
+#[tokio::test]
+async fn the_drain_button_and_the_reload_box() {
+    let Some(browser) = browser().await else { return };
+    let sim = sim().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("gateway.yaml");
+    let write = |models: &str| {
+        let partial = dir.path().join("gateway.yaml.partial");
+        let text = format!("listen: 127.0.0.1:0\nbackends:\n  local: {{url: '{}'}}\nmodels:\n{models}", sim.url());
+        std::fs::write(&partial, text).expect("write");
+        std::fs::rename(&partial, &file).expect("rename");
+    };
+    write("  qwen: {backend: local}\n");
+    let runtime = dir.path().display().to_string();
+    let (gw, _log) = gateway_binary_at(&file, &[("XDG_RUNTIME_DIR", &runtime)]);
+    browser.goto(&format!("{}/ui", gw.url)).await;
+    browser.wait_text("[data-testid=live]", "the live feed", |t| t == "live").await;
+    show(&browser, "now").await;
+
+    let drain = "button[data-action=drain][data-backend=\"local\"]";
+    browser.click(drain).await;
+    let answer = browser.wait_text("[data-testid=action-result]", "the drain's answer", |t| t.contains("→")).await;
+    assert!(answer.starts_with("drain local") && answer.contains("drained"), "{answer}");
+    browser.click("button[data-action=undrain][data-backend=\"local\"]").await;
+    browser
+        .wait_text("[data-testid=action-result]", "the undrain's answer", |t| t.starts_with("undrain local →"))
+        .await;
+    browser.wait_for("the Drain button back", || async { browser.text(drain).await.filter(|t| t == "Drain") }).await;
+    let state = crate::common::client()
+        .get(format!("{}/admin/backends", gw.url))
+        .send()
+        .await
+        .expect("send")
+        .json::<Value>()
+        .await
+        .expect("json");
+    assert_eq!(state["backends"][0]["drained"], false, "{state}");
+
+    let apply_enabled = || async {
+        let apply = browser.client().find(Locator::Css("[data-testid=reload-apply]")).await.expect("apply");
+        apply.is_enabled().await.expect("enabled")
+    };
+    assert!(!apply_enabled().await, "Apply waits for a check");
+    browser.click("[data-testid=reload-check]").await;
+    browser.wait_text("[data-testid=reload-result]", "the check", |t| t.contains("No problems")).await;
+    assert!(apply_enabled().await, "a check without problems enables Apply");
+
+    write("  qwen: {backend: nowhere}\n");
+    browser.click("[data-testid=reload-check]").await;
+    let result =
+        browser.wait_text("[data-testid=reload-result]", "the problem", |t| t.contains("models.qwen.backend")).await;
+    assert!(!apply_enabled().await, "no Apply with a problem: {result}");
+
+    write("  qwen: {backend: local}\n  other: {backend: local}\n");
+    browser.click("[data-testid=reload-check]").await;
+    let result = browser.wait_text("[data-testid=reload-result]", "the change", |t| t.contains("No problems")).await;
+    assert!(result.contains("models"), "a new model needs a restart: {result}");
+    browser.click("[data-testid=reload-apply]").await;
+    browser.wait_text("[data-testid=reload-result]", "the answer to Apply", |t| t.contains("Applied")).await;
+    browser.screenshot("reload").await;
+    browser.close().await;
+}
