@@ -729,3 +729,94 @@ async fn a_new_admin_key_ends_every_session() {
     let login = client().post(url("/ui/login")).json(&json!({"key": second})).send().await.expect("send");
     assert_eq!(login.status(), 204, "the new key signs in");
 }
+
+// ---- The feed over random schedules ----
+
+/// One step of a schedule: requests started (not awaited), a page opening the feed, or a pause.
+#[derive(Debug, Clone)]
+enum Step {
+    Requests(usize),
+    Open,
+    Pause(u64),
+}
+
+fn step() -> impl proptest::strategy::Strategy<Value = Step> {
+    use proptest::prelude::*;
+    prop_oneof![
+        3 => (1usize..4).prop_map(Step::Requests),
+        2 => Just(Step::Open),
+        1 => (0u64..4).prop_map(Step::Pause),
+    ]
+}
+
+/// Runs `steps` against a fresh gateway: requests finish while pages open the feed. Every page
+/// must see every request exactly once — in its backlog or as a live `request` event — whatever
+/// the order of finishing and opening (the backlog's 200 is never reached here).
+async fn every_page_sees_every_request_once(steps: Vec<Step>) -> Result<(), String> {
+    let fast = mlxgate::sim::Behaviour { ttft_ms: Some(0), tokens: Some(1), ..Default::default() };
+    let sim = sim_with(fast).await;
+    let gw =
+        gateway(&format!("backends:\n  local: {{url: '{}'}}\nmodels:\n  qwen: {{backend: local}}\n", sim.url())).await;
+    let url = gw.url("/v1/chat/completions");
+    let mut running = tokio::task::JoinSet::new();
+    let mut pages = vec![];
+    for step in steps {
+        match step {
+            Step::Requests(n) => {
+                for _ in 0..n {
+                    let url = url.clone();
+                    running.spawn(async move {
+                        let body = json!({"model": "qwen", "messages": [{"role": "user", "content": "hi"}]});
+                        let r = client().post(url).json(&body).send().await.expect("send");
+                        assert_eq!(r.status(), 200);
+                        r.headers().get("x-request-id").expect("id").to_str().expect("ascii").to_string()
+                    });
+                }
+            }
+            Step::Open => {
+                let mut page = Events::new(get(&gw, "/ui/events", &[]).await);
+                let backlog = page.until("requests", |v| v.is_array()).await;
+                let seen: Vec<String> = backlog
+                    .as_array()
+                    .expect("array")
+                    .iter()
+                    .filter_map(|r| r["id"].as_str().map(String::from))
+                    .collect();
+                pages.push((page, seen));
+            }
+            Step::Pause(ms) => tokio::time::sleep(std::time::Duration::from_millis(ms)).await,
+        }
+    }
+    let mut sent = std::collections::HashSet::new();
+    while let Some(id) = running.join_next().await {
+        sent.insert(id.expect("request task"));
+    }
+    for (n, (page, seen)) in pages.iter_mut().enumerate() {
+        while seen.iter().collect::<std::collections::HashSet<_>>().len() < sent.len() {
+            let (event, data) = page.next().await;
+            if event == "request" {
+                let summary: Value = serde_json::from_str(&data).expect("json");
+                seen.push(summary["id"].as_str().expect("id").to_string());
+            }
+        }
+        let unique: std::collections::HashSet<&String> = seen.iter().collect();
+        if unique.len() != seen.len() {
+            return Err(format!("page {n} saw a request twice: {seen:?}"));
+        }
+        if unique.len() != sent.len() || seen.iter().any(|id| !sent.contains(id)) {
+            return Err(format!("page {n} saw {seen:?}, sent {sent:?}"));
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn over_random_schedules_every_page_sees_every_request_exactly_once() {
+    use proptest::prelude::*;
+    let config = ProptestConfig { cases: 24, failure_persistence: None, ..ProptestConfig::default() };
+    proptest!(config, |(steps in proptest::collection::vec(step(), 1..24))| {
+        let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
+        let outcome = runtime.block_on(every_page_sees_every_request_once(steps));
+        prop_assert!(outcome.is_ok(), "{}", outcome.unwrap_err());
+    });
+}
