@@ -55,7 +55,8 @@ pub enum GatewayError {
     /// `/ui` or `/admin/*` admitted by loopback or a session with a `Host` this gateway does not
     /// answer to (a DNS rebinding would send one).
     #[error(
-        "Host {0:?} is not a name this gateway answers to for /ui and the admin API (IP addresses,          localhost and this machine's name are; add it to admin_hosts in gateway.yaml)."
+        "Host {0:?} is not a name this gateway answers to for /ui and the admin API (IP addresses, \
+         localhost and this machine's name are; add it to admin_hosts in gateway.yaml)."
     )]
     ForeignHost(String),
     /// Too many wrong admin keys given to `/ui/login` lately.

@@ -670,7 +670,10 @@ mod access_tests {
         assert_eq!(recent.len(), 1);
         let (summary, capture) = activity.request(&recent[0].id).expect("in the ring");
         assert_eq!((summary.model.as_str(), summary.backend.as_str(), summary.outcome), ("qwen", "local", "ok"));
-        assert_eq!((summary.status, summary.transform.as_deref(), summary.captured), (499, Some("max_tokens=100"), true));
+        assert_eq!(
+            (summary.status, summary.transform.as_deref(), summary.captured),
+            (499, Some("max_tokens=100"), true)
+        );
         assert!(capture.is_some_and(|c| c.body.contains("the prompt")));
     }
 

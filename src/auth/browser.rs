@@ -127,10 +127,22 @@ mod tests {
     #[test]
     fn the_names_a_browser_may_use() {
         let hosts = hosts();
-        for ok in ["127.0.0.1", "10.0.0.5", "[::1]", "localhost", "LOCALHOST", "app.localhost", "mac", "Mac.Local", "gateway.lan", "localhost."] {
+        for ok in [
+            "127.0.0.1",
+            "10.0.0.5",
+            "[::1]",
+            "localhost",
+            "LOCALHOST",
+            "app.localhost",
+            "mac",
+            "Mac.Local",
+            "gateway.lan",
+            "localhost.",
+        ] {
             assert!(hosts.allows(ok), "{ok}");
         }
-        for bad in ["evil.example", "mac.evil.example", "localhost.evil.example", "macx.local", "", "gateway.lan.evil"] {
+        for bad in ["evil.example", "mac.evil.example", "localhost.evil.example", "macx.local", "", "gateway.lan.evil"]
+        {
             assert!(!hosts.allows(bad), "{bad}");
         }
         assert!(Hosts { machine: None, extra: vec!["*".into()] }.allows("anything.example"));

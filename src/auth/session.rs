@@ -110,15 +110,11 @@ fn digest(token: &[u8]) -> [u8; 32] {
 
 /// The session token a request's `Cookie` headers carry.
 pub fn token(headers: &HeaderMap) -> Option<&[u8]> {
-    headers
-        .get_all(header::COOKIE)
-        .iter()
-        .flat_map(|value| value.as_bytes().split(|&b| b == b';'))
-        .find_map(|pair| {
-            let pair = pair.trim_ascii();
-            let value = pair.strip_prefix(COOKIE.as_bytes())?.strip_prefix(b"=")?;
-            (!value.is_empty()).then_some(value)
-        })
+    headers.get_all(header::COOKIE).iter().flat_map(|value| value.as_bytes().split(|&b| b == b';')).find_map(|pair| {
+        let pair = pair.trim_ascii();
+        let value = pair.strip_prefix(COOKIE.as_bytes())?.strip_prefix(b"=")?;
+        (!value.is_empty()).then_some(value)
+    })
 }
 
 /// The `Set-Cookie` value of a new session (`Secure` is left out: the gateway speaks plain

@@ -388,7 +388,9 @@ impl Task {
         match end {
             RunEnd::Stopped => self.logs.mark(Mark::Stop, "stopped"),
             RunEnd::Restart => self.logs.mark(Mark::Stop, "stopped for a restart"),
-            RunEnd::Crashed { reason, cause } => self.logs.mark(Mark::Exit, format_args!("ended ({cause}): {}", own(reason))),
+            RunEnd::Crashed { reason, cause } => {
+                self.logs.mark(Mark::Exit, format_args!("ended ({cause}): {}", own(reason)))
+            }
             RunEnd::CannotStart(reason) => self.logs.mark(Mark::Exit, format_args!("cannot start: {}", own(reason))),
         }
     }

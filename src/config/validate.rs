@@ -286,7 +286,9 @@ fn validate_admin_hosts(hosts: Vec<String>, problems: &mut Vec<Problem>) -> Vec<
         if !(host == "*" || plain(host)) {
             problems.push(Problem {
                 path: format!("admin_hosts[{i}]"),
-                reason: format!("{host:?} is not a host name (letters, digits, '-' and '.', no port or scheme), nor '*'"),
+                reason: format!(
+                    "{host:?} is not a host name (letters, digits, '-' and '.', no port or scheme), nor '*'"
+                ),
             });
         }
     }

@@ -431,7 +431,13 @@ pub struct Managed {
 }
 
 /// Runs the rules whenever a queue or a backend changes (and on a short tick for timers).
-pub async fn run(managed: Vec<Managed>, policy: Policy, changed: Arc<Notify>, metrics: Metrics, activity: Arc<Activity>) {
+pub async fn run(
+    managed: Vec<Managed>,
+    policy: Policy,
+    changed: Arc<Notify>,
+    metrics: Metrics,
+    activity: Arc<Activity>,
+) {
     let mut scheduler = Scheduler::new(policy);
     let by_name: HashMap<String, Arc<Supervisor>> =
         managed.iter().map(|m| (m.supervisor.config.name.clone(), Arc::clone(&m.supervisor))).collect();
