@@ -278,7 +278,7 @@ async fn the_page_shows_traffic_a_crash_and_its_restart_a_restart_button_and_the
             (visible_column(&browser, "id").await.len() == sent.len()).then_some(())
         })
         .await;
-    browser.screenshot("activity").await;
+    browser.screenshot_for_docs("activity").await;
     // A row's details: its fields, and no body (capture is off).
     browser.click(&format!("tr[data-testid=activity-row][data-request-id=\"{}\"]", sent[0].id)).await;
     let detail = browser
@@ -316,7 +316,7 @@ async fn the_page_shows_traffic_a_crash_and_its_restart_a_restart_button_and_the
     assert!(marks.iter().take_while(|(m, _)| m != "exit").any(|(m, _)| m == "start"), "the first start: {marks:?}");
     let plain = browser.texts("[data-testid=log-line]:not([data-mark])").await;
     assert!(plain.iter().any(|t| !t.trim().is_empty()), "the server's own output is shown");
-    browser.screenshot("logs").await;
+    browser.screenshot_for_docs("logs").await;
 
     // The restart button: the state leaves ready and comes back, with a new process.
     show(&browser, "now").await;
@@ -361,7 +361,7 @@ async fn the_page_shows_traffic_a_crash_and_its_restart_a_restart_button_and_the
             (shown.starts_with("req_") && shown != id && status == "done").then_some(())
         })
         .await;
-    browser.screenshot("playground").await;
+    browser.screenshot_for_docs("playground").await;
     // It is an activity row like any other request, the key's client's.
     show(&browser, "activity").await;
     let row = format!("tr[data-testid=activity-row][data-request-id=\"{id}\"]");
@@ -370,7 +370,7 @@ async fn the_page_shows_traffic_a_crash_and_its_restart_a_restart_button_and_the
 
     show(&browser, "now").await;
     browser.wait_text(&backend_cell(NATIVE, "backend-state"), "ready", |t| t == "ready").await;
-    browser.screenshot("now").await;
+    browser.screenshot_for_docs("now").await;
 
     // The gateway goes away: the page says so (and its EventSource keeps trying).
     let mut gw = gw;

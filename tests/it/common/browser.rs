@@ -191,14 +191,23 @@ impl Browser {
         self.client().execute(script, args).await.unwrap_or_else(|e| panic!("script failed: {e}\n{script}"))
     }
 
-    /// A PNG of the window, written to `target/ui-screenshots/NAME.png` and, when
-    /// `MLXGATE_UPDATE_SCREENSHOTS=1`, to `docs/ui/NAME.png` too (the README's pictures).
+    /// A PNG of the window, written to `target/ui-screenshots/NAME.png`.
     pub async fn screenshot(&self, name: &str) -> PathBuf {
+        self.save_screenshot(name, false).await
+    }
+
+    /// As [`Browser::screenshot`], and, when `MLXGATE_UPDATE_SCREENSHOTS=1`, to
+    /// `docs/ui/NAME.png` too (the pictures docs/ui.md and the README show).
+    pub async fn screenshot_for_docs(&self, name: &str) -> PathBuf {
+        self.save_screenshot(name, std::env::var_os("MLXGATE_UPDATE_SCREENSHOTS").is_some_and(|v| v == "1")).await
+    }
+
+    async fn save_screenshot(&self, name: &str, docs: bool) -> PathBuf {
         let png = self.client().screenshot().await.unwrap_or_else(|e| panic!("screenshot {name}: {e}"));
         assert!(png.starts_with(b"\x89PNG"), "a PNG");
         let root = std::path::Path::new(super::ROOT);
         let mut dirs = vec![root.join("target/ui-screenshots")];
-        if std::env::var_os("MLXGATE_UPDATE_SCREENSHOTS").is_some_and(|v| v == "1") {
+        if docs {
             dirs.push(root.join("docs/ui"));
         }
         for dir in &dirs {
