@@ -155,7 +155,11 @@ async fn a_cross_site_post_is_refused_and_a_same_origin_or_origin_less_one_is_no
     let same = format!("http://{}", authority(&gw));
     // A page elsewhere (or a sandboxed one: `Origin: null`) posting to the gateway from this
     // machine's browser: the peer is loopback, which alone would pass the admin rule.
-    for origin in ["http://evil.example", "http://evil.example:8000", "null", "http://localhost.evil.example"] {
+    // `http://localhost:3000` is another port of this machine: same site, another origin.
+    let other_port = "http://localhost:3000";
+    for origin in
+        ["http://evil.example", "http://evil.example:8000", "null", "http://localhost.evil.example", other_port]
+    {
         for path in ["/admin/backends/a/restart", "/admin/backends/a/stop", "/admin/backends/local/drain"] {
             let (status, text) = status_and_text(post_with(&gw, path, &json!({}), &[("origin", origin)]).await).await;
             assert_eq!(status, 403, "POST {path} from Origin {origin}: {text}");
@@ -168,9 +172,11 @@ async fn a_cross_site_post_is_refused_and_a_same_origin_or_origin_less_one_is_no
     assert_eq!(fetched.status(), 403, "Sec-Fetch-Site: cross-site");
     // A page elsewhere opening the feed (`new EventSource(...)` sends its Origin): refused too,
     // and nothing invites a cross-origin read.
-    for path in ["/ui/events", "/admin/backends"] {
-        let r = get(&gw, path, &[("origin", "http://evil.example")]).await;
-        assert_eq!(r.status(), 403, "GET {path} from another origin");
+    for (path, origin) in
+        [("/ui/events", "http://evil.example"), ("/admin/backends", "http://evil.example"), ("/ui/events", other_port)]
+    {
+        let r = get(&gw, path, &[("origin", origin)]).await;
+        assert_eq!(r.status(), 403, "GET {path} from {origin}");
         let own = get(&gw, path, &[]).await;
         assert!(own.headers().get("access-control-allow-origin").is_none(), "{path}: no CORS: {:?}", own.headers());
     }

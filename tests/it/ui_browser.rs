@@ -316,6 +316,23 @@ async fn the_page_shows_traffic_a_crash_and_its_restart_a_restart_button_and_the
     assert!(marks.iter().take_while(|(m, _)| m != "exit").any(|(m, _)| m == "start"), "the first start: {marks:?}");
     let plain = browser.texts("[data-testid=log-line]:not([data-mark])").await;
     assert!(plain.iter().any(|t| !t.trim().is_empty()), "the server's own output is shown");
+    // Scrolled to the newest line (the user has not scrolled up).
+    browser
+        .wait_for("the log scrolled to its newest line", || async {
+            let last = browser
+                .script(
+                    "const lines = document.querySelectorAll('[data-testid=log-line]');
+                     const last = lines[lines.length - 1];
+                     if (!last) return false;
+                     const box = last.parentElement.getBoundingClientRect();
+                     const r = last.getBoundingClientRect();
+                     return r.bottom <= box.bottom + 2 && r.top >= box.top - 2;",
+                    vec![],
+                )
+                .await;
+            (last == true).then_some(())
+        })
+        .await;
     browser.screenshot_for_docs("logs").await;
 
     // The restart button: the state leaves ready and comes back, with a new process.
@@ -351,6 +368,13 @@ async fn the_page_shows_traffic_a_crash_and_its_restart_a_restart_button_and_the
     assert!(tps.strip_suffix(" tok/s").is_some_and(|n| n.parse::<f64>().is_ok()), "speed: {tps:?}");
     let id = browser.text("[data-testid=pg-request-id]").await.unwrap_or_default();
     assert!(id.starts_with("req_"), "the request id: {id:?}");
+    // The client key stays in this tab's sessionStorage: never localStorage, never a cookie.
+    let stored = browser
+        .script("return JSON.stringify(localStorage) + document.cookie + '|' + JSON.stringify(sessionStorage)", vec![])
+        .await;
+    let stored = stored.as_str().unwrap_or_default();
+    let (persistent, session) = stored.split_once('|').unwrap_or_default();
+    assert!(!persistent.contains(AIDER_KEY) && session.contains(AIDER_KEY), "where the key is kept: {stored}");
     // The tiny model's random weights answer noise; the picture shows the simulator's words.
     select.select_by_value(HAIKU).await.expect("the other model");
     browser.click("[data-testid=pg-send]").await;
@@ -499,5 +523,37 @@ async fn the_drain_button_and_the_reload_box() {
     browser.click("[data-testid=reload-apply]").await;
     browser.wait_text("[data-testid=reload-result]", "the answer to Apply", |t| t.contains("Applied")).await;
     browser.screenshot("reload").await;
+    browser.close().await;
+}
+
+/// What a client chooses (its own `x-request-id`, kept when it is printable ASCII) is shown as
+/// text: markup in it never becomes elements of the page, in the row or in the details.
+#[tokio::test]
+async fn a_clients_markup_is_shown_as_text() {
+    let Some(browser) = browser().await else { return };
+    let sim = sim().await;
+    let gw =
+        gateway(&format!("backends:\n  local: {{url: '{}'}}\nmodels:\n  qwen: {{backend: local}}\n", sim.url())).await;
+    browser.goto(&gw.url("/ui")).await;
+    browser.wait_text("[data-testid=live]", "the live feed", |t| t == "live").await;
+    show(&browser, "activity").await;
+    let hostile = "<img/src=x/onerror=window.__xss=1><b>bold</b>";
+    let body = json!({"model": "qwen", "messages": [{"role": "user", "content": "hi"}]});
+    let r = client().post(gw.url("/v1/chat/completions")).header("x-request-id", hostile).json(&body).send().await;
+    let r = r.expect("send");
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.headers().get("x-request-id").and_then(|v| v.to_str().ok()), Some(hostile), "the client's id is kept");
+    let cell = "tr[data-testid=activity-row] td[data-field=id]";
+    browser.wait_text(cell, "the request's row", |t| t == hostile).await;
+    browser.click("tr[data-testid=activity-row]").await;
+    browser.wait_text("[data-testid=request-detail]", "its details", |t| t.contains(hostile)).await;
+    let injected = browser
+        .script(
+            "return document.querySelectorAll('#activity img, #activity b, [data-testid=request-detail] img, \
+             [data-testid=request-detail] b').length + (window.__xss ? 100 : 0)",
+            vec![],
+        )
+        .await;
+    assert_eq!(injected, 0, "markup from a client became elements of the page");
     browser.close().await;
 }
