@@ -23,6 +23,8 @@ const POLL: Duration = Duration::from_millis(200);
 pub struct Browser {
     client: Option<Client>,
     driver: Child,
+    /// chromedriver was reaped: its pid, the group's id, may be another process's now.
+    reaped: bool,
     /// Chromium's profile (`--user-data-dir`): every browser process names it on its command line.
     profile: tempfile::TempDir,
 }
@@ -64,7 +66,7 @@ impl Browser {
             .stderr(Stdio::null())
             .spawn()
             .expect("chromedriver starts");
-        let mut browser = Browser { client: None, driver: child, profile };
+        let mut browser = Browser { client: None, driver: child, reaped: false, profile };
         let url = format!("http://127.0.0.1:{port}");
         let status = super::client();
         let deadline = tokio::time::Instant::now() + PATIENCE;
@@ -78,6 +80,7 @@ impl Browser {
                 break;
             }
             let exited = browser.driver.try_wait().expect("chromedriver status");
+            browser.reaped = exited.is_some();
             assert!(exited.is_none(), "chromedriver exited at start: {exited:?}");
             assert!(tokio::time::Instant::now() < deadline, "chromedriver never became ready on {url}");
             tokio::time::sleep(Duration::from_millis(50)).await;
@@ -218,7 +221,8 @@ impl Browser {
     }
 
     /// The pids of live processes of this browser: chromedriver's process group (Chromium and
-    /// its children are in it) and any process naming this browser's profile directory.
+    /// its children are in it; until chromedriver is reaped) and any process naming this
+    /// browser's profile directory.
     pub fn processes(&self) -> Vec<u32> {
         let group = self.driver.id();
         let profile = self.profile.path().display().to_string();
@@ -234,7 +238,7 @@ impl Browser {
                     return false;
                 }
                 let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-                pgrp == group || String::from_utf8_lossy(&cmdline).contains(&profile)
+                (pgrp == group && !self.reaped) || String::from_utf8_lossy(&cmdline).contains(&profile)
             })
             .collect()
     }
@@ -246,30 +250,43 @@ impl Browser {
             // Bounded: a browser that hangs on quit is killed below all the same.
             let _ = tokio::time::timeout(Duration::from_secs(10), client.close()).await;
         }
-        self.kill();
+        self.kill_all();
         let deadline = tokio::time::Instant::now() + PATIENCE;
         loop {
             let left = self.processes();
             if left.is_empty() {
-                return;
+                break;
             }
             let described: Vec<String> = left.iter().map(|p| super::describe_process(*p)).collect();
             assert!(tokio::time::Instant::now() < deadline, "browser processes left behind:\n{}", described.join("\n"));
-            // Whatever is left (a process that left the group) is this browser's: killed by pid.
-            for pid in left {
-                if let Ok(pid) = i32::try_from(pid) {
-                    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
-                }
-            }
+            self.kill_all();
             tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        self.reap();
+    }
+
+    /// SIGKILL to chromedriver's group (Chromium's processes are in it) and to any process that
+    /// left the group but uses this browser's profile. chromedriver is not reaped here: until it
+    /// is, its pid — the group's id — cannot be another process's, so no stranger is signalled.
+    fn kill_all(&mut self) {
+        if !self.reaped {
+            // Refused by kill_group once chromedriver is dead: its group's rest is killed by pid.
+            super::kill_group(self.driver.id());
+            let _ = self.driver.kill();
+        }
+        for pid in self.processes() {
+            if let Ok(pid) = i32::try_from(pid) {
+                let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
+            }
         }
     }
 
-    /// SIGKILL to chromedriver's group (Chromium's processes are in it), then reaps chromedriver.
-    fn kill(&mut self) {
-        super::kill_group(self.driver.id());
-        let _ = self.driver.kill();
-        let _ = self.driver.wait();
+    /// Reaps chromedriver (after [`Browser::kill_all`]).
+    fn reap(&mut self) {
+        if !self.reaped {
+            let _ = self.driver.wait();
+            self.reaped = true;
+        }
     }
 }
 
@@ -277,11 +294,7 @@ impl Drop for Browser {
     fn drop(&mut self) {
         // After close() this finds nothing left; after a failed test it is the clean-up.
         self.client.take();
-        self.kill();
-        for pid in self.processes() {
-            if let Ok(pid) = i32::try_from(pid) {
-                let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
-            }
-        }
+        self.kill_all();
+        self.reap();
     }
 }
