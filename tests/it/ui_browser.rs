@@ -557,3 +557,79 @@ async fn a_clients_markup_is_shown_as_text() {
     assert_eq!(injected, 0, "markup from a client became elements of the page");
     browser.close().await;
 }
+
+/// The Now view follows the gateway live: requests in flight and queued per model (two slow
+/// streams on a backend of one slot), the last swap and why (two GPU backends, one model each),
+/// which backend holds the GPU, and the Stop button.
+#[tokio::test]
+async fn the_now_view_follows_in_flight_queued_swaps_and_the_stop_button() {
+    let Some(browser) = browser().await else { return };
+    const SIM: &str = env!("CARGO_BIN_EXE_mlxgate-sim");
+    let managed = |name: &str| {
+        format!(
+            "  {name}:\n    kind: custom\n    command: ['{SIM}', '--port', '{{port}}', '--style', 'mlx-lm']\n    \
+             port: {}\n    max_concurrency: 1\n    stop_timeout: 5s\n",
+            free_port()
+        )
+    };
+    let yaml = format!(
+        "swap_after: 1s\nbackends:\n{}{}models:\n  ma: {{backend: a, max_wait: 120s}}\n  mb: {{backend: b, max_wait: 120s}}\n",
+        managed("a"),
+        managed("b")
+    );
+    let gw = gateway(&yaml).await;
+    browser.goto(&gw.url("/ui")).await;
+    browser.wait_text("[data-testid=live]", "the live feed", |t| t == "live").await;
+    show(&browser, "now").await;
+    browser.wait_text("[data-testid=last-swap]", "no swap yet", |t| !t.is_empty()).await;
+
+    // Two slow streams for `ma` on a backend of one slot: one in flight, one queued.
+    let slow = json!({"model": "ma", "stream": true, "messages": [{"role": "user", "content": "hi"}],
+        "sim": {"tokens": 30, "tokens_per_second": 10}});
+    let streams: Vec<_> = (0..2)
+        .map(|_| {
+            let (url, slow) = (gw.url("/v1/chat/completions"), slow.clone());
+            tokio::spawn(async move { text_of(client().post(url).json(&slow).send().await.expect("send")).await })
+        })
+        .collect();
+    let model = |field: &str| format!("[data-testid=model-row][data-model=\"ma\"] [data-testid={field}]");
+    browser
+        .wait_for("one in flight and one queued for ma", || async {
+            let in_flight = browser.text(&model("model-in-flight")).await?;
+            let queued = browser.text(&model("model-queued")).await?;
+            (in_flight == "1" && queued == "1").then_some(())
+        })
+        .await;
+    for stream in streams {
+        assert!(stream.await.expect("stream").contains("[DONE]"));
+    }
+    browser
+        .wait_for("nothing in flight or queued", || async {
+            let in_flight = browser.text(&model("model-in-flight")).await?;
+            let queued = browser.text(&model("model-queued")).await?;
+            (in_flight == "0" && queued == "0").then_some(())
+        })
+        .await;
+    browser.wait_text(&backend_cell("a", "backend-gpu"), "a holds the GPU", |t| t == "GPU").await;
+
+    // `mb` swaps a out for b: the last swap names both and why.
+    let quick = json!({"model": "mb", "messages": [{"role": "user", "content": "hi"}]});
+    assert_eq!(post(&gw, "/v1/chat/completions", &quick).await.status(), 200);
+    let swap = browser
+        .wait_text("[data-testid=last-swap]", "the swap", |t| t.contains('a') && t.contains('b') && t.contains('→'))
+        .await;
+    assert!(["no_work", "due"].iter().any(|r| swap.contains(r)), "the reason: {swap}");
+    browser.wait_text(&backend_cell("b", "backend-gpu"), "b holds the GPU", |t| t == "GPU").await;
+    browser.wait_text(&backend_cell("a", "backend-state"), "a stopped", |t| t == "stopped").await;
+    assert_eq!(browser.text(&backend_cell("a", "backend-gpu")).await.as_deref(), Some(""));
+
+    // Stop: b stops, and its Stop button is disabled while it is stopped.
+    let stop = "button[data-action=stop][data-backend=\"b\"]";
+    browser.click(stop).await;
+    browser.wait_text("[data-testid=action-result]", "the stop's answer", |t| t.starts_with("stop b →")).await;
+    browser.wait_text(&backend_cell("b", "backend-state"), "b stopped", |t| t == "stopped").await;
+    let button = browser.client().find(Locator::Css(stop)).await.expect("stop button");
+    browser.wait_for("the Stop button disabled", || async { (!button.is_enabled().await.ok()?).then_some(()) }).await;
+    browser.wait_text("[data-testid=last-swap]", "the stop noted", |t| t.contains("admin")).await;
+    browser.close().await;
+}
