@@ -527,9 +527,10 @@ async fn the_drain_button_and_the_reload_box() {
 }
 
 /// What a client chooses (its own `x-request-id`, kept when it is printable ASCII) is shown as
-/// text: markup in it never becomes elements of the page, in the row or in the details.
+/// text: markup in it never becomes elements of the page, in the row or in the details. And a
+/// burst's decode speed reads "burst".
 #[tokio::test]
-async fn a_clients_markup_is_shown_as_text() {
+async fn a_clients_markup_is_shown_as_text_and_a_burst_as_burst() {
     let Some(browser) = browser().await else { return };
     let sim = sim().await;
     let gw =
@@ -555,6 +556,15 @@ async fn a_clients_markup_is_shown_as_text() {
         )
         .await;
     assert_eq!(injected, 0, "markup from a client became elements of the page");
+
+    // A burst (every token in one write at the end): its speed is shown as "burst", not a number.
+    let burst = json!({"model": "qwen", "stream": true, "messages": [{"role": "user", "content": "hi"}],
+        "sim": {"burst": true, "tokens": 8, "tokens_per_second": 40}});
+    let r = post(&gw, "/v1/chat/completions", &burst).await;
+    let id = r.headers().get("x-request-id").expect("id").to_str().expect("ascii").to_string();
+    assert!(text_of(r).await.contains("[DONE]"));
+    let row = format!("tr[data-testid=activity-row][data-request-id=\"{id}\"]");
+    browser.wait_text(&format!("{row} td[data-field=decode_tps]"), "the burst's speed", |t| t == "burst").await;
     browser.close().await;
 }
 
