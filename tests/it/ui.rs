@@ -826,3 +826,24 @@ fn over_random_schedules_every_page_sees_every_request_exactly_once() {
         prop_assert!(outcome.is_ok(), "{}", outcome.unwrap_err());
     });
 }
+
+#[tokio::test]
+async fn a_session_is_held_to_the_gateways_names_and_admin_hosts_adds_one() {
+    let sim = sim().await;
+    for (listed, expected) in [(false, 403), (true, 200)] {
+        let top = format!("{}{}", with_admin_key(), if listed { "admin_hosts: [gpu-box.lan]\n" } else { "" });
+        let gw = gateway(&yaml(&sim.url(), &top)).await;
+        let login = post_with(&gw, "/ui/login", &json!({"key": ADMIN_KEY}), &[]).await;
+        assert_eq!(login.status(), 204);
+        let cookie = parse_set_cookie(login.headers().get("set-cookie").expect("cookie").to_str().expect("ascii")).0;
+        let host = format!("gpu-box.lan:{}", gw.addr.port());
+        for path in ["/ui", "/ui/events"] {
+            let r = get(&gw, path, &[("cookie", &cookie), ("host", &host)]).await;
+            assert_eq!(r.status(), expected, "{path} by the name {host}, listed in admin_hosts: {listed}");
+        }
+        // The key itself is no browser's doing: any name.
+        let bearer = format!("Bearer {ADMIN_KEY}");
+        let r = get(&gw, "/admin/backends", &[("authorization", &bearer), ("host", &host)]).await;
+        assert_eq!(r.status(), 200, "the admin key by any name");
+    }
+}
