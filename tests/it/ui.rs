@@ -847,3 +847,19 @@ async fn a_session_is_held_to_the_gateways_names_and_admin_hosts_adds_one() {
         assert_eq!(r.status(), 200, "the admin key by any name");
     }
 }
+
+#[tokio::test]
+async fn sign_in_and_sign_out_are_204s_without_a_body() {
+    // RFC 9110 §8.6: no Content-Length (other than 0) and no body on a 204.
+    let sim = sim().await;
+    let gw = gateway(&yaml(&sim.url(), &with_admin_key())).await;
+    let login = post_with(&gw, "/ui/login", &json!({"key": ADMIN_KEY}), &[]).await;
+    let cookie = parse_set_cookie(login.headers().get("set-cookie").expect("cookie").to_str().expect("ascii")).0;
+    let logout = post_with(&gw, "/ui/logout", &json!({}), &[("cookie", &cookie)]).await;
+    for (what, r) in [("sign-in", login), ("sign-out", logout)] {
+        assert_eq!(r.status(), 204, "{what}");
+        let length = r.headers().get("content-length").map(|v| v.to_str().unwrap_or("?").to_string());
+        assert!(length.as_deref().is_none_or(|l| l == "0"), "{what}: a 204 with Content-Length {length:?}");
+        assert!(r.text().await.expect("body").is_empty(), "{what}: a 204 with a body");
+    }
+}
