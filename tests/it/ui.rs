@@ -454,13 +454,31 @@ async fn the_activity_feed_never_carries_a_prompt_and_details_only_when_capture_
     assert!(body.contains(&marker), "the captured body is the request's: {body}");
     assert_eq!(detail["capture"]["truncated"], false, "{detail}");
 
+    // The other faces: the body as the client sent it (Anthropic's or the Responses shape).
+    let messages = json!({"model": "captured", "max_tokens": 8,
+        "messages": [{"role": "user", "content": format!("messages face {marker}")}]});
+    let responses = json!({"model": "captured", "input": format!("responses face {marker}")});
+    for (path, body, face, field) in [
+        ("/v1/messages", messages, "messages", "\"max_tokens\""),
+        ("/v1/responses", responses, "responses", "\"input\""),
+    ] {
+        let r = post(&gw, path, &body).await;
+        assert_eq!(r.status(), 200, "{path}");
+        let id = r.headers().get("x-request-id").expect("id").to_str().expect("ascii").to_string();
+        let summary = feed.until("request", |v| v["id"] == id.as_str()).await;
+        assert_eq!((summary["face"].as_str(), summary["captured"].as_bool()), (Some(face), Some(true)), "{summary}");
+        let detail = details(&gw, &id).await;
+        let kept = detail["capture"]["body"].as_str().unwrap_or_else(|| panic!("{path}: {detail}"));
+        assert!(kept.contains(&marker) && kept.contains(field), "{path}: the client's own body: {kept}");
+    }
+
     // Neither the live feed nor a new page's backlog carries a prompt, captured or not.
     assert!(!feed.seen.contains(&marker), "the live feed carried a prompt: {}", feed.seen);
     drop(feed);
     let mut fresh = Events::new(get(&gw, "/ui/events", &[]).await);
     let backlog = fresh.until("requests", |v| v.is_array()).await;
     let ids: Vec<&str> = backlog.as_array().expect("array").iter().filter_map(|r| r["id"].as_str()).collect();
-    assert_eq!(ids, [captured.as_str(), open.as_str()], "the backlog, newest first");
+    assert_eq!(&ids[2..], [captured.as_str(), open.as_str()], "the backlog, newest first");
     assert!(!fresh.seen.contains(&marker), "the backlog carried a prompt: {}", fresh.seen);
 }
 
