@@ -881,3 +881,50 @@ async fn sign_in_and_sign_out_are_204s_without_a_body() {
         assert!(r.text().await.expect("body").is_empty(), "{what}: a 204 with a body");
     }
 }
+
+#[test]
+fn over_random_names_and_ports_only_the_gateways_own_origin_and_names_pass() {
+    use proptest::prelude::*;
+    use proptest::test_runner::{Config, TestRunner};
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    let machine = nix::unistd::gethostname().ok().and_then(|n| n.into_string().ok()).unwrap_or_default().to_lowercase();
+    let (_sim, gw) = runtime.block_on(async {
+        let sim = sim().await;
+        let gw = gateway(&yaml(&sim.url(), "")).await;
+        (sim, gw)
+    });
+    let port = gw.addr.port();
+    // A DNS name (labels of letters, digits and hyphens), a port, and whether the Origin's
+    // scheme is http.
+    let name = "[a-z][a-z0-9-]{0,10}(\\.[a-z][a-z0-9]{0,6}){0,3}";
+    let origin_port = prop_oneof![Just(Some(port)), proptest::option::of(1u16..65535)];
+    let strategy = (name, origin_port, any::<bool>());
+    let mut runner = TestRunner::new(Config { cases: 128, failure_persistence: None, ..Config::default() });
+    let outcome = runner.run(&strategy, |(name, origin_port, http)| {
+        let foreign = name != "localhost"
+            && !name.ends_with(".localhost")
+            && name != machine
+            && name.strip_suffix(".local") != Some(machine.as_str());
+        let (host_status, origin_status) = runtime.block_on(async {
+            let host = format!("{name}:{port}");
+            let page = get(&gw, "/ui", &[("host", &host)]).await.status().as_u16();
+            let scheme = if http { "http" } else { "https" };
+            let origin = match origin_port {
+                Some(p) => format!("{scheme}://127.0.0.1:{p}"),
+                None => format!("{scheme}://{name}"),
+            };
+            let drain = post_with(&gw, "/admin/backends/local/undrain", &json!({}), &[("origin", &origin)]).await;
+            (page, drain.status().as_u16())
+        });
+        prop_assert_eq!(host_status, if foreign { 403 } else { 200 }, "Host {}:{}", name, port);
+        // (`https://` on the gateway's own port is left open: only a TLS proxy in front has it.)
+        if http || origin_port != Some(port) {
+            let same = origin_port == Some(port);
+            prop_assert_eq!(origin_status, if same { 200 } else { 403 }, "Origin port {:?} http {}", origin_port, http);
+        }
+        Ok(())
+    });
+    if let Err(e) = outcome {
+        panic!("{e}");
+    }
+}
