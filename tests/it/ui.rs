@@ -928,3 +928,47 @@ fn over_random_names_and_ports_only_the_gateways_own_origin_and_names_pass() {
         panic!("{e}");
     }
 }
+
+/// Reads `feed` to its end; whether it ended within `PATIENCE` (a bound, not a timing).
+async fn ends(feed: &mut Events) -> bool {
+    tokio::time::timeout(PATIENCE, async { while let Ok(Some(_)) = feed.response.chunk().await {} }).await.is_ok()
+}
+
+#[tokio::test]
+async fn a_feed_ends_with_the_session_it_was_opened_on() {
+    // A session is checked when a feed opens; a feed then streams for as long as the page stays.
+    // Signing out, or a new admin key (changed because the old one leaked), must end the feeds
+    // of that session too, the backends' logs (which may hold prompts) first of all.
+    let (first, second) = ("sk-admin-first-7a0c5e2d9b14f386", "sk-admin-second-4f8b2d6e0a93c175");
+    let sim = sim().await;
+    let top = |admin: &str| format!("admin_key_sha256: {}\n", sha256_hex(admin));
+    let gw = FileGateway::start(&yaml(&sim.url(), &top(first)));
+    let url = |path: &str| format!("{}{path}", gw.gateway.url);
+    let sign_in = || async {
+        let login = client().post(url("/ui/login")).json(&json!({"key": first})).send().await.expect("send");
+        assert_eq!(login.status(), 204);
+        parse_set_cookie(login.headers().get("set-cookie").expect("cookie").to_str().expect("ascii")).0
+    };
+    let open = |cookie: String, path: &'static str| async move {
+        let r = client().get(url(path)).header("cookie", cookie).send().await.expect("send");
+        assert_eq!(r.status(), 200, "{path}");
+        Events::new(r)
+    };
+
+    let cookie = sign_in().await;
+    let mut activity = open(cookie.clone(), "/ui/events").await;
+    activity.until("state", |_| true).await;
+    let mut logs = open(cookie.clone(), "/ui/events/logs/a").await;
+    let logout = client().post(url("/ui/logout")).header("cookie", &cookie).send().await.expect("send");
+    assert_eq!(logout.status(), 204);
+    assert!(ends(&mut activity).await, "the activity feed went on after signing out");
+    assert!(ends(&mut logs).await, "the log feed went on after signing out");
+
+    let cookie = sign_in().await;
+    let mut activity = open(cookie.clone(), "/ui/events").await;
+    activity.until("state", |_| true).await;
+    gw.write(&yaml(&sim.url(), &top(second)));
+    let (status, applied) = gw.reload(false, &[("authorization", &format!("Bearer {first}"))]).await;
+    assert_eq!(status, 200, "{applied}");
+    assert!(ends(&mut activity).await, "the feed of the old key's session went on after the key changed");
+}
