@@ -972,3 +972,29 @@ async fn a_feed_ends_with_the_session_it_was_opened_on() {
     assert_eq!(status, 200, "{applied}");
     assert!(ends(&mut activity).await, "the feed of the old key's session went on after the key changed");
 }
+
+#[tokio::test]
+async fn a_managed_backends_environment_reaches_neither_the_feeds_nor_the_admin_api() {
+    // `env:` is where a server's tokens go (HF_TOKEN); the page shows a backend, never its env.
+    const SECRET: &str = "hf_secretTOKEN4b1d9e7c20a58f36";
+    let port = free_port();
+    let gw = gateway(&format!(
+        "backends:\n  a:\n    kind: custom\n    command: ['{SIM}', '--port', '{{port}}', '--style', 'mlx-lm']\n    \
+         port: {port}\n    env: {{HF_TOKEN: {SECRET}}}\nmodels:\n  a: {{backend: a, max_wait: 120s}}\n"
+    ))
+    .await;
+    let body = json!({"model": "a", "messages": [{"role": "user", "content": "hi"}]});
+    assert_eq!(post(&gw, "/v1/chat/completions", &body).await.status(), 200);
+    let mut state = Events::new(get(&gw, "/ui/events", &[]).await);
+    state.until("state", |s| s["backends"][0]["state"] == "ready").await;
+    let mut logs = Events::new(get(&gw, "/ui/events/logs/a", &[]).await);
+    logs.until("line", |l| l["mark"] == "ready").await;
+    let admin = [
+        get(&gw, "/admin/backends", &[]).await.text().await.expect("text"),
+        get(&gw, "/admin/state", &[]).await.text().await.expect("text"),
+        get(&gw, "/admin/backends/a/logs", &[]).await.text().await.expect("text"),
+    ];
+    for text in [&state.seen, &logs.seen].into_iter().chain(admin.iter()) {
+        assert!(!text.contains(SECRET), "a backend's env is shown: {text}");
+    }
+}
