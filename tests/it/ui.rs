@@ -250,6 +250,13 @@ async fn a_foreign_host_cannot_reach_the_admin_api_through_the_loopback_rule() {
     assert_eq!(status, 403, "GET /admin/backends/a/logs with a foreign Host: {text}");
     let restart = post_with(&gw, "/admin/backends/a/restart", &json!({}), &[("host", "evil.example:8000")]).await;
     assert_eq!(restart.status(), 403, "POST restart with a foreign Host");
+    // What a rebound page really sends: its own name in both, so the Origin matches the Host.
+    let rebound = format!("evil.example:{}", gw.addr.port());
+    let origin = format!("http://{rebound}");
+    let headers = [("host", rebound.as_str()), ("origin", origin.as_str())];
+    let restart = post_with(&gw, "/admin/backends/a/restart", &json!({}), &headers).await;
+    assert_eq!(restart.status(), 403, "a rebound page's POST");
+    assert_eq!(backend_state(&gw, "a").await["state"], "stopped", "nothing restarted");
     assert_eq!(get(&gw, "/admin/backends", &[]).await.status(), 200, "its own Host is served");
 }
 
