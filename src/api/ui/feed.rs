@@ -7,16 +7,19 @@
 //! Each open feed is one task writing into a bounded channel that the response body reads: a
 //! page that reads slowly makes its task wait, and the rings it follows tell it how many
 //! entries it missed (`lagged`) rather than holding them. With no page open nothing here runs.
-//! Feeds end when the page goes away or the gateway begins to shut down.
+//! Feeds end when the page goes away, when what let it in no longer does (its session ended
+//! or the admin key changed: checked at every tick, as the admin layer checked it at the
+//! start), or when the gateway begins to shut down.
 
 use std::convert::Infallible;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::{Body, Bytes};
 use axum::extract::rejection::PathRejection;
-use axum::extract::{Path, State};
-use axum::http::{HeaderValue, header};
+use axum::extract::{ConnectInfo, Path, Request, State};
+use axum::http::{HeaderMap, HeaderValue, header};
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 use tokio::sync::{broadcast, mpsc};
@@ -59,12 +62,31 @@ fn stream(run: impl FnOnce(mpsc::Sender<Bytes>) -> tokio::task::JoinHandle<()>) 
     response
 }
 
-/// GET `/ui/events`.
-pub async fn activity(State(state): State<Arc<AppState>>) -> Response {
-    stream(|tx| tokio::spawn(run_activity(state, tx)))
+/// What let a feed's request in, to ask again at every tick: its headers and peer.
+struct Credentials {
+    headers: HeaderMap,
+    peer: Option<SocketAddr>,
 }
 
-async fn run_activity(state: Arc<AppState>, tx: mpsc::Sender<Bytes>) {
+impl Credentials {
+    fn of(request: &Request) -> Credentials {
+        let peer = request.extensions().get::<ConnectInfo<SocketAddr>>().map(|c| c.0);
+        Credentials { headers: request.headers().clone(), peer }
+    }
+
+    /// Whether the admin rule still lets them in (a session ended, a new admin key: no).
+    fn still_admitted(&self, state: &AppState) -> bool {
+        admin::admit(state, &self.headers, self.peer).is_ok()
+    }
+}
+
+/// GET `/ui/events`.
+pub async fn activity(State(state): State<Arc<AppState>>, request: Request) -> Response {
+    let credentials = Credentials::of(&request);
+    stream(|tx| tokio::spawn(run_activity(state, credentials, tx)))
+}
+
+async fn run_activity(state: Arc<AppState>, credentials: Credentials, tx: mpsc::Sender<Bytes>) {
     let mut closing = state.closing.notified();
     if state.closing.is_cut() {
         return;
@@ -89,6 +111,9 @@ async fn run_activity(state: Arc<AppState>, tx: mpsc::Sender<Bytes>) {
                 Err(broadcast::error::RecvError::Closed) => return,
             },
             _ = tick.tick() => {
+                if !credentials.still_admitted(&state) {
+                    return;
+                }
                 let now = serde_json::to_string(&admin::snapshot(&state)).unwrap_or_default();
                 if now == last {
                     continue;
@@ -109,7 +134,9 @@ async fn run_activity(state: Arc<AppState>, tx: mpsc::Sender<Bytes>) {
 pub async fn logs(
     State(state): State<Arc<AppState>>,
     name: Result<Path<String>, PathRejection>,
+    request: Request,
 ) -> Result<Response, GatewayError> {
+    let credentials = Credentials::of(&request);
     let Path(name) = name.map_err(|e| GatewayError::invalid(e.body_text(), None))?;
     let supervisor = state.dispatch.supervisors.get(&name).ok_or_else(|| GatewayError::UnknownBackend(name.clone()))?;
     let logs = Arc::clone(&supervisor.logs);
@@ -127,10 +154,17 @@ pub async fn logs(
                 }
             }
             let mut keep_alive = tokio::time::interval(KEEP_ALIVE);
+            let mut check = tokio::time::interval(STATE_EVERY);
             loop {
                 let frame = tokio::select! {
                     () = &mut closing => return,
                     () = tx.closed() => return,
+                    _ = check.tick() => {
+                        if credentials.still_admitted(&state) {
+                            continue;
+                        }
+                        return;
+                    }
                     received = lines.recv() => match received {
                         Ok(line) => event("line", &*line),
                         Err(broadcast::error::RecvError::Lagged(missed)) => event("lagged", &serde_json::json!({"missed": missed})),
