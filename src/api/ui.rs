@@ -12,11 +12,10 @@
 
 pub mod feed;
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
 use axum::Json;
-use axum::body::Bytes;
 use axum::extract::{ConnectInfo, Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -89,10 +88,21 @@ struct SignIn {
 }
 
 /// POST `/ui/login` `{"key": "…"}`: the admin key → a session cookie (204). A wrong key is
-/// 401 (and counted: at most ten a minute are tried, then 429); with no admin key set there is
-/// nothing to sign in with (403). A cross-site sign-in is refused.
-pub async fn sign_in(State(state): State<Arc<AppState>>, headers: HeaderMap, body: Bytes) -> Response {
-    match open_session(&state, &headers, &body) {
+/// 401 (and counted: at most ten a minute are tried from one address, then 429); with no admin
+/// key set there is nothing to sign in with (403). A cross-site sign-in, or one through a name
+/// that is not the gateway's, is refused before anything is counted.
+pub async fn sign_in(State(state): State<Arc<AppState>>, request: Request) -> Response {
+    let peer = request.extensions().get::<ConnectInfo<SocketAddr>>().map(|c| c.0.ip());
+    let (parts, body) = request.into_parts();
+    // A key is a few dozen bytes: a body beyond 4 KiB is not a sign-in.
+    let body = match axum::body::to_bytes(body, 4096).await {
+        Ok(body) => body,
+        Err(_) => {
+            return GatewayError::invalid("the body must be JSON: {\"key\": \"<the admin key>\"}", Some("key"))
+                .into_response();
+        }
+    };
+    match open_session(&state, &parts.headers, peer, &body) {
         Ok(token) => {
             let mut response = StatusCode::NO_CONTENT.into_response();
             response.headers_mut().insert(header::SET_COOKIE, session::set_cookie(&token));
@@ -103,17 +113,23 @@ pub async fn sign_in(State(state): State<Arc<AppState>>, headers: HeaderMap, bod
     }
 }
 
-fn open_session(state: &AppState, headers: &HeaderMap, body: &[u8]) -> Result<String, GatewayError> {
-    // The key itself is the credential here: only the cross-site rule applies.
-    browser::check(headers, AdminBy::Key, &state.hosts)?;
+fn open_session(
+    state: &AppState,
+    headers: &HeaderMap,
+    peer: Option<IpAddr>,
+    body: &[u8],
+) -> Result<String, GatewayError> {
+    // What it opens is a browser's session: the browser rules as for one (no cross-site
+    // request, no foreign Host: a rebound page may not even guess), before anything is counted.
+    browser::check(headers, AdminBy::Session, &state.hosts)?;
     let admin_key = state.access().admin_key.ok_or(GatewayError::AdminForbidden)?;
-    if !state.sessions.may_try() {
+    if !state.sessions.may_try(peer) {
         return Err(GatewayError::TooManySignIns);
     }
     let SignIn { key } = serde_json::from_slice(body)
         .map_err(|_| GatewayError::invalid("the body must be JSON: {\"key\": \"<the admin key>\"}", Some("key")))?;
     if !bool::from(admin_key.ct_eq(&KeyHash::of_key(key.trim().as_bytes()))) {
-        state.sessions.failed();
+        state.sessions.failed(peer);
         if let Some(suppressed) = state.log_throttle.allow("ui sign-in refused") {
             tracing::warn!(suppressed, "a /ui sign-in with a wrong admin key was refused");
         }
@@ -125,7 +141,7 @@ fn open_session(state: &AppState, headers: &HeaderMap, body: &[u8]) -> Result<St
 
 /// POST `/ui/logout`: ends the browser's session (204; the cookie cleared).
 pub async fn sign_out(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Response {
-    if let Err(e) = browser::check(&headers, AdminBy::Key, &state.hosts) {
+    if let Err(e) = browser::check(&headers, AdminBy::Session, &state.hosts) {
         return e.into_response();
     }
     if let Some(token) = session::token(&headers) {

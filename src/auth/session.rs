@@ -5,10 +5,13 @@
 //! A token is 32 bytes from the OS's generator; only its SHA-256 is kept, compared in constant
 //! time, with the digest of the admin key it was opened with — a reload that changes the key
 //! ends every session. At most [`MAX_SESSIONS`] live (the oldest closed first), each for
-//! [`LIFETIME`]; at most [`MAX_FAILURES`] wrong keys a minute are tried (the key is guessed
-//! no faster than that).
+//! [`LIFETIME`]; at most [`MAX_FAILURES`] wrong keys a minute are tried from one address (an
+//! IPv6 address's /64 counts as one), so the key is guessed no faster than that from there,
+//! and a peer guessing does not lock the admin out from elsewhere (at most [`MAX_PEERS`]
+//! addresses are remembered, the quietest forgotten first).
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
+use std::net::IpAddr;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -24,8 +27,11 @@ pub const COOKIE: &str = "mlxgate_session";
 pub const MAX_SESSIONS: usize = 64;
 /// How long a session lasts.
 pub const LIFETIME: Duration = Duration::from_secs(12 * 3600);
-/// Wrong keys tried per minute before sign-ins are refused for the rest of it.
+/// Wrong keys tried per minute from one address before its sign-ins are refused for the rest
+/// of it.
 pub const MAX_FAILURES: usize = 10;
+/// How many addresses' recent failures are remembered.
+pub const MAX_PEERS: usize = 1024;
 
 struct Session {
     token: [u8; 32],
@@ -36,7 +42,10 @@ struct Session {
 #[derive(Default)]
 struct State {
     open: VecDeque<Session>,
-    failures: VecDeque<Instant>,
+    /// Each address's wrong keys of the last minute.
+    failures: HashMap<IpAddr, VecDeque<Instant>>,
+    /// Bumped when a session closes: a feed opened on one asks again (see `epoch`).
+    closed: u64,
 }
 
 /// The open sessions.
@@ -81,26 +90,59 @@ impl Sessions {
     /// Closes the session of `token`, if open.
     pub fn close(&self, token: &[u8]) {
         let presented = digest(token);
-        self.state().open.retain(|s| !bool::from(s.token.ct_eq(&presented)));
+        let mut state = self.state();
+        state.open.retain(|s| !bool::from(s.token.ct_eq(&presented)));
+        state.closed += 1;
     }
 
-    /// Whether a sign-in may be tried now (fewer than [`MAX_FAILURES`] wrong keys this minute).
-    pub fn may_try(&self) -> bool {
+    /// Whether a sign-in may be tried now from `peer` (fewer than [`MAX_FAILURES`] wrong keys
+    /// from there in the last minute).
+    pub fn may_try(&self, peer: Option<IpAddr>) -> bool {
         let mut state = self.state();
         let now = Instant::now();
-        while state.failures.front().is_some_and(|t| now.duration_since(*t) > Duration::from_secs(60)) {
-            state.failures.pop_front();
+        let Some(recent) = state.failures.get_mut(&address(peer)) else { return true };
+        while recent.front().is_some_and(|t| now.duration_since(*t) > Duration::from_secs(60)) {
+            recent.pop_front();
         }
-        state.failures.len() < MAX_FAILURES
+        recent.len() < MAX_FAILURES
     }
 
-    /// Counts a wrong key.
-    pub fn failed(&self) {
+    /// Counts a wrong key from `peer`.
+    pub fn failed(&self, peer: Option<IpAddr>) {
         let mut state = self.state();
-        state.failures.push_back(Instant::now());
-        if state.failures.len() > MAX_FAILURES {
-            state.failures.pop_front();
+        let now = Instant::now();
+        let key = address(peer);
+        if state.failures.len() >= MAX_PEERS && !state.failures.contains_key(&key) {
+            // Forget the address whose last failure is the oldest.
+            let quietest = state.failures.iter().min_by_key(|(_, times)| times.back().copied()).map(|(ip, _)| *ip);
+            if let Some(ip) = quietest {
+                state.failures.remove(&ip);
+            }
         }
+        let recent = state.failures.entry(key).or_default();
+        recent.push_back(now);
+        if recent.len() > MAX_FAILURES {
+            recent.pop_front();
+        }
+    }
+
+    /// A number that changes whenever a session is closed: a live feed opened on a session
+    /// compares it at every event and asks the admin rule again when it changed.
+    pub fn epoch(&self) -> u64 {
+        self.state().closed
+    }
+}
+
+/// The address failures are counted under: an IPv6 address's /64 (one host may hold a whole
+/// /64), any other as it is; an unknown peer as one.
+fn address(peer: Option<IpAddr>) -> IpAddr {
+    match peer.map(|ip| ip.to_canonical()) {
+        Some(IpAddr::V6(v6)) => {
+            let s = v6.segments();
+            IpAddr::V6(std::net::Ipv6Addr::new(s[0], s[1], s[2], s[3], 0, 0, 0, 0))
+        }
+        Some(v4) => v4,
+        None => IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED),
     }
 }
 
@@ -157,11 +199,25 @@ mod tests {
         }
         assert!(!sessions.valid(first.as_bytes(), Some(&key)), "the oldest closed");
         assert_eq!(sessions.state().open.len(), MAX_SESSIONS);
+        let (guesser, admin): (IpAddr, IpAddr) = ("192.0.2.7".parse().expect("ip"), "127.0.0.1".parse().expect("ip"));
         for _ in 0..MAX_FAILURES {
-            assert!(sessions.may_try());
-            sessions.failed();
+            assert!(sessions.may_try(Some(guesser)));
+            sessions.failed(Some(guesser));
         }
-        assert!(!sessions.may_try());
+        assert!(!sessions.may_try(Some(guesser)));
+        assert!(sessions.may_try(Some(admin)), "one address's guesses lock out no other");
+        let (a, b): (IpAddr, IpAddr) = ("2001:db8::1".parse().expect("ip"), "2001:db8::ffff:2".parse().expect("ip"));
+        for _ in 0..MAX_FAILURES {
+            sessions.failed(Some(a));
+        }
+        assert!(!sessions.may_try(Some(b)), "a /64 is one address");
+        for i in 0..MAX_PEERS as u32 + 5 {
+            sessions.failed(Some(IpAddr::V4(std::net::Ipv4Addr::from(0x0a00_0000 + i))));
+        }
+        assert!(sessions.state().failures.len() <= MAX_PEERS);
+        let before = sessions.epoch();
+        sessions.close(b"whatever");
+        assert_ne!(sessions.epoch(), before);
     }
 
     #[test]

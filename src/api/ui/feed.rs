@@ -11,7 +11,6 @@
 //! or the admin key changed: checked at every tick, as the admin layer checked it at the
 //! start), or when the gateway begins to shut down.
 
-use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -26,6 +25,7 @@ use tokio::sync::{broadcast, mpsc};
 
 use super::super::AppState;
 use super::super::admin;
+use crate::auth::Access;
 use crate::error::GatewayError;
 
 /// How many requests the activity feed starts with.
@@ -47,11 +47,24 @@ fn event(name: &str, data: &impl Serialize) -> Bytes {
 }
 
 /// The response whose body is what the task given the sender writes.
-fn stream(run: impl FnOnce(mpsc::Sender<Bytes>) -> tokio::task::JoinHandle<()>) -> Response {
+///
+/// When the gateway begins to shut down the body fails, which makes the server drop the
+/// connection at once: a feed is never finished cleanly, since a page that stopped reading
+/// (a laptop asleep with it open) would hold the shutdown for its whole grace waiting for the
+/// end to be written.
+fn stream(state: &AppState, run: impl FnOnce(mpsc::Sender<Bytes>) -> tokio::task::JoinHandle<()>) -> Response {
     let (tx, rx) = mpsc::channel::<Bytes>(PENDING);
     run(tx);
-    let body = futures_util::stream::unfold(rx, |mut rx| async move {
-        rx.recv().await.map(|bytes| (Ok::<_, Infallible>(bytes), rx))
+    let closing = state.closing.notified();
+    let cut = state.closing.is_cut();
+    let body = futures_util::stream::unfold((rx, closing, cut), |(mut rx, mut closing, cut)| async move {
+        if cut {
+            return None;
+        }
+        tokio::select! {
+            received = rx.recv() => received.map(|bytes| (Ok(bytes), (rx, closing, false))),
+            () = &mut closing => Some((Err(ShuttingDown), (rx, closing, true))),
+        }
     });
     let mut response = Body::from_stream(body).into_response();
     let headers = response.headers_mut();
@@ -62,31 +75,49 @@ fn stream(run: impl FnOnce(mpsc::Sender<Bytes>) -> tokio::task::JoinHandle<()>) 
     response
 }
 
-/// What let a feed's request in, to ask again at every tick: its headers and peer.
+/// The error a feed's body ends with when the gateway shuts down.
+#[derive(Debug, thiserror::Error)]
+#[error("the gateway is shutting down")]
+struct ShuttingDown;
+
+/// What let a feed's request in, to ask the admin rule again: its headers and peer, and what
+/// the rule depended on when it last said yes (the sessions' epoch, the keys in force).
 struct Credentials {
     headers: HeaderMap,
     peer: Option<SocketAddr>,
+    epoch: u64,
+    access: Arc<Access>,
 }
 
 impl Credentials {
-    fn of(request: &Request) -> Credentials {
+    fn of(state: &AppState, request: &Request) -> Credentials {
         let peer = request.extensions().get::<ConnectInfo<SocketAddr>>().map(|c| c.0);
-        Credentials { headers: request.headers().clone(), peer }
+        Credentials { headers: request.headers().clone(), peer, epoch: state.sessions.epoch(), access: state.access() }
     }
 
-    /// Whether the admin rule still lets them in (a session ended, a new admin key: no).
-    fn still_admitted(&self, state: &AppState) -> bool {
+    /// Whether the admin rule still lets them in (a session ended, a new admin key: no),
+    /// asked in full (at every tick: a session also expires).
+    fn still_admitted(&mut self, state: &AppState) -> bool {
+        self.epoch = state.sessions.epoch();
+        self.access = state.access();
         admin::admit(state, &self.headers, self.peer).is_ok()
+    }
+
+    /// As [`still_admitted`](Self::still_admitted), asked again only when a session was closed
+    /// or the keys were reloaded since (before every event: nothing is sent after a sign-out).
+    fn admitted_now(&mut self, state: &AppState) -> bool {
+        let unchanged = state.sessions.epoch() == self.epoch && Arc::ptr_eq(&state.access(), &self.access);
+        unchanged || self.still_admitted(state)
     }
 }
 
 /// GET `/ui/events`.
 pub async fn activity(State(state): State<Arc<AppState>>, request: Request) -> Response {
-    let credentials = Credentials::of(&request);
-    stream(|tx| tokio::spawn(run_activity(state, credentials, tx)))
+    let credentials = Credentials::of(&state, &request);
+    stream(&Arc::clone(&state), |tx| tokio::spawn(run_activity(state, credentials, tx)))
 }
 
-async fn run_activity(state: Arc<AppState>, credentials: Credentials, tx: mpsc::Sender<Bytes>) {
+async fn run_activity(state: Arc<AppState>, mut credentials: Credentials, tx: mpsc::Sender<Bytes>) {
     let mut closing = state.closing.notified();
     if state.closing.is_cut() {
         return;
@@ -124,7 +155,7 @@ async fn run_activity(state: Arc<AppState>, credentials: Credentials, tx: mpsc::
             }
             _ = keep_alive.tick() => Bytes::from_static(b": keep-alive\n\n"),
         };
-        if tx.send(frame).await.is_err() {
+        if !credentials.admitted_now(&state) || tx.send(frame).await.is_err() {
             return;
         }
     }
@@ -136,11 +167,11 @@ pub async fn logs(
     name: Result<Path<String>, PathRejection>,
     request: Request,
 ) -> Result<Response, GatewayError> {
-    let credentials = Credentials::of(&request);
+    let mut credentials = Credentials::of(&state, &request);
     let Path(name) = name.map_err(|e| GatewayError::invalid(e.body_text(), None))?;
     let supervisor = state.dispatch.supervisors.get(&name).ok_or_else(|| GatewayError::UnknownBackend(name.clone()))?;
     let logs = Arc::clone(&supervisor.logs);
-    Ok(stream(|tx| {
+    Ok(stream(&Arc::clone(&state), |tx| {
         tokio::spawn(async move {
             let mut closing = state.closing.notified();
             if state.closing.is_cut() {
@@ -172,7 +203,7 @@ pub async fn logs(
                     },
                     _ = keep_alive.tick() => Bytes::from_static(b": keep-alive\n\n"),
                 };
-                if tx.send(frame).await.is_err() {
+                if !credentials.admitted_now(&state) || tx.send(frame).await.is_err() {
                     return;
                 }
             }
