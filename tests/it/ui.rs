@@ -399,6 +399,11 @@ async fn failed_sign_ins_are_limited() {
         assert_eq!(status, 401, "attempt {attempt}");
     }
     assert_eq!(statuses.last(), Some(&429), "100 wrong keys in a row and never a 429: {statuses:?}");
+    // Counted per address: a stranger's guesses do not lock the admin out from elsewhere.
+    let elsewhere =
+        reqwest::Client::builder().local_address(std::net::IpAddr::from([127, 0, 0, 2])).build().expect("client");
+    let login = elsewhere.post(gw.url("/ui/login")).json(&json!({"key": ADMIN_KEY})).send().await.expect("send");
+    assert_eq!(login.status(), 204, "the right key from another address");
 }
 
 // ---- No prompt text in the feed unless capture is on ----
