@@ -63,3 +63,5 @@ mod swap_review;
 mod swap_schedule;
 mod tokens_exactness;
 mod tokens_reference;
+mod ui;
+mod ui_browser;

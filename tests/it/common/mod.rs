@@ -12,6 +12,8 @@ use mlxgate::sim::{self, Behaviour, SimConfig, SimHandle};
 use serde_json::Value;
 use tokio::sync::oneshot;
 
+pub mod browser;
+
 /// Longest a test waits for something that must happen; a failure, not a speed bound.
 pub const PATIENCE: Duration = Duration::from_secs(60);
 
