@@ -63,3 +63,4 @@ mod swap_review;
 mod swap_schedule;
 mod tokens_exactness;
 mod tokens_reference;
+mod ui_rev;
