@@ -103,3 +103,44 @@ async fn a_sign_in_through_a_rebound_name_is_refused_and_not_counted() {
     let (status, _) = sign_in(&gw.url(""), ADMIN_KEY, None).await;
     assert_eq!(status, 204, "the admin is not locked out by a web page");
 }
+
+/// A feed whose reader stopped reading (a laptop asleep with the page open) must not hold the
+/// gateway's shutdown for its whole `shutdown_grace`: "feeds end when the gateway begins to
+/// shut down" (docs/ui.md). Today the feed's task waits in `send` on its full channel and never
+/// sees the cut, and the response never ends.
+#[tokio::test]
+async fn a_feed_whose_reader_stalled_does_not_hold_the_shutdown() {
+    use std::io::Write;
+    let sim_bin = env!("CARGO_BIN_EXE_mlxgate-sim");
+    let port = free_port();
+    // The server prints ~20 000 lines a second (~3 MB/s as events) once the test has subscribed
+    // (it waits for the marker file), until it is stopped.
+    let dir = tempfile::tempdir().expect("dir");
+    let go = dir.path().join("go");
+    let script = format!(
+        "{sim_bin} --port {port} & while [ ! -e {go} ]; do sleep 0.1; done; \
+         while :; do yes 'a log line of about a hundred bytes, printed by a busy server to its stderr ......' | head -n 2000 >&2; echo flood-tick >&2; sleep 0.1; done",
+        go = go.display()
+    );
+    let yaml = format!(
+        "shutdown_grace: 600s\nbackends:\n  loud:\n    kind: custom\n    command: ['sh', '-c', \"{script}\"]\n    \
+         port: {port}\n    gpu: false\n    preload: true\n    stop_timeout: 2s\nmodels:\n  m: {{backend: loud}}\n"
+    );
+    let mut gw = gateway(&yaml).await;
+    eventually("the backend is ready", || async { backend_state(&gw, "loud").await["state"] == "ready" }).await;
+    // A reader that never reads.
+    let mut stream = std::net::TcpStream::connect(gw.addr).expect("connect");
+    write!(stream, "GET /ui/events/logs/loud HTTP/1.1\r\nHost: {}\r\n\r\n", gw.addr).expect("request");
+    std::fs::write(&go, b"").expect("go");
+    eventually("the flood is printed", || async {
+        let logs = client().get(gw.url("/admin/backends/loud/logs?lines=1")).send().await.expect("logs");
+        logs.text().await.expect("text").contains("flood-tick")
+    })
+    .await;
+    // Long enough for the feed to fill the socket's buffers (a few MB) at ~3 MB/s.
+    tokio::time::sleep(std::time::Duration::from_secs(8)).await;
+    gw.stop();
+    let ended = tokio::time::timeout(PATIENCE, &mut gw.task).await;
+    drop(stream);
+    assert!(ended.is_ok(), "the gateway still waits for the stalled feed {PATIENCE:?} after the shutdown began");
+}
