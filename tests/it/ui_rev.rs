@@ -144,3 +144,50 @@ async fn a_feed_whose_reader_stalled_does_not_hold_the_shutdown() {
     drop(stream);
     assert!(ended.is_ok(), "the gateway still waits for the stalled feed {PATIENCE:?} after the shutdown began");
 }
+
+/// The session cookie rides on every same-origin request the page makes, the playground's
+/// `POST /v1/chat/completions` too (`Path=/`): the gateway must not hand it to the backend (a
+/// `url:` backend may be another machine, or log headers). Today it is forwarded, and the
+/// backend can use it as the admin for 12 hours.
+#[tokio::test]
+async fn the_session_cookie_is_not_forwarded_to_a_backend() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let backend = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let url = format!("http://{}", backend.local_addr().expect("addr"));
+    let (seen_tx, seen_rx) = tokio::sync::oneshot::channel::<String>();
+    tokio::spawn(async move {
+        let (mut conn, _) = backend.accept().await.expect("accept");
+        let mut head = Vec::new();
+        let mut buf = [0u8; 4096];
+        while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+            let n = conn.read(&mut buf).await.expect("read");
+            if n == 0 {
+                break;
+            }
+            head.extend_from_slice(&buf[..n]);
+        }
+        let body = r#"{"id":"x","object":"chat.completion","created":0,"model":"tiny-qwen3","choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}],"usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}}"#;
+        let answer = format!(
+            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+            body.len()
+        );
+        let _ = conn.write_all(answer.as_bytes()).await;
+        let _ = seen_tx.send(String::from_utf8_lossy(&head).into_owned());
+    });
+    let gw = gateway(&keyed_yaml(&url)).await;
+    let (status, cookie) = sign_in(&gw.url(""), ADMIN_KEY, None).await;
+    assert_eq!(status, 204);
+    let cookie = cookie.expect("a session cookie");
+    // What the page's playground sends (same origin: the browser adds the cookie).
+    let answer = client()
+        .post(gw.url("/v1/chat/completions"))
+        .header("cookie", &cookie)
+        .json(&chat(false, json!({})))
+        .send()
+        .await
+        .expect("chat");
+    assert_eq!(answer.status(), 200);
+    let seen = seen_rx.await.expect("the backend saw the request");
+    let token = cookie.split('=').nth(1).expect("token");
+    assert!(!seen.contains(token), "the backend received the admin's session token:\n{seen}");
+}
