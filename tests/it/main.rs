@@ -65,3 +65,4 @@ mod tokens_exactness;
 mod tokens_reference;
 mod ui;
 mod ui_browser;
+mod ui_rev;
