@@ -1,0 +1,169 @@
+"""The command line: start the simulator and the gateway, run the rounds and the idle windows in
+alternating order, stop everything, write the report."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime as dt
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from overhead_lib import settings as overhead_settings
+from overhead_lib.phases import stream_run
+from overhead_lib.processes import Procs, gateway_yaml, loadavg, port_free, sim_command
+from overhead_lib.report import machine
+from overhead_lib.settings import FULL, log
+from overhead_lib.stats import rounds_order
+
+from . import __doc__ as USAGE
+from .measure import idle_window, stream_round
+from .report import render, summarize
+from .settings import (
+    BROWSER_CPU, CHROMEDRIVER, CHROMIUM, CHUNKS, GATEWAY, GATEWAY_PORT, HOST, IDLE_ROUNDS, IDLE_SECONDS, LOAD_CPU,
+    PROXY_CPU, RESULTS, ROOT, ROUNDS, ROUTE, SETTLE_S, SIM_PORTS, STREAMS, VARIANTS,
+)
+
+
+def top_lines(n: int = 8) -> list[str]:
+    """The busiest processes over one second (top's second sample)."""
+    try:
+        out = subprocess.run(["top", "-bn2", "-d1", "-w", "160"], capture_output=True, text=True, timeout=20).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    last = out.split("top - ")[-1].splitlines()
+    head = next((i for i, ln in enumerate(last) if ln.lstrip().startswith("PID")), None)
+    return [] if head is None else [ln.rstrip() for ln in last[head:head + 1 + n]]
+
+
+def commit() -> str:
+    try:
+        return subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, timeout=10).stdout.strip() or "?"
+    except OSError:
+        return "?"
+
+
+def start(procs: Procs, workdir: Path, chunks: int) -> None:
+    mode = dataclasses.replace(FULL, stream_chunks=chunks)
+    procs.start(f"sim-{ROUTE}", sim_command(ROUTE, mode), LOAD_CPU)
+    procs.wait_ready(f"sim-{ROUTE}", f"http://{HOST}:{SIM_PORTS[ROUTE]}/v1/models", 20)
+    config = workdir / "mlxgate.yaml"
+    config.write_text(gateway_yaml(GATEWAY_PORT, full=False, tokenizer="", routes=[ROUTE]))
+    procs.start(GATEWAY, [str(overhead_settings.RELEASE / "mlxgate"), "serve", "--config", str(config)], PROXY_CPU)
+    procs.wait_ready(GATEWAY, f"http://{HOST}:{GATEWAY_PORT}/health", 20)
+
+
+def write(out_md: Path, res: dict) -> dict:
+    summary = summarize(res)
+    res["summary"] = summary
+    out_md.parent.mkdir(parents=True, exist_ok=True)
+    out_md.with_suffix(".json").write_text(json.dumps(res, indent=1, default=str))
+    out_md.write_text(render(res, summary))
+    return summary
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=USAGE.split("\n\n")[0])
+    ap.add_argument("--rounds", type=int, default=ROUNDS, help=f"stream rounds per variant (default {ROUNDS})")
+    ap.add_argument("--streams", type=int, default=STREAMS, help=f"streams per run (default {STREAMS})")
+    ap.add_argument("--chunks", type=int, default=CHUNKS, help=f"content chunks per stream (default {CHUNKS})")
+    ap.add_argument("--idle-seconds", type=float, default=IDLE_SECONDS,
+                    help=f"seconds per idle window (default {IDLE_SECONDS:g})")
+    ap.add_argument("--idle-rounds", type=int, default=IDLE_ROUNDS,
+                    help=f"idle windows per variant (default {IDLE_ROUNDS}; 0 skips them)")
+    ap.add_argument("--bin-dir", help="where mlxgate and mlxgate-sim are (default: target/release)")
+    ap.add_argument("--out", help="markdown report (default bench/results/ui.md; the JSON beside it)")
+    ap.add_argument("--keep", action="store_true", help="keep the work directory (logs)")
+    ap.add_argument("--render-only", metavar="JSON", help="rewrite the report from a saved raw-figures file")
+    ap.add_argument("--self-test", action="store_true", help="test the report's pieces (no process started)")
+    args = ap.parse_args()
+    if args.self_test:
+        from .selftest import run as self_test
+        return self_test()
+    out_md = Path(args.out) if args.out else RESULTS / "ui.md"
+    if args.render_only:
+        res = json.loads(Path(args.render_only).read_text())
+        write(out_md, res)
+        return 0
+    if args.bin_dir:
+        overhead_settings.RELEASE = Path(args.bin_dir).resolve()
+    for path in [overhead_settings.RELEASE / "mlxgate", overhead_settings.RELEASE / "mlxgate-sim",
+                 Path(CHROMIUM), Path(CHROMEDRIVER)]:
+        if not path.exists():
+            raise SystemExit(f"{path} is missing (cargo build --release --bins; apt-get install chromium "
+                             "chromium-driver)")
+    busy = [p for p in [GATEWAY_PORT, SIM_PORTS[ROUTE]] if not port_free(p)]
+    if busy:
+        raise SystemExit(f"ports in use on {HOST}: {busy}")
+    os.sched_setaffinity(0, {int(LOAD_CPU)})
+    limit = int(args.rounds * 2 * (args.chunks * 0.02 * 6 + 120) + args.idle_rounds * 2 * (args.idle_seconds + 60)
+                + 120)
+
+    def overtime(_sig, _frame):  # noqa: ANN001
+        raise SystemExit(f"bench/ui: over its {limit}s: stopped")
+
+    signal.signal(signal.SIGALRM, overtime)
+    signal.alarm(limit)
+    workdir = Path(tempfile.mkdtemp(prefix="mlxgate-bench-ui-"))
+    procs = Procs(workdir)
+    url = f"http://{HOST}:{GATEWAY_PORT}/ui#activity"
+    began = time.monotonic()
+    res: dict = {
+        "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "machine": machine(),
+        "commit": commit(), "command": " ".join(["bench/ui", *sys.argv[1:]]),
+        "settings": {"rounds": args.rounds, "streams": args.streams, "chunks": args.chunks, "settle_s": SETTLE_S,
+                     "idle_seconds": args.idle_seconds, "idle_rounds": args.idle_rounds, "proxy_cpu": PROXY_CPU,
+                     "browser_cpu": BROWSER_CPU, "url": url},
+        "loadavg_start": loadavg(), "top_start": top_lines(),
+        "streams": {v: [] for v in VARIANTS}, "idle": {v: [] for v in VARIANTS},
+    }
+    try:
+        log(f"starting the simulator and mlxgate (work dir {workdir})")
+        start(procs, workdir, args.chunks)
+        warm = stream_run(procs, GATEWAY, ROUTE, args.streams, timeout=args.chunks * 0.02 * 6 + 60)
+        log(f"warm-up: {warm['content_chunks']} content chunks")
+        expected = args.streams * args.chunks
+        for r in range(args.rounds):
+            for v in rounds_order(VARIANTS, r):
+                s = stream_round(procs, workdir, url, v, args.streams, args.chunks)
+                s["round"] = r
+                res["streams"][v].append(s)
+                log(f"  round {r + 1} {v:4}  cpu {s['cpu_us_per_chunk']:6.2f} us/chunk "
+                    f"(streams only {s['cpu_us_per_chunk_streams']:6.2f})  gap p50 {s['gap_p50_us'] / 1000:6.2f} ms "
+                    f"p99 {s['gap_p99_us'] / 1000:6.2f} ms  chunks {s['content_chunks']}/{expected}  "
+                    f"preempted {s['preempted']}  load {s['loadavg']}"
+                    + (f"  rows +{s['rows_new']} in {s['rows_caught_up_s']:.1f}s  browser cpu "
+                       f"{s['browser_cpu_s']:.2f}s  lagged {s['lagged']!r}" if v == "page" else ""))
+        for r in range(args.idle_rounds):
+            for v in rounds_order(VARIANTS, r + 1):  # page first: the streams' last round ended on none
+                s = idle_window(procs, workdir, url, v, args.idle_seconds)
+                s["round"] = r
+                res["idle"][v].append(s)
+                log(f"  idle {r + 1} {v:4}  {s['cpu_us_per_s']:8.1f} us of CPU per second over {s['seconds']:.1f}s")
+        res["loadavg_end"] = loadavg()
+        res["top_end"] = top_lines()
+        res["elapsed_s"] = time.monotonic() - began
+    finally:
+        signal.alarm(0)
+        procs.stop_all()
+    summary = write(out_md, res)
+    c = summary["compare"]["cpu_us_per_chunk"]
+    log(f"CPU per chunk: none {summary['streams']['none']['cpu_us_per_chunk']:.2f} us, page "
+        f"{summary['streams']['page']['cpu_us_per_chunk']:.2f} us; page - none {c['median']:+.2f} us, noise "
+        f"{c['noise'] if c['noise'] is None else round(c['noise'], 2)} us: {c['verdict']}")
+    if "idle" in summary:
+        ci = summary["idle"]["compare"]
+        log(f"idle: none {summary['idle']['none']['cpu_us_per_s']:.1f} us/s, page "
+            f"{summary['idle']['page']['cpu_us_per_s']:.1f} us/s: {ci['verdict']}")
+    log(f"done in {res['elapsed_s']:.0f}s: {out_md} (logs: {workdir})")
+    if not args.keep:
+        shutil.rmtree(workdir, ignore_errors=True)
+    return 0

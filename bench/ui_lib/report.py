@@ -1,0 +1,156 @@
+"""From the rounds' raw figures to the summary (medians and ranges over rounds, the paired
+difference page − none, the noise floor, the verdict) and the Markdown report."""
+
+from __future__ import annotations
+
+from overhead_lib.stats import med, noise, spread
+
+STREAM_KEYS = ["cpu_us_per_chunk", "cpu_us_per_chunk_streams", "gap_p50_us", "gap_p99_us"]
+
+
+def paired(runs: dict[str, list[dict]], key: str) -> list[float]:
+    """Per round that has both: page − none of `key`."""
+    none = {r["round"]: r[key] for r in runs["none"]}
+    return [r[key] - none[r["round"]] for r in runs["page"] if r["round"] in none]
+
+
+def verdict(diff_median: float, floor: float | None) -> str:
+    """`within noise` when the median paired difference is no larger than the noise floor (the
+    none-variant's own max − min over rounds), else `beyond noise`."""
+    if floor is None or diff_median != diff_median:
+        return "no noise floor (fewer than two rounds)"
+    return "within noise" if abs(diff_median) <= floor else "beyond noise"
+
+
+def compare(runs: dict[str, list[dict]], key: str) -> dict:
+    """Medians and ranges of both variants, the paired difference, the floor and the verdict."""
+    diffs = paired(runs, key)
+    floor = noise([r[key] for r in runs["none"]])
+    out = {"per_round": diffs, "median": med(diffs), "range": spread(diffs), "noise": floor}
+    out["verdict"] = verdict(out["median"], floor)
+    return out
+
+
+def variant_summary(rounds: list[dict], expected: int) -> dict:
+    s: dict = {"rounds": len(rounds), "expected_chunks": expected}
+    for k in STREAM_KEYS:
+        s[k] = med([r[k] for r in rounds])
+        s[f"{k}_range"] = spread([r[k] for r in rounds])
+    s["content_chunks_min"] = min((r["content_chunks"] for r in rounds), default=0)
+    s["content_chunks_max"] = max((r["content_chunks"] for r in rounds), default=0)
+    s["sim_requests_min"] = min((r["sim_requests"] for r in rounds), default=0)
+    s["non_200"] = sum(n for r in rounds for st, n in r["statuses"].items() if int(st) != 200)
+    s["preempted"] = med([r["preempted"] for r in rounds])
+    if rounds and "rows_new" in rounds[0]:
+        s["rows_new_min"] = min(r["rows_new"] for r in rounds)
+        s["rows_wanted"] = rounds[0]["rows_wanted"]
+        s["rows_caught_up_s_max"] = max(r["rows_caught_up_s"] for r in rounds)
+        s["lagged"] = [r["lagged"] for r in rounds if r["lagged"]]
+        s["browser_cpu_s"] = med([r["browser_cpu_s"] for r in rounds])
+    return s
+
+
+def summarize(res: dict) -> dict:
+    """The summary of a run's raw figures (`res["streams"]`, `res["idle"]`: rounds per variant)."""
+    runs = res["streams"]
+    expected = res["settings"]["streams"] * res["settings"]["chunks"]
+    out: dict = {"streams": {v: variant_summary(rs, expected) for v, rs in runs.items()},
+                 "compare": {k: compare(runs, k) for k in STREAM_KEYS}}
+    idle = res.get("idle") or {}
+    if idle.get("none") and idle.get("page"):
+        out["idle"] = {v: {"cpu_us_per_s": med([r["cpu_us_per_s"] for r in rs]),
+                           "cpu_us_per_s_range": spread([r["cpu_us_per_s"] for r in rs]), "rounds": len(rs)}
+                       for v, rs in idle.items()}
+        out["idle"]["compare"] = compare(idle, "cpu_us_per_s")
+    return out
+
+
+def us(v: float | None, digits: int = 2) -> str:
+    return "–" if v is None or v != v else f"{v:.{digits}f} µs"
+
+
+def ms(v: float) -> str:
+    return f"{v / 1000:.2f} ms"
+
+
+def rng(r: list[float] | None, fmt=us) -> str:  # noqa: ANN001
+    return f"{fmt(r[0])} to {fmt(r[1])}" if r else "one round"
+
+
+def signed(v: float, digits: int = 2) -> str:
+    return f"{v:+.{digits}f} µs"
+
+
+def render(res: dict, summary: dict) -> str:
+    st = res["settings"]
+    sv, cmp = summary["streams"], summary["compare"]
+    cpu = cmp["cpu_us_per_chunk"]
+    lines = [
+        f"# The /ui page open during {st['streams']} streams (`bench/ui`)",
+        "",
+        f"Measured {res['date']} on {res['machine']}, commit `{res['commit']}`; command `{res['command']}`.",
+        "",
+        f"One mlxgate (release, `url:` backend at a zero-delay mlxgate-sim, access log on as by default) "
+        f"pinned to CPU {st['proxy_cpu']}; the stream clients, the simulator and the page's headless Chromium "
+        f"on CPU {st['browser_cpu']}. {st['rounds']} rounds, the two variants in alternating order (ABBA…): "
+        f"**none** (no page open) and **page** (a fresh Chromium on `/ui#activity`, live, its first render "
+        f"settled, then the run; every finished request becomes a rendered row). Each run: {st['streams']} "
+        f"streams × {st['chunks']} chunks 20 ms apart (bench/overhead's `stream_run`). CPU is the gateway's "
+        f"(the kernel's per-process CPU clock) over the run and {st['settle_s']:g} s after it, per content "
+        f"chunk the clients got.",
+        "",
+        "| variant | CPU per chunk (median) | min – max over rounds | streams only (no settle) | gap p50 | gap p99 "
+        "| content chunks out / expected | non-200 |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for v in ("none", "page"):
+        s = sv[v]
+        lines.append(
+            f"| {v} | {us(s['cpu_us_per_chunk'])} | {rng(s['cpu_us_per_chunk_range'])} | "
+            f"{us(s['cpu_us_per_chunk_streams'])} | {ms(s['gap_p50_us'])} | {ms(s['gap_p99_us'])} | "
+            f"{s['content_chunks_min']}"
+            + (f"–{s['content_chunks_max']}" if s['content_chunks_max'] != s['content_chunks_min'] else "")
+            + f" / {s['expected_chunks']} | {s['non_200']} |")
+    lines += [
+        "",
+        f"**Page − none, paired by round** (CPU per chunk): median {signed(cpu['median'])}, "
+        f"{rng(cpu['range'], signed)} over rounds; per round: "
+        + ", ".join(signed(d) for d in cpu["per_round"]) + ".",
+        f"Noise floor (the none-variant's own max − min over rounds): {us(cpu['noise'])}. "
+        f"**Verdict: {cpu['verdict']}.**",
+        "",
+        f"Gaps, page − none: p50 {signed(cmp['gap_p50_us']['median'], 0)} (noise {us(cmp['gap_p50_us']['noise'], 0)}), "
+        f"p99 {signed(cmp['gap_p99_us']['median'], 0)} (noise {us(cmp['gap_p99_us']['noise'], 0)}) — "
+        f"measured at the clients, which share CPU {st['browser_cpu']} with the page.",
+    ]
+    p = sv["page"]
+    if "rows_new_min" in p:
+        lag = "; ".join(p["lagged"]) if p["lagged"] else "none"
+        lines += [
+            "",
+            f"The page followed: at least {p['rows_new_min']} new activity rows per round (wanted "
+            f"{p['rows_wanted']}), all rendered within {p['rows_caught_up_s_max']:.1f} s of the CPU window's end; "
+            f"lag notices: {lag}. Chromium's own CPU per round (all its processes): "
+            f"{p['browser_cpu_s']:.2f} s (median).",
+        ]
+    idle = summary.get("idle")
+    if idle:
+        c = idle["compare"]
+        lines += [
+            "",
+            f"## Idle: no traffic, {st['idle_seconds']:g} s per window, {idle['none']['rounds']} window(s) per variant (ABBA)",
+            "",
+            "| variant | gateway CPU per second (median) | min – max |",
+            "|---|---|---|",
+            f"| none | {us(idle['none']['cpu_us_per_s'], 1)} | {rng(idle['none']['cpu_us_per_s_range'])} |",
+            f"| page | {us(idle['page']['cpu_us_per_s'], 1)} | {rng(idle['page']['cpu_us_per_s_range'])} |",
+            "",
+            f"Page − none, paired: median {signed(c['median'], 1)} of CPU per second "
+            f"(per window pair: {', '.join(signed(d, 1) for d in c['per_round'])}); noise floor "
+            f"{us(c['noise'], 1)}: **{c['verdict']}**.",
+        ]
+    lines += ["", "## What else was running", "",
+              f"Load average at the start {res['loadavg_start']}, at the end {res['loadavg_end']}. "
+              "The busiest processes (top, one-second sample) at the start and at the end:", "", "```",
+              *res.get("top_start", []), "---", *res.get("top_end", []), "```", ""]
+    return "\n".join(lines)

@@ -1,0 +1,172 @@
+"""`bench/ui --self-test`: unit tests of the harness's pure pieces on canned figures (no process
+started); run by tests/it/bench_ui.rs."""
+
+from __future__ import annotations
+
+import json
+import unittest
+
+from overhead_lib.processes import gateway_yaml, sim_command
+from overhead_lib.settings import FULL, SIM_PORTS
+from overhead_lib.stats import rounds_order
+
+from . import report
+from .settings import ACTIVITY_MAX, GATEWAY_PORT, ROUTE, VARIANTS
+
+
+def stream(r: int, cpu: float, page: bool = False, chunks: int = 32768, **kw) -> dict:
+    s = {"round": r, "variant": "page" if page else "none", "cpu_us_per_chunk": cpu,
+         "cpu_us_per_chunk_streams": cpu - 0.5, "gap_p50_us": 21000.0 + r, "gap_p99_us": 23000.0 + 10 * r,
+         "content_chunks": chunks, "sim_requests": 256, "statuses": {"200": 256}, "preempted": 3}
+    if page:
+        s.update({"rows_new": 256, "rows_wanted": 256, "rows_caught_up_s": 0.2 + r / 10, "lagged": "",
+                  "browser_cpu_s": 1.5, "rows_before": 200, "live_after": "live"})
+    s.update(kw)
+    return s
+
+
+def canned(none: list[float], page: list[float], idle: bool = True) -> dict:
+    res = {"settings": {"rounds": len(none), "streams": 256, "chunks": 128, "settle_s": 1.0, "idle_seconds": 30.0,
+                        "idle_rounds": 2, "proxy_cpu": "0", "browser_cpu": "1", "url": "http://x/ui#activity"},
+           "date": "2026-12-02 06:00 UTC", "machine": "a canned machine", "commit": "abc1234",
+           "command": "bench/ui", "loadavg_start": "1.00 1.00 1.00", "loadavg_end": "1.10 1.00 1.00",
+           "top_start": ["  PID USER ...", "  1 root ..."], "top_end": ["  PID USER ..."],
+           "streams": {"none": [stream(r, c) for r, c in enumerate(none)],
+                       "page": [stream(r, c, page=True) for r, c in enumerate(page)]},
+           "idle": {"none": [], "page": []}}
+    if idle:
+        res["idle"] = {"none": [{"round": 0, "cpu_us_per_s": 40.0}, {"round": 1, "cpu_us_per_s": 60.0}],
+                       "page": [{"round": 0, "cpu_us_per_s": 150.0}, {"round": 1, "cpu_us_per_s": 130.0}]}
+    return res
+
+
+class Paired(unittest.TestCase):
+    def test_page_minus_none_of_the_same_round(self):
+        runs = {"none": [stream(0, 15.0), stream(1, 14.0), stream(2, 16.0)],
+                "page": [stream(1, 14.5, page=True), stream(0, 15.25, page=True)]}
+        self.assertEqual(report.paired(runs, "cpu_us_per_chunk"), [0.5, 0.25])
+
+    def test_a_round_without_its_pair_is_left_out(self):
+        runs = {"none": [stream(0, 15.0)], "page": [stream(0, 16.0, page=True), stream(1, 99.0, page=True)]}
+        self.assertEqual(report.paired(runs, "cpu_us_per_chunk"), [1.0])
+
+
+class Verdict(unittest.TestCase):
+    def test_within_when_the_median_difference_is_at_most_the_floor(self):
+        self.assertEqual(report.verdict(0.4, 2.0), "within noise")
+        self.assertEqual(report.verdict(-2.0, 2.0), "within noise")
+
+    def test_beyond_when_it_is_larger_either_way(self):
+        self.assertEqual(report.verdict(2.5, 2.0), "beyond noise")
+        self.assertEqual(report.verdict(-2.5, 2.0), "beyond noise")
+
+    def test_no_floor_with_one_round(self):
+        self.assertTrue(report.verdict(0.1, None).startswith("no noise floor"))
+        self.assertTrue(report.verdict(float("nan"), 1.0).startswith("no noise floor"))
+
+
+class Compare(unittest.TestCase):
+    def test_floor_is_the_none_variants_own_spread(self):
+        res = canned([15.0, 13.0, 17.0, 14.0], [15.5, 13.0, 18.0, 14.5])
+        c = report.compare(res["streams"], "cpu_us_per_chunk")
+        self.assertEqual(c["per_round"], [0.5, 0.0, 1.0, 0.5])
+        self.assertEqual(c["median"], 0.5)
+        self.assertEqual(c["range"], [0.0, 1.0])
+        self.assertEqual(c["noise"], 4.0)
+        self.assertEqual(c["verdict"], "within noise")
+
+    def test_a_steady_none_and_a_costly_page_is_beyond(self):
+        res = canned([15.0, 15.2, 15.1, 15.0], [17.0, 17.1, 16.9, 17.2])
+        self.assertEqual(report.compare(res["streams"], "cpu_us_per_chunk")["verdict"], "beyond noise")
+
+
+class Summary(unittest.TestCase):
+    def test_per_variant_figures(self):
+        res = canned([15.0, 13.0], [15.5, 13.5])
+        res["streams"]["page"][1]["lagged"] = "fell behind: 3 requests not shown"
+        res["streams"]["none"][0]["statuses"] = {"200": 255, "502": 1}
+        res["streams"]["none"][1]["content_chunks"] = 32700
+        s = report.summarize(res)
+        none, page = s["streams"]["none"], s["streams"]["page"]
+        self.assertEqual(none["cpu_us_per_chunk"], 14.0)
+        self.assertEqual(none["cpu_us_per_chunk_range"], [13.0, 15.0])
+        self.assertEqual((none["content_chunks_min"], none["content_chunks_max"]), (32700, 32768))
+        self.assertEqual(none["expected_chunks"], 256 * 128)
+        self.assertEqual(none["non_200"], 1)
+        self.assertNotIn("rows_new_min", none)
+        self.assertEqual(page["rows_new_min"], 256)
+        self.assertEqual(page["lagged"], ["fell behind: 3 requests not shown"])
+        self.assertAlmostEqual(page["rows_caught_up_s_max"], 0.3)
+
+    def test_idle_is_paired_too(self):
+        s = report.summarize(canned([15.0, 13.0], [15.5, 13.5]))
+        self.assertEqual(s["idle"]["none"]["cpu_us_per_s"], 50.0)
+        self.assertEqual(s["idle"]["page"]["cpu_us_per_s"], 140.0)
+        self.assertEqual(s["idle"]["compare"]["per_round"], [110.0, 70.0])
+        self.assertEqual(s["idle"]["compare"]["noise"], 20.0)
+        self.assertEqual(s["idle"]["compare"]["verdict"], "beyond noise")
+
+    def test_no_idle_windows_no_idle_summary(self):
+        self.assertNotIn("idle", report.summarize(canned([15.0, 13.0], [15.5, 13.5], idle=False)))
+
+    def test_the_summary_survives_json(self):
+        res = json.loads(json.dumps(canned([15.0, 13.0], [15.5, 13.5])))
+        self.assertEqual(report.summarize(res)["streams"]["none"]["non_200"], 0)
+
+
+class Markdown(unittest.TestCase):
+    def test_the_report_has_both_variants_the_difference_and_the_verdict(self):
+        res = canned([15.0, 13.0, 14.0], [15.5, 13.5, 14.0])
+        md = report.render(res, report.summarize(res))
+        self.assertIn("| none | 14.00 µs | 13.00 µs to 15.00 µs |", md)
+        self.assertIn("| page | 14.00 µs | 13.50 µs to 15.50 µs |", md)
+        self.assertIn("32768 / 32768", md)
+        self.assertIn("per round: +0.50 µs, +0.50 µs, +0.00 µs", md)
+        self.assertIn("Noise floor (the none-variant's own max − min over rounds): 2.00 µs", md)
+        self.assertIn("**Verdict: within noise.**", md)
+        self.assertIn("at least 256 new activity rows per round", md)
+        self.assertIn("lag notices: none", md)
+        self.assertIn("| page | 140.0 µs |", md)
+        self.assertIn("Load average at the start 1.00 1.00 1.00", md)
+
+    def test_a_chunk_shortfall_shows_its_range(self):
+        res = canned([15.0, 13.0], [15.5, 13.5])
+        res["streams"]["page"][0]["content_chunks"] = 30000
+        md = report.render(res, report.summarize(res))
+        self.assertIn("30000–32768 / 32768", md)
+
+
+class Setup(unittest.TestCase):
+    def test_the_variants_alternate_abba(self):
+        order = [v for r in range(4) for v in rounds_order(VARIANTS, r)]
+        self.assertEqual(order, ["none", "page", "page", "none", "none", "page", "page", "none"])
+
+    def test_the_gateway_has_the_stream_simulator_only(self):
+        yaml = gateway_yaml(GATEWAY_PORT, full=False, tokenizer="", routes=[ROUTE])
+        self.assertIn(f"url: http://127.0.0.1:{SIM_PORTS[ROUTE]}", yaml)
+        self.assertIn(f"  {ROUTE}:", yaml)
+        for other in set(SIM_PORTS) - {ROUTE}:
+            self.assertNotIn(f"sim-{other}", yaml)
+        self.assertNotIn("access_log: false", yaml)  # on, as by default
+        self.assertNotIn("auth:", yaml)
+
+    def test_bench_overheads_config_is_unchanged_by_default(self):
+        yaml = gateway_yaml(GATEWAY_PORT, full=False, tokenizer="")
+        for route, port in SIM_PORTS.items():
+            self.assertIn(f"  sim-{route}:\n    url: http://127.0.0.1:{port}\n", yaml)
+
+    def test_the_simulator_sends_the_chunks_asked_for_20_ms_apart(self):
+        cmd = sim_command(ROUTE, FULL)
+        self.assertEqual(cmd[cmd.index("--tokens") + 1], "128")
+        self.assertEqual(cmd[cmd.index("--tokens-per-second") + 1], "50")
+        self.assertEqual(cmd[cmd.index("--ttft-ms") + 1], "0")
+
+    def test_the_row_check_wants_every_request_the_page_can_hold(self):
+        self.assertEqual(min(256, ACTIVITY_MAX), 256)
+        self.assertEqual(min(1000, ACTIVITY_MAX), 500)
+
+
+def run() -> int:
+    suite = unittest.defaultTestLoader.loadTestsFromModule(__import__(__name__, fromlist=["*"]))
+    result = unittest.TextTestRunner(verbosity=1).run(suite)
+    return 0 if result.wasSuccessful() else 1
