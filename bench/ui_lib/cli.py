@@ -19,7 +19,6 @@ from pathlib import Path
 from overhead_lib import settings as overhead_settings
 from overhead_lib.phases import stream_run
 from overhead_lib.processes import Procs, gateway_yaml, loadavg, port_free, sim_command
-from overhead_lib.report import machine
 from overhead_lib.settings import FULL, log
 from overhead_lib.stats import rounds_order
 
@@ -43,12 +42,22 @@ def top_lines(n: int = 8) -> list[str]:
     return [] if head is None else [ln.rstrip() for ln in last[head:head + 1 + n]]
 
 
-def commit() -> str:
+def first_line(*cmd: str) -> str:
     try:
-        return subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, timeout=10).stdout.strip() or "?"
-    except OSError:
+        out = subprocess.run(list(cmd), capture_output=True, text=True, timeout=30)
+        return ((out.stdout or out.stderr).strip().splitlines() or ["?"])[0]
+    except (OSError, subprocess.TimeoutExpired):
         return "?"
+
+
+def machine() -> str:
+    """The CPU, cores, memory, kernel and browser, in one line."""
+    cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
+                if ln.startswith("model name")), "?")
+    mem = next((int(ln.split()[1]) for ln in Path("/proc/meminfo").read_text().splitlines()
+                if ln.startswith("MemTotal")), 0)
+    return (f"{cpu}, {os.cpu_count()} cores, {mem / 2**20:.1f} GiB, {first_line('uname', '-sr')}, "
+            f"{first_line(CHROMIUM, '--version')}")
 
 
 def start(procs: Procs, workdir: Path, chunks: int) -> None:
@@ -118,7 +127,7 @@ def main() -> int:
     began = time.monotonic()
     res: dict = {
         "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "machine": machine(),
-        "commit": commit(), "command": " ".join(["bench/ui", *sys.argv[1:]]),
+        "commit": first_line("git", "-C", str(ROOT), "describe", "--always", "--dirty"), "command": " ".join(["bench/ui", *sys.argv[1:]]),
         "settings": {"rounds": args.rounds, "streams": args.streams, "chunks": args.chunks, "settle_s": SETTLE_S,
                      "idle_seconds": args.idle_seconds, "idle_rounds": args.idle_rounds, "proxy_cpu": PROXY_CPU,
                      "browser_cpu": BROWSER_CPU, "url": url},

@@ -10,7 +10,28 @@ from overhead_lib.phases import on_cpu, stream_run
 from overhead_lib.processes import Procs, loadavg
 
 from .browser import Page
-from .settings import ACTIVITY_MAX, GATEWAY, PAGE_SETTLE_S, ROUTE, SETTLE_S
+from .settings import ACTIVITY_MAX, GATEWAY, GATEWAY_PORT, PAGE_SETTLE_S, ROUTE, SETTLE_S
+
+# /proc/net/tcp's states of a connection the gateway still holds: ESTABLISHED, CLOSE_WAIT.
+HELD = {"01", "08"}
+
+
+def held_connections(port: int, table: str | None = None) -> int:
+    """Connections to the local `port` the gateway still holds (its side not closed yet)."""
+    lines = (table if table is not None else Path("/proc/net/tcp").read_text()).splitlines()[1:]
+    return sum(1 for ln in lines if len(f := ln.split()) > 3 and int(f[1].split(":")[1], 16) == port
+               and f[3] in HELD)
+
+
+def no_page_left(timeout: float = 10.0) -> float:
+    """Seconds until no connection to the gateway is held (a closed page's feed has ended);
+    fails loudly when one still is after `timeout`: a `none` run would not be one."""
+    began = time.monotonic()
+    while (held := held_connections(GATEWAY_PORT)) > 0:
+        if time.monotonic() - began > timeout:
+            raise SystemExit(f"{held} connection(s) to the gateway still held {timeout:.0f}s after the page closed")
+        time.sleep(0.1)
+    return time.monotonic() - began
 
 
 def open_page(workdir: Path, url: str) -> tuple[Page, dict]:
@@ -32,9 +53,10 @@ def stream_round(procs: Procs, workdir: Path, url: str, variant: str, streams: i
     """One run of `streams` streams through the gateway, with no page (`none`) or the page open on
     its Activity tab (`page`): stream_run's figures, the gateway's CPU per content chunk over the
     run and SETTLE_S after it, and for `page` what the page rendered of it."""
-    page, s = (open_page(workdir, url) if variant == "page" else (None, {}))
+    page, s = (open_page(workdir, url) if variant == "page" else (None, {"feed_gone_s": no_page_left()}))
     try:
         before = set(page.row_ids()) if page else set()
+        s["held_before"] = held_connections(GATEWAY_PORT)
         browser_cpu0 = page.browser.cpu_s() if page else 0.0
         timeout = chunks * 0.02 * 6 + 60
 
@@ -68,7 +90,7 @@ def stream_round(procs: Procs, workdir: Path, url: str, variant: str, streams: i
 def idle_window(procs: Procs, workdir: Path, url: str, variant: str, seconds: float) -> dict:
     """The gateway's CPU over `seconds` with no traffic, with no page or the page open (its feed
     then sends only state changes and a keep-alive comment), in µs of CPU per second."""
-    page, s = (open_page(workdir, url) if variant == "page" else (None, {}))
+    page, s = (open_page(workdir, url) if variant == "page" else (None, {"feed_gone_s": no_page_left()}))
     try:
         browser_cpu0 = page.browser.cpu_s() if page else 0.0
         began = time.monotonic()

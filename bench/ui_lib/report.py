@@ -41,7 +41,10 @@ def variant_summary(rounds: list[dict], expected: int) -> dict:
     s["sim_requests_min"] = min((r["sim_requests"] for r in rounds), default=0)
     s["non_200"] = sum(n for r in rounds for st, n in r["statuses"].items() if int(st) != 200)
     s["preempted"] = med([r["preempted"] for r in rounds])
+    if rounds and "feed_gone_s" in rounds[0]:
+        s["feed_gone_s_max"] = max(r["feed_gone_s"] for r in rounds)
     if rounds and "rows_new" in rounds[0]:
+        s["held_before"] = sorted({r.get("held_before", 0) for r in rounds})
         s["rows_new_min"] = min(r["rows_new"] for r in rounds)
         s["rows_wanted"] = rounds[0]["rows_wanted"]
         s["rows_caught_up_s_max"] = max(r["rows_caught_up_s"] for r in rounds)
@@ -88,7 +91,7 @@ def render(res: dict, summary: dict) -> str:
     lines = [
         f"# The /ui page open during {st['streams']} streams (`bench/ui`)",
         "",
-        f"Measured {res['date']} on {res['machine']}, commit `{res['commit']}`; command `{res['command']}`.",
+        f"Measured {res['date']} on {res['machine']}; commit `{res['commit']}`; command `{res['command']}`.",
         "",
         f"One mlxgate (release, `url:` backend at a zero-delay mlxgate-sim, access log on as by default) "
         f"pinned to CPU {st['proxy_cpu']}; the stream clients, the simulator and the page's headless Chromium "
@@ -131,8 +134,13 @@ def render(res: dict, summary: dict) -> str:
             f"The page followed: at least {p['rows_new_min']} new activity rows per round (wanted "
             f"{p['rows_wanted']}), all rendered within {p['rows_caught_up_s_max']:.1f} s of the CPU window's end; "
             f"lag notices: {lag}. Chromium's own CPU per round (all its processes): "
-            f"{p['browser_cpu_s']:.2f} s (median).",
+            f"{p['browser_cpu_s']:.2f} s (median). Connections the gateway held as each page run began: "
+            f"{', '.join(str(h) for h in p['held_before'])} (the page's document and its feed).",
         ]
+    n = sv["none"]
+    if "feed_gone_s_max" in n:
+        lines += ["", f"Before each none run the gateway held no connection (a closed page's feed had ended; "
+                      f"waited at most {n['feed_gone_s_max']:.1f} s for it)."]
     idle = summary.get("idle")
     if idle:
         c = idle["compare"]

@@ -11,6 +11,7 @@ from overhead_lib.settings import FULL, SIM_PORTS
 from overhead_lib.stats import rounds_order
 
 from . import report
+from .measure import held_connections
 from .settings import ACTIVITY_MAX, GATEWAY_PORT, ROUTE, VARIANTS
 
 
@@ -19,8 +20,10 @@ def stream(r: int, cpu: float, page: bool = False, chunks: int = 32768, **kw) ->
          "cpu_us_per_chunk_streams": cpu - 0.5, "gap_p50_us": 21000.0 + r, "gap_p99_us": 23000.0 + 10 * r,
          "content_chunks": chunks, "sim_requests": 256, "statuses": {"200": 256}, "preempted": 3}
     if page:
-        s.update({"rows_new": 256, "rows_wanted": 256, "rows_caught_up_s": 0.2 + r / 10, "lagged": "",
+        s.update({"held_before": 2, "rows_new": 256, "rows_wanted": 256, "rows_caught_up_s": 0.2 + r / 10, "lagged": "",
                   "browser_cpu_s": 1.5, "rows_before": 200, "live_after": "live"})
+    else:
+        s["feed_gone_s"] = 0.1 * r
     s.update(kw)
     return s
 
@@ -126,6 +129,8 @@ class Markdown(unittest.TestCase):
         self.assertIn("**Verdict: within noise.**", md)
         self.assertIn("at least 256 new activity rows per round", md)
         self.assertIn("lag notices: none", md)
+        self.assertIn("Connections the gateway held as each page run began: 2", md)
+        self.assertIn("waited at most 0.2 s", md)
         self.assertIn("| page | 140.0 µs |", md)
         self.assertIn("Load average at the start 1.00 1.00 1.00", md)
 
@@ -134,6 +139,23 @@ class Markdown(unittest.TestCase):
         res["streams"]["page"][0]["content_chunks"] = 30000
         md = report.render(res, report.summarize(res))
         self.assertIn("30000–32768 / 32768", md)
+
+
+TCP = """  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
+   0: 0100007F:4BC9 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 1 1 0 10 0
+   1: 0100007F:4BC9 0100007F:B0F2 01 00000000:00000000 00:00000000 00000000     0        0 2 1 0 10 0
+   2: 0100007F:4BC9 0100007F:B0F4 08 00000000:00000000 00:00000000 00000000     0        0 3 1 0 10 0
+   3: 0100007F:4BC9 0100007F:B0F6 06 00000000:00000000 00:00000000 00000000     0        0 0 3 0 0 0
+   4: 0100007F:D2A0 0100007F:4BCC 01 00000000:00000000 00:00000000 00000000     0        0 4 1 0 10 0
+"""
+
+
+class HeldConnections(unittest.TestCase):
+    def test_established_and_close_wait_to_the_port_only(self):
+        # 0x4BC9 = 19401: listening (0A) and TIME_WAIT (06) are not held; the gateway's own
+        # connection out to the simulator (remote 0x4BCC = 19404) is not one to its port.
+        self.assertEqual(held_connections(19401, TCP), 2)
+        self.assertEqual(held_connections(19404, TCP), 0)
 
 
 class Setup(unittest.TestCase):
