@@ -122,9 +122,11 @@ def render(res: dict, summary: dict) -> str:
         f"Noise floor (the none-variant's own max − min over rounds): {us(cpu['noise'])}. "
         f"**Verdict: {cpu['verdict']}.**",
         "",
-        f"Gaps, page − none: p50 {signed(cmp['gap_p50_us']['median'], 0)} (noise {us(cmp['gap_p50_us']['noise'], 0)}), "
-        f"p99 {signed(cmp['gap_p99_us']['median'], 0)} (noise {us(cmp['gap_p99_us']['noise'], 0)}) — "
-        f"measured at the clients, which share CPU {st['browser_cpu']} with the page.",
+        f"Gaps, page − none, paired: p50 {signed(cmp['gap_p50_us']['median'], 0)} (noise "
+        f"{us(cmp['gap_p50_us']['noise'], 0)}: {cmp['gap_p50_us']['verdict']}), p99 "
+        f"{signed(cmp['gap_p99_us']['median'], 0)} (noise {us(cmp['gap_p99_us']['noise'], 0)}: "
+        f"{cmp['gap_p99_us']['verdict']}) — timed by the clients, which share CPU {st['browser_cpu']} with the "
+        f"page's Chromium.",
     ]
     p = sv["page"]
     if "rows_new_min" in p:
