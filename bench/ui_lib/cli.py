@@ -27,7 +27,7 @@ from .measure import idle_window, stream_round
 from .report import render, summarize
 from .settings import (
     BROWSER_CPU, CHROMEDRIVER, CHROMIUM, CHUNKS, GATEWAY, GATEWAY_PORT, HOST, IDLE_ROUNDS, IDLE_SECONDS, LOAD_CPU,
-    PROXY_CPU, RESULTS, ROOT, ROUNDS, ROUTE, SETTLE_S, SIM_PORTS, STREAMS, VARIANTS,
+    PROXY_CPU, RESULTS, ROOT, ROUNDS, ROUTE, SETTLE_S, SIM_PORTS, STREAMS, VARIANTS, DEFAULT_VARIANTS,
 )
 
 
@@ -88,6 +88,9 @@ def main() -> int:
                     help=f"seconds per idle window (default {IDLE_SECONDS:g})")
     ap.add_argument("--idle-rounds", type=int, default=IDLE_ROUNDS,
                     help=f"idle windows per variant (default {IDLE_ROUNDS}; 0 skips them)")
+    ap.add_argument("--variants", default=",".join(DEFAULT_VARIANTS),
+                    help=f"comma-separated, from {','.join(VARIANTS)}; none is always run (default "
+                         f"{','.join(DEFAULT_VARIANTS)})")
     ap.add_argument("--bin-dir", help="where mlxgate and mlxgate-sim are (default: target/release)")
     ap.add_argument("--out", help="markdown report (default bench/results/ui.md; the JSON beside it)")
     ap.add_argument("--keep", action="store_true", help="keep the work directory (logs)")
@@ -98,6 +101,10 @@ def main() -> int:
         from .selftest import run as self_test
         return self_test()
     out_md = Path(args.out) if args.out else RESULTS / "ui.md"
+    variants = ["none", *[v for v in VARIANTS if v != "none" and v in args.variants.split(",")]]
+    unknown = set(args.variants.split(",")) - set(VARIANTS)
+    if unknown or len(variants) < 2:
+        raise SystemExit(f"--variants: {args.variants!r} (known: {', '.join(VARIANTS)}; none and one more)")
     if args.render_only:
         res = json.loads(Path(args.render_only).read_text())
         write(out_md, res)
@@ -113,8 +120,8 @@ def main() -> int:
     if busy:
         raise SystemExit(f"ports in use on {HOST}: {busy}")
     os.sched_setaffinity(0, {int(LOAD_CPU)})
-    limit = int(args.rounds * 2 * (args.chunks * 0.02 * 6 + 120) + args.idle_rounds * 2 * (args.idle_seconds + 60)
-                + 120)
+    limit = int(args.rounds * len(variants) * (args.chunks * 0.02 * 6 + 120)
+                + args.idle_rounds * len(variants) * (args.idle_seconds + 60) + 120)
 
     def overtime(_sig, _frame):  # noqa: ANN001
         raise SystemExit(f"bench/ui: over its {limit}s: stopped")
@@ -130,9 +137,9 @@ def main() -> int:
         "commit": first_line("git", "-C", str(ROOT), "describe", "--always", "--dirty"), "command": " ".join(["bench/ui", *sys.argv[1:]]),
         "settings": {"rounds": args.rounds, "streams": args.streams, "chunks": args.chunks, "settle_s": SETTLE_S,
                      "idle_seconds": args.idle_seconds, "idle_rounds": args.idle_rounds, "proxy_cpu": PROXY_CPU,
-                     "browser_cpu": BROWSER_CPU, "url": url},
+                     "browser_cpu": BROWSER_CPU, "url": url, "variants": variants},
         "loadavg_start": loadavg(), "top_start": top_lines(),
-        "streams": {v: [] for v in VARIANTS}, "idle": {v: [] for v in VARIANTS},
+        "streams": {v: [] for v in variants}, "idle": {v: [] for v in variants},
     }
     try:
         log(f"starting the simulator and mlxgate (work dir {workdir})")
@@ -141,19 +148,20 @@ def main() -> int:
         log(f"warm-up: {warm['content_chunks']} content chunks")
         expected = args.streams * args.chunks
         for r in range(args.rounds):
-            for v in rounds_order(VARIANTS, r):
-                s = stream_round(procs, workdir, url, v, args.streams, args.chunks)
+            for v in rounds_order(variants, r):
+                s = stream_round(procs, workdir, url, v, args.streams, args.chunks, f"{v}-{r}")
                 s["round"] = r
                 res["streams"][v].append(s)
                 log(f"  round {r + 1} {v:4}  cpu {s['cpu_us_per_chunk']:6.2f} us/chunk "
                     f"(streams only {s['cpu_us_per_chunk_streams']:6.2f})  gap p50 {s['gap_p50_us'] / 1000:6.2f} ms "
                     f"p99 {s['gap_p99_us'] / 1000:6.2f} ms  chunks {s['content_chunks']}/{expected}  "
-                    f"preempted {s['preempted']}  load {s['loadavg']}"
+                    f"preempted {s['preempted']}  others {s['others_cpu_s']:.2f}s  load {s['loadavg']}"
                     + (f"  rows +{s['rows_new']} in {s['rows_caught_up_s']:.1f}s  browser cpu "
-                       f"{s['browser_cpu_s']:.2f}s  lagged {s['lagged']!r}" if v == "page" else ""))
+                       f"{s['browser_cpu_s']:.2f}s  lagged {s['lagged']!r}" if v == "page" else "")
+                    + (f"  events +{s['events_new']}  lagged {s['lagged']!r}" if v == "feed" else ""))
         for r in range(args.idle_rounds):
-            for v in rounds_order(VARIANTS, r + 1):  # page first: the streams' last round ended on none
-                s = idle_window(procs, workdir, url, v, args.idle_seconds)
+            for v in rounds_order(variants, r + 1):  # another order than the streams' last round
+                s = idle_window(procs, workdir, url, v, args.idle_seconds, f"idle-{v}-{r}")
                 s["round"] = r
                 res["idle"][v].append(s)
                 log(f"  idle {r + 1} {v:4}  {s['cpu_us_per_s']:8.1f} us of CPU per second over {s['seconds']:.1f}s")
@@ -164,14 +172,14 @@ def main() -> int:
         signal.alarm(0)
         procs.stop_all()
     summary = write(out_md, res)
-    c = summary["compare"]["cpu_us_per_chunk"]
-    log(f"CPU per chunk: none {summary['streams']['none']['cpu_us_per_chunk']:.2f} us, page "
-        f"{summary['streams']['page']['cpu_us_per_chunk']:.2f} us; page - none {c['median']:+.2f} us, noise "
-        f"{c['noise'] if c['noise'] is None else round(c['noise'], 2)} us: {c['verdict']}")
-    if "idle" in summary:
-        ci = summary["idle"]["compare"]
-        log(f"idle: none {summary['idle']['none']['cpu_us_per_s']:.1f} us/s, page "
-            f"{summary['idle']['page']['cpu_us_per_s']:.1f} us/s: {ci['verdict']}")
+    for v in variants[1:]:
+        c = summary["compare"][v]["cpu_us_per_chunk"]
+        log(f"CPU per chunk: none {summary['streams']['none']['cpu_us_per_chunk']:.2f} us, {v} "
+            f"{summary['streams'][v]['cpu_us_per_chunk']:.2f} us; {v} - none {c['median']:+.2f} us, noise "
+            f"{c['noise'] if c['noise'] is None else round(c['noise'], 2)} us: {c['verdict']}")
+        if "idle" in summary:
+            log(f"idle: none {summary['idle']['none']['cpu_us_per_s']:.1f} us/s, {v} "
+                f"{summary['idle'][v]['cpu_us_per_s']:.1f} us/s: {summary['idle_compare'][v]['verdict']}")
     log(f"done in {res['elapsed_s']:.0f}s: {out_md} (logs: {workdir})")
     if not args.keep:
         shutil.rmtree(workdir, ignore_errors=True)

@@ -1,16 +1,22 @@
-"""The measured parts of a run: one 256-stream round with or without the page open, and an idle
-window with or without it. bench/overhead's `stream_run` and `on_cpu` do the measuring."""
+"""The measured parts of a run: one 256-stream round and one idle window, each with nobody
+following the gateway (`none`), the real page open (`page`) or a bare follower of its feed
+(`feed`). bench/overhead's `stream_run` and `on_cpu` do the measuring."""
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
 import time
 from pathlib import Path
 
 from overhead_lib.phases import on_cpu, stream_run
-from overhead_lib.processes import Procs, loadavg
+from overhead_lib.processes import Procs, cpu_seconds, loadavg
 
 from .browser import Page
-from .settings import ACTIVITY_MAX, GATEWAY, GATEWAY_PORT, PAGE_SETTLE_S, ROUTE, SETTLE_S
+from .settings import (
+    ACTIVITY_MAX, BROWSER_CPU, FEED_SETTLE_S, GATEWAY, GATEWAY_PORT, HOST, PAGE_SETTLE_S, ROUTE, SETTLE_S,
+)
 
 # /proc/net/tcp's states of a connection the gateway still holds: ESTABLISHED, CLOSE_WAIT.
 HELD = {"01", "08"}
@@ -23,7 +29,7 @@ def held_connections(port: int, table: str | None = None) -> int:
                and f[3] in HELD)
 
 
-def no_page_left(timeout: float = 10.0) -> float:
+def no_follower_left(timeout: float = 10.0) -> float:
     """Seconds until no connection to the gateway is held (a closed page's feed has ended);
     fails loudly when one still is after `timeout`: a `none` run would not be one."""
     began = time.monotonic()
@@ -32,6 +38,65 @@ def no_page_left(timeout: float = 10.0) -> float:
             raise SystemExit(f"{held} connection(s) to the gateway still held {timeout:.0f}s after the page closed")
         time.sleep(0.1)
     return time.monotonic() - began
+
+
+def busy_cpu_s(stat: str | None = None) -> float:
+    """Seconds all CPUs were busy since boot (/proc/stat's first line: all but idle and iowait)."""
+    fields = [int(v) for v in (stat if stat is not None else Path("/proc/stat").read_text()).split("\n", 1)[0]
+              .split()[1:]]
+    return (sum(fields[:8]) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
+
+
+def others_cpu(run):  # noqa: ANN001, ANN201
+    """Runs `run` and adds the CPU seconds the machine spent on processes this run did not start
+    (all CPUs' busy time minus this process's tree: the gateway, the simulator, the browser)."""
+    busy0, mine0 = busy_cpu_s(), cpu_seconds(os.getpid())
+    r = run()
+    r["others_cpu_s"] = max(0.0, (busy_cpu_s() - busy0) - (cpu_seconds(os.getpid()) - mine0))
+    return r
+
+
+class Feed:
+    """A bare follower of /ui/events (curl, pinned beside the load): the gateway's feed without a
+    browser's work on the load's CPU."""
+
+    def __init__(self, workdir: Path, tag: str):
+        self.path = workdir / f"feed-{tag}.txt"
+        self.proc = subprocess.Popen(["taskset", "-c", BROWSER_CPU, "curl", "-sN", "-o", str(self.path),
+                                      f"http://{HOST}:{GATEWAY_PORT}/ui/events"], start_new_session=True)
+        began = time.monotonic()
+        while "requests" not in self.events():
+            if time.monotonic() - began > 10 or self.proc.poll() is not None:
+                self.close()
+                raise SystemExit(f"the feed /ui/events sent no backlog within 10s (see {self.path})")
+            time.sleep(0.05)
+
+    def events(self) -> dict[str, int]:
+        """How many events of each name the feed has sent so far."""
+        counts: dict[str, int] = {}
+        text = self.path.read_text(errors="replace") if self.path.exists() else ""
+        for line in text.splitlines():
+            if line.startswith("event: "):
+                counts[line[7:]] = counts.get(line[7:], 0) + 1
+        return counts
+
+    def wait_requests(self, before: int, want: int, timeout: float = 15.0) -> tuple[int, float]:
+        began = time.monotonic()
+        while True:
+            got = self.events().get("request", 0) - before
+            if got >= want:
+                return got, time.monotonic() - began
+            if time.monotonic() - began > timeout:
+                raise SystemExit(f"the feed sent {got} of the run's {want} requests (see {self.path})")
+            time.sleep(0.1)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGTERM)
+                self.proc.wait(timeout=10)
+            except (ProcessLookupError, subprocess.TimeoutExpired):
+                pass
 
 
 def open_page(workdir: Path, url: str) -> tuple[Page, dict]:
@@ -49,13 +114,28 @@ def open_page(workdir: Path, url: str) -> tuple[Page, dict]:
     return page, {"page_open_s": time.monotonic() - began, "live_after_s": live_after_s}
 
 
-def stream_round(procs: Procs, workdir: Path, url: str, variant: str, streams: int, chunks: int) -> dict:
-    """One run of `streams` streams through the gateway, with no page (`none`) or the page open on
-    its Activity tab (`page`): stream_run's figures, the gateway's CPU per content chunk over the
-    run and SETTLE_S after it, and for `page` what the page rendered of it."""
-    page, s = (open_page(workdir, url) if variant == "page" else (None, {"feed_gone_s": no_page_left()}))
+def open_follower(workdir: Path, url: str, variant: str, tag: str) -> tuple[Page | Feed | None, dict]:
+    """What follows the gateway in `variant`, open and settled, and what opening it took."""
+    if variant == "page":
+        return open_page(workdir, url)
+    if variant == "feed":
+        feed = Feed(workdir, tag)
+        time.sleep(FEED_SETTLE_S)
+        return feed, {}
+    return None, {"feed_gone_s": no_follower_left()}
+
+
+def stream_round(procs: Procs, workdir: Path, url: str, variant: str, streams: int, chunks: int, tag: str) -> dict:
+    """One run of `streams` streams through the gateway with `variant` following it:
+    stream_run's figures, the gateway's CPU per content chunk over the run and SETTLE_S after
+    it, what the others on the machine used meanwhile, and what the follower got of the run (a
+    page's new rows, a feed's request events: all of them, or a loud failure)."""
+    follower, s = open_follower(workdir, url, variant, tag)
     try:
-        before = set(page.row_ids()) if page else set()
+        page = follower if isinstance(follower, Page) else None
+        feed = follower if isinstance(follower, Feed) else None
+        before_rows = set(page.row_ids()) if page else set()
+        before_events = feed.events().get("request", 0) if feed else 0
         s["held_before"] = held_connections(GATEWAY_PORT)
         browser_cpu0 = page.browser.cpu_s() if page else 0.0
         timeout = chunks * 0.02 * 6 + 60
@@ -67,44 +147,51 @@ def stream_round(procs: Procs, workdir: Path, url: str, variant: str, streams: i
             time.sleep(SETTLE_S)
             return r
 
-        r = on_cpu(procs.pid(GATEWAY), run)  # its cpu_s: the run and the settle
+        r = others_cpu(lambda: on_cpu(procs.pid(GATEWAY), run))  # cpu_s: the run and the settle
         r.update(s)
         r["cpu_us_per_chunk"] = r["cpu_s"] / max(1, r["content_chunks"]) * 1e6
         r["variant"], r["loadavg"] = variant, loadavg()
         if page:
             want = min(streams, ACTIVITY_MAX)
-            r["rows_new"], r["rows_caught_up_s"] = page.wait_rows(before, want)
+            r["rows_new"], r["rows_caught_up_s"] = page.wait_rows(before_rows, want)
             r["rows_wanted"] = want
-            r["rows_before"] = len(before)
+            r["rows_before"] = len(before_rows)
             r["lagged"] = page.lagged()
             r["live_after"] = page.live()
             r["browser_cpu_s"] = page.browser.cpu_s() - browser_cpu0
             if r["live_after"] != "live":
                 raise SystemExit(f"the /ui page was not live after the run (badge {r['live_after']!r})")
+        if feed:
+            r["events_new"], r["events_caught_up_s"] = feed.wait_requests(before_events, streams)
+            r["feed_events"] = feed.events()
+            r["lagged"] = f"lagged events: {r['feed_events']['lagged']}" if r["feed_events"].get("lagged") else ""
     finally:
-        if page:
-            page.close()
+        if follower:
+            follower.close()
     return r
 
 
-def idle_window(procs: Procs, workdir: Path, url: str, variant: str, seconds: float) -> dict:
-    """The gateway's CPU over `seconds` with no traffic, with no page or the page open (its feed
-    then sends only state changes and a keep-alive comment), in µs of CPU per second."""
-    page, s = (open_page(workdir, url) if variant == "page" else (None, {"feed_gone_s": no_page_left()}))
+def idle_window(procs: Procs, workdir: Path, url: str, variant: str, seconds: float, tag: str) -> dict:
+    """The gateway's CPU over `seconds` with no traffic and `variant` following it (a feed then
+    sends only state changes and a keep-alive comment), in µs of CPU per second."""
+    follower, s = open_follower(workdir, url, variant, tag)
     try:
-        browser_cpu0 = page.browser.cpu_s() if page else 0.0
+        browser_cpu0 = follower.browser.cpu_s() if isinstance(follower, Page) else 0.0
+        events0 = follower.events() if isinstance(follower, Feed) else {}
         began = time.monotonic()
-        r = on_cpu(procs.pid(GATEWAY), lambda: time.sleep(seconds) or {})
+        r = others_cpu(lambda: on_cpu(procs.pid(GATEWAY), lambda: time.sleep(seconds) or {}))
         r["seconds"] = time.monotonic() - began
         r.update(s)
         r["cpu_us_per_s"] = r["cpu_s"] / r["seconds"] * 1e6
         r["variant"], r["loadavg"] = variant, loadavg()
-        if page:
-            r["live_after"] = page.live()
-            r["browser_cpu_s"] = page.browser.cpu_s() - browser_cpu0
+        if isinstance(follower, Page):
+            r["live_after"] = follower.live()
+            r["browser_cpu_s"] = follower.browser.cpu_s() - browser_cpu0
             if r["live_after"] != "live":
                 raise SystemExit(f"the /ui page was not live after the idle window (badge {r['live_after']!r})")
+        if isinstance(follower, Feed):
+            r["state_events"] = follower.events().get("state", 0) - events0.get("state", 0)
     finally:
-        if page:
-            page.close()
+        if follower:
+            follower.close()
     return r

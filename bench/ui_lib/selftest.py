@@ -11,17 +11,21 @@ from overhead_lib.settings import FULL, SIM_PORTS
 from overhead_lib.stats import rounds_order
 
 from . import report
-from .measure import held_connections
-from .settings import ACTIVITY_MAX, GATEWAY_PORT, ROUTE, VARIANTS
+from .measure import busy_cpu_s, held_connections
+from .settings import ACTIVITY_MAX, DEFAULT_VARIANTS, GATEWAY_PORT, ROUTE, VARIANTS
 
 
-def stream(r: int, cpu: float, page: bool = False, chunks: int = 32768, **kw) -> dict:
-    s = {"round": r, "variant": "page" if page else "none", "cpu_us_per_chunk": cpu,
+def stream(r: int, cpu: float, page: bool = False, chunks: int = 32768, feed: bool = False, **kw) -> dict:
+    s = {"round": r, "variant": "feed" if feed else "page" if page else "none", "cpu_us_per_chunk": cpu,
+         "others_cpu_s": 0.1 + r / 100,
          "cpu_us_per_chunk_streams": cpu - 0.5, "gap_p50_us": 21000.0 + r, "gap_p99_us": 23000.0 + 10 * r,
          "content_chunks": chunks, "sim_requests": 256, "statuses": {"200": 256}, "preempted": 3}
     if page:
         s.update({"held_before": 2, "rows_new": 256, "rows_wanted": 256, "rows_caught_up_s": 0.2 + r / 10, "lagged": "",
                   "browser_cpu_s": 1.5, "rows_before": 200, "live_after": "live"})
+    elif feed:
+        s.update({"held_before": 1, "events_new": 256, "events_caught_up_s": 0.1, "lagged": "",
+                  "feed_events": {"state": 9, "request": 456, "requests": 1}})
     else:
         s["feed_gone_s"] = 0.1 * r
     s.update(kw)
@@ -71,7 +75,7 @@ class Verdict(unittest.TestCase):
 class Compare(unittest.TestCase):
     def test_floor_is_the_none_variants_own_spread(self):
         res = canned([15.0, 13.0, 17.0, 14.0], [15.5, 13.0, 18.0, 14.5])
-        c = report.compare(res["streams"], "cpu_us_per_chunk")
+        c = report.compare(res["streams"], "cpu_us_per_chunk", "page")
         self.assertEqual(c["per_round"], [0.5, 0.0, 1.0, 0.5])
         self.assertEqual(c["median"], 0.5)
         self.assertEqual(c["range"], [0.0, 1.0])
@@ -105,9 +109,9 @@ class Summary(unittest.TestCase):
         s = report.summarize(canned([15.0, 13.0], [15.5, 13.5]))
         self.assertEqual(s["idle"]["none"]["cpu_us_per_s"], 50.0)
         self.assertEqual(s["idle"]["page"]["cpu_us_per_s"], 140.0)
-        self.assertEqual(s["idle"]["compare"]["per_round"], [110.0, 70.0])
-        self.assertEqual(s["idle"]["compare"]["noise"], 20.0)
-        self.assertEqual(s["idle"]["compare"]["verdict"], "beyond noise")
+        self.assertEqual(s["idle_compare"]["page"]["per_round"], [110.0, 70.0])
+        self.assertEqual(s["idle_compare"]["page"]["noise"], 20.0)
+        self.assertEqual(s["idle_compare"]["page"]["verdict"], "beyond noise")
 
     def test_no_idle_windows_no_idle_summary(self):
         self.assertNotIn("idle", report.summarize(canned([15.0, 13.0], [15.5, 13.5], idle=False)))
@@ -122,6 +126,7 @@ class Markdown(unittest.TestCase):
         res = canned([15.0, 13.0, 14.0], [15.5, 13.5, 14.0])
         md = report.render(res, report.summarize(res))
         self.assertIn("| none | 14.00 µs | 13.00 µs to 15.00 µs |", md)
+        self.assertIn("| 0 | 0.11 s (max 0.12) |", md)
         self.assertIn("| page | 14.00 µs | 13.50 µs to 15.50 µs |", md)
         self.assertIn("32768 / 32768", md)
         self.assertIn("per round: +0.50 µs, +0.50 µs, +0.00 µs", md)
@@ -150,6 +155,41 @@ TCP = """  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retr
 """
 
 
+class Feed(unittest.TestCase):
+    def canned(self) -> dict:
+        res = canned([15.0, 13.0], [15.5, 13.5])
+        res["streams"]["feed"] = [stream(0, 15.25, feed=True), stream(1, 13.0, feed=True)]
+        res["idle"]["feed"] = [{"round": 0, "cpu_us_per_s": 100.0, "state_events": 30, "seconds": 30.0},
+                               {"round": 1, "cpu_us_per_s": 90.0, "state_events": 31, "seconds": 31.0}]
+        return res
+
+    def test_each_follower_is_paired_with_none(self):
+        s = report.summarize(self.canned())
+        self.assertEqual(s["compare"]["feed"]["cpu_us_per_chunk"]["per_round"], [0.25, 0.0])
+        self.assertEqual(s["compare"]["page"]["cpu_us_per_chunk"]["per_round"], [0.5, 0.5])
+        self.assertEqual(s["streams"]["feed"]["events_new_min"], 256)
+        self.assertEqual(s["idle"]["feed"]["state_events_per_s"], 1.0)
+        self.assertEqual(s["idle_compare"]["feed"]["per_round"], [60.0, 30.0])
+
+    def test_the_report_has_a_row_and_a_verdict_for_each(self):
+        res = self.canned()
+        md = report.render(res, report.summarize(res))
+        self.assertIn("| feed | 14.12 µs |", md)
+        self.assertIn("**Feed − none, paired by round** (CPU per chunk): median +0.12 µs", md)
+        self.assertIn("**Page − none, paired by round**", md)
+        self.assertIn("The feed followed: at least 256 `request` events per round", md)
+        self.assertIn("| feed | 95.0 µs | 90.00 µs to 100.00 µs | 1.00 |", md)
+        self.assertIn("Feed − none, paired: median +45.0 µs", md)
+        self.assertLess(md.index("| page |"), md.index("| feed |"))
+
+
+class BusyCpu(unittest.TestCase):
+    def test_all_but_idle_and_iowait(self):
+        import os
+        stat = "cpu  100 5 50 1000 20 3 2 0 0 0\ncpu0 50 2 25 500 10 1 1 0 0 0\n"
+        self.assertAlmostEqual(busy_cpu_s(stat), (100 + 5 + 50 + 3 + 2) / os.sysconf("SC_CLK_TCK"))
+
+
 class HeldConnections(unittest.TestCase):
     def test_established_and_close_wait_to_the_port_only(self):
         # 0x4BC9 = 19401: listening (0A) and TIME_WAIT (06) are not held; the gateway's own
@@ -160,8 +200,13 @@ class HeldConnections(unittest.TestCase):
 
 class Setup(unittest.TestCase):
     def test_the_variants_alternate_abba(self):
-        order = [v for r in range(4) for v in rounds_order(VARIANTS, r)]
+        order = [v for r in range(4) for v in rounds_order(DEFAULT_VARIANTS, r)]
         self.assertEqual(order, ["none", "page", "page", "none", "none", "page", "page", "none"])
+
+    def test_with_the_feed_too_each_runs_once_a_round_and_each_goes_first(self):
+        rows = [rounds_order(VARIANTS, r) for r in range(6)]
+        self.assertTrue(all(sorted(row) == sorted(VARIANTS) for row in rows))
+        self.assertEqual({row[0] for row in rows}, set(VARIANTS))
 
     def test_the_gateway_has_the_stream_simulator_only(self):
         yaml = gateway_yaml(GATEWAY_PORT, full=False, tokenizer="", routes=[ROUTE])

@@ -18,7 +18,10 @@ GATEWAY = "mlxgate"
 
 ROUTE = "stream"
 
-VARIANTS = ["none", "page"]
+# `none` (no follower), `page` (the real page), `feed` (curl on /ui/events: the feed without a browser).
+VARIANTS = ["none", "page", "feed"]
+
+DEFAULT_VARIANTS = ["none", "page"]
 
 ROUNDS = 6
 
@@ -35,6 +38,9 @@ SETTLE_S = 1.0
 
 # After the page is live, this long for its first render (state, the 200-request backlog).
 PAGE_SETTLE_S = 2.0
+
+# After a bare feed follower got its backlog.
+FEED_SETTLE_S = 0.5
 
 IDLE_SECONDS = 30.0
 
