@@ -17,16 +17,17 @@ import time
 from pathlib import Path
 
 from overhead_lib import settings as overhead_settings
+from overhead_lib.load import wrk
 from overhead_lib.phases import stream_run
 from overhead_lib.processes import Procs, gateway_yaml, loadavg, port_free, sim_command
 from overhead_lib.settings import FULL, log
 from overhead_lib.stats import rounds_order
 
 from . import __doc__ as USAGE
-from .measure import idle_window, stream_round
+from .measure import idle_window, rate_round, stream_round
 from .report import render, summarize
 from .settings import (
-    BROWSER_CPU, CHROMEDRIVER, CHROMIUM, CHUNKS, GATEWAY, GATEWAY_PORT, HOST, IDLE_ROUNDS, IDLE_SECONDS, LOAD_CPU,
+    BROWSER_CPU, CHROMEDRIVER, CHROMIUM, CHUNKS, FAST_ROUTE, GATEWAY, RATE_CONNS, RATE_ROUNDS, RATE_SECONDS, GATEWAY_PORT, HOST, IDLE_ROUNDS, IDLE_SECONDS, LOAD_CPU,
     PROXY_CPU, RESULTS, ROOT, ROUNDS, ROUTE, SETTLE_S, SIM_PORTS, STREAMS, VARIANTS, DEFAULT_VARIANTS,
 )
 
@@ -62,10 +63,11 @@ def machine() -> str:
 
 def start(procs: Procs, workdir: Path, chunks: int) -> None:
     mode = dataclasses.replace(FULL, stream_chunks=chunks)
-    procs.start(f"sim-{ROUTE}", sim_command(ROUTE, mode), LOAD_CPU)
-    procs.wait_ready(f"sim-{ROUTE}", f"http://{HOST}:{SIM_PORTS[ROUTE]}/v1/models", 20)
+    for route in (ROUTE, FAST_ROUTE):
+        procs.start(f"sim-{route}", sim_command(route, mode), LOAD_CPU)
+        procs.wait_ready(f"sim-{route}", f"http://{HOST}:{SIM_PORTS[route]}/v1/models", 20)
     config = workdir / "mlxgate.yaml"
-    config.write_text(gateway_yaml(GATEWAY_PORT, full=False, tokenizer="", routes=[ROUTE]))
+    config.write_text(gateway_yaml(GATEWAY_PORT, full=False, tokenizer="", routes=[ROUTE, FAST_ROUTE]))
     procs.start(GATEWAY, [str(overhead_settings.RELEASE / "mlxgate"), "serve", "--config", str(config)], PROXY_CPU)
     procs.wait_ready(GATEWAY, f"http://{HOST}:{GATEWAY_PORT}/health", 20)
 
@@ -88,6 +90,10 @@ def main() -> int:
                     help=f"seconds per idle window (default {IDLE_SECONDS:g})")
     ap.add_argument("--idle-rounds", type=int, default=IDLE_ROUNDS,
                     help=f"idle windows per variant (default {IDLE_ROUNDS}; 0 skips them)")
+    ap.add_argument("--rate-seconds", type=float, default=RATE_SECONDS,
+                    help=f"seconds of wrk per rate run (default {RATE_SECONDS:g}; 0 skips the rate phase)")
+    ap.add_argument("--rate-rounds", type=int, default=RATE_ROUNDS,
+                    help=f"rate runs per variant (default {RATE_ROUNDS})")
     ap.add_argument("--variants", default=",".join(DEFAULT_VARIANTS),
                     help=f"comma-separated, from {','.join(VARIANTS)}; none is always run (default "
                          f"{','.join(DEFAULT_VARIANTS)})")
@@ -116,12 +122,13 @@ def main() -> int:
         if not path.exists():
             raise SystemExit(f"{path} is missing (cargo build --release --bins; apt-get install chromium "
                              "chromium-driver)")
-    busy = [p for p in [GATEWAY_PORT, SIM_PORTS[ROUTE]] if not port_free(p)]
+    busy = [p for p in [GATEWAY_PORT, SIM_PORTS[ROUTE], SIM_PORTS[FAST_ROUTE]] if not port_free(p)]
     if busy:
         raise SystemExit(f"ports in use on {HOST}: {busy}")
     os.sched_setaffinity(0, {int(LOAD_CPU)})
     limit = int(args.rounds * len(variants) * (args.chunks * 0.02 * 6 + 120)
-                + args.idle_rounds * len(variants) * (args.idle_seconds + 60) + 120)
+                + args.idle_rounds * len(variants) * (args.idle_seconds + 60)
+                + args.rate_rounds * len(variants) * (args.rate_seconds + 90) + 120)
 
     def overtime(_sig, _frame):  # noqa: ANN001
         raise SystemExit(f"bench/ui: over its {limit}s: stopped")
@@ -136,10 +143,12 @@ def main() -> int:
         "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "machine": machine(),
         "commit": first_line("git", "-C", str(ROOT), "describe", "--always", "--dirty"), "command": " ".join(["bench/ui", *sys.argv[1:]]),
         "settings": {"rounds": args.rounds, "streams": args.streams, "chunks": args.chunks, "settle_s": SETTLE_S,
-                     "idle_seconds": args.idle_seconds, "idle_rounds": args.idle_rounds, "proxy_cpu": PROXY_CPU,
+                     "idle_seconds": args.idle_seconds, "rate_seconds": args.rate_seconds,
+                     "rate_rounds": args.rate_rounds, "rate_conns": RATE_CONNS, "idle_rounds": args.idle_rounds, "proxy_cpu": PROXY_CPU,
                      "browser_cpu": BROWSER_CPU, "url": url, "variants": variants},
         "loadavg_start": loadavg(), "top_start": top_lines(),
         "streams": {v: [] for v in variants}, "idle": {v: [] for v in variants},
+        "rate": {v: [] for v in variants},
     }
     try:
         log(f"starting the simulator and mlxgate (work dir {workdir})")
@@ -159,6 +168,18 @@ def main() -> int:
                     + (f"  rows +{s['rows_new']} in {s['rows_caught_up_s']:.1f}s  browser cpu "
                        f"{s['browser_cpu_s']:.2f}s  lagged {s['lagged']!r}" if v == "page" else "")
                     + (f"  events +{s['events_new']}  lagged {s['lagged']!r}" if v == "feed" else ""))
+        if args.rate_seconds > 0:
+            wrk(workdir, GATEWAY, RATE_CONNS, 1)  # warm-up
+            for r in range(args.rate_rounds):
+                for v in rounds_order(variants, r):
+                    s = rate_round(procs, workdir, url, v, args.rate_seconds, f"rate-{v}-{r}")
+                    s["round"] = r
+                    res["rate"][v].append(s)
+                    log(f"  rate {r + 1} {v:4}  {s['rps']:7.0f} req/s  cpu {s['cpu_us_per_req']:6.1f} us/req  "
+                        f"p99 {s['p99'] / 1000:6.2f} ms  non-2xx {s['status_errors']}  others {s['others_cpu_s']:.2f}s"
+                        + (f"  rows +{s['rows_new']}/{s['rows_wanted']}" if "rows_new" in s else "")
+                        + (f"  events +{s['events_new']}" if "events_new" in s else "")
+                        + (f"  lagged {s['lagged']!r}" if v != "none" else ""))
         for r in range(args.idle_rounds):
             for v in rounds_order(variants, r + 1):  # another order than the streams' last round
                 s = idle_window(procs, workdir, url, v, args.idle_seconds, f"idle-{v}-{r}")

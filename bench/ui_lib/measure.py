@@ -4,18 +4,21 @@ following the gateway (`none`), the real page open (`page`) or a bare follower o
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import time
 from pathlib import Path
 
+from overhead_lib.load import wrk
 from overhead_lib.phases import on_cpu, stream_run
 from overhead_lib.processes import Procs, cpu_seconds, loadavg
 
 from .browser import Page
 from .settings import (
-    ACTIVITY_MAX, BROWSER_CPU, FEED_SETTLE_S, GATEWAY, GATEWAY_PORT, HOST, PAGE_SETTLE_S, ROUTE, SETTLE_S,
+    ACTIVITY_MAX, BROWSER_CPU, FEED_SETTLE_S, GATEWAY, GATEWAY_PORT, HOST, PAGE_SETTLE_S, RATE_CONNS, ROUTE,
+    SETTLE_S,
 )
 
 # /proc/net/tcp's states of a connection the gateway still holds: ESTABLISHED, CLOSE_WAIT.
@@ -56,6 +59,24 @@ def others_cpu(run):  # noqa: ANN001, ANN201
     return r
 
 
+def count_events(text: str) -> dict[str, int]:
+    """Events of each name in an SSE text, and `missed`: the sum of its `lagged` events' counts."""
+    counts: dict[str, int] = {}
+    name = None
+    for line in text.splitlines():
+        if line.startswith("event: "):
+            name = line[7:]
+            counts[name] = counts.get(name, 0) + 1
+        elif line.startswith("data: ") and name == "lagged":
+            try:
+                counts["missed"] = counts.get("missed", 0) + int(json.loads(line[6:])["missed"])
+            except (ValueError, KeyError, TypeError):
+                pass
+        elif not line:
+            name = None
+    return counts
+
+
 class Feed:
     """A bare follower of /ui/events (curl, pinned beside the load): the gateway's feed without a
     browser's work on the load's CPU."""
@@ -72,13 +93,10 @@ class Feed:
             time.sleep(0.05)
 
     def events(self) -> dict[str, int]:
-        """How many events of each name the feed has sent so far."""
-        counts: dict[str, int] = {}
+        """How many events of each name the feed has sent so far, and `missed`: the requests its
+        `lagged` events said it skipped."""
         text = self.path.read_text(errors="replace") if self.path.exists() else ""
-        for line in text.splitlines():
-            if line.startswith("event: "):
-                counts[line[7:]] = counts.get(line[7:], 0) + 1
-        return counts
+        return count_events(text)
 
     def wait_requests(self, before: int, want: int, timeout: float = 15.0) -> tuple[int, float]:
         began = time.monotonic()
@@ -191,6 +209,54 @@ def idle_window(procs: Procs, workdir: Path, url: str, variant: str, seconds: fl
                 raise SystemExit(f"the /ui page was not live after the idle window (badge {r['live_after']!r})")
         if isinstance(follower, Feed):
             r["state_events"] = follower.events().get("state", 0) - events0.get("state", 0)
+    finally:
+        if follower:
+            follower.close()
+    return r
+
+
+def rate_round(procs: Procs, workdir: Path, url: str, variant: str, seconds: float, tag: str) -> dict:
+    """Whole (non-streamed) answers as fast as wrk gets them for `seconds` (RATE_CONNS connections)
+    with `variant` following: the gateway's CPU per request, and how the follower kept up with
+    thousands of requests a second (a page's rows and lag notice, a feed's events and `lagged`
+    counts). Only a follower that got nothing fails the run: falling behind here is a finding."""
+    follower, s = open_follower(workdir, url, variant, tag)
+    try:
+        page = follower if isinstance(follower, Page) else None
+        feed = follower if isinstance(follower, Feed) else None
+        before_rows = set(page.row_ids()) if page else set()
+        before = feed.events() if feed else {}
+        browser_cpu0 = page.browser.cpu_s() if page else 0.0
+
+        def run() -> dict:
+            w = wrk(workdir, GATEWAY, RATE_CONNS, seconds)
+            time.sleep(SETTLE_S)
+            return w
+
+        r = others_cpu(lambda: on_cpu(procs.pid(GATEWAY), run))
+        r.update(s)
+        r["cpu_us_per_req"] = r["cpu_s"] / max(1, r["requests"]) * 1e6
+        r["variant"], r["loadavg"] = variant, loadavg()
+        if page:
+            want = min(r["requests"], ACTIVITY_MAX)
+            began = time.monotonic()
+            while (new := len(set(page.row_ids()) - before_rows)) < want and time.monotonic() - began < 10:
+                time.sleep(0.2)
+            r["rows_new"], r["rows_wanted"], r["lagged"] = new, want, page.lagged()
+            r["live_after"] = page.live()
+            r["browser_cpu_s"] = page.browser.cpu_s() - browser_cpu0
+            if new == 0 or r["live_after"] != "live":
+                raise SystemExit(f"the /ui page showed {new} new rows after {r['requests']} requests (badge "
+                                 f"{r['live_after']!r}): it was not following")
+        if feed:
+            time.sleep(1)
+            after = feed.events()
+            r["events_new"] = after.get("request", 0) - before.get("request", 0)
+            r["lagged_events"] = after.get("lagged", 0) - before.get("lagged", 0)
+            r["missed"] = after.get("missed", 0) - before.get("missed", 0)
+            r["lagged"] = f"{r['lagged_events']} lagged events, {r['missed']} requests missed" if r["missed"] else ""
+            if r["events_new"] == 0:
+                raise SystemExit(f"the feed sent no request event for {r['requests']} requests (see {feed.path})")
     finally:
         if follower:
             follower.close()

@@ -62,6 +62,24 @@ def variant_summary(rounds: list[dict], expected: int) -> dict:
     return s
 
 
+def rate_summary(rounds: list[dict]) -> dict:
+    """One variant of the rate phase: CPU per request, rate, p99, errors, and how its follower kept up."""
+    s: dict = {"rounds": len(rounds), "cpu_us_per_req": med([r["cpu_us_per_req"] for r in rounds]),
+               "cpu_us_per_req_range": spread([r["cpu_us_per_req"] for r in rounds]),
+               "rps": med([r["rps"] for r in rounds]), "p99_us": med([r["p99"] for r in rounds]),
+               "requests": sum(r["requests"] for r in rounds),
+               "errors": sum(r["status_errors"] + r["socket_errors"] for r in rounds),
+               "lagged": [r["lagged"] for r in rounds if r.get("lagged")]}
+    if "rows_new" in rounds[0]:
+        s["rows_short"] = sum(1 for r in rounds if r["rows_new"] < r["rows_wanted"])
+        s["rows_new_min"] = min(r["rows_new"] for r in rounds)
+        s["browser_cpu_s"] = med([r["browser_cpu_s"] for r in rounds])
+    if "events_new" in rounds[0]:
+        s["events_new"] = sum(r["events_new"] for r in rounds)
+        s["missed"] = sum(r["missed"] for r in rounds)
+    return s
+
+
 def summarize(res: dict) -> dict:
     """The summary of a run's raw figures (`res["streams"]`, `res["idle"]`: rounds per variant)."""
     runs = {v: rs for v, rs in res["streams"].items() if rs}
@@ -69,6 +87,10 @@ def summarize(res: dict) -> dict:
     followers = [v for v in runs if v != "none"]
     out: dict = {"streams": {v: variant_summary(rs, expected) for v, rs in runs.items()},
                  "compare": {v: {k: compare(runs, k, v) for k in STREAM_KEYS} for v in followers}}
+    rate = {v: rs for v, rs in (res.get("rate") or {}).items() if rs}
+    if rate.get("none") and len(rate) > 1:
+        out["rate"] = {v: rate_summary(rs) for v, rs in rate.items()}
+        out["rate_compare"] = {v: compare(rate, "cpu_us_per_req", v) for v in rate if v != "none"}
     idle = {v: rs for v, rs in (res.get("idle") or {}).items() if rs}
     if idle.get("none") and len(idle) > 1:
         out["idle"] = {v: {"cpu_us_per_s": med([r["cpu_us_per_s"] for r in rs]),
@@ -168,9 +190,40 @@ def render(res: dict, summary: dict) -> str:
     if "feed_gone_s_max" in n:
         lines += [f"Before each none run the gateway held no connection (a closed page's feed had ended; "
                   f"waited at most {n['feed_gone_s_max']:.1f} s for it).", ""]
+    rate = summary.get("rate")
+    if rate:
+        rorder = [v for v in ("none", "page", "feed") if v in rate]
+        lines += [
+            f"## Whole answers as fast as wrk sends them ({st['rate_conns']} connections, {st['rate_seconds']:g} s a "
+            f"run, {rate['none']['rounds']} round(s), ABBA)",
+            "",
+            "The same gateway, non-streamed chat completions from a `fast` simulator (one token, at once): "
+            "thousands of finished requests a second, each one a `request` event for a follower — where a feed "
+            "would fall behind. CPU per request over the run and 1 s after it.",
+            "",
+            "| variant | CPU per request (median) | min – max | req/s | p99 | errors | the follower got |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for v in rorder:
+            x = rate[v]
+            got = "–"
+            if "rows_new_min" in x:
+                got = (f"≥ {x['rows_new_min']} new rows ({x['rows_short']} run(s) short of the last 500); "
+                       f"lag notices: {'; '.join(x['lagged']) or 'none'}")
+            if "events_new" in x:
+                got = (f"{x['events_new']} `request` events for {x['requests']} requests; "
+                       f"{x['missed']} missed (`lagged`)")
+            lines.append(f"| {v} | {us(x['cpu_us_per_req'], 1)} | {rng(x['cpu_us_per_req_range'])} | {x['rps']:.0f} | "
+                         f"{ms(x['p99_us'])} | {x['errors']} | {got} |")
+        lines.append("")
+        for v in rorder[1:]:
+            c = summary["rate_compare"][v]
+            lines.append(f"{v.capitalize()} − none, paired: median {signed(c['median'], 1)} per request "
+                         f"({rng(c['range'], signed)}); noise floor {us(c['noise'], 1)}: **{c['verdict']}**.")
+        lines.append("")
     idle = summary.get("idle")
     if idle:
-        iorder = [v for v in order if v in idle]
+        iorder = [v for v in ("none", "page", "feed") if v in idle]
         lines += [
             f"## Idle: no traffic, {st['idle_seconds']:g} s per window, {idle['none']['rounds']} window(s) per variant "
             f"(ABBA)",

@@ -11,7 +11,7 @@ from overhead_lib.settings import FULL, SIM_PORTS
 from overhead_lib.stats import rounds_order
 
 from . import report
-from .measure import busy_cpu_s, held_connections
+from .measure import busy_cpu_s, count_events, held_connections
 from .settings import ACTIVITY_MAX, DEFAULT_VARIANTS, GATEWAY_PORT, ROUTE, VARIANTS
 
 
@@ -181,6 +181,51 @@ class Feed(unittest.TestCase):
         self.assertIn("| feed | 95.0 µs | 90.00 µs to 100.00 µs | 1.00 |", md)
         self.assertIn("Feed − none, paired: median +45.0 µs", md)
         self.assertLess(md.index("| page |"), md.index("| feed |"))
+
+
+def rate(r: int, cpu: float, variant: str = "none", requests: int = 15000, **kw) -> dict:
+    w = {"round": r, "variant": variant, "cpu_us_per_req": cpu, "rps": requests / 5, "p99": 4000 + r,
+         "requests": requests, "status_errors": 0, "socket_errors": 0, "lagged": "", "others_cpu_s": 0.1}
+    if variant == "page":
+        w.update({"rows_new": 500, "rows_wanted": 500, "browser_cpu_s": 2.0})
+    if variant == "feed":
+        w.update({"events_new": requests, "missed": 0, "lagged_events": 0})
+    w.update(kw)
+    return w
+
+
+class Rate(unittest.TestCase):
+    def canned(self) -> dict:
+        res = canned([15.0, 13.0], [15.5, 13.5])
+        res["settings"].update({"rate_conns": 8, "rate_seconds": 5.0})
+        res["rate"] = {"none": [rate(0, 60.0), rate(1, 64.0)],
+                       "page": [rate(0, 61.0, "page"), rate(1, 66.0, "page", rows_new=480,
+                                                            lagged="fell behind: 20 requests not shown")],
+                       "feed": [rate(0, 62.0, "feed", events_new=14000, missed=1000), rate(1, 65.0, "feed")]}
+        return res
+
+    def test_cpu_per_request_is_paired_and_the_followers_counted(self):
+        s = report.summarize(self.canned())
+        self.assertEqual(s["rate_compare"]["page"]["per_round"], [1.0, 2.0])
+        self.assertEqual(s["rate_compare"]["feed"]["noise"], 4.0)
+        self.assertEqual(s["rate"]["page"]["rows_short"], 1)
+        self.assertEqual(s["rate"]["page"]["lagged"], ["fell behind: 20 requests not shown"])
+        self.assertEqual((s["rate"]["feed"]["events_new"], s["rate"]["feed"]["missed"]), (29000, 1000))
+        self.assertEqual(s["rate"]["none"]["requests"], 30000)
+
+    def test_the_report_shows_who_fell_behind(self):
+        res = self.canned()
+        md = report.render(res, report.summarize(res))
+        self.assertIn("## Whole answers as fast as wrk sends them (8 connections, 5 s a run, 2 round(s), ABBA)", md)
+        self.assertIn("| none | 62.0 µs | 60.00 µs to 64.00 µs | 3000 |", md)
+        self.assertIn("(1 run(s) short of the last 500); lag notices: fell behind: 20 requests not shown", md)
+        self.assertIn("29000 `request` events for 30000 requests; 1000 missed", md)
+        self.assertIn("Page − none, paired: median +1.5 µs per request", md)
+
+    def test_lagged_events_are_summed(self):
+        text = ("event: state\ndata: {}\n\nevent: request\ndata: {\"id\": 1}\n\n"
+                "event: lagged\ndata: {\"missed\": 7}\n\n: keep-alive\n\nevent: lagged\ndata: {\"missed\": 5}\n\n")
+        self.assertEqual(count_events(text), {"state": 1, "request": 1, "lagged": 2, "missed": 12})
 
 
 class BusyCpu(unittest.TestCase):

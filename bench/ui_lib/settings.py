@@ -18,6 +18,15 @@ GATEWAY = "mlxgate"
 
 ROUTE = "stream"
 
+# The rate phase's simulator (one token, at once) and wrk's connections.
+FAST_ROUTE = "fast"
+
+RATE_CONNS = 8
+
+RATE_SECONDS = 5.0
+
+RATE_ROUNDS = 3
+
 # `none` (no follower), `page` (the real page), `feed` (curl on /ui/events: the feed without a browser).
 VARIANTS = ["none", "page", "feed"]
 
