@@ -90,7 +90,7 @@ def main() -> int:
                     help=f"seconds per idle window (default {IDLE_SECONDS:g})")
     ap.add_argument("--idle-rounds", type=int, default=IDLE_ROUNDS,
                     help=f"idle windows per variant (default {IDLE_ROUNDS}; 0 skips them)")
-    ap.add_argument("--rate-seconds", type=float, default=RATE_SECONDS,
+    ap.add_argument("--rate-seconds", type=int, default=RATE_SECONDS,
                     help=f"seconds of wrk per rate run (default {RATE_SECONDS:g}; 0 skips the rate phase)")
     ap.add_argument("--rate-rounds", type=int, default=RATE_ROUNDS,
                     help=f"rate runs per variant (default {RATE_ROUNDS})")
