@@ -92,6 +92,8 @@ def main() -> int:
                     help=f"idle windows per variant (default {IDLE_ROUNDS}; 0 skips them)")
     ap.add_argument("--rate-seconds", type=int, default=RATE_SECONDS,
                     help=f"seconds of wrk per rate run (default {RATE_SECONDS:g}; 0 skips the rate phase)")
+    ap.add_argument("--rate-conns", type=int, default=RATE_CONNS,
+                    help=f"wrk's connections in the rate phase (default {RATE_CONNS}: the gateway not saturated)")
     ap.add_argument("--rate-rounds", type=int, default=RATE_ROUNDS,
                     help=f"rate runs per variant (default {RATE_ROUNDS})")
     ap.add_argument("--variants", default=",".join(DEFAULT_VARIANTS),
@@ -144,7 +146,7 @@ def main() -> int:
         "commit": first_line("git", "-C", str(ROOT), "describe", "--always", "--dirty"), "command": " ".join(["bench/ui", *sys.argv[1:]]),
         "settings": {"rounds": args.rounds, "streams": args.streams, "chunks": args.chunks, "settle_s": SETTLE_S,
                      "idle_seconds": args.idle_seconds, "rate_seconds": args.rate_seconds,
-                     "rate_rounds": args.rate_rounds, "rate_conns": RATE_CONNS, "idle_rounds": args.idle_rounds, "proxy_cpu": PROXY_CPU,
+                     "rate_rounds": args.rate_rounds, "rate_conns": args.rate_conns, "idle_rounds": args.idle_rounds, "proxy_cpu": PROXY_CPU,
                      "browser_cpu": BROWSER_CPU, "url": url, "variants": variants},
         "loadavg_start": loadavg(), "top_start": top_lines(),
         "streams": {v: [] for v in variants}, "idle": {v: [] for v in variants},
@@ -169,10 +171,10 @@ def main() -> int:
                        f"{s['browser_cpu_s']:.2f}s  lagged {s['lagged']!r}" if v == "page" else "")
                     + (f"  events +{s['events_new']}  lagged {s['lagged']!r}" if v == "feed" else ""))
         if args.rate_seconds > 0:
-            wrk(workdir, GATEWAY, RATE_CONNS, 1)  # warm-up
+            wrk(workdir, GATEWAY, args.rate_conns, 1)  # warm-up
             for r in range(args.rate_rounds):
                 for v in rounds_order(variants, r):
-                    s = rate_round(procs, workdir, url, v, args.rate_seconds, f"rate-{v}-{r}")
+                    s = rate_round(procs, workdir, url, v, args.rate_seconds, args.rate_conns, f"rate-{v}-{r}")
                     s["round"] = r
                     res["rate"][v].append(s)
                     log(f"  rate {r + 1} {v:4}  {s['rps']:7.0f} req/s  cpu {s['cpu_us_per_req']:6.1f} us/req  "

@@ -17,7 +17,7 @@ from overhead_lib.processes import Procs, cpu_seconds, loadavg
 
 from .browser import Page
 from .settings import (
-    ACTIVITY_MAX, BROWSER_CPU, FEED_SETTLE_S, GATEWAY, GATEWAY_PORT, HOST, PAGE_SETTLE_S, RATE_CONNS, ROUTE,
+    ACTIVITY_MAX, BROWSER_CPU, FEED_SETTLE_S, GATEWAY, GATEWAY_PORT, HOST, PAGE_SETTLE_S, ROUTE,
     SETTLE_S,
 )
 
@@ -215,8 +215,8 @@ def idle_window(procs: Procs, workdir: Path, url: str, variant: str, seconds: fl
     return r
 
 
-def rate_round(procs: Procs, workdir: Path, url: str, variant: str, seconds: float, tag: str) -> dict:
-    """Whole (non-streamed) answers as fast as wrk gets them for `seconds` (RATE_CONNS connections)
+def rate_round(procs: Procs, workdir: Path, url: str, variant: str, seconds: int, conns: int, tag: str) -> dict:
+    """Whole (non-streamed) answers as fast as wrk gets them for `seconds` over `conns` connections
     with `variant` following: the gateway's CPU per request, and how the follower kept up with
     thousands of requests a second (a page's rows and lag notice, a feed's events and `lagged`
     counts). Only a follower that got nothing fails the run: falling behind here is a finding."""
@@ -229,7 +229,7 @@ def rate_round(procs: Procs, workdir: Path, url: str, variant: str, seconds: flo
         browser_cpu0 = page.browser.cpu_s() if page else 0.0
 
         def run() -> dict:
-            w = wrk(workdir, GATEWAY, RATE_CONNS, seconds)
+            w = wrk(workdir, GATEWAY, conns, seconds)
             time.sleep(SETTLE_S)
             return w
 

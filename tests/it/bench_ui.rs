@@ -32,6 +32,7 @@ fn its_help_names_the_knobs() {
         "--streams",
         "--chunks",
         "--rate-seconds",
+        "--rate-conns",
         "--idle-seconds",
         "--variants",
         "--bin-dir",
