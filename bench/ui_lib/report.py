@@ -194,7 +194,7 @@ def render(res: dict, summary: dict) -> str:
     if rate:
         rorder = [v for v in ("none", "page", "feed") if v in rate]
         lines += [
-            f"## Whole answers as fast as wrk sends them ({st['rate_conns']} connections, {st['rate_seconds']:g} s a "
+            f"## Whole answers as fast as wrk sends them ({st['rate_conns']} connection(s), {st['rate_seconds']:g} s a "
             f"run, {rate['none']['rounds']} round(s), ABBA)",
             "",
             "The same gateway, non-streamed chat completions from a `fast` simulator (one token, at once): "

@@ -216,7 +216,7 @@ class Rate(unittest.TestCase):
     def test_the_report_shows_who_fell_behind(self):
         res = self.canned()
         md = report.render(res, report.summarize(res))
-        self.assertIn("## Whole answers as fast as wrk sends them (8 connections, 5 s a run, 2 round(s), ABBA)", md)
+        self.assertIn("## Whole answers as fast as wrk sends them (8 connection(s), 5 s a run, 2 round(s), ABBA)", md)
         self.assertIn("| none | 62.0 µs | 60.00 µs to 64.00 µs | 3000 |", md)
         self.assertIn("(1 run(s) short of the last 500); lag notices: fell behind: 20 requests not shown", md)
         self.assertIn("29000 `request` events for 30000 requests; 1000 missed", md)
