@@ -27,8 +27,9 @@ from . import __doc__ as USAGE
 from .measure import idle_window, rate_round, stream_round
 from .report import render, summarize
 from .settings import (
-    BROWSER_CPU, CHROMEDRIVER, CHROMIUM, CHUNKS, FAST_ROUTE, GATEWAY, RATE_CONNS, RATE_ROUNDS, RATE_SECONDS, GATEWAY_PORT, HOST, IDLE_ROUNDS, IDLE_SECONDS, LOAD_CPU,
-    PROXY_CPU, RESULTS, ROOT, ROUNDS, ROUTE, SETTLE_S, SIM_PORTS, STREAMS, VARIANTS, DEFAULT_VARIANTS,
+    BROWSER_CPU, CHROMEDRIVER, CHROMIUM, CHUNKS, DEFAULT_VARIANTS, FAST_ROUTE, GATEWAY, GATEWAY_PORT, HOST,
+    IDLE_ROUNDS, IDLE_SECONDS, LOAD_CPU, PROXY_CPU, RATE_CONNS, RATE_ROUNDS, RATE_SECONDS, RESULTS, ROOT, ROUNDS,
+    ROUTE, SETTLE_S, SIM_PORTS, STREAMS, VARIANTS,
 )
 
 
@@ -143,10 +144,11 @@ def main() -> int:
     began = time.monotonic()
     res: dict = {
         "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "machine": machine(),
-        "commit": first_line("git", "-C", str(ROOT), "describe", "--always", "--dirty"), "command": " ".join(["bench/ui", *sys.argv[1:]]),
+        "commit": first_line("git", "-C", str(ROOT), "describe", "--always", "--dirty"),
+        "command": " ".join(["bench/ui", *sys.argv[1:]]),
         "settings": {"rounds": args.rounds, "streams": args.streams, "chunks": args.chunks, "settle_s": SETTLE_S,
-                     "idle_seconds": args.idle_seconds, "rate_seconds": args.rate_seconds,
-                     "rate_rounds": args.rate_rounds, "rate_conns": args.rate_conns, "idle_rounds": args.idle_rounds, "proxy_cpu": PROXY_CPU,
+                     "rate_seconds": args.rate_seconds, "rate_rounds": args.rate_rounds, "rate_conns": args.rate_conns,
+                     "idle_seconds": args.idle_seconds, "idle_rounds": args.idle_rounds, "proxy_cpu": PROXY_CPU,
                      "browser_cpu": BROWSER_CPU, "url": url, "variants": variants},
         "loadavg_start": loadavg(), "top_start": top_lines(),
         "streams": {v: [] for v in variants}, "idle": {v: [] for v in variants},
