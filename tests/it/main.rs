@@ -18,6 +18,7 @@ mod balance_real;
 mod bench_balance;
 mod bench_cli;
 mod bench_swaps;
+mod bench_ui;
 mod cached_tokens;
 mod cli;
 mod context;
