@@ -15,7 +15,6 @@ pub mod feed;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
-use axum::Json;
 use axum::extract::{ConnectInfo, Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -147,7 +146,7 @@ pub async fn sign_out(State(state): State<Arc<AppState>>, headers: HeaderMap) ->
     if let Some(token) = session::token(&headers) {
         state.sessions.close(token);
     }
-    let mut response = (StatusCode::NO_CONTENT, Json(())).into_response();
+    let mut response = StatusCode::NO_CONTENT.into_response();
     response.headers_mut().insert(header::SET_COOKIE, session::clear_cookie());
     response
 }
