@@ -80,7 +80,7 @@ pub struct AppState {
     config_file: OnceLock<PathBuf>,
     /// The last snapshot of the state as JSON and when it was made: the open pages' feeds
     /// share one per tick (see `admin::snapshot_text`).
-    snapshot: std::sync::Mutex<Option<(std::time::Instant, Arc<str>)>>,
+    snapshot: std::sync::Mutex<Option<(std::time::Instant, Snapshot)>>,
 }
 
 impl AppState {
@@ -119,16 +119,25 @@ impl AppState {
     }
 
     /// The state's snapshot as JSON, made at most once per `fresh` for all who ask.
-    pub(crate) fn snapshot_text(&self, fresh: std::time::Duration) -> Arc<str> {
+    pub(crate) fn snapshot_text(&self, fresh: std::time::Duration) -> Snapshot {
         let mut cache = self.snapshot.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some((at, text)) = cache.as_ref()
+        if let Some((at, snapshot)) = cache.as_ref()
             && at.elapsed() < fresh
         {
-            return Arc::clone(text);
+            return snapshot.clone();
         }
-        let text: Arc<str> = serde_json::to_string(&admin::snapshot(self)).unwrap_or_default().into();
-        *cache = Some((std::time::Instant::now(), Arc::clone(&text)));
-        text
+        let mut value = admin::snapshot(self);
+        let text: Arc<str> = serde_json::to_string(&value).unwrap_or_default().into();
+        // Uptimes move every second by themselves (the page counts them on from the last
+        // state): what changed is the rest.
+        value.as_object_mut().map(|o| o.remove("uptime_seconds"));
+        for backend in value["backends"].as_array_mut().into_iter().flatten() {
+            backend.as_object_mut().map(|b| b.remove("uptime_seconds"));
+        }
+        let changes: Arc<str> = serde_json::to_string(&value).unwrap_or_default().into();
+        let snapshot = Snapshot { text, changes };
+        *cache = Some((std::time::Instant::now(), snapshot.clone()));
+        snapshot
     }
 
     /// The file the configuration came from, when it came from one.
@@ -161,6 +170,14 @@ impl AppState {
         *access = Arc::new(Access::of(config));
         declare_client_series(&self.metrics, config, &self.limiter);
     }
+}
+
+/// The state as the live page's feed sends it: the JSON, and the part of it that changes only
+/// when something happened (the uptimes left out), to compare with the last one sent.
+#[derive(Clone)]
+pub(crate) struct Snapshot {
+    pub text: Arc<str>,
+    pub changes: Arc<str>,
 }
 
 /// Creates at 0 the series of events that may happen to what the configuration names: a

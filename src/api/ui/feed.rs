@@ -1,6 +1,6 @@
 //! The `/ui` page's live feeds, as Server-Sent Events (the browser's `EventSource` reconnects
-//! by itself): `/ui/events` — the state of everything (`state`, when it changed, checked twice a
-//! second), the last finished requests (`requests`, once) and each one as it finishes
+//! by itself): `/ui/events` — the state of everything (`state`, when anything but the uptimes
+//! changed, checked twice a second; one snapshot per tick shared by every open page), the last finished requests (`requests`, once) and each one as it finishes
 //! (`request`) — and `/ui/events/logs/{name}`, a managed backend's output (`line`, the last 200
 //! then each new one, the gateway's marks of starts and ends among them).
 //!
@@ -25,6 +25,7 @@ use tokio::sync::{broadcast, mpsc};
 
 use super::super::AppState;
 use super::super::admin;
+use crate::accept::{OpenEnded, OpenEndedHold};
 use crate::auth::Access;
 use crate::error::GatewayError;
 
@@ -50,22 +51,26 @@ fn event(name: &str, data: &impl Serialize) -> Bytes {
 
 /// The response whose body is what the task given the sender writes.
 ///
-/// When the gateway begins to shut down the body fails, which makes the server drop the
-/// connection at once: a feed is never finished cleanly, since a page that stopped reading
-/// (a laptop asleep with it open) would hold the shutdown for its whole grace waiting for the
-/// end to be written.
-fn stream(state: &AppState, run: impl FnOnce(mpsc::Sender<Bytes>) -> tokio::task::JoinHandle<()>) -> Response {
+/// The body holds its connection's [`OpenEnded`] (`hold`): when the gateway begins to shut
+/// down the connection is closed at once, whether or not the page still reads (one that
+/// stopped, a laptop asleep with it open, would hold the shutdown for its whole grace waiting
+/// for the end to be written); a page that reads sees the body fail and reconnects elsewhere.
+fn stream(
+    state: &AppState,
+    hold: Option<OpenEndedHold>,
+    run: impl FnOnce(mpsc::Sender<Bytes>) -> tokio::task::JoinHandle<()>,
+) -> Response {
     let (tx, rx) = mpsc::channel::<Bytes>(PENDING);
     run(tx);
     let closing = state.closing.notified();
     let cut = state.closing.is_cut();
-    let body = futures_util::stream::unfold((rx, closing, cut), |(mut rx, mut closing, cut)| async move {
+    let body = futures_util::stream::unfold((rx, closing, cut, hold), |(mut rx, mut closing, cut, hold)| async move {
         if cut {
             return None;
         }
         tokio::select! {
-            received = rx.recv() => received.map(|bytes| (Ok(bytes), (rx, closing, false))),
-            () = &mut closing => Some((Err(ShuttingDown), (rx, closing, true))),
+            received = rx.recv() => received.map(|bytes| (Ok(bytes), (rx, closing, false, hold))),
+            () = &mut closing => Some((Err(ShuttingDown), (rx, closing, true, hold))),
         }
     });
     let mut response = Body::from_stream(body).into_response();
@@ -116,7 +121,8 @@ impl Credentials {
 /// GET `/ui/events`.
 pub async fn activity(State(state): State<Arc<AppState>>, request: Request) -> Response {
     let credentials = Credentials::of(&state, &request);
-    stream(&Arc::clone(&state), |tx| tokio::spawn(run_activity(state, credentials, tx)))
+    let hold = request.extensions().get::<OpenEnded>().map(OpenEnded::hold);
+    stream(&Arc::clone(&state), hold, |tx| tokio::spawn(run_activity(state, credentials, tx)))
 }
 
 async fn run_activity(state: Arc<AppState>, mut credentials: Credentials, tx: mpsc::Sender<Bytes>) {
@@ -124,8 +130,9 @@ async fn run_activity(state: Arc<AppState>, mut credentials: Credentials, tx: mp
     if state.closing.is_cut() {
         return;
     }
-    let mut last = state.snapshot_text(SHARED);
-    let first = Bytes::from(format!("event: state\ndata: {last}\n\n"));
+    let first = state.snapshot_text(SHARED);
+    let mut last = first.changes;
+    let first = Bytes::from(format!("event: state\ndata: {}\n\n", first.text));
     let (backlog, mut finished) = state.activity.follow(BACKLOG_REQUESTS);
     if tx.send(first).await.is_err() || tx.send(event("requests", &backlog)).await.is_err() {
         return;
@@ -148,12 +155,11 @@ async fn run_activity(state: Arc<AppState>, mut credentials: Credentials, tx: mp
                     return;
                 }
                 let now = state.snapshot_text(SHARED);
-                if now == last {
+                if now.changes == last {
                     continue;
                 }
-                let frame = Bytes::from(format!("event: state\ndata: {now}\n\n"));
-                last = now;
-                frame
+                last = now.changes;
+                Bytes::from(format!("event: state\ndata: {}\n\n", now.text))
             }
             _ = keep_alive.tick() => Bytes::from_static(b": keep-alive\n\n"),
         };
@@ -170,10 +176,11 @@ pub async fn logs(
     request: Request,
 ) -> Result<Response, GatewayError> {
     let mut credentials = Credentials::of(&state, &request);
+    let hold = request.extensions().get::<OpenEnded>().map(OpenEnded::hold);
     let Path(name) = name.map_err(|e| GatewayError::invalid(e.body_text(), None))?;
     let supervisor = state.dispatch.supervisors.get(&name).ok_or_else(|| GatewayError::UnknownBackend(name.clone()))?;
     let logs = Arc::clone(&supervisor.logs);
-    Ok(stream(&Arc::clone(&state), |tx| {
+    Ok(stream(&Arc::clone(&state), hold, |tx| {
         tokio::spawn(async move {
             let mut closing = state.closing.notified();
             if state.closing.is_cut() {
