@@ -610,3 +610,20 @@ pub fn model_with_qwen3_template(model: &Path, dir: &Path) {
     config["chat_template"] = Value::from(template);
     std::fs::write(dir.join("tokenizer_config.json"), config.to_string()).expect("write");
 }
+
+/// Runs `bench/NAME --self-test` (a benchmark's pure pieces: their unit tests on canned figures,
+/// no process started) and checks it passed with at least `least` tests.
+pub fn bench_self_test(name: &str, least: usize) {
+    let out = std::process::Command::new("python3")
+        .arg(format!("{ROOT}/bench/{name}"))
+        .arg("--self-test")
+        .output()
+        .expect("python3 runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "bench/{name} --self-test failed:\n{stderr}");
+    let ran: usize = stderr
+        .lines()
+        .find_map(|l| l.strip_prefix("Ran ")?.split_whitespace().next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no test count in:\n{stderr}"));
+    assert!(ran >= least, "{ran} tests ran:\n{stderr}");
+}
