@@ -6,10 +6,14 @@
 //! connections one client address holds (more are answered 503 and closed at once), a back-off
 //! on accept errors such as EMFILE (logged once per burst, never spinning), and the graceful
 //! shutdown: stop accepting, let running requests finish for up to the grace period, then cut.
+//! A connection carrying a response that never ends by itself (the live page's feeds: see
+//! [`OpenEnded`]) is closed as soon as the shutdown begins instead: a page whose reader stopped
+//! (a laptop asleep with it open) would otherwise hold the shutdown for its whole grace.
 
 use std::collections::HashMap;
 use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -20,8 +24,9 @@ use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
 use tokio::task::JoinSet;
-use tower::Service;
+use tower::{Service, ServiceExt};
 
 /// How long the loop pauses after an accept error that is not about one connection (EMFILE,
 /// ENFILE, ENOBUFS): long enough not to spin, short enough that a freed descriptor is used soon.
@@ -34,6 +39,35 @@ pub struct ConnectionLimits {
     pub header_read_timeout: Duration,
     /// Connections one client address may hold at once.
     pub max_per_client: usize,
+}
+
+/// In every request's extensions: what its connection carries that never ends by itself. While
+/// a response holds it ([`OpenEnded::hold`]), the connection is closed at once when the
+/// shutdown begins, not drained.
+#[derive(Debug, Clone, Default)]
+pub struct OpenEnded(Arc<AtomicUsize>);
+
+/// A response's hold on its connection's [`OpenEnded`], released when dropped (with the body).
+#[derive(Debug)]
+pub struct OpenEndedHold(Arc<AtomicUsize>);
+
+impl OpenEnded {
+    /// Marks the connection as carrying a response that never ends by itself, until the hold
+    /// is dropped.
+    pub fn hold(&self) -> OpenEndedHold {
+        self.0.fetch_add(1, Ordering::SeqCst);
+        OpenEndedHold(Arc::clone(&self.0))
+    }
+
+    fn held(&self) -> bool {
+        self.0.load(Ordering::SeqCst) > 0
+    }
+}
+
+impl Drop for OpenEndedHold {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 /// How long streams cut at the end of the grace period get to send their final error event.
@@ -58,6 +92,7 @@ pub async fn serve(
     let mut connections = JoinSet::new();
     let mut accept_errors = AcceptErrors::default();
     let mut shutdown = std::pin::pin!(shutdown);
+    let (closing, closing_seen) = watch::channel(false);
     loop {
         tokio::select! {
             accepted = listener.accept() => match accepted {
@@ -71,14 +106,30 @@ pub async fn serve(
                     if let Err(e) = tcp.set_nodelay(true) {
                         tracing::debug!(error = %e, "cannot set TCP_NODELAY on a client connection");
                     }
-                    let service = connection_service(&mut make_service, peer).await;
+                    let open_ended = OpenEnded::default();
+                    let service = connection_service(&mut make_service, peer, open_ended.clone()).await;
                     let watcher = graceful.watcher();
                     let builder = Arc::clone(&builder);
+                    let mut closing = closing_seen.clone();
                     connections.spawn(async move {
                         let _slot = slot;
                         let conn = builder.serve_connection(TokioIo::new(tcp), service);
-                        if let Err(e) = watcher.watch(conn).await {
-                            tracing::debug!(%peer, error = %e, "client connection ended with an error");
+                        let served = watcher.watch(conn);
+                        tokio::pin!(served);
+                        let open_ended_at_shutdown = async {
+                            // Never resolves unless the shutdown began while a response held it.
+                            if closing.wait_for(|c| *c).await.is_ok() && open_ended.held() {
+                                return;
+                            }
+                            std::future::pending::<()>().await;
+                        };
+                        tokio::select! {
+                            result = &mut served => if let Err(e) = result {
+                                tracing::debug!(%peer, error = %e, "client connection ended with an error");
+                            },
+                            () = open_ended_at_shutdown => {
+                                tracing::debug!(%peer, "closing a connection with a live feed: the gateway is shutting down");
+                            }
                         }
                     });
                 }
@@ -89,6 +140,7 @@ pub async fn serve(
         }
     }
     drop(listener);
+    closing.send_replace(true);
     tracing::info!(
         grace_seconds = grace.as_secs(),
         connections = connections.len(),
@@ -113,15 +165,29 @@ fn http1_builder(header_read_timeout: Duration) -> auto::Builder<TokioExecutor> 
 }
 
 /// The router for one connection, with the peer's address as `ConnectInfo`.
+/// And the connection's [`OpenEnded`] in every request's extensions.
 async fn connection_service(
     make_service: &mut IntoMakeServiceWithConnectInfo<Router, SocketAddr>,
     peer: SocketAddr,
-) -> TowerToHyperService<axum::middleware::AddExtension<Router, axum::extract::ConnectInfo<SocketAddr>>> {
+    open_ended: OpenEnded,
+) -> TowerToHyperService<
+    impl Service<
+        http::Request<hyper::body::Incoming>,
+        Response = axum::response::Response,
+        Error = std::convert::Infallible,
+        Future = impl Send,
+    > + Clone
+    + Send
+    + 'static,
+> {
     let service = match make_service.call(peer).await {
         Ok(service) => service,
         Err(never) => match never {},
     };
-    TowerToHyperService::new(service)
+    TowerToHyperService::new(service.map_request(move |mut request: http::Request<hyper::body::Incoming>| {
+        request.extensions_mut().insert(open_ended.clone());
+        request
+    }))
 }
 
 /// Answers a connection over its client's cap with a 503 (if the socket takes it at once) and

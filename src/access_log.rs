@@ -95,6 +95,8 @@ pub enum Face {
     Ready,
     Metrics,
     Admin,
+    /// The `/ui` page, its files and its feeds.
+    Ui,
     /// No endpoint (an unknown path, or a known one with the wrong method).
     None,
 }
@@ -115,6 +117,8 @@ impl Face {
             "/ready" => Face::Ready,
             "/metrics" => Face::Metrics,
             p if p.starts_with("/admin/") => Face::Admin,
+            "/ui" => Face::Ui,
+            p if p.starts_with("/ui/") => Face::Ui,
             _ => Face::None,
         }
     }
@@ -132,6 +136,7 @@ impl Face {
             Face::Ready => "ready",
             Face::Metrics => "metrics",
             Face::Admin => "admin",
+            Face::Ui => "ui",
             Face::None => "none",
         }
     }
@@ -165,6 +170,9 @@ pub struct AccessLine {
     /// A model of several backends: why its balancer chose the backend (a reason label of
     /// `mlxgate_route_decisions_total`) and the cached tokens it predicted there.
     pub route: Option<(&'static str, u64)>,
+    /// What the gateway did to fit the prompt (the answer's `x-mlxgate-transform`: middle-out,
+    /// chunks, a `max_tokens` cut).
+    pub transform: Option<Box<str>>,
     /// A backend request made for a client request (a map piece): its line says `piece=true`
     /// with the client request's id.
     pub piece: bool,
@@ -189,6 +197,7 @@ impl AccessLine {
             cached_tokens: None,
             completion_tokens: None,
             route: None,
+            transform: None,
             piece: false,
         }
     }
@@ -279,6 +288,7 @@ pub fn write(line: &AccessLine, end: &Ending<'_>) {
         completion_tokens = line.completion_tokens,
         route = line.route.map(|(reason, _)| reason),
         predicted_cached_tokens = line.route.map(|(_, tokens)| tokens),
+        transform = line.transform.as_deref(),
         piece = line.piece.then_some(true),
     );
 }

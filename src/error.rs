@@ -48,6 +48,20 @@ pub enum GatewayError {
          admin_key_sha256 in gateway.yaml to use it from elsewhere."
     )]
     AdminForbidden,
+    /// A browser's request to `/ui` or `/admin/*` from a page of another origin (`Origin`, or
+    /// `Sec-Fetch-Site: cross-site`): no web page may act on the gateway.
+    #[error("Cross-site requests to the admin API and /ui are refused (Origin {origin:?} is not this gateway's).")]
+    CrossSite { origin: String },
+    /// `/ui` or `/admin/*` admitted by loopback or a session with a `Host` this gateway does not
+    /// answer to (a DNS rebinding would send one).
+    #[error(
+        "Host {0:?} is not a name this gateway answers to for /ui and the admin API (IP addresses, \
+         localhost and this machine's name are; add it to admin_hosts in gateway.yaml)."
+    )]
+    ForeignHost(String),
+    /// Too many wrong admin keys from one address lately (`/ui/login` or `/admin/*`).
+    #[error("Too many wrong admin keys from this address; try again in a minute.")]
+    TooManySignIns,
     /// The client is over one of its rate limits (429 `rate_limit_exceeded`, with OpenAI's
     /// `x-ratelimit-*` headers and `Retry-After`/`retry-after-ms` or `x-should-retry: false`).
     #[error("{}", .0.message)]
@@ -71,6 +85,9 @@ pub enum GatewayError {
     /// An admin call names no managed backend.
     #[error("No managed backend named `{0}`.")]
     UnknownBackend(String),
+    /// `/admin/requests/{id}` of a request not (or no longer) in the activity ring.
+    #[error("No request {0:?} among the last ones kept (the ring holds the last 500).")]
+    UnknownRequest(String),
     /// No endpoint at this path.
     #[error("Invalid URL ({method} {path})")]
     UnknownUrl { method: String, path: String },
@@ -115,6 +132,11 @@ impl GatewayError {
                 (StatusCode::UNAUTHORIZED, "invalid_request_error", Some("invalid_api_key"))
             }
             GatewayError::AdminForbidden => (StatusCode::FORBIDDEN, "invalid_request_error", Some("admin_forbidden")),
+            GatewayError::CrossSite { .. } => (StatusCode::FORBIDDEN, "invalid_request_error", Some("cross_site")),
+            GatewayError::ForeignHost(_) => (StatusCode::FORBIDDEN, "invalid_request_error", Some("foreign_host")),
+            GatewayError::TooManySignIns => {
+                (StatusCode::TOO_MANY_REQUESTS, "rate_limit_exceeded", Some("too_many_sign_ins"))
+            }
             GatewayError::ModelNotFound(_) => (StatusCode::NOT_FOUND, "invalid_request_error", Some("model_not_found")),
             // OpenAI's types: `requests` for a request limit, `tokens` for a token limit.
             GatewayError::RateLimited(denied) => {
@@ -126,6 +148,9 @@ impl GatewayError {
                 (StatusCode::NOT_FOUND, "invalid_request_error", Some("backend_not_found"))
             }
             GatewayError::UnknownUrl { .. } => (StatusCode::NOT_FOUND, "invalid_request_error", Some("unknown_url")),
+            GatewayError::UnknownRequest(_) => {
+                (StatusCode::NOT_FOUND, "invalid_request_error", Some("request_not_found"))
+            }
             GatewayError::QueueFull { .. } | GatewayError::QueueTimeout { .. } => {
                 (StatusCode::SERVICE_UNAVAILABLE, "server_overloaded", Some("server_overloaded"))
             }
@@ -419,6 +444,10 @@ mod tests {
             GatewayError::InvalidApiKey(KeyProblem::Missing),
             GatewayError::InvalidApiKey(KeyProblem::Incorrect),
             GatewayError::AdminForbidden,
+            GatewayError::CrossSite { origin: "http://evil.example".into() },
+            GatewayError::ForeignHost("evil.example".into()),
+            GatewayError::TooManySignIns,
+            GatewayError::UnknownRequest("req_1".into()),
         ];
         for e in cases {
             let body = e.body();

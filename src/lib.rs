@@ -6,6 +6,7 @@
 
 pub mod accept;
 pub mod access_log;
+pub mod activity;
 pub mod api;
 pub mod auth;
 pub mod backend;
@@ -117,6 +118,9 @@ async fn serve_with(
         )
     })?;
     let state = AppState::new(config, keeper, tokens, limiter);
+    if let Some(reloader) = &reloader {
+        state.loaded_from(reloader.path());
+    }
     let reloading = reloader.map(|r| {
         let port = listener.local_addr().map_or(0, |a| a.port());
         let pid_file = reload::PidFile::create(port)
@@ -139,6 +143,7 @@ async fn serve_with(
     let scheduling = Arc::clone(&state);
     let shutdown = async move {
         shutdown.await;
+        scheduling.closing.cut();
         scheduling.dispatch.stop_scheduling();
     };
     let cutoff = Arc::clone(&state.cutoff);

@@ -31,13 +31,17 @@
 //! record carries the line's fields, filled on the way (status at the headers, queue wait,
 //! time to first token, tokens). A record the access layer made for a request that no API
 //! handler takes (`/health`, `/ready`, `/metrics`, `/admin/*`, `/v1/models`) writes its line
-//! but is not counted in `mlxgate_requests_total`, which counts API requests only.
+//! but is not counted in `mlxgate_requests_total`, which counts API requests only. An API
+//! request's summary (and, for a model with `capture: true`, its body) goes beside its line into
+//! the gateway's [`Activity`] rings, the `/ui` page's activity feed.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use http::HeaderMap;
+
+use crate::activity::{Activity, Capture, RequestSummary};
 
 use crate::access_log::{self, AccessLine, Ending, Face, RequestId};
 use crate::config::ANONYMOUS;
@@ -172,6 +176,10 @@ pub struct RequestRecord {
     metered: bool,
     /// Told the answer's figures when the record is finished with one.
     on_answer: Option<AnswerHook>,
+    /// Where its summary goes when it is finished (an API request the access layer saw).
+    activity: Option<Arc<Activity>>,
+    /// Its body, kept for the activity's details (a model with `capture: true`).
+    capture: Option<Capture>,
 }
 
 impl RequestRecord {
@@ -182,9 +190,12 @@ impl RequestRecord {
 
     /// The record of a request as it arrives at the router, with its access-log `line`. It is
     /// not counted in `mlxgate_requests_total` until an API handler takes it
-    /// ([`metered`](Self::metered)).
-    pub fn at_arrival(metrics: Metrics, line: AccessLine) -> Self {
-        RequestRecord::with_line(metrics, line, false)
+    /// ([`metered`](Self::metered)). An API request's summary goes to `activity` when it is
+    /// finished.
+    pub fn at_arrival(metrics: Metrics, line: AccessLine, activity: Option<Arc<Activity>>) -> Self {
+        let mut record = RequestRecord::with_line(metrics, line, false);
+        record.activity = activity;
+        record
     }
 
     fn with_line(metrics: Metrics, access: AccessLine, metered: bool) -> Self {
@@ -205,6 +216,8 @@ impl RequestRecord {
             access,
             metered,
             on_answer: None,
+            activity: None,
+            capture: None,
         }
     }
 
@@ -233,6 +246,16 @@ impl RequestRecord {
     /// The model name the client asked for, logged when it names no configured model.
     pub fn asked(&mut self, model: &str) {
         self.access.asked(model);
+    }
+
+    /// Keeps the request's body (bounded) for the activity's details.
+    pub fn capture(&mut self, body: &[u8]) {
+        self.capture = Some(Capture::of(body));
+    }
+
+    /// What the gateway did to fit the prompt (the answer's `x-mlxgate-transform`).
+    pub fn transformed(&mut self, transform: Option<&str>) {
+        self.access.transform = transform.map(Into::into);
     }
 
     /// The time the request waited for slots.
@@ -361,6 +384,8 @@ impl RequestRecord {
             access: std::mem::replace(&mut self.access, AccessLine::none()),
             metered: self.metered,
             on_answer: self.on_answer.take(),
+            activity: self.activity.take(),
+            capture: self.capture.take(),
         };
         self.finished = true;
         taken
@@ -431,6 +456,51 @@ impl RequestRecord {
                 duration,
             };
             access_log::write(&self.access, &end);
+            if let Some(activity) = self.activity.take().filter(|_| self.metered && !self.access.piece) {
+                let summary = self.summary(outcome, measured, duration);
+                activity.finished(summary, self.capture.take());
+            }
+        }
+    }
+
+    /// The finished request's summary for the activity feed (its names moved out: the record
+    /// is spent).
+    fn summary(&mut self, outcome: Outcome, measured: Option<&Measured>, duration: Duration) -> RequestSummary {
+        let ms = |d: Duration| (d.as_secs_f64() * 10_000.0).round() / 10.0;
+        let line = &mut self.access;
+        let at = crate::activity::now_ms();
+        RequestSummary {
+            seq: 0,
+            id: line.id.as_str().into(),
+            at,
+            started: at.saturating_sub(u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)),
+            client: std::mem::take(&mut self.client),
+            // A request routed nowhere (404): the name it asked for, as its access line says.
+            model: match std::mem::take(&mut self.model) {
+                model if model.is_empty() => line.asked_model.as_deref().unwrap_or_default().to_owned(),
+                model => model,
+            },
+            alias: line.alias.take(),
+            fallback_from: line.fallback_from.take(),
+            backend: std::mem::take(&mut self.backend),
+            face: line.face.as_str(),
+            method: line.method.as_str().into(),
+            path: std::mem::take(&mut line.path),
+            status: line.status.unwrap_or(499),
+            outcome: outcome.label(),
+            streaming: measured.is_some_and(|m| m.streaming),
+            queue_ms: line.queue_wait.map(ms),
+            ttft_ms: line.ttft.map(ms),
+            decode_tps: measured.and_then(|m| m.decode_tokens_per_second).map(|t| (t * 10.0).round() / 10.0),
+            burst: measured.is_some_and(|m| m.burst),
+            prompt_tokens: line.prompt_tokens,
+            cached_tokens: line.cached_tokens,
+            completion_tokens: line.completion_tokens,
+            transform: line.transform.take(),
+            route: line.route.map(|(reason, _)| reason),
+            predicted_cached_tokens: line.route.map(|(_, tokens)| tokens),
+            duration_ms: ms(duration),
+            captured: self.capture.is_some(),
         }
     }
 }
@@ -569,7 +639,7 @@ mod tests {
             m.request_duration.collect()[0].get_metric().iter().map(|s| s.get_histogram().get_sample_count()).sum();
         assert_eq!((counted, durations), (4, 4));
         // An operator request (`/health`) is neither counted nor timed.
-        RequestRecord::at_arrival(m.clone(), AccessLine::none()).finish(Outcome::Ok);
+        RequestRecord::at_arrival(m.clone(), AccessLine::none(), None).finish(Outcome::Ok);
         assert_eq!(timed(&m, "", "", "ok"), 0);
     }
 }
@@ -585,35 +655,58 @@ mod access_tests {
     }
 
     #[test]
-    fn an_operator_request_is_not_counted_and_one_an_api_handler_took_is() {
+    fn an_operator_request_is_not_counted_nor_fed_and_one_an_api_handler_took_is() {
         let m = Metrics::new();
+        let activity = Arc::new(Activity::default());
         let line = AccessLine::new(false, RequestId::new(), Method::GET, "/health");
-        RequestRecord::at_arrival(m.clone(), line.clone()).finish(Outcome::Ok);
-        drop(RequestRecord::at_arrival(m.clone(), line.clone()));
+        RequestRecord::at_arrival(m.clone(), line.clone(), Some(Arc::clone(&activity))).finish(Outcome::Ok);
+        drop(RequestRecord::at_arrival(m.clone(), line.clone(), Some(Arc::clone(&activity))));
         assert_eq!(ok(&m), 0);
         assert_eq!(m.requests.with_label_values(&["", "", "anonymous", "client_closed"]).get(), 0);
-        let mut taken = RequestRecord::at_arrival(m.clone(), line);
+        assert!(activity.recent(10).is_empty(), "operator requests are not the activity");
+        let mut taken = RequestRecord::at_arrival(m.clone(), line, Some(Arc::clone(&activity)));
         taken.metered();
+        taken.routed("qwen", "local");
+        taken.capture(b"{\"messages\": \"the prompt\"}");
+        taken.transformed(Some("max_tokens=100"));
         taken.finish(Outcome::Ok);
-        assert_eq!(ok(&m), 1);
+        assert_eq!(m.requests.with_label_values(&["qwen", "local", "anonymous", "ok"]).get(), 1);
+        let recent = activity.recent(10);
+        assert_eq!(recent.len(), 1);
+        let (summary, capture) = activity.request(&recent[0].id, None).expect("in the ring");
+        assert_eq!((summary.model.as_str(), summary.backend.as_str(), summary.outcome), ("qwen", "local", "ok"));
+        assert_eq!(
+            (summary.status, summary.transform.as_deref(), summary.captured),
+            (499, Some("max_tokens=100"), true)
+        );
+        assert!(capture.is_some_and(|c| c.body.contains("the prompt")));
     }
 
     #[test]
     fn a_piece_carries_its_requests_id_and_a_taken_record_leaves_nothing_behind() {
         let m = Metrics::new();
+        let activity = Arc::new(Activity::default());
         let id = RequestId::new();
         let mut record = RequestRecord::at_arrival(
             m.clone(),
             AccessLine::new(false, id.clone(), Method::POST, "/v1/chat/completions"),
+            Some(Arc::clone(&activity)),
         );
+        record.metered();
         record.responded(200);
         let piece = record.piece();
         assert_eq!(piece.request_id(), &id);
         assert!(piece.access.piece && piece.access.status.is_none());
+        drop(piece);
         let taken = record.take();
         assert_eq!(taken.request_id(), &id);
         assert_eq!(taken.access.status, Some(200));
         assert!(record.finished && !record.access.enabled, "the spent record writes no line");
+        drop(record);
+        assert!(activity.recent(10).is_empty(), "pieces and spent records are not fed");
+        drop(taken);
+        let fed = activity.recent(10);
+        assert_eq!((fed.len(), &*fed[0].id, fed[0].outcome), (1, id.as_str(), "client_closed"));
     }
 }
 

@@ -18,7 +18,10 @@ use tokio::signal::unix::{Signal, SignalKind, signal};
 
 use crate::api::AppState;
 use crate::backend::keeper;
-use crate::config::Config;
+use subtle::ConstantTimeEq;
+
+use crate::auth::Access;
+use crate::config::{Config, KeyHash};
 
 /// Loads `path` and checks it fully: the file itself ([`Config::load`]), then every managed
 /// backend's venv and program and every model's tokenizer directory on this machine. Gives
@@ -49,7 +52,7 @@ fn preflight(config: Config) -> Result<Config, Vec<String>> {
 /// `admin_key_sha256`), by their names in gateway.yaml.
 pub fn unapplied_changes(running: &Config, new: &Config) -> Vec<&'static str> {
     let same = |a: &dyn std::fmt::Debug, b: &dyn std::fmt::Debug| format!("{a:?}") == format!("{b:?}");
-    let keys: [(&'static str, bool); 14] = [
+    let keys: [(&'static str, bool); 16] = [
         ("listen", running.listen == new.listen),
         ("metrics_listen", running.metrics_listen == new.metrics_listen),
         ("shutdown_grace", running.shutdown_grace == new.shutdown_grace),
@@ -65,6 +68,30 @@ pub fn unapplied_changes(running: &Config, new: &Config) -> Vec<&'static str> {
         ("models", same(&running.models, &new.models)),
         ("aliases", running.aliases == new.aliases),
         ("rate_limit_store", running.rate_limit_store == new.rate_limit_store),
+        ("access_log", running.access_log == new.access_log),
+        ("admin_hosts", running.admin_hosts == new.admin_hosts),
+    ];
+    keys.iter().filter(|(_, unchanged)| !unchanged).map(|(key, _)| *key).collect()
+}
+
+/// The keys a reload puts in force whose values differ between the access in force (`running`)
+/// and `new`'s, by their names in gateway.yaml. Keys are compared by their digests (a digest's
+/// `Debug` hides it).
+pub fn applied_changes(running: &Access, new: &Config) -> Vec<&'static str> {
+    let new = Access::of(new);
+    let same_key = |a: Option<&KeyHash>, b: Option<&KeyHash>| match (a, b) {
+        (Some(a), Some(b)) => bool::from(a.ct_eq(b)),
+        (a, b) => a.is_none() && b.is_none(),
+    };
+    let same_clients = running.clients.len() == new.clients.len()
+        && running.clients.iter().zip(&new.clients).all(|((name, a), (other, b))| {
+            name == other && a.models == b.models && a.limits == b.limits && same_key(Some(&a.key), Some(&b.key))
+        });
+    let keys = [
+        ("auth", running.auth == new.auth),
+        ("clients", same_clients),
+        ("default_limits", running.default_limits == new.default_limits),
+        ("admin_key_sha256", same_key(running.admin_key.as_ref(), new.admin_key.as_ref())),
     ];
     keys.iter().filter(|(_, unchanged)| !unchanged).map(|(key, _)| *key).collect()
 }
@@ -82,6 +109,11 @@ impl Reloader {
         Ok(Reloader { path, hangups: signal(SignalKind::hangup())? })
     }
 
+    /// The file reloads read.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
     /// Reloads on every SIGHUP, for as long as the gateway runs.
     pub async fn run(mut self, state: Arc<AppState>) {
         while self.hangups.recv().await.is_some() {
@@ -95,8 +127,8 @@ impl Reloader {
     }
 }
 
-/// Puts a checked file's access in force, or logs why not.
-fn apply(state: &AppState, path: &Path, checked: Result<Config, Vec<String>>) {
+/// Puts a checked file's access in force, or logs why not (SIGHUP and `POST /admin/reload`).
+pub fn apply(state: &AppState, path: &Path, checked: Result<Config, Vec<String>>) {
     let new = match checked {
         Ok(new) => new,
         Err(problems) => {

@@ -209,9 +209,11 @@ def choose_tokenizer() -> dict:
                     "cost and mlxgate-full's RSS are understated"}
 
 
-def gateway_yaml(port: int, full: bool, tokenizer: str) -> str:
+def gateway_yaml(port: int, full: bool, tokenizer: str, routes: list[str] | None = None) -> str:
     """mlxgate's config; `full`: auth with one client under limits that never refuse, and a
-    context cap with `tokenizer` (a model directory) on every model, so every prompt is counted."""
+    context cap with `tokenizer` (a model directory) on every model, so every prompt is counted.
+    `routes`: the simulators it has a model for (default: all of SIM_PORTS)."""
+    routes = list(SIM_PORTS) if routes is None else routes
     lines = [
         f"listen: {HOST}:{port}",
         "max_connections_per_client: 4096   # the bench's 1000 streams come from one address",
@@ -221,12 +223,12 @@ def gateway_yaml(port: int, full: bool, tokenizer: str) -> str:
                   f"  bench: {{key_sha256: {hashlib.sha256(CLIENT_KEY.encode()).hexdigest()}, "
                   f"limits: {NEVER_REFUSING}}}"]
     lines.append("backends:")
-    for route, sim_port in SIM_PORTS.items():
-        lines += [f"  sim-{route}:", f"    url: http://{HOST}:{sim_port}", "    max_concurrency: 2048"]
+    for route in routes:
+        lines += [f"  sim-{route}:", f"    url: http://{HOST}:{SIM_PORTS[route]}", "    max_concurrency: 2048"]
         if full:
             lines.append("    context_cap: 32768")
     lines.append("models:")
-    for route in SIM_PORTS:
+    for route in routes:
         lines += [f"  {route}:", f"    backend: sim-{route}", "    max_queue: 4096"]
         if full:
             lines.append(f"    tokenizer: {tokenizer}")
@@ -280,17 +282,21 @@ def litellm_yaml() -> str:
     return "\n".join(lines) + "\n"
 
 
-def start_all(procs: Procs, workdir: Path, mode: Mode, tokenizer: str) -> None:
-    sim = str(settings.RELEASE / "mlxgate-sim")
+def sim_command(route: str, mode: Mode) -> list[str]:
+    """The zero-delay mlxgate-sim of one of SIM_PORTS' routes, as `mode` sizes its answers."""
     speedup = ",".join(str(k) for k in range(1, 2049))
-    sim_flags = {
+    flags = {
         "fast": ["--tokens", "1"],
         "stream": ["--tokens", str(mode.stream_chunks), "--tokens-per-second", "50", "--speedup", speedup],
         "slow": ["--tokens", str(mode.many_chunks), "--tokens-per-second", "10", "--speedup", speedup],
-    }
-    for route, port in SIM_PORTS.items():
-        procs.start(f"sim-{route}", [sim, "--host", HOST, "--port", str(port), "--ttft-ms", "0",
-                                     *sim_flags[route]], LOAD_CPU)
+    }[route]
+    return [str(settings.RELEASE / "mlxgate-sim"), "--host", HOST, "--port", str(SIM_PORTS[route]),
+            "--ttft-ms", "0", *flags]
+
+
+def start_all(procs: Procs, workdir: Path, mode: Mode, tokenizer: str) -> None:
+    for route in SIM_PORTS:
+        procs.start(f"sim-{route}", sim_command(route, mode), LOAD_CPU)
     for route, port in SIM_PORTS.items():
         procs.wait_ready(f"sim-{route}", f"http://{HOST}:{port}/v1/models", 20)
 

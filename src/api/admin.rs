@@ -1,6 +1,8 @@
 //! Operator endpoints: `/health` (the gateway lives), `/ready` (which models' backends answer),
-//! `/metrics` (Prometheus text) and `/admin/backends…` (state, logs, restart, drain and undrain
-//! of each backend), the last behind [`require_admin`].
+//! `/metrics` (Prometheus text) and `/admin/*`: `backends…` (state, logs, restart, stop, drain
+//! and undrain of each backend), `state` (everything the `/ui` page's Now view shows),
+//! `requests` (the last finished requests), `reload` (the configuration checked, and its keys
+//! and limits put in force), all behind [`require_admin`].
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -10,13 +12,15 @@ use std::time::Duration;
 use axum::Json;
 use axum::extract::rejection::{PathRejection, QueryRejection};
 use axum::extract::{ConnectInfo, Path, Query, Request, State};
-use axum::http::{StatusCode, header};
+use axum::http::{HeaderMap, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use futures_util::future::join_all;
 use serde_json::json;
 
 use super::AppState;
+use crate::auth::browser::{self, AdminBy};
+use crate::auth::session;
 use crate::backend::supervisor::{Command, Phase, Supervisor};
 use crate::config::BackendConfig;
 use crate::error::GatewayError;
@@ -94,8 +98,8 @@ pub async fn metrics(State(state): State<Arc<AppState>>) -> impl IntoResponse {
 /// route's handler, so a refused call restarts nothing and reads no log.
 pub async fn require_admin(State(state): State<Arc<AppState>>, request: Request, next: Next) -> Response {
     let peer = request.extensions().get::<ConnectInfo<SocketAddr>>().map(|c| c.0);
-    match crate::auth::admit_admin(&state.access(), request.headers(), peer) {
-        Ok(()) => next.run(request).await,
+    match admit(&state, request.headers(), peer) {
+        Ok(_) => next.run(request).await,
         Err(e) => {
             // Anyone on the network can cause this line: one per peer per minute.
             let who = peer.map_or_else(|| "unknown".to_owned(), |p| p.ip().to_string());
@@ -105,6 +109,29 @@ pub async fn require_admin(State(state): State<Arc<AppState>>, request: Request,
             e.into_response()
         }
     }
+}
+
+/// The admin rule for a request's `headers` from `peer`: the admin key, an open `/ui` session's
+/// cookie, or (no admin key set) this machine; then the browser rules (no cross-site request; a
+/// `Host` of this gateway's unless the key itself came).
+///
+/// Wrong admin keys count as wrong sign-ins do (see `auth::session`): an address that sent ten
+/// this minute is refused (429) before its key is compared.
+pub(super) fn admit(state: &AppState, headers: &HeaderMap, peer: Option<SocketAddr>) -> Result<AdminBy, GatewayError> {
+    let access = state.access();
+    let ip = peer.map(|p| p.ip());
+    let keyed = access.admin_key.is_some() && crate::auth::presented_key(headers).is_some();
+    if keyed && !state.sessions.may_try(ip) {
+        return Err(GatewayError::TooManySignIns);
+    }
+    let session = session::token(headers).is_some_and(|t| state.sessions.valid(t, access.admin_key.as_ref()));
+    let by = crate::auth::admit_admin(&access, headers, peer, session).inspect_err(|e| {
+        if matches!(e, GatewayError::InvalidApiKey(crate::error::KeyProblem::Incorrect)) && keyed {
+            state.sessions.failed(ip);
+        }
+    })?;
+    browser::check(headers, by, &state.hosts)?;
+    Ok(by)
 }
 
 /// Guards `/metrics` on the main listener when `auth: required`: it names every client and
@@ -177,6 +204,9 @@ fn backend_entry(state: &AppState, b: &BackendConfig) -> serde_json::Value {
             entry["last_error"] = json!(status.last_error);
             entry["model"] = json!(managed.model);
             entry["gpu"] = json!(managed.gpu);
+            // The one GPU context this backend's process holds (or is loading into).
+            entry["holds_gpu"] =
+                json!(managed.gpu && matches!(status.phase, Phase::Starting | Phase::Ready | Phase::Draining));
             // Its last start, spawn to ready (the cost the scheduler weighs a swap by).
             entry["start_seconds"] = json!(status.last_start.map(|d| (d.as_secs_f64() * 1000.0).round() / 1000.0));
             // How long its last process served, ready to stop (the scheduler's guess of its next stay).
@@ -242,8 +272,11 @@ pub async fn logs(
     let Path(name) = name.map_err(bad_path)?;
     let Query(query) = query.map_err(|e| GatewayError::invalid(e.body_text(), Some("lines")))?;
     let supervisor = managed(&state, &name)?;
-    let mut text = supervisor.logs.tail(query.lines.unwrap_or(200)).join("\n");
-    text.push('\n');
+    let mut text = String::new();
+    for line in supervisor.logs.recent(query.lines.unwrap_or(200)) {
+        text.push_str(&line.text);
+        text.push('\n');
+    }
     Ok(([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], text))
 }
 
@@ -258,6 +291,178 @@ pub async fn restart(
     tracing::info!(backend = %name, "restart asked through the admin API");
     supervisor.send(Command::Restart);
     Ok((StatusCode::ACCEPTED, Json(json!({"backend": name, "state": supervisor.status().phase}))))
+}
+
+/// POST `/admin/backends/{name}/stop`: drains and stops a managed backend now (its running
+/// requests finish first, up to its `drain_timeout`); the next request for it starts it again,
+/// as after an idle stop. Noted as a swap with the reason `admin`.
+pub async fn stop(
+    State(state): State<Arc<AppState>>,
+    name: Result<Path<String>, PathRejection>,
+) -> Result<impl IntoResponse, GatewayError> {
+    let Path(name) = name.map_err(bad_path)?;
+    let supervisor = managed(&state, &name)?;
+    tracing::info!(backend = %name, "stop asked through the admin API");
+    if matches!(supervisor.status().phase, Phase::Starting | Phase::Ready | Phase::Restarting) {
+        state.activity.swapped(&name, None, "admin");
+    }
+    supervisor.send(Command::Stop);
+    Ok((StatusCode::ACCEPTED, Json(json!({"backend": name, "state": supervisor.status().phase}))))
+}
+
+/// GET `/admin/state`: what the `/ui` page's Now view shows (its live feed sends the same).
+pub async fn state(State(state): State<Arc<AppState>>) -> Json<serde_json::Value> {
+    Json(snapshot(&state))
+}
+
+/// Everything going on now: the gateway, each backend (as `/admin/backends` lists it), each
+/// model's requests in flight and waiting, each client's requests in flight and rate-limit
+/// refusals, the last swaps, the scheduler's terms.
+pub(super) fn snapshot(state: &AppState) -> serde_json::Value {
+    let config = &state.config;
+    let backends: Vec<serde_json::Value> = config.backends.values().map(|b| backend_entry(state, b)).collect();
+    let models: Vec<serde_json::Value> = config
+        .models
+        .values()
+        .map(|m| {
+            let in_flight: usize =
+                m.backends.iter().filter_map(|b| state.dispatch.queues.get(b)).map(|q| q.view().in_flight).sum();
+            json!({
+                "name": m.name,
+                "backends": m.backends,
+                "in_flight": in_flight,
+                "queued": state.metrics.queue_depth.with_label_values(&[&m.name]).get(),
+                "fallback": m.fallback,
+                "policy": m.balance.policy.label(),
+                "capture": m.capture,
+            })
+        })
+        .collect();
+    let access = state.access();
+    let anonymous = (access.auth == crate::config::AuthMode::Off).then_some(crate::config::ANONYMOUS);
+    let clients: Vec<serde_json::Value> = access
+        .clients
+        .keys()
+        .map(String::as_str)
+        .chain(anonymous)
+        .map(|name| {
+            let limits = state.limiter.limits_of(name);
+            let refused: u64 = ["rpm", "tpm", "concurrency"]
+                .iter()
+                .filter_map(|limit| state.metrics.rate_limited.get_metric_with_label_values(&[name, limit]).ok())
+                .map(|c| c.get())
+                .sum();
+            json!({
+                "name": name,
+                "in_flight": state.limiter.in_flight_of(name),
+                "rpm": limits.rpm,
+                "tpm": limits.tpm,
+                "concurrency": limits.concurrency,
+                "rate_limited": refused,
+            })
+        })
+        .collect();
+    json!({
+        "version": env!("CARGO_PKG_VERSION"),
+        "uptime_seconds": state.started.elapsed().map_or(0, |d| d.as_secs()),
+        "config": state.config_file(),
+        "auth": if access.auth == crate::config::AuthMode::Off { "off" } else { "required" },
+        "admin_key": access.admin_key.is_some(),
+        "backends": backends,
+        "models": models,
+        "clients": clients,
+        "swaps": state.activity.swaps(),
+        "scheduler": {
+            "swap_after_seconds": config.swap_after.as_secs_f64(),
+            "loading_share": config.loading_share,
+            "gpu_memory_budget_bytes": config.gpu_memory_budget,
+        },
+    })
+}
+
+/// Query of `/admin/requests`.
+#[derive(serde::Deserialize)]
+pub struct RequestsQuery {
+    /// How many of the last finished requests (default and most: all the ring holds).
+    limit: Option<usize>,
+}
+
+/// GET `/admin/requests`: the last finished API requests, newest first (no prompt, no key).
+pub async fn requests(
+    State(state): State<Arc<AppState>>,
+    query: Result<Query<RequestsQuery>, QueryRejection>,
+) -> Result<Json<serde_json::Value>, GatewayError> {
+    let Query(query) = query.map_err(|e| GatewayError::invalid(e.body_text(), Some("limit")))?;
+    let recent = state.activity.recent(query.limit.unwrap_or(usize::MAX));
+    Ok(Json(json!({"requests": recent})))
+}
+
+/// Query of `/admin/requests/{id}`.
+#[derive(serde::Deserialize)]
+pub struct RequestQuery {
+    /// The gateway's number of the request, when a client sent the same id twice.
+    seq: Option<u64>,
+}
+
+/// GET `/admin/requests/{id}[?seq=N]`: one request still in the ring (the newest of that id,
+/// or the one numbered `seq`), with its body when its model has `capture: true`.
+pub async fn request(
+    State(state): State<Arc<AppState>>,
+    id: Result<Path<String>, PathRejection>,
+    query: Result<Query<RequestQuery>, QueryRejection>,
+) -> Result<Json<serde_json::Value>, GatewayError> {
+    let Path(id) = id.map_err(bad_path)?;
+    let Query(query) = query.map_err(|e| GatewayError::invalid(e.body_text(), Some("seq")))?;
+    let (summary, capture) =
+        state.activity.request(&id, query.seq).ok_or_else(|| GatewayError::UnknownRequest(id.clone()))?;
+    let mut entry = json!(summary);
+    entry["capture"] = json!(capture);
+    Ok(Json(entry))
+}
+
+/// Query of `/admin/reload`.
+#[derive(serde::Deserialize)]
+pub struct ReloadQuery {
+    /// Check only: say what a reload would do, change nothing.
+    #[serde(default)]
+    dry_run: bool,
+}
+
+/// POST `/admin/reload[?dry_run=true]`: reads the gateway's file again and checks it as `mlxgate
+/// check` does. With problems: 422 and every problem, nothing changed. Without: which changed
+/// keys a reload puts in force now (`applies_now`: auth, clients, default limits, the admin
+/// key) and which need a restart (`needs_restart`), and — unless `dry_run` — puts them in force
+/// (as SIGHUP does).
+pub async fn reload(
+    State(state): State<Arc<AppState>>,
+    query: Result<Query<ReloadQuery>, QueryRejection>,
+) -> Result<Response, GatewayError> {
+    let Query(query) = query.map_err(|e| GatewayError::invalid(e.body_text(), Some("dry_run")))?;
+    let path = state
+        .config_file()
+        .ok_or_else(|| GatewayError::invalid("this gateway was not started from a file: nothing to reload", None))?
+        .to_path_buf();
+    let reading = path.clone();
+    let checked = tokio::task::spawn_blocking(move || crate::reload::check_file(&reading))
+        .await
+        .map_err(|e| GatewayError::Internal(format!("the check did not finish: {e}")))?;
+    let new = match checked {
+        Ok(new) => new,
+        Err(problems) => {
+            let body = json!({"ok": false, "problems": problems, "applied": false, "applies_now": [],
+                              "needs_restart": [], "config": path});
+            return Ok((StatusCode::UNPROCESSABLE_ENTITY, Json(body)).into_response());
+        }
+    };
+    let applies_now = crate::reload::applied_changes(&state.access(), &new);
+    let needs_restart = crate::reload::unapplied_changes(&state.config, &new);
+    if !query.dry_run {
+        tracing::info!(config = %path.display(), "reload asked through the admin API");
+        crate::reload::apply(&state, &path, Ok(new));
+    }
+    let body = json!({"ok": true, "problems": [], "applied": !query.dry_run, "applies_now": applies_now,
+                      "needs_restart": needs_restart, "config": path});
+    Ok(Json(body).into_response())
 }
 
 /// A backend name that is not text (`%FF`): OpenAI's error shape, not axum's plain text.

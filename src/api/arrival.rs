@@ -49,7 +49,11 @@ pub fn take_record(state: &AppState, request: &Request) -> RequestRecord {
 pub async fn layer(State(state): State<Arc<AppState>>, mut request: Request, next: Next) -> Response {
     let id = RequestId::of(request.headers());
     let line = AccessLine::new(state.config.access_log, id.clone(), request.method().clone(), request.uri().path());
-    let arrival = Arrival(Arc::new(Mutex::new(Some(RequestRecord::at_arrival(state.metrics.clone(), line)))));
+    let arrival = Arrival(Arc::new(Mutex::new(Some(RequestRecord::at_arrival(
+        state.metrics.clone(),
+        line,
+        Some(Arc::clone(&state.activity)),
+    )))));
     request.extensions_mut().insert(arrival.clone());
     let mut response = next.run(request).await;
     let error = response.extensions_mut().remove::<ErrorBody>();

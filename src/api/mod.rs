@@ -17,9 +17,10 @@ mod outgoing;
 mod pipeline;
 pub mod responses;
 mod translate;
+pub mod ui;
 
-use std::path::PathBuf;
-use std::sync::{Arc, RwLock};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock, RwLock};
 use std::time::SystemTime;
 
 use axum::Router;
@@ -28,7 +29,10 @@ use axum::routing::{get, post};
 use tower_http::trace::{DefaultOnResponse, TraceLayer};
 use tracing::Level;
 
+use crate::activity::Activity;
 use crate::auth::Access;
+use crate::auth::browser::Hosts;
+use crate::auth::session::Sessions;
 use crate::backend::upstream::Upstream;
 use crate::config::Config;
 use crate::dispatch::Dispatch;
@@ -62,6 +66,21 @@ pub struct AppState {
     /// Keeps log lines that clients can cause at will (429s, refused admin calls) to one per
     /// minute per client or peer.
     pub log_throttle: LogThrottle,
+    /// The last requests, swaps and captures (the `/ui` page's feeds, `/admin/requests`).
+    pub activity: Arc<Activity>,
+    /// The `/ui` page's sign-in sessions.
+    pub sessions: Sessions,
+    /// The host names a browser may reach the admin side by (`admin_hosts:` and this machine's).
+    pub hosts: Hosts,
+    /// Set when the gateway begins to shut down: the `/ui` page's live feeds end at once
+    /// (a stream that never ends would hold the shutdown for its whole grace).
+    pub closing: Arc<Cutoff>,
+    /// The file the configuration was loaded from (`mlxgate serve`), which `/admin/reload`
+    /// reads again; unset when the gateway was given a configuration in code.
+    config_file: OnceLock<PathBuf>,
+    /// The last snapshot of the state as JSON and when it was made: the open pages' feeds
+    /// share one per tick (see `admin::snapshot_text`).
+    snapshot: std::sync::Mutex<Option<(std::time::Instant, Snapshot)>>,
 }
 
 impl AppState {
@@ -71,8 +90,10 @@ impl AppState {
     pub fn new(config: Config, keeper: PathBuf, tokens: Registry, limiter: Limiter) -> Arc<Self> {
         let metrics = Metrics::new();
         declare_series(&metrics, &config, &limiter);
-        let dispatch = Dispatch::new(&config, &metrics, keeper);
+        let activity = Arc::new(Activity::default());
+        let dispatch = Dispatch::new(&config, &metrics, &activity, keeper);
         Arc::new(AppState {
+            hosts: Hosts::of_machine(&config.admin_hosts),
             access: RwLock::new(Arc::new(Access::of(&config))),
             config,
             dispatch,
@@ -83,7 +104,45 @@ impl AppState {
             tokens,
             limiter,
             log_throttle: LogThrottle::default(),
+            activity,
+            sessions: Sessions::default(),
+            closing: Arc::new(Cutoff::default()),
+            config_file: OnceLock::new(),
+            snapshot: std::sync::Mutex::default(),
         })
+    }
+
+    /// Names the file the configuration came from (once; `mlxgate serve`).
+    pub fn loaded_from(&self, path: &Path) {
+        let absolute = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+        let _ = self.config_file.set(absolute);
+    }
+
+    /// The state's snapshot as JSON, made at most once per `fresh` for all who ask.
+    pub(crate) fn snapshot_text(&self, fresh: std::time::Duration) -> Snapshot {
+        let mut cache = self.snapshot.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some((at, snapshot)) = cache.as_ref()
+            && at.elapsed() < fresh
+        {
+            return snapshot.clone();
+        }
+        let mut value = admin::snapshot(self);
+        let text: Arc<str> = serde_json::to_string(&value).unwrap_or_default().into();
+        // Uptimes move every second by themselves (the page counts them on from the last
+        // state): what changed is the rest.
+        value.as_object_mut().map(|o| o.remove("uptime_seconds"));
+        for backend in value["backends"].as_array_mut().into_iter().flatten() {
+            backend.as_object_mut().map(|b| b.remove("uptime_seconds"));
+        }
+        let changes: Arc<str> = serde_json::to_string(&value).unwrap_or_default().into();
+        let snapshot = Snapshot { text, changes };
+        *cache = Some((std::time::Instant::now(), snapshot.clone()));
+        snapshot
+    }
+
+    /// The file the configuration came from, when it came from one.
+    pub fn config_file(&self) -> Option<&Path> {
+        self.config_file.get().map(PathBuf::as_path)
     }
 }
 
@@ -99,10 +158,26 @@ impl AppState {
     /// the new keys and then finds the old limits; buckets keep their state.
     pub fn reload_access(&self, config: &Config) {
         let mut access = self.access.write().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let same_admin_key = match (&access.admin_key, &config.admin_key) {
+            (Some(old), Some(new)) => bool::from(subtle::ConstantTimeEq::ct_eq(old, new)),
+            (old, new) => old.is_none() && new.is_none(),
+        };
+        if !same_admin_key {
+            // A new admin key ends every /ui session (and one changed back revives none).
+            self.sessions.close_all();
+        }
         self.limiter.configure_clients(config);
         *access = Arc::new(Access::of(config));
         declare_client_series(&self.metrics, config, &self.limiter);
     }
+}
+
+/// The state as the live page's feed sends it: the JSON, and the part of it that changes only
+/// when something happened (the uptimes left out), to compare with the last one sent.
+#[derive(Clone)]
+pub(crate) struct Snapshot {
+    pub text: Arc<str>,
+    pub changes: Arc<str>,
 }
 
 /// Creates at 0 the series of events that may happen to what the configuration names: a
@@ -181,8 +256,11 @@ pub fn metrics_app(state: Arc<AppState>) -> Router {
 ///   (some clients put a key there).
 /// - `arrival::layer`: the request's id and record, and its access-log line (see
 ///   `arrival.rs`); `x-request-id` on every response, the id in every error body.
-/// - `/admin/*` alone: `admin::require_admin` (a route layer: an unknown `/admin/…` path gets
-///   the same 404 as any other); `/metrics` the same rule when `auth: required`.
+/// - `/admin/*` and the `/ui` page's feeds (`/ui/events…`): `admin::require_admin` (a route
+///   layer: an unknown `/admin/…` path gets the same 404 as any other) — the admin key, a `/ui`
+///   session, or loopback, and no cross-site or DNS-rebound request; `/metrics` the same rule
+///   when `auth: required`. The page itself (`/ui`) applies the rule to choose what it shows
+///   (the page, a sign-in form, or why not); its script and style are public.
 ///
 /// There is deliberately no body-limit or timeout layer: the body limit is applied by the proxy
 /// handler so that a too-large body gets an OpenAI-shaped 413, and a timeout layer would cut
@@ -194,6 +272,13 @@ pub fn app(state: Arc<AppState>) -> Router {
         .route("/admin/backends/{name}/restart", post(admin::restart))
         .route("/admin/backends/{name}/drain", post(admin::drain))
         .route("/admin/backends/{name}/undrain", post(admin::undrain))
+        .route("/admin/backends/{name}/stop", post(admin::stop))
+        .route("/admin/state", get(admin::state))
+        .route("/admin/requests", get(admin::requests))
+        .route("/admin/requests/{id}", get(admin::request))
+        .route("/admin/reload", post(admin::reload))
+        .route("/ui/events", get(ui::feed::activity))
+        .route("/ui/events/logs/{name}", get(ui::feed::logs))
         .route_layer(middleware::from_fn_with_state(Arc::clone(&state), admin::require_admin));
     Router::new()
         .route("/v1/chat/completions", post(openai::proxy))
@@ -208,6 +293,12 @@ pub fn app(state: Arc<AppState>) -> Router {
         .route("/api/hello", get(models::hello))
         .route("/health", get(admin::health))
         .route("/ready", get(admin::ready))
+        .route("/ui", get(ui::page))
+        .route("/ui/", get(ui::page))
+        .route("/ui/app.js", get(ui::script))
+        .route("/ui/style.css", get(ui::style))
+        .route("/ui/login", post(ui::sign_in))
+        .route("/ui/logout", post(ui::sign_out))
         .route(
             "/metrics",
             get(admin::metrics)

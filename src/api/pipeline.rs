@@ -177,6 +177,7 @@ async fn steps(
         Planned::Send { request, transform } => (request, transform),
         Planned::Made(reply) => return Ok(reply),
     };
+    record.transformed(transform.as_deref());
     let sent = record.sent_flag();
     let Parsed { parts, route, fields, own_max_wait, .. } = request;
     let session = route.balancer.as_ref().and_then(|_| session_key(route, &parts, &fields, record));
@@ -202,7 +203,6 @@ async fn parse<'s>(
     // before it is counted once its token rate refused it.
     let fingerprint = state.limiter.limits_of(caller.name()).tpm.is_some().then(|| body_fingerprint(&bytes));
     let fields = read(&bytes, record)?;
-    drop(bytes);
     let asked = requested_model(&fields)?;
     let model = state.config.model_named(&asked).to_string();
     // A model the client may not use is, to it, one that does not exist: the same 404.
@@ -210,6 +210,10 @@ async fn parse<'s>(
         record.asked(&asked);
         GatewayError::ModelNotFound(asked.clone())
     })?;
+    if route.model.capture {
+        record.capture(&bytes);
+    }
+    drop(bytes);
     if asked != model {
         record.aliased(&asked);
     }
@@ -282,6 +286,7 @@ async fn planned<'s>(
             // The client gets its headers now and keep-alive comments while the pieces are
             // mapped (minutes on a long document), then the reduce's stream.
             let Parsed { parts, model, fields, .. } = request;
+            record.transformed(Some(&chunk::transform(&chunked.plan)));
             let job = chunk::StreamedJob { model, client: client.clone(), parts, fields, chunked };
             let response = chunk::streamed(Arc::clone(state), job, record.take());
             return Ok(Planned::Made(Reply::Made { response, figures: None }));

@@ -5,6 +5,7 @@ pub mod footprint;
 pub mod gate;
 pub mod handle;
 pub mod keeper;
+pub mod logs;
 pub mod preflight;
 pub mod probe_remote;
 pub mod process;

@@ -1,12 +1,11 @@
 //! One backend server process: spawned through the keeper (`mlxgate keep`, see `keeper.rs`)
 //! with the backend's environment, its output turned into log lines tagged with the backend's
-//! name and kept in a ring for `/admin/backends/{name}/logs`, and stopped by closing the
+//! name and kept in its ring (`logs.rs`), and stopped by closing the
 //! keeper's pipe (SIGTERM to the server's group, SIGKILL after `stop_timeout`).
 
-use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
 use std::process::{ExitStatus, Stdio};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use nix::sys::signal::{Signal, killpg};
@@ -15,46 +14,8 @@ use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::process::{Child, ChildStdin, Command};
 use tokio::sync::watch;
 
+use super::logs::LogBuffer;
 use crate::config::ManagedConfig;
-
-/// How many of a backend's last output lines are kept.
-const LOG_LINES: usize = 1000;
-
-/// The last lines a backend's server printed, newest last.
-#[derive(Default)]
-pub struct LogBuffer {
-    lines: Mutex<VecDeque<String>>,
-    /// The server's access-log record of a successful health probe (`"GET /health HTTP/1.1" 200`,
-    /// as BaseHTTPServer and uvicorn write it): the gateway's own probes, every few seconds, would
-    /// crowd the server's real output out of the ring and the log.
-    probe_line: Option<String>,
-}
-
-impl LogBuffer {
-    /// A buffer that leaves out the server's record of the gateway's probes of `ready_path`.
-    pub fn new(ready_path: &str) -> Self {
-        LogBuffer { lines: Mutex::default(), probe_line: Some(format!("\"GET {ready_path} HTTP/1.1\" 200")) }
-    }
-
-    /// Whether `line` is the server's record of a successful probe by the gateway.
-    pub fn is_probe(&self, line: &str) -> bool {
-        self.probe_line.as_deref().is_some_and(|p| line.contains(p))
-    }
-
-    pub fn push(&self, line: String) {
-        let mut lines = self.lines.lock().unwrap_or_else(|p| p.into_inner());
-        if lines.len() == LOG_LINES {
-            lines.pop_front();
-        }
-        lines.push_back(line);
-    }
-
-    /// The last `n` lines.
-    pub fn tail(&self, n: usize) -> Vec<String> {
-        let lines = self.lines.lock().unwrap_or_else(|p| p.into_inner());
-        lines.iter().skip(lines.len().saturating_sub(n)).cloned().collect()
-    }
-}
 
 /// A running server (through its keeper).
 pub struct ServerProcess {
@@ -320,16 +281,5 @@ mod tests {
         assert!(s.feed(b"tail").is_empty());
         assert_eq!(s.finish().as_deref(), Some("tail"));
         assert_eq!(s.finish(), None);
-    }
-
-    #[test]
-    fn the_servers_record_of_the_gateways_probes_is_left_out() {
-        let logs = LogBuffer::new("/health");
-        // mlx_lm.server (BaseHTTPServer) and uvicorn write their access lines like this.
-        assert!(logs.is_probe(r#"127.0.0.1 - - [30/Nov/2026 06:24:54] "GET /health HTTP/1.1" 200 -"#));
-        assert!(logs.is_probe(r#"INFO:     127.0.0.1:51234 - "GET /health HTTP/1.1" 200 OK"#));
-        assert!(!logs.is_probe(r#"127.0.0.1 - - [30/Nov/2026 06:24:54] "GET /health HTTP/1.1" 503 -"#));
-        assert!(!logs.is_probe(r#""POST /v1/chat/completions HTTP/1.1" 200 -"#));
-        assert!(!LogBuffer::default().is_probe(r#""GET /health HTTP/1.1" 200"#));
     }
 }

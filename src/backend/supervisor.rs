@@ -21,7 +21,8 @@ use serde::Serialize;
 use tokio::sync::{Notify, mpsc, watch};
 
 use super::gate::Gate;
-use super::process::{LogBuffer, ServerProcess, describe_exit};
+use super::logs::{LogBuffer, Mark};
+use super::process::{ServerProcess, describe_exit};
 use super::upstream::Upstream;
 use super::{keeper, preflight};
 use crate::config::{BackendConfig, HealthCheck, ManagedConfig};
@@ -355,7 +356,9 @@ impl Task {
                     });
                     break;
                 }
-                match self.run_once().await {
+                let end = self.run_once().await;
+                self.mark_end(&end);
+                match end {
                     RunEnd::Stopped => {
                         self.set(|s| {
                             s.phase = Phase::Stopped;
@@ -376,6 +379,19 @@ impl Task {
                     }
                 }
             }
+        }
+    }
+
+    /// The log's mark of how a run ended (the server's own last lines are already above it).
+    fn mark_end(&self, end: &RunEnd) {
+        let own = |reason: &str| reason.split("; last output:").next().unwrap_or_default().to_owned();
+        match end {
+            RunEnd::Stopped => self.logs.mark(Mark::Stop, "stopped"),
+            RunEnd::Restart => self.logs.mark(Mark::Stop, "stopped for a restart"),
+            RunEnd::Crashed { reason, cause } => {
+                self.logs.mark(Mark::Exit, format_args!("ended ({cause}): {}", own(reason)))
+            }
+            RunEnd::CannotStart(reason) => self.logs.mark(Mark::Exit, format_args!("cannot start: {}", own(reason))),
         }
     }
 
@@ -473,6 +489,8 @@ impl Task {
                 Err(e) => return RunEnd::crashed(format!("cannot start the keeper process: {e}")),
             };
         self.set(|s| s.pid = process.pid());
+        let restarts = self.status.borrow().restarts;
+        self.logs.mark(Mark::Start, format_args!("starting (restarts so far: {restarts})"));
 
         let readiness = tokio::time::timeout(
             self.managed.ready_timeout,
@@ -528,6 +546,8 @@ impl Task {
         self.metrics.backend_start_seconds.with_label_values(&[&self.config.name]).observe(took.as_secs_f64());
         self.metrics.backend_up.with_label_values(&[&self.config.name]).set(1);
         tracing::info!(backend = %self.config.name, pid = ?process.pid(), seconds = took.as_secs_f64(), "backend ready");
+        let pid = process.pid().map_or_else(|| "?".to_owned(), |p| p.to_string());
+        self.logs.mark(Mark::Ready, format_args!("ready in {:.1} s (pid {pid})", took.as_secs_f64()));
         self.set(|s| {
             s.phase = Phase::Ready;
             s.pid = process.pid();

@@ -65,7 +65,11 @@ const HOP_BY_HOP: [HeaderName; 8] = [
 ];
 
 /// Removes hop-by-hop headers, including any named in `Connection`.
+///
+/// A backend's `Set-Cookie` goes too: a backend does not set cookies on the gateway's site
+/// (where the `/ui` page keeps its session).
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    headers.remove(header::SET_COOKIE);
     let named: Vec<HeaderName> = headers
         .get_all(header::CONNECTION)
         .iter()
@@ -180,13 +184,16 @@ fn loopback_host(url: &str) -> Option<HeaderValue> {
 
 /// Request headers the gateway never forwards: its own connection's framing, the gateway's
 /// API key in either header clients send it in (a backend has its own), the client's `Host`,
-/// and the client's encodings (the gateway asks for `identity`).
+/// the client's encodings (the gateway asks for `identity`), and the browser's cookies for the
+/// gateway's host (the `/ui` page's session among them: a backend, perhaps another machine
+/// over plain HTTP, would hold the admin's session).
 fn is_dropped_request_header(name: &HeaderName) -> bool {
     name == header::HOST
         || name == header::CONTENT_LENGTH
         || name == header::AUTHORIZATION
         || name == "x-api-key"
         || name == header::ACCEPT_ENCODING
+        || name == header::COOKIE
 }
 
 /// Turns a client error into a sentence naming the cause (connection refused, reset, …).
@@ -216,14 +223,15 @@ mod tests {
         h.insert("keep-alive", HeaderValue::from_static("timeout=5"));
         h.insert(header::TRANSFER_ENCODING, HeaderValue::from_static("chunked"));
         h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
+        h.insert(header::SET_COOKIE, HeaderValue::from_static("mlxgate_session=planted; Path=/"));
         strip_hop_by_hop(&mut h);
         assert_eq!(h.len(), 1);
         assert!(h.contains_key(header::CONTENT_TYPE));
     }
 
     #[test]
-    fn clients_keys_are_not_forwarded() {
-        for name in [header::AUTHORIZATION, HeaderName::from_static("x-api-key")] {
+    fn clients_keys_and_cookies_are_not_forwarded() {
+        for name in [header::AUTHORIZATION, HeaderName::from_static("x-api-key"), header::COOKIE] {
             assert!(is_dropped_request_header(&name), "{name}");
         }
         assert!(!is_dropped_request_header(&header::CONTENT_TYPE));

@@ -48,6 +48,10 @@ pub(super) struct RawConfig {
     pub(super) body_read_timeout: Option<RawDuration>,
     /// Whether each request's access-log line is written (default true).
     pub(super) access_log: Option<bool>,
+    /// Host names the /ui page and the admin API answer to from a browser, besides IP
+    /// addresses, localhost and this machine's own name (`mac`, `mac.local`): a name a DNS
+    /// rebinding could point at this machine is refused (403) unless listed here.
+    pub(super) admin_hosts: Option<Vec<String>>,
     /// The servers requests go to, by name: `url:` (running) or `kind:`/`command:` (managed).
     #[serde(default)]
     #[schemars(with = "BTreeMap<String, RawBackend>")]
@@ -212,6 +216,9 @@ pub(super) struct RawModel {
     /// A model that serves this one's requests when this one's backend is not loaded and the
     /// GPU is busy with the other's (no swap; the answer says so in x-mlxgate-fallback).
     pub(super) fallback: Option<String>,
+    /// Keep each request's body (its prompt; at most 64 KiB, the last 32 requests) in memory for
+    /// the /ui page's request details (default false: no prompt is kept anywhere).
+    pub(super) capture: Option<bool>,
 }
 
 /// A model's `balance:`.

@@ -60,6 +60,9 @@ pub struct Config {
     pub rate_limit_store: RateLimitStore,
     /// Whether each request's access-log line is written (`access_log:`, default true).
     pub access_log: bool,
+    /// Host names the /ui page and the admin API answer to from a browser beyond IP addresses,
+    /// localhost and this machine's name (`admin_hosts:`, lowercase).
+    pub admin_hosts: Vec<String>,
     /// Other names (and `*` patterns) for configured models (`aliases:`).
     pub aliases: Aliases,
 }
@@ -199,6 +202,8 @@ pub struct ModelConfig {
     /// A configured model that serves this one's requests while this one's backends are not
     /// loaded and the GPU is busy with the fallback's (`fallback:`; one hop, never itself).
     pub fallback: Option<String>,
+    /// Each request's body kept in memory (bounded) for the /ui page's details (`capture:`).
+    pub capture: bool,
 }
 
 /// A model's `balance:`: which policy picks a backend for each request, and where the session

@@ -194,6 +194,7 @@ pub(super) fn validate(raw: RawConfig, problems: &mut Vec<Problem>) -> Option<Co
         admin_key: access.admin_key,
         rate_limit_store: access.rate_limit_store,
         access_log: raw.access_log.unwrap_or(true),
+        admin_hosts: validate_admin_hosts(raw.admin_hosts.unwrap_or_default(), problems),
         aliases,
     })
 }
@@ -271,7 +272,27 @@ fn validate_model(
         tokenizer: m.tokenizer.map(PathBuf::from),
         balance,
         fallback: m.fallback,
+        capture: m.capture.unwrap_or(false),
     }
+}
+
+/// `admin_hosts:`: host names as a browser sends them in `Host` (no scheme, port or path),
+/// kept lowercase; `*` (any name: the DNS-rebinding check off) alone.
+fn validate_admin_hosts(hosts: Vec<String>, problems: &mut Vec<Problem>) -> Vec<String> {
+    let plain = |h: &str| {
+        !h.is_empty() && h.len() <= 253 && h.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.')
+    };
+    for (i, host) in hosts.iter().enumerate() {
+        if !(host == "*" || plain(host)) {
+            problems.push(Problem {
+                path: format!("admin_hosts[{i}]"),
+                reason: format!(
+                    "{host:?} is not a host name (letters, digits, '-' and '.', no port or scheme), nor '*'"
+                ),
+            });
+        }
+    }
+    hosts.into_iter().map(|h| h.to_ascii_lowercase()).collect()
 }
 
 /// Each model's `fallback:` names another configured model, and the model it stands in for is

@@ -17,6 +17,7 @@ use std::time::Duration;
 
 use tokio::sync::Notify;
 
+use crate::activity::Activity;
 use crate::backend::handle::BackendHandle;
 use crate::backend::probe_remote;
 use crate::backend::supervisor::{Command, Supervisor};
@@ -61,8 +62,8 @@ impl Dispatch {
     /// One pool of slots for every backend and one pooled client per backend, a supervisor per
     /// managed backend, one route per public model name; starts the scheduler, any `preload`
     /// backends and the probes of remote backends that share a model. `keeper` is the mlxgate
-    /// executable that runs `mlxgate keep`.
-    pub fn new(config: &Config, metrics: &Metrics, keeper: PathBuf) -> Self {
+    /// executable that runs `mlxgate keep`; the scheduler notes its swaps in `activity`.
+    pub fn new(config: &Config, metrics: &Metrics, activity: &Arc<Activity>, keeper: PathBuf) -> Self {
         let changed = Arc::new(Notify::new());
         let pool = Pool::new(metrics.clone(), Arc::clone(&changed));
         let mut queues = BTreeMap::new();
@@ -170,7 +171,7 @@ impl Dispatch {
                 loading_share: config.loading_share,
                 gpu_memory_budget: config.gpu_memory_budget,
             };
-            tokio::spawn(scheduler::run(managed, policy, changed, metrics.clone()))
+            tokio::spawn(scheduler::run(managed, policy, changed, metrics.clone(), Arc::clone(activity)))
         });
         Dispatch { routes, queues, supervisors, scheduler, probes, gpu_memory_budget: config.gpu_memory_budget }
     }

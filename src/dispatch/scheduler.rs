@@ -52,6 +52,7 @@ use std::time::Duration;
 use tokio::sync::Notify;
 
 use super::queue::{BackendQueue, QueueView};
+use crate::activity::Activity;
 use crate::backend::supervisor::{Command, Phase, Supervisor};
 use crate::metrics::Metrics;
 
@@ -430,7 +431,13 @@ pub struct Managed {
 }
 
 /// Runs the rules whenever a queue or a backend changes (and on a short tick for timers).
-pub async fn run(managed: Vec<Managed>, policy: Policy, changed: Arc<Notify>, metrics: Metrics) {
+pub async fn run(
+    managed: Vec<Managed>,
+    policy: Policy,
+    changed: Arc<Notify>,
+    metrics: Metrics,
+    activity: Arc<Activity>,
+) {
     let mut scheduler = Scheduler::new(policy);
     let by_name: HashMap<String, Arc<Supervisor>> =
         managed.iter().map(|m| (m.supervisor.config.name.clone(), Arc::clone(&m.supervisor))).collect();
@@ -453,10 +460,12 @@ pub async fn run(managed: Vec<Managed>, policy: Policy, changed: Arc<Notify>, me
                 Action::Swap { running, next, reason } => {
                     metrics.backend_swaps.with_label_values(&[running.as_str(), reason.label()]).inc();
                     tracing::info!(backend = %running, next = %next, reason = reason.label(), "swapping out: another model's requests are due");
+                    activity.swapped(running, Some(next), reason.label());
                     (running, Command::Stop)
                 }
                 Action::StopIdle(name) => {
                     tracing::info!(backend = %name, "stopping idle backend");
+                    activity.swapped(name, None, "idle");
                     (name, Command::Stop)
                 }
             };

@@ -419,6 +419,12 @@ impl Limiter {
     }
 
     /// The client's count of requests in flight, made on first use.
+    /// How many of `client`'s requests are admitted and not finished (queued or at a backend).
+    pub fn in_flight_of(&self, client: &str) -> u32 {
+        let in_flight = self.in_flight.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        in_flight.get(client).map_or(0, |count| count.load(Ordering::Acquire))
+    }
+
     fn in_flight_count(&self, client: &str) -> Arc<AtomicU32> {
         let mut in_flight = self.in_flight.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         Arc::clone(in_flight.entry(client.to_owned()).or_default())

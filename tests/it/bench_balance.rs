@@ -5,19 +5,11 @@
 
 use std::process::Command;
 
-use crate::common::ROOT;
+use crate::common::{ROOT, bench_self_test};
 
 #[test]
 fn the_harness_pieces_pass_their_self_test() {
-    let out =
-        Command::new("python3").arg(format!("{ROOT}/bench/balance")).arg("--self-test").output().expect("python3 runs");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "bench/balance --self-test failed:\n{stderr}");
-    let ran: usize = stderr
-        .lines()
-        .find_map(|l| l.strip_prefix("Ran ")?.split_whitespace().next()?.parse().ok())
-        .unwrap_or_else(|| panic!("no test count in:\n{stderr}"));
-    assert!(ran >= 14, "{ran} tests ran:\n{stderr}");
+    bench_self_test("balance", 14);
 }
 
 #[test]

@@ -256,3 +256,52 @@ async fn no_backend_outlives_the_gateway_after_sigterm_or_sigkill() {
         eventually("no keeper left either", || async { processes_with(&["mlxgate keep", &needle]).is_empty() }).await;
     }
 }
+
+/// The live page's view of a managed backend, through the admin API it reads: a crash and a
+/// restart are marked in the backend's log between the server's own lines; the Stop button
+/// (`POST /admin/backends/{name}/stop`) drains and stops it, is noted as a swap for `admin`,
+/// and the next request starts it again; swaps between two GPU backends are noted with their
+/// reason; `/admin/state` says which backend holds the GPU.
+#[tokio::test]
+async fn crashes_restarts_and_stops_are_marked_and_the_stop_button_stops() {
+    let (gw, pa, _) = two_gpu_backends("1s").await;
+    assert_eq!(post(&gw, "/v1/chat/completions", &ask("ma", false, json!({}))).await.status(), 200);
+    let state: Value = client().get(gw.url("/admin/state")).send().await.expect("send").json().await.expect("json");
+    let entry = |state: &Value, name: &str| {
+        state["backends"].as_array().expect("backends").iter().find(|b| b["name"] == name).cloned().expect("backend")
+    };
+    assert_eq!(entry(&state, "a")["holds_gpu"], true, "{state}");
+    assert_eq!(entry(&state, "b")["holds_gpu"], false, "{state}");
+    assert_eq!(state["models"].as_array().map(Vec::len), Some(2), "{state}");
+
+    // A crash, then the restart: both marked among the server's lines, in order.
+    kill9(pid_of(&backend_state(&gw, "a").await));
+    assert_eq!(post(&gw, "/v1/chat/completions", &ask("ma", false, json!({}))).await.status(), 200);
+    let logs = client().get(gw.url("/admin/backends/a/logs?lines=1000")).send().await.expect("send");
+    let logs = logs.text().await.expect("text");
+    let marks: Vec<&str> = logs.lines().filter(|l| l.starts_with("mlxgate: ")).collect();
+    let kinds: Vec<&str> = marks.iter().map(|m| m.split_whitespace().nth(1).unwrap_or("")).collect();
+    assert_eq!(kinds, ["starting", "ready", "ended", "starting", "ready"], "{logs}");
+    assert!(marks[2].contains("signal 9"), "{}", marks[2]);
+    assert!(logs.contains("mlxgate-sim listening on"), "the server's own lines stay: {logs}");
+
+    // The other model's request swaps a out: noted with its reason.
+    assert_eq!(post(&gw, "/v1/chat/completions", &ask("mb", false, json!({}))).await.status(), 200);
+    let state: Value = client().get(gw.url("/admin/state")).send().await.expect("send").json().await.expect("json");
+    assert_eq!(state["swaps"][0]["backend"], "a", "{state}");
+    assert_eq!(state["swaps"][0]["next"], "b", "{state}");
+    assert!(["no_work", "due"].contains(&state["swaps"][0]["reason"].as_str().unwrap_or("")), "{state}");
+    assert_eq!(entry(&state, "b")["holds_gpu"], true, "{state}");
+
+    // The Stop button: b drains and stops; noted; the next request starts it again.
+    let r = client().post(gw.url("/admin/backends/b/stop")).send().await.expect("send");
+    assert_eq!(r.status(), 202);
+    eventually("b stopped", || async { backend_state(&gw, "b").await["state"] == "stopped" }).await;
+    let state: Value = client().get(gw.url("/admin/state")).send().await.expect("send").json().await.expect("json");
+    assert_eq!((&state["swaps"][0]["backend"], &state["swaps"][0]["reason"]), (&json!("b"), &json!("admin")));
+    assert!(servers(SIM, &pa.to_string()).is_empty());
+    assert_eq!(post(&gw, "/v1/chat/completions", &ask("mb", false, json!({}))).await.status(), 200);
+    assert_eq!(backend_state(&gw, "b").await["state"], "ready");
+    let unknown = client().post(gw.url("/admin/backends/nope/stop")).send().await.expect("send");
+    assert_eq!(unknown.status(), 404);
+}

@@ -170,6 +170,60 @@ async fn a_broken_file_keeps_the_keys_in_force_and_the_log_says_why() {
     assert_eq!(log_lines_with(&log, "reloaded keys"), 0);
 }
 
+/// `POST /admin/reload[?dry_run=true]` (the live page's Check and Apply): the check changes
+/// nothing and says which changed keys apply now and which need a restart; applying puts them in
+/// force; a file with problems is 422 with every problem (never a key), and nothing changes.
+#[tokio::test]
+async fn the_admin_api_checks_the_file_says_what_would_change_then_applies_it() {
+    let sim = sim().await;
+    let setup = Setup::new();
+    setup.write(&yaml("127.0.0.1:0", &sim.url(), 64, &client_line("aider", AIDER_KEY, "{}")));
+    let (gw, log) = setup.start();
+    let reload = |dry_run: bool| {
+        let url = format!("{}/admin/reload{}", gw.url, if dry_run { "?dry_run=true" } else { "" });
+        async move {
+            let r = client().post(url).send().await.expect("send");
+            (r.status().as_u16(), r.json::<Value>().await.expect("json"))
+        }
+    };
+    let (status, same) = reload(true).await;
+    assert_eq!(status, 200, "{same}");
+    assert_eq!(
+        (same["ok"].clone(), same["applies_now"].clone(), same["needs_restart"].clone()),
+        (json!(true), json!([]), json!([]))
+    );
+    assert_eq!(same["config"], json!(std::fs::canonicalize(setup.config()).expect("path")));
+
+    // zed comes, and the model's queue changes (a restart's business).
+    let clients = client_line("aider", AIDER_KEY, "{}") + &client_line("zed", ZED_KEY, "{}");
+    setup.write(&yaml("127.0.0.1:0", &sim.url(), 8, &clients));
+    let (status, check) = reload(true).await;
+    assert_eq!(status, 200, "{check}");
+    assert_eq!(check["applies_now"], json!(["clients"]), "{check}");
+    assert_eq!(check["needs_restart"], json!(["models"]), "{check}");
+    assert_eq!(check["applied"], false);
+    assert_eq!(status_for(&gw, ZED_KEY).await, 401, "a check changes nothing");
+    let (status, applied) = reload(false).await;
+    assert_eq!((status, applied["applied"].clone()), (200, json!(true)), "{applied}");
+    assert_eq!(status_for(&gw, ZED_KEY).await, 200, "applied at once");
+    eventually("the reload logged", || async { log_lines_with(&log, "reloaded keys, clients and limits") == 1 }).await;
+
+    // A key pasted where its digest goes: 422, every problem, nothing changed, no key quoted.
+    let pasted = "sk-pasted-the-key-itself-7f3a";
+    setup.write(&yaml("127.0.0.1:0", &sim.url(), 8, &format!("  zed: {{key_sha256: '{pasted}'}}\n")));
+    for dry_run in [true, false] {
+        let (status, refused) = reload(dry_run).await;
+        assert_eq!((status, refused["ok"].clone(), refused["applied"].clone()), (422, json!(false), json!(false)));
+        let problems = refused["problems"].as_array().expect("problems");
+        assert!(
+            problems.iter().any(|p| p.as_str().is_some_and(|p| p.starts_with("clients.zed.key_sha256:"))),
+            "{refused}"
+        );
+        assert!(!refused.to_string().contains(pasted), "a key is never quoted: {refused}");
+    }
+    assert_eq!(status_for(&gw, AIDER_KEY).await, 200, "the keys in force stay");
+}
+
 fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }

@@ -12,6 +12,8 @@ use mlxgate::sim::{self, Behaviour, SimConfig, SimHandle};
 use serde_json::Value;
 use tokio::sync::oneshot;
 
+pub mod browser;
+
 /// Longest a test waits for something that must happen; a failure, not a speed bound.
 pub const PATIENCE: Duration = Duration::from_secs(60);
 
@@ -607,4 +609,21 @@ pub fn model_with_qwen3_template(model: &Path, dir: &Path) {
         std::fs::read_to_string(Path::new(ROOT).join("scripts/qwen3-chat-template.jinja")).expect("template");
     config["chat_template"] = Value::from(template);
     std::fs::write(dir.join("tokenizer_config.json"), config.to_string()).expect("write");
+}
+
+/// Runs `bench/NAME --self-test` (a benchmark's pure pieces: their unit tests on canned figures,
+/// no process started) and checks it passed with at least `least` tests.
+pub fn bench_self_test(name: &str, least: usize) {
+    let out = std::process::Command::new("python3")
+        .arg(format!("{ROOT}/bench/{name}"))
+        .arg("--self-test")
+        .output()
+        .expect("python3 runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "bench/{name} --self-test failed:\n{stderr}");
+    let ran: usize = stderr
+        .lines()
+        .find_map(|l| l.strip_prefix("Ran ")?.split_whitespace().next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no test count in:\n{stderr}"));
+    assert!(ran >= least, "{ran} tests ran:\n{stderr}");
 }

@@ -9,6 +9,12 @@
 //!
 //! The keys, clients and limits in force are an [`Access`] snapshot, which a reload (SIGHUP)
 //! replaces as a whole: a request identifies its client against one snapshot.
+//!
+//! The admin side's browser rules (no cross-site request, no foreign `Host`) are in
+//! `browser.rs`; the `/ui` page's sign-in sessions in `session.rs`.
+
+pub mod browser;
+pub mod session;
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
@@ -124,23 +130,35 @@ pub fn presented_key(headers: &HeaderMap) -> Option<&[u8]> {
     (!key.is_empty()).then_some(key)
 }
 
-/// Whether a request may use `/admin/*`: with `admin_key_sha256` set, it must carry that key
-/// (401 otherwise, wherever it comes from); without one, it must come from this machine
+/// Whether a request may use `/admin/*` (and `/ui`), and how it was let in: with
+/// `admin_key_sha256` set, it must carry that key or an open `/ui` session's cookie (`session`:
+/// the caller checked it; 401 otherwise, wherever it comes from); without one, it must come from this machine
 /// (`peer` on loopback and not forwarded by a proxy; 403 otherwise, and when the peer is
 /// unknown). A reverse proxy on the same machine (Caddy or nginx for TLS) connects from
 /// loopback for every remote caller; the `Forwarded`/`X-Forwarded-For`/`X-Real-IP` header it
 /// adds is what tells such a call apart.
-pub fn admit_admin(access: &Access, headers: &HeaderMap, peer: Option<SocketAddr>) -> Result<(), GatewayError> {
+pub fn admit_admin(
+    access: &Access,
+    headers: &HeaderMap,
+    peer: Option<SocketAddr>,
+    session: bool,
+) -> Result<browser::AdminBy, GatewayError> {
     match &access.admin_key {
         Some(admin) => {
-            let key = presented_key(headers).ok_or(GatewayError::InvalidApiKey(KeyProblem::Missing))?;
+            let Some(key) = presented_key(headers) else {
+                return if session {
+                    Ok(browser::AdminBy::Session)
+                } else {
+                    Err(GatewayError::InvalidApiKey(KeyProblem::Missing))
+                };
+            };
             if bool::from(admin.ct_eq(&KeyHash::of_key(key))) {
-                Ok(())
+                Ok(browser::AdminBy::Key)
             } else {
                 Err(GatewayError::InvalidApiKey(KeyProblem::Incorrect))
             }
         }
-        None if peer.is_some_and(|p| is_loopback(p.ip())) && !forwarded(headers) => Ok(()),
+        None if peer.is_some_and(|p| is_loopback(p.ip())) && !forwarded(headers) => Ok(browser::AdminBy::Loopback),
         None => Err(GatewayError::AdminForbidden),
     }
 }
@@ -243,26 +261,26 @@ mod tests {
         let local: Option<SocketAddr> = Some("127.0.0.1:5000".parse().expect("addr"));
         let remote: Option<SocketAddr> = Some("192.0.2.2:5000".parse().expect("addr"));
         let open = config(TWO_CLIENTS);
-        assert!(admit_admin(&open, &HeaderMap::new(), local).is_ok());
-        assert!(matches!(admit_admin(&open, &HeaderMap::new(), remote), Err(GatewayError::AdminForbidden)));
-        assert!(matches!(admit_admin(&open, &HeaderMap::new(), None), Err(GatewayError::AdminForbidden)));
+        assert!(admit_admin(&open, &HeaderMap::new(), local, false).is_ok());
+        assert!(matches!(admit_admin(&open, &HeaderMap::new(), remote, false), Err(GatewayError::AdminForbidden)));
+        assert!(matches!(admit_admin(&open, &HeaderMap::new(), None, false), Err(GatewayError::AdminForbidden)));
         // A reverse proxy on this machine: loopback peer, but it says it forwards someone.
         for name in ["forwarded", "x-forwarded-for", "x-real-ip"] {
             let proxied = headers(&[(name, b"203.0.113.7")]);
-            assert!(matches!(admit_admin(&open, &proxied, local), Err(GatewayError::AdminForbidden)), "{name}");
+            assert!(matches!(admit_admin(&open, &proxied, local, false), Err(GatewayError::AdminForbidden)), "{name}");
         }
 
         let keyed = Access { admin_key: Some(KeyHash::of_key(b"admin-key")), ..open };
         let with = headers(&[("authorization", b"Bearer admin-key")]);
-        assert!(admit_admin(&keyed, &with, remote).is_ok(), "the key opens it from anywhere");
+        assert!(admit_admin(&keyed, &with, remote, false).is_ok(), "the key opens it from anywhere");
         let client_key = headers(&[("authorization", b"Bearer key-of-AIDER")]);
         for peer in [local, remote] {
             assert!(matches!(
-                admit_admin(&keyed, &HeaderMap::new(), peer),
+                admit_admin(&keyed, &HeaderMap::new(), peer, false),
                 Err(GatewayError::InvalidApiKey(KeyProblem::Missing))
             ));
             assert!(matches!(
-                admit_admin(&keyed, &client_key, peer),
+                admit_admin(&keyed, &client_key, peer, false),
                 Err(GatewayError::InvalidApiKey(KeyProblem::Incorrect))
             ));
         }
