@@ -37,7 +37,7 @@ pub struct RequestSummary {
     /// The gateway's own number for it, in finishing order (a client may send the same
     /// `x-request-id` twice: this one is unique in the process).
     pub seq: u64,
-    pub id: Box<str>,
+    pub id: Id,
     /// When it finished and when it arrived, in milliseconds since the Unix epoch.
     pub at: u64,
     pub started: u64,
@@ -50,7 +50,8 @@ pub struct RequestSummary {
     pub backend: String,
     /// The API face (`chat`, `responses`, `messages`, …).
     pub face: &'static str,
-    pub method: Box<str>,
+    #[serde(serialize_with = "method_text")]
+    pub method: http::Method,
     pub path: Box<str>,
     /// The status of the response's headers (499: the client left before them).
     pub status: u16,
@@ -74,6 +75,40 @@ pub struct RequestSummary {
     pub duration_ms: f64,
     /// A body was captured for it (`GET /admin/requests/{id}` has it).
     pub captured: bool,
+}
+
+/// A request's id: the bytes of its `x-request-id` header, shared (no copy per request);
+/// visible ASCII, as the access log keeps it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Id(pub http::HeaderValue);
+
+impl Id {
+    /// The id's text.
+    pub fn as_str(&self) -> &str {
+        self.0.to_str().unwrap_or("-")
+    }
+}
+
+impl Default for Id {
+    fn default() -> Self {
+        Id(http::HeaderValue::from_static("-"))
+    }
+}
+
+impl From<&str> for Id {
+    fn from(text: &str) -> Self {
+        http::HeaderValue::from_str(text).map_or_else(|_| Id::default(), Id)
+    }
+}
+
+impl Serialize for Id {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(self.as_str())
+    }
+}
+
+fn method_text<S: serde::Serializer>(method: &http::Method, serializer: S) -> Result<S::Ok, S::Error> {
+    serializer.serialize_str(method.as_str())
 }
 
 /// A captured request body (its first [`CAPTURE_BYTES`], as text).
@@ -179,8 +214,11 @@ impl Activity {
     /// A request still in the ring, by id (the newest of that id, or the one numbered `seq`),
     /// with its capture if one was kept.
     pub fn request(&self, id: &str, seq: Option<u64>) -> Option<(Arc<RequestSummary>, Option<Arc<Capture>>)> {
-        let summary =
-            lock(&self.requests).iter().rev().find(|r| &*r.id == id && seq.is_none_or(|seq| r.seq == seq)).cloned()?;
+        let summary = lock(&self.requests)
+            .iter()
+            .rev()
+            .find(|r| r.id.as_str() == id && seq.is_none_or(|seq| r.seq == seq))
+            .cloned()?;
         let capture = lock(&self.captures).iter().rev().find(|(c, _)| *c == summary.seq).map(|(_, c)| Arc::clone(c));
         Some((summary, capture))
     }
@@ -224,7 +262,7 @@ mod tests {
         }
         let recent = activity.recent(usize::MAX);
         assert_eq!(recent.len(), REQUESTS);
-        assert_eq!(&*recent[0].id, format!("r{}", REQUESTS + 9));
+        assert_eq!(recent[0].id.as_str(), format!("r{}", REQUESTS + 9));
         assert!(activity.request("r0", None).is_none(), "pushed out of the ring");
         let (_, capture) = activity.request(&format!("r{}", REQUESTS + 8), None).expect("kept");
         assert!(capture.is_some());
@@ -270,9 +308,9 @@ mod tests {
         let activity = Activity::default();
         activity.finished(summary("before"), None);
         let (backlog, mut feed) = activity.follow(200);
-        assert_eq!(backlog.iter().map(|r| &*r.id).collect::<Vec<_>>(), ["before"]);
+        assert_eq!(backlog.iter().map(|r| r.id.as_str()).collect::<Vec<_>>(), ["before"]);
         activity.finished(summary("after"), None);
-        assert_eq!(&*feed.recv().await.expect("summary").id, "after");
+        assert_eq!(feed.recv().await.expect("summary").id.as_str(), "after");
         for i in 0..FOLLOWER_LAG + 2 {
             activity.finished(summary(&format!("f{i}")), None);
         }

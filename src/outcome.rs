@@ -471,7 +471,7 @@ impl RequestRecord {
         let at = crate::activity::now_ms();
         RequestSummary {
             seq: 0,
-            id: line.id.as_str().into(),
+            id: crate::activity::Id(line.id.header_value()),
             at,
             started: at.saturating_sub(u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)),
             client: std::mem::take(&mut self.client),
@@ -484,7 +484,7 @@ impl RequestRecord {
             fallback_from: line.fallback_from.take(),
             backend: std::mem::take(&mut self.backend),
             face: line.face.as_str(),
-            method: line.method.as_str().into(),
+            method: line.method.clone(),
             path: std::mem::take(&mut line.path),
             status: line.status.unwrap_or(499),
             outcome: outcome.label(),
@@ -673,7 +673,7 @@ mod access_tests {
         assert_eq!(m.requests.with_label_values(&["qwen", "local", "anonymous", "ok"]).get(), 1);
         let recent = activity.recent(10);
         assert_eq!(recent.len(), 1);
-        let (summary, capture) = activity.request(&recent[0].id, None).expect("in the ring");
+        let (summary, capture) = activity.request(recent[0].id.as_str(), None).expect("in the ring");
         assert_eq!((summary.model.as_str(), summary.backend.as_str(), summary.outcome), ("qwen", "local", "ok"));
         assert_eq!(
             (summary.status, summary.transform.as_deref(), summary.captured),
@@ -706,7 +706,7 @@ mod access_tests {
         assert!(activity.recent(10).is_empty(), "pieces and spent records are not fed");
         drop(taken);
         let fed = activity.recent(10);
-        assert_eq!((fed.len(), &*fed[0].id, fed[0].outcome), (1, id.as_str(), "client_closed"));
+        assert_eq!((fed.len(), fed[0].id.as_str(), fed[0].outcome), (1, id.as_str(), "client_closed"));
     }
 }
 
