@@ -61,14 +61,7 @@ async fn a_loaded_backend_is_kept_four_times_the_round_trips_starts_before_a_swa
     let a_start = backend_state(&gw, "a").await["start_seconds"].as_f64().expect("a's start was measured");
     assert!(b_start >= 2.0 && a_start >= 2.0, "each sleeps 2 s before it serves: {a_start} {b_start}");
     // a is ready and busy with a held stream (no slot moves: stalled) when b's request comes.
-    let mut held = post(
-        &gw,
-        "/v1/chat/completions",
-        &json!({"model": "ma", "stream": true,
-        "messages": [{"role": "user", "content": "hi"}], "sim": {"hold_after": 1, "hold_key": "h"}}),
-    )
-    .await;
-    read_until(&mut held, "t0 ").await;
+    let held = held_stream(&gw, "ma", "h").await;
     let waiting = tokio::spawn({
         let url = gw.url("/v1/chat/completions");
         async move { client().post(url).json(&ask("mb", json!({}))).send().await.expect("send").status() }

@@ -25,14 +25,7 @@ async fn one_answer_far_longer_than_its_backends_mean_can_still_cost_the_next_on
         assert_eq!(r.status(), 200, "{model}: each starts once, its start measured");
     }
     // a generates a long answer for an agent (held until released).
-    let mut held = post(
-        &gw,
-        "/v1/chat/completions",
-        &json!({"model": "ma", "stream": true,
-        "messages": [{"role": "user", "content": "hi"}], "sim": {"hold_after": 1, "hold_key": "h"}}),
-    )
-    .await;
-    read_until(&mut held, "t0 ").await;
+    let held = held_stream(&gw, "ma", "h").await;
     let waiting = tokio::spawn({
         let url = gw.url("/v1/chat/completions");
         async move { client().post(url).json(&ask("mb", json!({"tokens": 2}))).send().await.expect("send").status() }

@@ -627,3 +627,13 @@ pub fn bench_self_test(name: &str, least: usize) {
         .unwrap_or_else(|| panic!("no test count in:\n{stderr}"));
     assert!(ran >= least, "{ran} tests ran:\n{stderr}");
 }
+
+/// A streamed chat request for `model` that the simulator holds after its first token until
+/// `POST /sim/release/{key}`: the answer's first token is read, the rest waits.
+pub async fn held_stream(gw: &Gateway, model: &str, key: &str) -> reqwest::Response {
+    let body = serde_json::json!({"model": model, "stream": true, "messages": [{"role": "user", "content": "hi"}],
+                      "sim": {"hold_after": 1, "hold_key": key}});
+    let mut held = post(gw, "/v1/chat/completions", &body).await;
+    read_until(&mut held, "t0 ").await;
+    held
+}
