@@ -11,7 +11,7 @@ use axum::body::Body;
 use axum::http::{HeaderValue, header};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
-use hyper::body::Incoming;
+use crate::backend::upstream::UpstreamBody;
 
 use super::AppState;
 use super::body::{MAX_ERROR_BODY, MAX_WHOLE_ANSWER, read_whole};
@@ -43,6 +43,8 @@ pub(crate) struct Terms {
     /// The `max_wait` of the model the client asked for, when its `fallback:` (`route`'s model)
     /// serves it: the request waits no longer than either model's bound.
     pub own_max_wait: Option<Duration>,
+    /// The request's id, for the call's log lines.
+    pub request_id: Option<crate::access_log::RequestId>,
 }
 
 /// call: the request prepared for `route`'s backend ([`prepare`]; for a model of several
@@ -58,7 +60,8 @@ pub(crate) async fn call(
     terms: Terms,
     sent: &std::sync::atomic::AtomicBool,
 ) -> Result<Answered, GatewayError> {
-    let Terms { transform, session, own_max_wait } = terms;
+    let Terms { transform, session, own_max_wait, request_id } = terms;
+    let request_id = request_id.as_ref().map_or("-", crate::access_log::RequestId::as_str);
     let max_wait = own_max_wait.map_or(route.model.max_wait, |own| own.min(route.model.max_wait));
     // A model of several backends keeps the client's fields, to build another backend's request.
     let pristine = (route.backends.len() > 1).then(|| fields.clone());
@@ -78,7 +81,8 @@ pub(crate) async fn call(
     let held = {
         let mut choose = plan.as_mut().map(|plan| move |candidates: &[Candidate<'_>]| plan.choose(candidates));
         let router: Option<Router<'_>> = choose.as_mut().map(|f| f as Router<'_>);
-        let prepared = Prepared { route, client, outbound: &outgoing.outbound, encode, router, sent, max_wait };
+        let prepared =
+            Prepared { route, client, outbound: &outgoing.outbound, encode, router, sent, max_wait, request_id };
         dispatch::call::call(prepared, &state.metrics, &state.cutoff).await?
     };
     let backend = route.backends.get(held.position()).unwrap_or(&route.backend);
@@ -184,7 +188,7 @@ impl Answered {
 /// `generates`: a chat or completion (an embeddings answer has no first token to time).
 async fn whole_answer(
     mut head: hyper::http::response::Parts,
-    incoming: Incoming,
+    incoming: UpstreamBody,
     first: Option<Bytes>,
     permit: Permit,
     mut info: RequestInfo,
@@ -280,7 +284,7 @@ fn finish_at_length(whole: Vec<u8>, figures: &StreamFigures, length_at: Option<u
 /// OpenAI's shape with the backend's status and words.
 async fn error_answer(
     mut head: hyper::http::response::Parts,
-    incoming: Incoming,
+    incoming: UpstreamBody,
     first: Option<Bytes>,
     permit: Permit,
     info: RequestInfo,

@@ -40,7 +40,19 @@ use crate::stream::figures::{StreamFigures, Whole};
 /// At the end of the shutdown grace, a request still waiting for a slot or for its answer's
 /// first bytes gets 503 `gateway_shutdown` (nothing is sent to a backend after that); a stream
 /// is ended by its meter.
-pub(crate) async fn serve(
+///
+/// The pipeline's future is large (every step's state): it is boxed here, once, so that the
+/// router's layers move a pointer rather than copy it at each layer.
+pub(crate) fn serve<'a>(
+    state: &'a Arc<AppState>,
+    request: Request,
+    face: Face,
+    read: impl FnOnce(&[u8], &mut RequestRecord) -> Result<RawBody, GatewayError> + Send + 'a,
+) -> std::pin::Pin<Box<dyn std::future::Future<Output = Response> + Send + 'a>> {
+    Box::pin(serve_boxed(state, request, face, read))
+}
+
+async fn serve_boxed(
     state: &Arc<AppState>,
     request: Request,
     face: Face,
@@ -181,7 +193,7 @@ async fn steps(
     let sent = record.sent_flag();
     let Parsed { parts, route, fields, own_max_wait, .. } = request;
     let session = route.balancer.as_ref().and_then(|_| session_key(route, &parts, &fields, record));
-    let terms = answer::Terms { transform, session, own_max_wait };
+    let terms = answer::Terms { transform, session, own_max_wait, request_id: Some(record.request_id().clone()) };
     let answered = answer::call(state, route, &client, &parts, fields, terms, &sent).await?;
     Ok(Reply::Answered { answered, prompt_tokens })
 }

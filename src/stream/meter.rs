@@ -27,7 +27,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
-use hyper::body::Incoming;
+use crate::backend::upstream::UpstreamBody;
 use pin_project_lite::pin_project;
 use tokio::sync::futures::OwnedNotified;
 
@@ -72,7 +72,7 @@ pin_project! {
     #[project = StreamMeterProj]
     pub struct StreamMeter {
         // The backend's body; taken by the reading of an abandoned stream (`hold_abandoned`).
-        inner: Option<Incoming>,
+        inner: Option<UpstreamBody>,
         forward: Forward,
         figures: StreamFigures,
         info: Option<RequestInfo>,
@@ -118,7 +118,7 @@ pin_project! {
 impl StreamMeter {
     /// Wraps `inner`; `first` holds bytes already taken from it (the first frame of a managed
     /// backend's answer). `permit` is released when the body ends or is dropped.
-    pub fn new(inner: Incoming, first: Option<Bytes>, permit: Permit, info: RequestInfo) -> Self {
+    pub fn new(inner: UpstreamBody, first: Option<Bytes>, permit: Permit, info: RequestInfo) -> Self {
         let idle = Box::pin(tokio::time::sleep(info.idle_timeout));
         let shutdown = info.cutoff.notified();
         let mut meter = StreamMeter {

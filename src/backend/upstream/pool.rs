@@ -1,0 +1,317 @@
+//! The connections to the backends, kept alive and driven by the task that uses them (pingora's
+//! shape): no connection has a task of its own. An exchange — send the request, read the
+//! answer's head, read its body — polls its connection from the task that serves the client, so
+//! a chunk from the backend reaches the client's socket without a wake-up of another task.
+//!
+//! - **Checkout** ([`Destination::exchange`]): the most recently used idle connection (LIFO: the
+//!   least likely to be closing), after dropping those idle past the backend's pool idle timeout
+//!   and one that shows it was closed (polled once, without a waker, before use: a server's FIN
+//!   is seen there); else a new connection (`TCP_NODELAY`, keep-alive probes, within the
+//!   connect timeout).
+//! - **A request is sent again on a new connection only when none of it was written**: hyper
+//!   hands it back (`try_send_request`) when the connection closed before it wrote a byte. Once
+//!   written, a POST may have been read by the backend; the caller decides.
+//! - **Check-in** ([`Link::check_in`]): when the answer's body has been read to its end and the
+//!   connection is ready for another request, it goes back to its destination's idle list (at
+//!   most [`MAX_IDLE`]); an answer dropped before its end closes its connection (HTTP/1 has no
+//!   other way to abort one).
+//! - **Idle connections are reaped** every so often by one task per pool (it ends with the pool):
+//!   a connection idle past its timeout is closed even when no request comes.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::{HeaderValue, Request, Response};
+use http_body::{Body, Frame, SizeHint};
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::client::conn::http1;
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpStream;
+
+/// Idle connections kept per destination.
+pub const MAX_IDLE: usize = 64;
+
+/// The TCP keep-alive probes' idle time on a backend connection.
+const TCP_KEEPALIVE: Duration = Duration::from_secs(60);
+
+type Conn = http1::Connection<TokioIo<TcpStream>, Full<Bytes>>;
+
+/// One backend address (scheme `http`, a host and a port) and its idle connections.
+pub struct Destination {
+    host: String,
+    port: u16,
+    /// The `Host` header its requests carry (the URL's authority).
+    pub authority: HeaderValue,
+    idle: Mutex<Vec<Link>>,
+    /// Idle connections older than this are closed (the backend's pool idle timeout).
+    idle_timeout: Duration,
+    /// The pool, whose reaper a connection going idle wakes.
+    pool: Weak<Pool>,
+}
+
+/// A connection: the handle requests are sent through, and the connection's state machine,
+/// which whoever awaits the answer polls.
+pub struct Link {
+    sender: http1::SendRequest<Full<Bytes>>,
+    conn: Pin<Box<Conn>>,
+    /// The connection's future has completed: it is closed.
+    done: bool,
+    /// When it went idle.
+    since: Instant,
+    home: Option<Arc<Destination>>,
+}
+
+/// Why an exchange got no response head.
+#[derive(Debug)]
+pub enum ExchangeError {
+    /// No connection could be made: nothing reached the backend.
+    Connect(std::io::Error),
+    /// The connection failed after the request may have reached the backend.
+    Broken(hyper::Error),
+}
+
+impl Link {
+    /// Polls the connection's state machine (reads and writes on its socket); `done` once it
+    /// has completed.
+    fn drive(&mut self, cx: &mut Context<'_>) {
+        if !self.done && self.conn.as_mut().poll(cx).is_ready() {
+            self.done = true;
+        }
+    }
+
+    /// Whether an idle connection can take a request: not closed (a FIN the server sent while
+    /// it idled is read here) and ready.
+    fn usable(&mut self) -> bool {
+        self.drive(&mut Context::from_waker(std::task::Waker::noop()));
+        !self.done && self.sender.is_ready()
+    }
+
+    /// Sends `request` and waits for the response head, driving the connection meanwhile.
+    /// `Err(Ok(request))`: nothing of it was written (the connection had closed); send it on
+    /// another.
+    async fn send(
+        &mut self,
+        request: Request<Full<Bytes>>,
+    ) -> Result<Response<Incoming>, Result<Request<Full<Bytes>>, hyper::Error>> {
+        let response = self.sender.try_send_request(request);
+        let mut response = std::pin::pin!(response);
+        let sent = std::future::poll_fn(|cx| {
+            self.drive(cx);
+            response.as_mut().poll(cx)
+        })
+        .await;
+        sent.map_err(|mut e| match e.take_message() {
+            Some(request) => Ok(request),
+            None => Err(e.into_error()),
+        })
+    }
+
+    /// The answer's body has been read to its end: back to its destination's idle list when it
+    /// can take another request, else closed.
+    fn check_in(mut self, cx: &mut Context<'_>) {
+        self.drive(cx);
+        let Some(home) = self.home.clone() else { return };
+        // Ready for another request, or about to be (hyper may want one more poll to see the
+        // answer ended: the checkout's poll gives it that).
+        if self.done || self.sender.is_closed() {
+            return;
+        }
+        self.since = Instant::now();
+        let pool = home.pool.upgrade();
+        {
+            let mut idle = home.idle.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            if idle.len() < MAX_IDLE {
+                idle.push(self);
+            }
+        }
+        if let Some(pool) = pool {
+            pool.reap_later();
+        }
+    }
+}
+
+impl Destination {
+    /// The destination of `host:port`, its idle connections closed after `idle_timeout`.
+    pub fn new(host: String, port: u16, authority: HeaderValue, idle_timeout: Duration) -> Self {
+        Destination { host, port, authority, idle: Mutex::default(), idle_timeout, pool: Weak::new() }
+    }
+
+    /// A usable idle connection, the stale ones dropped on the way.
+    fn checkout(&self) -> Option<Link> {
+        let mut idle = self.idle.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let expired = idle.iter().take_while(|l| l.since.elapsed() >= self.idle_timeout).count();
+        idle.drain(..expired);
+        while let Some(mut link) = idle.pop() {
+            if link.usable() {
+                return Some(link);
+            }
+        }
+        None
+    }
+
+    /// Closes the connections idle past the timeout; whether any is left idle.
+    fn reap(&self) -> bool {
+        let mut idle = self.idle.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        idle.retain(|l| l.since.elapsed() < self.idle_timeout);
+        !idle.is_empty()
+    }
+
+    /// A new connection, within `connect_timeout`.
+    async fn connect(self: &Arc<Self>, connect_timeout: Duration) -> Result<Link, ExchangeError> {
+        let connecting = TcpStream::connect((self.host.as_str(), self.port));
+        let tcp = match tokio::time::timeout(connect_timeout, connecting).await {
+            Ok(Ok(tcp)) => tcp,
+            Ok(Err(e)) => return Err(ExchangeError::Connect(e)),
+            Err(_) => {
+                let after = format!("no connection within {}", humantime::format_duration(connect_timeout));
+                return Err(ExchangeError::Connect(std::io::Error::new(std::io::ErrorKind::TimedOut, after)));
+            }
+        };
+        // Small SSE frames must not wait 40 ms for Nagle; a peer that vanished is noticed.
+        let _ = tcp.set_nodelay(true);
+        let _ = socket2::SockRef::from(&tcp).set_tcp_keepalive(&socket2::TcpKeepalive::new().with_time(TCP_KEEPALIVE));
+        let (sender, conn) = http1::handshake(TokioIo::new(tcp)).await.map_err(ExchangeError::Broken)?;
+        Ok(Link { sender, conn: Box::pin(conn), done: false, since: Instant::now(), home: Some(Arc::clone(self)) })
+    }
+
+    /// Sends `request` (origin-form URI, `Host` set) on an idle connection or a new one, and
+    /// waits for the response head; the body that comes with it drives the connection.
+    pub async fn exchange(
+        self: &Arc<Self>,
+        mut request: Request<Full<Bytes>>,
+        connect_timeout: Duration,
+    ) -> Result<Response<UpstreamBody>, ExchangeError> {
+        while let Some(mut link) = self.checkout() {
+            match link.send(request).await {
+                Ok(response) => return Ok(with_link(response, link)),
+                // The connection closed before a byte went out: another one.
+                Err(Ok(unsent)) => request = unsent,
+                Err(Err(e)) => return Err(ExchangeError::Broken(e)),
+            }
+        }
+        let mut link = self.connect(connect_timeout).await?;
+        match link.send(request).await {
+            Ok(response) => Ok(with_link(response, link)),
+            Err(Ok(_)) => Err(ExchangeError::Connect(std::io::Error::new(
+                std::io::ErrorKind::ConnectionAborted,
+                "the new connection closed before the request was sent",
+            ))),
+            Err(Err(e)) => Err(ExchangeError::Broken(e)),
+        }
+    }
+}
+
+fn with_link(response: Response<Incoming>, link: Link) -> Response<UpstreamBody> {
+    response.map(|body| UpstreamBody { body, link: Some(link) })
+}
+
+/// A backend's answer body, which drives its connection while it is read, and gives the
+/// connection back to its pool at its end. Dropped before its end, it closes the connection.
+pub struct UpstreamBody {
+    body: Incoming,
+    link: Option<Link>,
+}
+
+impl Body for UpstreamBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        let this = &mut *self;
+        if let Some(link) = this.link.as_mut() {
+            link.drive(cx);
+        }
+        let polled = Pin::new(&mut this.body).poll_frame(cx);
+        if let Poll::Ready(None) = polled
+            && let Some(link) = this.link.take()
+        {
+            link.check_in(cx);
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
+}
+
+/// Destinations by URL (and pool idle timeout), and the task that reaps their idle connections
+/// while any is idle (no timer runs in a gateway without idle connections).
+#[derive(Default)]
+pub struct Pool {
+    destinations: Mutex<HashMap<String, Vec<Arc<Destination>>>>,
+    reaping: AtomicBool,
+}
+
+impl Pool {
+    /// The destination for `url`'s connections idle at most `idle_timeout`, made on first use
+    /// with `make` (which parses the URL).
+    pub fn destination(
+        self: &Arc<Self>,
+        url: &str,
+        idle_timeout: Duration,
+        make: impl FnOnce() -> Option<Destination>,
+    ) -> Option<Arc<Destination>> {
+        let mut destinations = self.destinations.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(found) = destinations.get(url).and_then(|ds| ds.iter().find(|d| d.idle_timeout == idle_timeout)) {
+            return Some(Arc::clone(found));
+        }
+        let mut made = make()?;
+        made.pool = Arc::downgrade(self);
+        let made = Arc::new(made);
+        destinations.entry(url.to_string()).or_default().push(Arc::clone(&made));
+        Some(made)
+    }
+
+    /// Starts the reaper unless it runs.
+    fn reap_later(self: &Arc<Self>) {
+        if !self.reaping.swap(true, Ordering::AcqRel) {
+            spawn_reaper(Arc::downgrade(self));
+        }
+    }
+
+    /// Reaps every destination; whether any connection is left idle.
+    fn reap(&self) -> bool {
+        let destinations: Vec<Arc<Destination>> = {
+            let map = self.destinations.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            map.values().flatten().cloned().collect()
+        };
+        destinations.iter().fold(false, |left, d| d.reap() | left)
+    }
+}
+
+/// Every second while a connection is idle, closes those idle past their timeout; ends when
+/// none is idle (the next check-in starts it again) or the pool is gone.
+fn spawn_reaper(pool: Weak<Pool>) {
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        if let Some(pool) = pool.upgrade() {
+            pool.reaping.store(false, Ordering::Release);
+        }
+        return;
+    };
+    runtime.spawn(async move {
+        loop {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            let Some(pool) = pool.upgrade() else { return };
+            if pool.reap() {
+                continue;
+            }
+            pool.reaping.store(false, Ordering::Release);
+            // A connection checked in meanwhile found the reaper running: look once more.
+            if !pool.reap() || pool.reaping.swap(true, Ordering::AcqRel) {
+                return;
+            }
+        }
+    });
+}
