@@ -41,8 +41,9 @@ use crate::stream::figures::{StreamFigures, Whole};
 /// first bytes gets 503 `gateway_shutdown` (nothing is sent to a backend after that); a stream
 /// is ended by its meter.
 ///
-/// The pipeline's future is large (every step's state): it is boxed here, once, so that the
-/// router's layers move a pointer rather than copy it at each layer.
+/// Its futures are boxed, the whole once here and each large step where it is awaited: an
+/// async fn's state holds its awaited steps' states side by side (rustc does not overlap them),
+/// so unboxed the pipeline was a 29 KB future, copied whole at each move.
 pub(crate) fn serve<'a>(
     state: &'a Arc<AppState>,
     request: Request,
@@ -80,7 +81,7 @@ async fn serve_boxed(
     }
     let mut response = match reply {
         Ok(Reply::Answered { answered, prompt_tokens }) => {
-            let mut response = answered.into_response(record, Arc::clone(&state.cutoff)).await;
+            let mut response = Box::pin(answered.into_response(record, Arc::clone(&state.cutoff))).await;
             response.extensions_mut().insert(PromptTokens(prompt_tokens));
             response
         }
@@ -178,14 +179,14 @@ async fn steps(
     // is counted (the costly part of a refusal).
     let (caller, fingerprint) = (&request.caller, request.fingerprint);
     state.limiter.precheck(caller.name(), fingerprint).await.map_err(|denied| rate_limited(state, caller, denied))?;
-    let fitted = fit_or_own(state, &mut request, record).await?;
+    let fitted = Box::pin(fit_or_own(state, &mut request, record)).await?;
     let prompt_tokens = match &fitted {
         Some(Fitted::Send { prompt_tokens: Some(counted), .. }) => *counted as u64,
         _ => estimated_prompt_tokens(&request.fields),
     };
     admit(state, &request.caller, prompt_tokens, request.fingerprint, record).await?;
     let client = client_id(&request.parts, &request.caller);
-    let (request, transform) = match planned(state, request, &client, fitted, record).await? {
+    let (request, transform) = match Box::pin(planned(state, request, &client, fitted, record)).await? {
         Planned::Send { request, transform } => (request, transform),
         Planned::Made(reply) => return Ok(reply),
     };
@@ -194,7 +195,7 @@ async fn steps(
     let Parsed { parts, route, fields, own_max_wait, .. } = request;
     let session = route.balancer.as_ref().and_then(|_| session_key(route, &parts, &fields, record));
     let terms = answer::Terms { transform, session, own_max_wait, request_id: Some(record.request_id().clone()) };
-    let answered = answer::call(state, route, &client, &parts, fields, terms, &sent).await?;
+    let answered = Box::pin(answer::call(state, route, &client, &parts, fields, terms, &sent)).await?;
     Ok(Reply::Answered { answered, prompt_tokens })
 }
 
