@@ -20,6 +20,8 @@ use std::time::Duration;
 
 use http::{HeaderMap, HeaderValue, Method};
 
+pub mod text;
+
 /// The header a request id comes in and goes back in.
 pub const REQUEST_ID_HEADER: &str = "x-request-id";
 
@@ -260,9 +262,14 @@ pub struct Ending<'a> {
 /// request never routed) are left out. A request with no status
 /// (the client left before the headers) is logged with 499, nginx's status for it.
 pub fn write(line: &AccessLine, end: &Ending<'_>) {
-    if !line.enabled {
+    if !line.enabled || text::write(line, end) {
         return;
     }
+    traced(line, end);
+}
+
+/// The line as a tracing event (JSON lines, a terminal, in-process subscribers).
+fn traced(line: &AccessLine, end: &Ending<'_>) {
     let ms = |d: Duration| d.as_secs_f64() * 1000.0;
     let rounded = |d: Duration| (ms(d) * 10.0).round() / 10.0;
     let model = if end.model.is_empty() { line.asked_model.as_deref().unwrap_or("") } else { end.model };
