@@ -211,7 +211,15 @@ impl StreamFigures {
 /// Figures of a whole (non-streaming) answer: its usage. `None` when the body is not an OpenAI
 /// answer (a JSON object with `choices`, or `data` for embeddings): an empty or cut body.
 pub fn figures_of_whole(body: &[u8]) -> Option<StreamFigures> {
-    let value = serde_json::from_slice::<Value>(body).ok()?;
+    if let Ok(answer) = serde_json::from_slice::<WholeAnswer<'_>>(body) {
+        return answer.figures();
+    }
+    // Not the usual shape (a duplicated key, a `usage` that is not an object): read it whole.
+    figures_of_value(&serde_json::from_slice::<Value>(body).ok()?)
+}
+
+/// The figures of a whole answer already parsed.
+fn figures_of_value(value: &Value) -> Option<StreamFigures> {
     let answer = value.get("choices").is_some_and(Value::is_array) || value.get("data").is_some_and(Value::is_array);
     if !answer {
         return None;
@@ -224,6 +232,52 @@ pub fn figures_of_whole(body: &[u8]) -> Option<StreamFigures> {
         cached_tokens: usage.and_then(|u| u.get("prompt_tokens_details")?.get("cached_tokens")?.as_u64()),
         ..Default::default()
     })
+}
+
+/// The parts of a whole answer its figures come from, read without building the rest (the
+/// answer's text and choices are skipped, not parsed into maps).
+#[derive(serde::Deserialize)]
+struct WholeAnswer<'a> {
+    #[serde(borrow)]
+    choices: Option<&'a serde_json::value::RawValue>,
+    #[serde(borrow)]
+    data: Option<&'a serde_json::value::RawValue>,
+    usage: Option<WholeUsage<'a>>,
+}
+
+#[derive(serde::Deserialize)]
+struct WholeUsage<'a> {
+    #[serde(borrow)]
+    prompt_tokens: Option<&'a serde_json::value::RawValue>,
+    #[serde(borrow)]
+    completion_tokens: Option<&'a serde_json::value::RawValue>,
+    prompt_tokens_details: Option<WholeDetails<'a>>,
+}
+
+#[derive(serde::Deserialize)]
+struct WholeDetails<'a> {
+    #[serde(borrow)]
+    cached_tokens: Option<&'a serde_json::value::RawValue>,
+}
+
+impl WholeAnswer<'_> {
+    /// As [`figures_of_whole`] reads a parsed answer: an answer has a `choices` or `data`
+    /// array; a count is a JSON integer ≥ 0 (anything else: unknown).
+    fn figures(&self) -> Option<StreamFigures> {
+        let array = |raw: Option<&serde_json::value::RawValue>| raw.is_some_and(|r| r.get().starts_with('['));
+        if !array(self.choices) && !array(self.data) {
+            return None;
+        }
+        let count = |raw: Option<&serde_json::value::RawValue>| raw.and_then(|r| r.get().parse::<u64>().ok());
+        let usage = self.usage.as_ref();
+        Some(StreamFigures {
+            metered: true,
+            prompt_tokens: count(usage.and_then(|u| u.prompt_tokens)),
+            completion_tokens: count(usage.and_then(|u| u.completion_tokens)),
+            cached_tokens: count(usage.and_then(|u| u.prompt_tokens_details.as_ref()?.cached_tokens)),
+            ..Default::default()
+        })
+    }
 }
 
 #[cfg(test)]
