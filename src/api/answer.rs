@@ -29,7 +29,7 @@ use crate::dispatch::route::Router;
 use crate::dispatch::{self, Route};
 use crate::error::{ErrorBody, GatewayError, backend_error_body};
 use crate::outcome::{AnswerHook, Outcome, RequestRecord};
-use crate::stream::figures::{StreamFigures, Whole, figures_of_whole};
+use crate::stream::figures::{self, StreamFigures, Whole};
 use crate::stream::finish::{StreamNormalise, stop_to_length};
 use crate::stream::meter::{RequestInfo, StreamMeter};
 use crate::stream::shutdown::Cutoff;
@@ -217,7 +217,7 @@ async fn whole_answer(
         permit.finish();
     }
     drop(permit);
-    let Some(figures) = figures_of_whole(&whole) else {
+    let Some((figures, model_at)) = figures::whole_answer(&whole) else {
         let e = GatewayError::Backend {
             backend,
             reason: format!("it answered {} with a body that is not an OpenAI answer", head.status),
@@ -227,7 +227,7 @@ async fn whole_answer(
         return e.into_response();
     };
     info.record.responded(head.status.as_u16());
-    let whole = named(whole, info.record.public_model());
+    let whole = named_at(whole, info.record.public_model(), model_at);
     let headers = &mut head.headers;
     headers.remove(header::CONTENT_LENGTH);
     headers.insert("x-mlxgate-queue-ms", HeaderValue::from(info.queue_wait.as_millis() as u64));
@@ -249,11 +249,10 @@ async fn whole_answer(
 }
 
 /// A whole answer naming `model` (the public name) where the backend put its own name for it
-/// (a path on disk, say): the `model` string replaced in the answer's text, nothing re-encoded.
-pub(crate) fn named(whole: Vec<u8>, model: &str) -> Vec<u8> {
-    let Some(span) = std::str::from_utf8(&whole).ok().and_then(crate::stream::frame::model_span) else {
-        return whole;
-    };
+/// (a path on disk, say): the `model` string at `span` (found when the answer was read; `None`:
+/// it names none) replaced in the answer's text, nothing re-encoded.
+fn named_at(whole: Vec<u8>, model: &str, span: Option<std::ops::Range<usize>>) -> Vec<u8> {
+    let Some(span) = span else { return whole };
     let public = serde_json::Value::from(model).to_string();
     if model.is_empty() || whole[span.clone()] == *public.as_bytes() {
         return whole;

@@ -211,11 +211,23 @@ impl StreamFigures {
 /// Figures of a whole (non-streaming) answer: its usage. `None` when the body is not an OpenAI
 /// answer (a JSON object with `choices`, or `data` for embeddings): an empty or cut body.
 pub fn figures_of_whole(body: &[u8]) -> Option<StreamFigures> {
-    if let Ok(answer) = serde_json::from_slice::<WholeAnswer<'_>>(body) {
-        return answer.figures();
+    whole_answer(body).map(|(figures, _)| figures)
+}
+
+/// A whole answer's figures (as [`figures_of_whole`]) and where its top-level `model` string
+/// lies in it (as `frame::model_span` finds it), from one reading of the answer.
+pub fn whole_answer(body: &[u8]) -> Option<(StreamFigures, Option<std::ops::Range<usize>>)> {
+    let text = std::str::from_utf8(body).ok();
+    // Serde would also read a struct from an array: only objects take the typed path.
+    if let Some(text) = text.filter(|t| t.trim_start().starts_with('{'))
+        && let Ok(answer) = serde_json::from_str::<WholeAnswer<'_>>(text)
+    {
+        let model = answer.model.and_then(|raw| super::frame::string_span(text, raw));
+        return answer.figures().map(|figures| (figures, model));
     }
     // Not the usual shape (a duplicated key, a `usage` that is not an object): read it whole.
-    figures_of_value(&serde_json::from_slice::<Value>(body).ok()?)
+    let figures = figures_of_value(&serde_json::from_slice::<Value>(body).ok()?)?;
+    Some((figures, text.and_then(super::frame::model_span)))
 }
 
 /// The figures of a whole answer already parsed.
@@ -238,6 +250,8 @@ fn figures_of_value(value: &Value) -> Option<StreamFigures> {
 /// answer's text and choices are skipped, not parsed into maps).
 #[derive(serde::Deserialize)]
 struct WholeAnswer<'a> {
+    #[serde(borrow)]
+    model: Option<&'a serde_json::value::RawValue>,
     #[serde(borrow)]
     choices: Option<&'a serde_json::value::RawValue>,
     #[serde(borrow)]

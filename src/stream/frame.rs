@@ -132,7 +132,7 @@ fn as_u64(raw: Option<&RawValue>) -> Option<u64> {
 }
 
 /// Where `raw`, a slice of `text`, lies in it, when it is a string.
-fn string_span(text: &str, raw: &RawValue) -> Option<Range<usize>> {
+pub(super) fn string_span(text: &str, raw: &RawValue) -> Option<Range<usize>> {
     let value = raw.get();
     if !value.starts_with('"') {
         return None;
