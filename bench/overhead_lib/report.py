@@ -325,8 +325,10 @@ def render_rate(w: Callable[[str], None], res: dict) -> None:
           "CPU 0, and the rates may be bounded by wrk and the simulator on CPU 1 (see \"bounded by\").")
     w("")
     w("\"Bounded by\" for each step: the proxy's CPU time over the step divided by its quota (or one CPU) — at ≥ 90% "
-      "the proxy's quota bounded it —, and the busy share of CPU 1 (wrk + simulator + this driver, from /proc/stat) "
-      "— at ≥ 90% the load generator bounded it; neither: too few connections (latency-bound).")
+      "the proxy's quota bounded it —; the CPU time of wrk and the simulator over the step (the load generator's "
+      "own, from the kernel) — at ≥ 90% of CPU 1 the load generator bounded it —; and CPU 1's busy share from "
+      "/proc/stat (everything on it, other jobs included): ≥ 90% without the other two means CPU 1 was taken by "
+      "other jobs; none of these: too few connections (latency-bound).")
     w("")
     w("| path | highest req/s with p99 < 5 ms | at connections | peak req/s seen (p99) | CPU per request at the peak | "
       "bounded by (at the peak) |")
@@ -358,7 +360,8 @@ def render_rate(w: Callable[[str], None], res: dict) -> None:
             use = s.get("proxy_use")
             cells.append(f"{s['rps']:.0f}, {s['p99'] / 1000:.2f} ms; "
                          + (f"proxy {use:.0%}, " if use is not None and use == use else "")
-                         + (f"CPU 1 {s['load_busy']:.0%} → {s['bound']}" if "load_busy" in s else ""))
+                         + (f"wrk+sim {s['load_own']:.0%} of CPU 1 ({s['load_busy']:.0%} busy) → {s['bound']}"
+                            if "load_own" in s else ""))
         w(f"| {t} | " + " | ".join(cells) + " |")
     w("")
 

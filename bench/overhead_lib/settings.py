@@ -46,7 +46,7 @@ PROXY_QUOTA = 0.25
 
 
 # The quota's period: short, so a throttled proxy stalls for at most (1 − quota) × period.
-QUOTA_PERIOD_US = 10000
+QUOTA_PERIOD_US = 2000
 
 
 # mlxgate-full counts prompts with a real model's tokenizer and chat template: Qwen3.6's
