@@ -207,6 +207,9 @@ def measure_rate(procs: Procs, workdir: Path, mode: Mode, res: dict) -> None:
             log(f"  no CPU quota: {unavailable}")
             share = 0
     kind = next(iter(groups.values())).kind if groups else None
+    period = next(iter(groups.values())).period_us if groups else None
+    if groups:
+        share = next(iter(groups.values())).share  # as the kernel was given it
     log(f"highest rate with p99 < 5 ms: connections {mode.rate_conns}, {mode.rate_seconds}s each, "
         f"{mode.rate_rounds} round(s)" + (f"; each proxy in a {kind} quota of {share:.0%} of one CPU" if groups
                                           else ""))
@@ -266,7 +269,7 @@ def measure_rate(procs: Procs, workdir: Path, mode: Mode, res: dict) -> None:
                            "peak_conns": peak[0], "peak_rps": peak[1]["rps"], "peak_p99": peak[1]["p99"],
                            "peak_bound": peak[1]["bound"]}
     res["rate"] = {"summary": summary, "loadavg": loadavg(), "quota": share, "quota_kind": kind,
-                   "quota_period_us": QUOTA_PERIOD_US, "quota_unavailable": unavailable}
+                   "quota_period_us": period, "quota_unavailable": unavailable}
 
 
 def sim_requests(route: str) -> int:

@@ -68,6 +68,10 @@ def render_svg(res: dict) -> str:
                   + (" (quick run)" if res.get("quick") else ""))
     header = (f'<text x="10" y="24" font-size="18" font-weight="bold">What each proxy costs: CPU and added latency '
               f'(lower is better)</text><text x="10" y="42" font-size="12" fill="#555">{when}</text>')
+    parts.append(f'<text x="10" y="{y + 4}" font-size="12" fill="#555">Each panel has its own scale; a bar marked '
+                 f'"(cut)" runs beyond it (its value is written). Figures: medians over rounds, from the tables of '
+                 f'the report.</text>')
+    y += 14
     return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{y + 10}" '
             f'viewBox="0 0 {width} {y + 10}" font-family="sans-serif">'
             f'<rect width="100%" height="100%" fill="white"/>{header}{"".join(parts)}</svg>\n')

@@ -5,6 +5,7 @@ and the simulator on the other CPU, is what saturates first. Created for the pha
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 
@@ -33,7 +34,9 @@ class CpuQuota:
     def __init__(self, name: str, share: float, period_us: int):
         if os.geteuid() != 0:
             raise QuotaUnavailable("not root: cgroups cannot be written")
-        quota_us = max(1000, int(share * period_us))
+        # The kernel's smallest quota is 1 ms: a small share takes a longer period.
+        period_us = max(period_us, math.ceil(1000 / share))
+        quota_us = int(share * period_us)
         if (V1_ROOT / "cpu.cfs_quota_us").is_file():
             self.kind, self.root = "cgroup v1", V1_ROOT
             self.dir = V1_ROOT / name
@@ -50,6 +53,7 @@ class CpuQuota:
             raise QuotaUnavailable("no cgroup cpu controller (neither /sys/fs/cgroup/cpu/cpu.cfs_quota_us nor a "
                                    "cgroup v2 'cpu' controller)")
         self.share = quota_us / period_us
+        self.period_us = period_us
         self.pids: list[int] = []
 
     def _mkdir(self) -> None:

@@ -45,8 +45,9 @@ ACCESS_LOG = True
 PROXY_QUOTA = 0.25
 
 
-# The quota's period: short, so a throttled proxy stalls for at most (1 − quota) × period.
-QUOTA_PERIOD_US = 2000
+# The quota's period: short, so a throttled proxy stalls for at most (1 − quota) × period (the
+# kernel's smallest quota, 1 ms, makes it 4 ms at 25%).
+QUOTA_PERIOD_US = 4000
 
 
 # mlxgate-full counts prompts with a real model's tokenizer and chat template: Qwen3.6's
