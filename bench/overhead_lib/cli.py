@@ -56,7 +56,11 @@ def main() -> int:
     ap.add_argument("--access-log", choices=["on", "off"], default="on",
                     help="mlxgate's access log and nginx's access_log, both on (default) or both off")
     ap.add_argument("--render-only", metavar="JSON", help="rewrite the report from a saved raw-figures file")
+    ap.add_argument("--self-test", action="store_true", help="test the harness's pure pieces (no process started)")
     args = ap.parse_args()
+    if args.self_test:
+        from .selftest import run as self_test
+        return self_test()
     if args.bin_dir:
         settings.RELEASE = Path(args.bin_dir).resolve()
     if args.before_bin_dir:

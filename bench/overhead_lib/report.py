@@ -62,11 +62,19 @@ def render(res: dict, quick: bool, svg: Path | None = None, out_md: Path | None 
     w(f"Load average (1/5/15 min): {res['loadavg_start']} at the start, {res['loadavg_end']} at the end — "
       "other jobs share this 2-core machine, so figures move by a few per cent between runs.")
     w("")
-    w(f"Reproduce (installs nginx, wrk and perf from Debian, builds the release binaries and "
-      f"`.venv-litellm`, then runs everything; this run took {res['elapsed_s'] / 60:.1f} minutes):")
+    w(f"Reproduce (installs nginx, wrk, perf and node from Debian, builds the release binaries, `.venv-litellm` "
+      f"and Portkey's gateway, then runs everything; this run took {res['elapsed_s'] / 60:.1f} minutes):")
     w("")
-    w("    bench/overhead" + (" --quick" if quick else ""))
+    w("    bench/overhead" + (" --quick" if quick else "")
+      + (" --before-bin-dir DIR   # DIR: the \"before\" binaries (mlxgate)" if res.get("before_bin_dir") else ""))
     w("")
+    if not quick:
+        w(f"To keep the whole run near half an hour, some phases are shorter than they could be: the rate steps are "
+          f"{mode['rate_seconds']} s at connections {mode['rate_conns']}; LiteLLM and Portkey get "
+          f"{mode['litellm_stream_rounds']} round of 256 streams (the others {mode['stream_rounds']}); the second "
+          f"pinning, the faces and the long prompt {mode['pin_rounds']}, {mode['face_rounds']} and "
+          f"{mode['long_rounds']} rounds; the soak {mode['soak_minutes']:g} minutes (`--soak-minutes` sets it).")
+        w("")
     render_goals(w, res)
     if svg is not None and out_md is not None:
         rel = os.path.relpath(svg, out_md.resolve().parent)
