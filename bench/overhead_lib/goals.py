@@ -38,10 +38,17 @@ def goals_issue11(res: dict) -> list[tuple[str, str, str]]:
         return r["peak_rps"], f"{r['peak_rps']:.0f} (peak; never p99 < 5 ms)"
 
     (g_rate, g_txt), (n_rate, n_txt), (l_rate, l_txt) = rate_of("mlxgate"), rate_of("nginx"), rate_of("litellm")
-    rows.append(("highest rate (p99 < 5 ms) ≥ 0.7× nginx's",
-                 f"mlxgate {g_txt} vs nginx {n_txt} req/s: {g_rate / n_rate:.2f}×", met(g_rate >= 0.7 * n_rate)))
-    rows.append(("highest rate ≥ 300× LiteLLM's",
-                 f"mlxgate {g_txt} vs LiteLLM {l_txt} req/s: {g_rate / l_rate:.0f}×", met(g_rate >= 300 * l_rate)))
+    if res["rate"].get("quota"):
+        # Issue 11's rate goals were for a proxy with a whole CPU; under the quota the rate ratio of
+        # issue 24's table replaces them.
+        why = "– (the rate ran under a CPU quota: see issue 24's rate ratio)"
+        rows.append(("highest rate (p99 < 5 ms) ≥ 0.7× nginx's", f"mlxgate {g_txt} vs nginx {n_txt} req/s", why))
+        rows.append(("highest rate ≥ 300× LiteLLM's", f"mlxgate {g_txt} vs LiteLLM {l_txt} req/s", why))
+    else:
+        rows.append(("highest rate (p99 < 5 ms) ≥ 0.7× nginx's",
+                     f"mlxgate {g_txt} vs nginx {n_txt} req/s: {g_rate / n_rate:.2f}×", met(g_rate >= 0.7 * n_rate)))
+        rows.append(("highest rate ≥ 300× LiteLLM's",
+                     f"mlxgate {g_txt} vs LiteLLM {l_txt} req/s: {g_rate / l_rate:.0f}×", met(g_rate >= 300 * l_rate)))
     for phase, goal_us, label in [(st, 50, "256"), (many, 1000, "1000")]:
         a = phase["summary"]["mlxgate"]["added_gap_p99_us"]
         floor = phase["noise"]["gap_p99_us"]
@@ -215,6 +222,10 @@ def goals_table(res: dict) -> list[tuple[str, str, str, str, str]]:
                  mib(bidle) if has_before else ""))
     rows.append(("RSS with 1000 streams open ≤ 64 MB", mib(r1000), "–", met(0 < r1000 * 1024 <= 64e6),
                  mib(b1000) if has_before else ""))
+    full = res["rss_idle_kib"].get("mlxgate-full")
+    rows.append((f"RSS of mlxgate-full with {tok['short']} loaded (reported apart)",
+                 f"{mib(full)} idle ({mib(full - idle) if full else '–'} over the default config)", "–",
+                 "– (reported)", ""))
     soak = res.get("soak")
     if soak:
         g = soak["growth_mib_per_min"]
