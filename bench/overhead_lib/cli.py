@@ -141,7 +141,15 @@ def main() -> int:
         procs.stop_all()
     results = ROOT / "bench" / "results"
     results.mkdir(parents=True, exist_ok=True)
-    raw = results / ("quick.json" if args.quick else "overhead.json")
+    # The raw figures beside the report: bench/results/overhead.json for BENCHMARKS.md,
+    # bench/results/quick.json for quick.md, else the report's name with .json (--out elsewhere
+    # never touches the committed figures).
+    if out_md.resolve() == (ROOT / "BENCHMARKS.md").resolve():
+        raw = results / "overhead.json"
+    elif out_md.resolve() == (results / "quick.md").resolve():
+        raw = results / "quick.json"
+    else:
+        raw = out_md.with_suffix(".json")
     raw.write_text(json.dumps(res, indent=1, default=str))
     write_report(out_md, res)
     log(f"done in {res['elapsed_s']:.0f}s: {out_md} (raw figures: {raw}; logs: {workdir})")
