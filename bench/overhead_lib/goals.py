@@ -114,8 +114,8 @@ def rate_steps_as_runs(step: dict | None) -> list[dict]:
     measures every step of a target once, until it is stopped)."""
     if not step:
         return []
-    return [{"round": i, "cpu_us_per_req": v} for i, v in enumerate(step.get("cpu_us_per_req_values") or [])
-            if v is not None and v == v]
+    values = step.get("cpu_us_per_req_values") or [step.get("cpu_us_per_req")]  # runs saved before: the median
+    return [{"round": i, "cpu_us_per_req": v} for i, v in enumerate(values) if v is not None and v == v]
 
 
 def goals_table(res: dict) -> list[tuple[str, str, str, str, str]]:
@@ -237,8 +237,8 @@ def goals_table(res: dict) -> list[tuple[str, str, str, str, str]]:
         rows.append(("no growth in the soak", "not run (--soak-minutes 0)", "–", "–", ""))
     # The rate ratio with the proxy as the bottleneck (no goal in the issue; what bounded it).
     n_peak = rate["nginx"]["peak_rps"]
-    rtxt = f"{rate['mlxgate']['peak_rps']:.0f} vs nginx {n_peak:.0f} req/s, bounded by: {rate['mlxgate']['peak_bound']} / " \
-           f"{rate['nginx']['peak_bound']}"
+    rtxt = f"{rate['mlxgate']['peak_rps']:.0f} vs nginx {n_peak:.0f} req/s, bounded by: {rate['mlxgate'].get('peak_bound', '?')} / " \
+           f"{rate['nginx'].get('peak_bound', '?')}"
     before = ""
     if has_before:
         before = f"{rate['mlxgate-before']['peak_rps']:.0f} ({rate['mlxgate-before']['peak_rps'] / n_peak:.2f}×)"

@@ -68,7 +68,7 @@ def render(res: dict, quick: bool, svg: Path | None = None, out_md: Path | None 
     w("    bench/overhead" + (" --quick" if quick else "")
       + (" --before-bin-dir DIR   # DIR: the \"before\" binaries (mlxgate)" if res.get("before_bin_dir") else ""))
     w("")
-    if not quick:
+    if not quick and "pin_rounds" in mode:
         w(f"To keep the whole run near half an hour, some phases are shorter than they could be: the rate steps are "
           f"{mode['rate_seconds']} s at connections {mode['rate_conns']}; LiteLLM and Portkey get "
           f"{mode['litellm_stream_rounds']} round of 256 streams (the others {mode['stream_rounds']}); the second "
