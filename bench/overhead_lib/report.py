@@ -502,6 +502,11 @@ def render_profile(w: Callable[[str], None], prof: dict, title: str) -> None:
       f"frame up for memcpy and the like; inlined code counts where it was inlined). µs per {unit} = "
       f"share × CPU per {unit}.")
     w("")
+    top3 = list(prof["groups"].items())[:3]
+    if top3:
+        w(f"Where the {prof['cpu_us_per_unit']:.1f} µs per {unit} go, the largest first: "
+          + "; ".join(f"{g} {p / 100 * prof['cpu_us_per_unit']:.2f} µs" for g, p in top3) + ".")
+        w("")
     w(f"| group | share of samples | µs per {unit} |")
     w("|---|---|---|")
     for g, p in prof["groups"].items():
