@@ -24,7 +24,7 @@ from .settings import (
     SOAK_STREAMS_PER_S, SOAK_TARGET, TARGETS, log,
 )
 from .stats import med, noise, pct, rounds_order, slope_per_minute, spread, summarize
-from .targets import chat_body, long_prompt, process_of
+from .targets import chat_body, long_prompt
 
 
 def on_cpu(pid: int | None, run: Callable[[], dict]) -> dict:

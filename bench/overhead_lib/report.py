@@ -10,10 +10,10 @@ from typing import Callable
 from .processes import nginx_binary
 from .goals import goals_issue11, goals_table
 from .picture import write_svg
-from .text import met, mib, noise_text, one_decimal, plain_us, span, tokenizer_of, us, verdict  # noqa: F401
+from .text import mib, noise_text, one_decimal, plain_us, span, tokenizer_of, us
 from .settings import (
     LITELLM_VENV, LOAD_TARGETS, MANY_TARGETS, PORTKEY_VERSION, PROXIES, ROOT, SOAK_CONNS, SOAK_SAMPLE_S,
-    SOAK_STREAMS_PER_S, TARGETS, TINY_TOKENIZER_DIR,
+    SOAK_STREAMS_PER_S, TARGETS,
 )
 
 
