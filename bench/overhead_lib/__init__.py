@@ -37,11 +37,11 @@ scheduler's ns on CPU summed over all the process's threads, those that have exi
 summed over the proxy's process tree; not 10 ms ticks, and not /proc/PID/schedstat (that file is
 the main thread's alone).
 
-    bench/overhead            # full run (about 32 minutes with the 6-minute soak), BENCHMARKS.md
+    bench/overhead            # full run (about 30 minutes with the 10-minute soak), BENCHMARKS.md
     bench/overhead --quick    # no soak, shorter phases (about 5 minutes), bench/results/quick.md
     bench/overhead --before-bin-dir DIR   # and mlxgate from DIR beside it in every phase
 
---soak-minutes N sets the soak (default 6 in the full run, 0 with --quick; 0 skips it).
+--soak-minutes N sets the soak (default 10 in the full run, 0 with --quick; 0 skips it).
 Runs bench/setup first (nginx, wrk, perf, node from Debian, the release binaries, .venv-litellm,
 Portkey's gateway) unless --no-setup. Traffic goes to 127.0.0.1 only, on ports 19400-19499 (Portkey's
 gateway listens on every interface: its start script takes no address). Everything it starts is

@@ -179,7 +179,7 @@ class Mode:
 FULL = Mode(latency_rounds=5, latency_seconds=5, ttfb_seconds=3, rate_rounds=3, rate_seconds=3,
             rate_conns=[1, 4, 16, 32, 64], stream_rounds=4, litellm_stream_rounds=1, streams=256,
             stream_chunks=128, many_rounds=3, many_streams=1000, many_chunks=100, perf_seconds=8, pin_rounds=3,
-            face_rounds=3, long_rounds=3, long_seconds=3, soak_minutes=6)
+            face_rounds=3, long_rounds=3, long_seconds=3, soak_minutes=10)
 
 
 QUICK = Mode(latency_rounds=2, latency_seconds=2, ttfb_seconds=2, rate_rounds=1, rate_seconds=2,
