@@ -42,6 +42,8 @@ the main thread's alone).
     bench/overhead --before-bin-dir DIR   # and mlxgate from DIR beside it in every phase
 
 --soak-minutes N sets the soak (default 10 in the full run, 0 with --quick; 0 skips it).
+--render-only JSON remakes the report and its picture from saved raw figures; --self-test tests
+the harness's pure pieces (no process started).
 Runs bench/setup first (nginx, wrk, perf, node from Debian, the release binaries, .venv-litellm,
 Portkey's gateway) unless --no-setup. Traffic goes to 127.0.0.1 only, on ports 19400-19499 (Portkey's
 gateway listens on every interface: its start script takes no address). Everything it starts is
