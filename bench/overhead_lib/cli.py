@@ -40,7 +40,7 @@ def portkey_missing() -> str | None:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=USAGE.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="shorter runs, no soak (about 3 minutes)")
+    ap.add_argument("--quick", action="store_true", help="shorter runs, no soak (about 5 minutes)")
     ap.add_argument("--soak-minutes", type=float,
                     help="minutes of the RSS soak through mlxgate-full (default 10; --quick: 0; 0 skips it)")
     ap.add_argument("--no-setup", action="store_true", help="do not run bench/setup first")
