@@ -53,9 +53,14 @@ impl RequestId {
             h.write_u64(salt);
             h.finish()
         };
-        let text = format!("req_{:016x}{:016x}", half(0), half(1));
+        const HEX: &[u8; 16] = b"0123456789abcdef";
+        let mut text = *b"req_00000000000000000000000000000000";
+        for (i, byte) in half(0).to_be_bytes().into_iter().chain(half(1).to_be_bytes()).enumerate() {
+            text[4 + 2 * i] = HEX[usize::from(byte >> 4)];
+            text[5 + 2 * i] = HEX[usize::from(byte & 15)];
+        }
         // Hex digits are always a valid header value.
-        RequestId(HeaderValue::from_str(&text).unwrap_or_else(|_| HeaderValue::from_static("req_unknown")))
+        RequestId(HeaderValue::from_bytes(&text).unwrap_or_else(|_| HeaderValue::from_static("req_unknown")))
     }
 
     /// The id's text.

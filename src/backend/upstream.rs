@@ -68,16 +68,20 @@ const HOP_BY_HOP: [HeaderName; 8] = [
 /// (where the `/ui` page keeps its session).
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     headers.remove(header::SET_COOKIE);
-    let named: Vec<HeaderName> = headers
+    for name in connection_named(headers).iter().chain(HOP_BY_HOP.iter()) {
+        headers.remove(name);
+    }
+}
+
+/// The headers `Connection` names (hop-by-hop by its word).
+fn connection_named(headers: &HeaderMap) -> Vec<HeaderName> {
+    headers
         .get_all(header::CONNECTION)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
         .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
-        .collect();
-    for name in named.iter().chain(HOP_BY_HOP.iter()) {
-        headers.remove(name);
-    }
+        .collect()
 }
 
 impl Upstream {
@@ -110,11 +114,14 @@ impl Upstream {
         let uri = || format!("{}{}", backend.url, path_and_query);
         let mut headers = HeaderMap::with_capacity(client_headers.len() + 3);
         for (name, value) in client_headers {
-            if !is_dropped_request_header(name) {
+            if !is_dropped_request_header(name) && !HOP_BY_HOP.contains(name) {
                 headers.append(name.clone(), value.clone());
             }
         }
-        strip_hop_by_hop(&mut headers);
+        // Headers the client's `Connection` names go too (hop-by-hop by its word).
+        for name in connection_named(client_headers) {
+            headers.remove(name);
+        }
         headers.insert(header::HOST, destination.authority.clone());
         // A compressed stream could not be metered (and its usage not read).
         headers.insert(header::ACCEPT_ENCODING, HeaderValue::from_static("identity"));
@@ -241,6 +248,21 @@ mod tests {
         strip_hop_by_hop(&mut h);
         assert_eq!(h.len(), 1);
         assert!(h.contains_key(header::CONTENT_TYPE));
+    }
+
+    #[test]
+    fn the_request_drops_hop_by_hop_and_what_connection_names() {
+        let mut client = HeaderMap::new();
+        client.insert(header::CONNECTION, HeaderValue::from_static("keep-alive, X-Private"));
+        client.insert("x-private", HeaderValue::from_static("1"));
+        client.insert("keep-alive", HeaderValue::from_static("timeout=5"));
+        client.insert(header::TE, HeaderValue::from_static("trailers"));
+        client.insert(header::USER_AGENT, HeaderValue::from_static("sdk/1"));
+        let named = connection_named(&client);
+        assert_eq!(named, [HeaderName::from_static("keep-alive"), HeaderName::from_static("x-private")]);
+        let kept: Vec<&HeaderName> =
+            client.keys().filter(|n| !HOP_BY_HOP.contains(n) && !named.contains(n)).collect();
+        assert_eq!(kept, [header::USER_AGENT]);
     }
 
     #[test]
