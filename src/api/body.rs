@@ -4,11 +4,11 @@
 
 use std::time::Duration;
 
+use crate::backend::upstream::UpstreamBody;
 use axum::body::Body;
 use axum::http::header;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Limited};
-use crate::backend::upstream::UpstreamBody;
 
 use crate::error::GatewayError;
 

@@ -396,8 +396,16 @@ async fn whole_answer(
     let request_id = request.request_id().as_str();
     let Held { permit, answer, .. } = loop {
         let max_wait = route.model.max_wait;
-        let prepared =
-            Prepared { route, client, outbound: &outgoing.outbound, encode, router: None, sent: &sent, max_wait, request_id };
+        let prepared = Prepared {
+            route,
+            client,
+            outbound: &outgoing.outbound,
+            encode,
+            router: None,
+            sent: &sent,
+            max_wait,
+            request_id,
+        };
         match call::call(prepared, &state.metrics, &state.cutoff).await {
             Ok(held) => break held,
             Err(GatewayError::QueueFull { .. }) if Instant::now() < deadline => {

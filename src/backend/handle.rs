@@ -15,10 +15,10 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::upstream::UpstreamBody;
 use axum::http::{HeaderMap, Method};
 use bytes::Bytes;
 use http_body_util::BodyExt;
-use super::upstream::UpstreamBody;
 
 use super::supervisor::Supervisor;
 use super::upstream::{Upstream, UpstreamError};

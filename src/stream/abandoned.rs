@@ -11,8 +11,8 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
 use crate::backend::upstream::UpstreamBody;
+use bytes::Bytes;
 use prometheus::IntGauge;
 
 use super::shutdown::Cutoff;

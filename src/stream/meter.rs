@@ -25,9 +25,9 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use crate::backend::upstream::UpstreamBody;
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
-use crate::backend::upstream::UpstreamBody;
 use pin_project_lite::pin_project;
 use tokio::sync::futures::OwnedNotified;
 
