@@ -4,7 +4,7 @@
 //! `/metrics` exactly when it did before (a counter nobody increments stays absent). Bounded:
 //! every label is a configured name (or `anonymous`, or empty for an unrouted request).
 
-use std::hash::{BuildHasher, Hash, Hasher};
+use std::hash::BuildHasher;
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
 
 use prometheus::{Histogram, HistogramVec, IntCounter, IntCounterVec};
@@ -136,11 +136,7 @@ pub struct Cache {
 impl Cache {
     /// The series of `model`, `backend` and `client`.
     pub fn get(&self, model: &str, backend: &str, client: &str) -> Arc<RequestSeries> {
-        let key = {
-            let mut h = foldhash::quality::FixedState::default().build_hasher();
-            (model, backend, client).hash(&mut h);
-            h.finish()
-        };
+        let key = foldhash::quality::FixedState::default().hash_one((model, backend, client));
         let same = |s: &&Arc<RequestSeries>| s.all() == [model, backend, client];
         {
             let map = self.by_labels.read().unwrap_or_else(std::sync::PoisonError::into_inner);
