@@ -262,8 +262,8 @@ pub struct Ending<'a> {
 }
 
 /// Writes `line` (when enabled) as one event at `info` under `mlxgate::access`, outside any
-/// span in text (the request's span is in JSON lines: tracing-subscriber's JSON writer adds the
-/// current span to every event). Fields that are unknown or empty (model and backend of a
+/// span (its own fields say what the request was; at `debug`, JSON lines also carry the
+/// request's span). Plain text to a file or a pipe goes straight to stderr (`text.rs`). Fields that are unknown or empty (model and backend of a
 /// request never routed) are left out. A request with no status
 /// (the client left before the headers) is logged with 499, nginx's status for it.
 pub fn write(line: &AccessLine, end: &Ending<'_>) {

@@ -294,7 +294,8 @@ async fn error_answer(
     let body = backend_error_body(&backend, head.status, &text);
     let outcome =
         if head.status.is_client_error() { Outcome::BackendRejected } else { Outcome::Failed("backend_error") };
-    tracing::info!(backend = %backend, status = %head.status, message = %body["error"]["message"], "backend refused the request");
+    let request_id = info.record.request_id().as_str();
+    tracing::info!(request_id, backend = %backend, status = %head.status, message = %body["error"]["message"], "backend refused the request");
     let mut record = info.record;
     record.responded(head.status.as_u16());
     record.finish_answered(outcome, &StreamFigures::default().of_whole(Whole::Failed));

@@ -137,7 +137,7 @@ impl Upstream {
         address_loopback(backend, &mut headers);
         let mut request = Request::builder()
             .method(method)
-            .uri(path_and_query)
+            .uri(destination.target(path_and_query).as_ref())
             .body(Full::new(body))
             .map_err(|e| UpstreamError::Connect(format!("cannot build a request to {}: {e}", uri())))?;
         *request.headers_mut() = headers;
@@ -154,16 +154,12 @@ impl Upstream {
     pub async fn probe(&self, backend: &BackendConfig, path: &str, timeout: Duration) -> Result<(), String> {
         let uri = format!("{}{}", backend.url, path);
         let destination = self.destination(backend).map_err(|e| e.to_string())?;
-        let mut request = Request::get(path).body(Full::new(Bytes::new())).map_err(|e| e.to_string())?;
+        let target = destination.target(path);
+        let mut request = Request::get(target.as_ref()).body(Full::new(Bytes::new())).map_err(|e| e.to_string())?;
         request.headers_mut().insert(header::HOST, destination.authority.clone());
         address_loopback(backend, request.headers_mut());
-        let probe = async {
-            let response = destination.exchange(request, self.connect_timeout).await?;
-            let status = response.status();
-            // Read to its end: the connection goes back to the pool.
-            let _ = http_body_util::BodyExt::collect(response.into_body()).await;
-            Ok::<_, ExchangeError>(status)
-        };
+        // The status is the answer: the body is not read (its connection is then closed).
+        let probe = async { destination.exchange(request, self.connect_timeout).await.map(|r| r.status()) };
         match tokio::time::timeout(timeout, probe).await {
             Ok(Ok(status)) if status.is_success() => Ok(()),
             Ok(Ok(status)) => Err(format!("GET {path} answered {status}")),
@@ -183,8 +179,12 @@ fn destination_of(url: &str, idle_timeout: Duration) -> Option<Destination> {
     let authority = uri.authority()?;
     let host = authority.host().trim_start_matches('[').trim_end_matches(']').to_string();
     let port = authority.port_u16().unwrap_or(80);
-    let value = HeaderValue::from_str(authority.as_str()).ok()?;
-    Some(Destination::new(host, port, value, idle_timeout))
+    // As HTTP clients write it: the host (an IPv6 one in brackets), its port unless 80; never
+    // the URL's user information.
+    let named = if port == 80 { authority.host().to_string() } else { format!("{}:{port}", authority.host()) };
+    let value = HeaderValue::from_str(&named).ok()?;
+    let prefix = uri.path().trim_end_matches('/').to_string();
+    Some(Destination::new(host, port, value, prefix, idle_timeout))
 }
 
 /// With `loopback_host`, the request is addressed as a local one whatever name the backend's URL
@@ -277,6 +277,18 @@ mod tests {
             assert!(is_dropped_request_header(&name), "{name}");
         }
         assert!(!is_dropped_request_header(&header::CONTENT_TYPE));
+    }
+
+    #[test]
+    fn a_destination_keeps_the_urls_path_and_names_its_host_as_clients_do() {
+        let d = destination_of("http://user:secret@gw:8080/mlx/", Duration::from_secs(1)).expect("a destination");
+        assert_eq!(d.authority, "gw:8080");
+        assert_eq!(d.target("/v1/chat/completions"), "/mlx/v1/chat/completions");
+        let d = destination_of("http://studio.local", Duration::from_secs(1)).expect("a destination");
+        assert_eq!((d.authority.to_str().ok(), d.target("/health").as_ref()), (Some("studio.local"), "/health"));
+        let d = destination_of("http://[::1]:80/", Duration::from_secs(1)).expect("a destination");
+        assert_eq!((d.authority.to_str().ok(), d.target("/v1/models").as_ref()), (Some("[::1]"), "/v1/models"));
+        assert!(destination_of("https://secure:443", Duration::from_secs(1)).is_none(), "http only");
     }
 
     #[test]

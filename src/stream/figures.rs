@@ -256,7 +256,7 @@ struct WholeAnswer<'a> {
     choices: Option<&'a serde_json::value::RawValue>,
     #[serde(borrow)]
     data: Option<&'a serde_json::value::RawValue>,
-    usage: Option<WholeUsage<'a>>,
+    usage: Option<super::frame::Object<WholeUsage<'a>>>,
 }
 
 #[derive(serde::Deserialize)]
@@ -265,7 +265,7 @@ struct WholeUsage<'a> {
     prompt_tokens: Option<&'a serde_json::value::RawValue>,
     #[serde(borrow)]
     completion_tokens: Option<&'a serde_json::value::RawValue>,
-    prompt_tokens_details: Option<WholeDetails<'a>>,
+    prompt_tokens_details: Option<super::frame::Object<WholeDetails<'a>>>,
 }
 
 #[derive(serde::Deserialize)]
@@ -283,12 +283,12 @@ impl WholeAnswer<'_> {
             return None;
         }
         let count = |raw: Option<&serde_json::value::RawValue>| raw.and_then(|r| r.get().parse::<u64>().ok());
-        let usage = self.usage.as_ref();
+        let usage = self.usage.as_ref().map(|u| &u.0);
         Some(StreamFigures {
             metered: true,
             prompt_tokens: count(usage.and_then(|u| u.prompt_tokens)),
             completion_tokens: count(usage.and_then(|u| u.completion_tokens)),
-            cached_tokens: count(usage.and_then(|u| u.prompt_tokens_details.as_ref()?.cached_tokens)),
+            cached_tokens: count(usage.and_then(|u| u.prompt_tokens_details.as_ref()?.0.cached_tokens)),
             ..Default::default()
         })
     }

@@ -117,7 +117,7 @@ struct RawDetails<'a> {
 
 /// A struct read from a JSON object only (serde would also read one from an array, by
 /// position): anything else fails the fast path.
-struct Object<T>(T);
+pub(super) struct Object<T>(pub(super) T);
 
 impl<'de, T: Deserialize<'de>> Deserialize<'de> for Object<T> {
     fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {

@@ -38,6 +38,11 @@ use tokio::net::TcpStream;
 /// Idle connections kept per destination.
 pub const MAX_IDLE: usize = 64;
 
+/// How long a connection whose answer was dropped before its end (a client that hangs up at
+/// `[DONE]`, before the chunked body's last bytes) may take to finish that answer and go back to
+/// the pool; past it, it is closed.
+const DRAIN_WAIT: Duration = Duration::from_secs(1);
+
 /// The TCP keep-alive probes' idle time on a backend connection.
 const TCP_KEEPALIVE: Duration = Duration::from_secs(60);
 
@@ -47,8 +52,10 @@ type Conn = http1::Connection<TokioIo<TcpStream>, Full<Bytes>>;
 pub struct Destination {
     host: String,
     port: u16,
-    /// The `Host` header its requests carry (the URL's authority).
+    /// The `Host` header its requests carry (the URL's host, and its port unless the default).
     pub authority: HeaderValue,
+    /// The URL's path, without its last `/` (empty for none): every request's path goes after it.
+    pub prefix: String,
     idle: Mutex<Vec<Link>>,
     /// Idle connections older than this are closed (the backend's pool idle timeout).
     idle_timeout: Duration,
@@ -60,12 +67,12 @@ pub struct Destination {
 /// which whoever awaits the answer polls.
 pub struct Link {
     sender: http1::SendRequest<Full<Bytes>>,
-    conn: Pin<Box<Conn>>,
-    /// The connection's future has completed: it is closed.
-    done: bool,
+    /// The connection's state machine; `None` once it has completed (it is closed). Dropped at
+    /// once then: a request still queued on it comes back to its sender unsent.
+    conn: Option<Pin<Box<Conn>>>,
     /// When it went idle.
     since: Instant,
-    home: Option<Arc<Destination>>,
+    home: Weak<Destination>,
 }
 
 /// Why an exchange got no response head.
@@ -81,8 +88,10 @@ impl Link {
     /// Polls the connection's state machine (reads and writes on its socket); `done` once it
     /// has completed.
     fn drive(&mut self, cx: &mut Context<'_>) {
-        if !self.done && self.conn.as_mut().poll(cx).is_ready() {
-            self.done = true;
+        if let Some(conn) = self.conn.as_mut()
+            && conn.as_mut().poll(cx).is_ready()
+        {
+            self.conn = None;
         }
     }
 
@@ -90,7 +99,7 @@ impl Link {
     /// it idled is read here) and ready.
     fn usable(&mut self) -> bool {
         self.drive(&mut Context::from_waker(std::task::Waker::noop()));
-        !self.done && self.sender.is_ready()
+        self.conn.is_some() && self.sender.is_ready()
     }
 
     /// Sends `request` and waits for the response head, driving the connection meanwhile.
@@ -117,10 +126,10 @@ impl Link {
     /// can take another request, else closed.
     fn check_in(mut self, cx: &mut Context<'_>) {
         self.drive(cx);
-        let Some(home) = self.home.clone() else { return };
+        let Some(home) = self.home.upgrade() else { return };
         // Ready for another request, or about to be (hyper may want one more poll to see the
         // answer ended: the checkout's poll gives it that).
-        if self.done || self.sender.is_closed() {
+        if self.conn.is_none() || self.sender.is_closed() {
             return;
         }
         self.since = Instant::now();
@@ -139,8 +148,17 @@ impl Link {
 
 impl Destination {
     /// The destination of `host:port`, its idle connections closed after `idle_timeout`.
-    pub fn new(host: String, port: u16, authority: HeaderValue, idle_timeout: Duration) -> Self {
-        Destination { host, port, authority, idle: Mutex::default(), idle_timeout, pool: Weak::new() }
+    pub fn new(host: String, port: u16, authority: HeaderValue, prefix: String, idle_timeout: Duration) -> Self {
+        Destination { host, port, authority, prefix, idle: Mutex::default(), idle_timeout, pool: Weak::new() }
+    }
+
+    /// The request target of `path_and_query` at this destination (after the URL's own path).
+    pub fn target<'a>(&self, path_and_query: &'a str) -> std::borrow::Cow<'a, str> {
+        if self.prefix.is_empty() {
+            std::borrow::Cow::Borrowed(path_and_query)
+        } else {
+            std::borrow::Cow::Owned(format!("{}{path_and_query}", self.prefix))
+        }
     }
 
     /// A usable idle connection, the stale ones dropped on the way.
@@ -156,29 +174,58 @@ impl Destination {
         None
     }
 
-    /// Closes the connections idle past the timeout; whether any is left idle.
+    /// Closes the connections idle past the timeout and those the server closed; whether any
+    /// is left idle.
     fn reap(&self) -> bool {
         let mut idle = self.idle.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        idle.retain(|l| l.since.elapsed() < self.idle_timeout);
+        idle.retain_mut(|l| l.since.elapsed() < self.idle_timeout && l.usable());
         !idle.is_empty()
     }
 
-    /// A new connection, within `connect_timeout`.
+    /// A new connection, within `connect_timeout`: each address the host name resolves to is
+    /// tried in turn with its share of what is left of the timeout (a firewalled IPv6 address
+    /// first does not keep the IPv4 one from being tried).
     async fn connect(self: &Arc<Self>, connect_timeout: Duration) -> Result<Link, ExchangeError> {
-        let connecting = TcpStream::connect((self.host.as_str(), self.port));
-        let tcp = match tokio::time::timeout(connect_timeout, connecting).await {
-            Ok(Ok(tcp)) => tcp,
-            Ok(Err(e)) => return Err(ExchangeError::Connect(e)),
-            Err(_) => {
-                let after = format!("no connection within {}", humantime::format_duration(connect_timeout));
-                return Err(ExchangeError::Connect(std::io::Error::new(std::io::ErrorKind::TimedOut, after)));
+        let deadline = tokio::time::Instant::now() + connect_timeout;
+        let timed_out = || {
+            let after = format!("no connection within {}", humantime::format_duration(connect_timeout));
+            ExchangeError::Connect(std::io::Error::new(std::io::ErrorKind::TimedOut, after))
+        };
+        let addresses: Vec<std::net::SocketAddr> = match self.host.parse::<std::net::IpAddr>() {
+            Ok(ip) => vec![std::net::SocketAddr::new(ip, self.port)],
+            Err(_) => match tokio::time::timeout_at(deadline, tokio::net::lookup_host((self.host.as_str(), self.port)))
+                .await
+            {
+                Ok(Ok(found)) => found.collect(),
+                Ok(Err(e)) => return Err(ExchangeError::Connect(e)),
+                Err(_) => return Err(timed_out()),
+            },
+        };
+        let mut last = None;
+        let mut tcp = None;
+        for (i, address) in addresses.iter().enumerate() {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            let share = left / u32::try_from(addresses.len() - i).unwrap_or(1);
+            match tokio::time::timeout(share, TcpStream::connect(address)).await {
+                Ok(Ok(connected)) => {
+                    tcp = Some(connected);
+                    break;
+                }
+                Ok(Err(e)) => last = Some(ExchangeError::Connect(e)),
+                Err(_) => last = Some(timed_out()),
             }
+        }
+        let Some(tcp) = tcp else {
+            return Err(last.unwrap_or_else(|| {
+                let none = format!("{} resolves to no address", self.host);
+                ExchangeError::Connect(std::io::Error::new(std::io::ErrorKind::NotFound, none))
+            }));
         };
         // Small SSE frames must not wait 40 ms for Nagle; a peer that vanished is noticed.
         let _ = tcp.set_nodelay(true);
         let _ = socket2::SockRef::from(&tcp).set_tcp_keepalive(&socket2::TcpKeepalive::new().with_time(TCP_KEEPALIVE));
         let (sender, conn) = http1::handshake(TokioIo::new(tcp)).await.map_err(ExchangeError::Broken)?;
-        Ok(Link { sender, conn: Box::pin(conn), done: false, since: Instant::now(), home: Some(Arc::clone(self)) })
+        Ok(Link { sender, conn: Some(Box::pin(conn)), since: Instant::now(), home: Arc::downgrade(self) })
     }
 
     /// Sends `request` (origin-form URI, `Host` set) on an idle connection or a new one, and
@@ -217,6 +264,28 @@ fn with_link(response: Response<Incoming>, link: Link) -> Response<UpstreamBody>
 pub struct UpstreamBody {
     body: Incoming,
     link: Option<Link>,
+}
+
+impl Drop for UpstreamBody {
+    /// An answer dropped before its end: its connection goes to a drainer, which lets hyper
+    /// read (and discard) the little that is left — the last bytes of an answer whose client
+    /// hung up at `[DONE]` — and checks it in; more than that closes it.
+    fn drop(&mut self) {
+        let Some(mut link) = self.link.take() else { return };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
+        if link.conn.is_none() {
+            return;
+        }
+        runtime.spawn(async move {
+            let settled = std::future::poll_fn(|cx| {
+                link.drive(cx);
+                if link.conn.is_none() || link.sender.is_ready() { Poll::Ready(()) } else { Poll::Pending }
+            });
+            if tokio::time::timeout(DRAIN_WAIT, settled).await.is_ok() {
+                link.check_in(&mut Context::from_waker(std::task::Waker::noop()));
+            }
+        });
+    }
 }
 
 impl Body for UpstreamBody {

@@ -105,7 +105,7 @@ proptest::proptest! {
             proptest::strategy::Just("18446744073709551615".to_string()),
             proptest::strategy::Just("18446744073709551616".to_string()),
         ]), 3),
-        usage_kind in 0..4u8, details_kind in 0..3u8, duplicate in proptest::bool::ANY,
+        usage_kind in 0..5u8, details_kind in 0..4u8, duplicate in proptest::bool::ANY,
     ) {
         let mut fields = vec![r#""id":"x","model":"m""#.to_string()];
         if let Some(c) = &choices { fields.push(format!(r#""choices": {c}"#)); }
@@ -114,6 +114,7 @@ proptest::proptest! {
         let details = match details_kind {
             0 => None,
             1 => Some(r#""prompt_tokens_details":null"#.to_string()),
+            2 => Some(r#""prompt_tokens_details":[5]"#.to_string()),
             _ => Some(format!(r#""prompt_tokens_details":{{{}}}"#, count(2, "cached_tokens").unwrap_or_default())),
         };
         let inner: Vec<String> =
@@ -122,6 +123,7 @@ proptest::proptest! {
             0 => {}
             1 => fields.push(r#""usage":null"#.to_string()),
             2 => fields.push(r#""usage":"none""#.to_string()),
+            3 => fields.push(r#""usage":[12,7,null]"#.to_string()),
             _ => fields.push(format!(r#""usage":{{{}}}"#, inner.join(","))),
         }
         if duplicate { fields.push(r#""usage":{"prompt_tokens":99}"#.to_string()); }
