@@ -93,6 +93,13 @@ pin_project! {
             // Its slot is not `finish`ed (the backend's body was not read to its end: a
             // serialized backend's next request keeps its pauses).
             if this.figures.done && this.forward.out.is_empty() {
+                // Its last bytes (the chunked body's end) read in the background: the
+                // connection goes back to the pool rather than closing.
+                if !*this.finished
+                    && let Some(body) = this.inner.take()
+                {
+                    body.finish_in_background();
+                }
                 if let Some(info) = this.info.take() {
                     let outcome = if this.figures.error.is_some() { Outcome::StreamError } else { Outcome::Ok };
                     record(info, this.figures, outcome);

@@ -38,10 +38,12 @@ use tokio::net::TcpStream;
 /// Idle connections kept per destination.
 pub const MAX_IDLE: usize = 64;
 
-/// How long a connection whose answer was dropped before its end (a client that hangs up at
-/// `[DONE]`, before the chunked body's last bytes) may take to finish that answer and go back to
-/// the pool; past it, it is closed.
+/// How long the last bytes of an answer whose client hung up at its `[DONE]` may take to come
+/// (see [`UpstreamBody::finish_in_background`]); past it, its connection is closed.
 const DRAIN_WAIT: Duration = Duration::from_secs(1);
+
+/// The most of such an answer read after its `[DONE]` before its connection is closed instead.
+const DRAIN_BYTES: usize = 64 << 10;
 
 /// The TCP keep-alive probes' idle time on a backend connection.
 const TCP_KEEPALIVE: Duration = Duration::from_secs(60);
@@ -256,34 +258,38 @@ impl Destination {
 }
 
 fn with_link(response: Response<Incoming>, link: Link) -> Response<UpstreamBody> {
-    response.map(|body| UpstreamBody { body, link: Some(link) })
+    response.map(|body| UpstreamBody { body: Some(body), link: Some(link) })
 }
 
 /// A backend's answer body, which drives its connection while it is read, and gives the
 /// connection back to its pool at its end. Dropped before its end, it closes the connection.
 pub struct UpstreamBody {
-    body: Incoming,
+    /// `None` once handed to [`UpstreamBody::finish_in_background`].
+    body: Option<Incoming>,
     link: Option<Link>,
 }
 
-impl Drop for UpstreamBody {
-    /// An answer dropped before its end: its connection goes to a drainer, which lets hyper
-    /// read (and discard) the little that is left — the last bytes of an answer whose client
-    /// hung up at `[DONE]` — and checks it in; more than that closes it.
-    fn drop(&mut self) {
-        let Some(mut link) = self.link.take() else { return };
+impl UpstreamBody {
+    /// An answer whose end the gateway has seen (its `[DONE]`) but whose body has not ended
+    /// (the chunked body's last bytes are still to come) and whose client hung up: its last
+    /// bytes are read in the background (at most [`DRAIN_WAIT`] and [`DRAIN_BYTES`], discarded)
+    /// and its connection goes back to the pool. Dropped instead, the connection would close.
+    pub fn finish_in_background(mut self) {
+        let (Some(body), Some(link)) = (self.body.take(), self.link.take()) else { return };
         let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
-        if link.conn.is_none() {
-            return;
-        }
         runtime.spawn(async move {
-            let settled = std::future::poll_fn(|cx| {
-                link.drive(cx);
-                if link.conn.is_none() || link.sender.is_ready() { Poll::Ready(()) } else { Poll::Pending }
+            let mut rest = UpstreamBody { body: Some(body), link: Some(link) };
+            let mut read = 0;
+            let drained = tokio::time::timeout(DRAIN_WAIT, async {
+                while let Some(Ok(frame)) = http_body_util::BodyExt::frame(&mut rest).await {
+                    read += frame.data_ref().map_or(0, Bytes::len);
+                    if read > DRAIN_BYTES {
+                        return;
+                    }
+                }
             });
-            if tokio::time::timeout(DRAIN_WAIT, settled).await.is_ok() {
-                link.check_in(&mut Context::from_waker(std::task::Waker::noop()));
-            }
+            // At the body's end `poll_frame` checked the connection in; else it closes here.
+            let _ = drained.await;
         });
     }
 }
@@ -297,7 +303,8 @@ impl Body for UpstreamBody {
         if let Some(link) = this.link.as_mut() {
             link.drive(cx);
         }
-        let polled = Pin::new(&mut this.body).poll_frame(cx);
+        let Some(body) = this.body.as_mut() else { return Poll::Ready(None) };
+        let polled = Pin::new(body).poll_frame(cx);
         if let Poll::Ready(None) = polled
             && let Some(link) = this.link.take()
         {
@@ -307,11 +314,11 @@ impl Body for UpstreamBody {
     }
 
     fn is_end_stream(&self) -> bool {
-        self.body.is_end_stream()
+        self.body.as_ref().is_none_or(Body::is_end_stream)
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.body.size_hint()
+        self.body.as_ref().map_or_else(|| SizeHint::with_exact(0), Body::size_hint)
     }
 }
 
