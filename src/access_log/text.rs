@@ -143,20 +143,11 @@ impl Stamp {
     }
 }
 
-/// `YYYY-MM-DDTHH:MM:SS` of a Unix time, UTC (the proleptic Gregorian calendar: Howard
-/// Hinnant's `civil_from_days`).
+/// `YYYY-MM-DDTHH:MM:SS` of a Unix time, UTC (the proleptic Gregorian calendar; the date by the
+/// chat templates' `civil_from_days`).
 fn date_time(unix: u64) -> String {
-    let days = (unix / 86_400) as i64;
     let of_day = unix % 86_400;
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
+    let (year, month, day) = crate::tokens::template::civil_from_days((unix / 86_400) as i64);
     format!("{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}", of_day / 3600, of_day / 60 % 60, of_day % 60)
 }
 
