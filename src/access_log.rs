@@ -20,6 +20,8 @@ use std::time::Duration;
 
 use http::{HeaderMap, HeaderValue, Method};
 
+pub mod text;
+
 /// The header a request id comes in and goes back in.
 pub const REQUEST_ID_HEADER: &str = "x-request-id";
 
@@ -51,9 +53,14 @@ impl RequestId {
             h.write_u64(salt);
             h.finish()
         };
-        let text = format!("req_{:016x}{:016x}", half(0), half(1));
+        const HEX: &[u8; 16] = b"0123456789abcdef";
+        let mut text = *b"req_00000000000000000000000000000000";
+        for (i, byte) in half(0).to_be_bytes().into_iter().chain(half(1).to_be_bytes()).enumerate() {
+            text[4 + 2 * i] = HEX[usize::from(byte >> 4)];
+            text[5 + 2 * i] = HEX[usize::from(byte & 15)];
+        }
         // Hex digits are always a valid header value.
-        RequestId(HeaderValue::from_str(&text).unwrap_or_else(|_| HeaderValue::from_static("req_unknown")))
+        RequestId(HeaderValue::from_bytes(&text).unwrap_or_else(|_| HeaderValue::from_static("req_unknown")))
     }
 
     /// The id's text.
@@ -255,14 +262,19 @@ pub struct Ending<'a> {
 }
 
 /// Writes `line` (when enabled) as one event at `info` under `mlxgate::access`, outside any
-/// span in text (the request's span is in JSON lines: tracing-subscriber's JSON writer adds the
-/// current span to every event). Fields that are unknown or empty (model and backend of a
+/// span (its own fields say what the request was; at `debug`, JSON lines also carry the
+/// request's span). Plain text to a file or a pipe goes straight to stderr (`text.rs`). Fields that are unknown or empty (model and backend of a
 /// request never routed) are left out. A request with no status
 /// (the client left before the headers) is logged with 499, nginx's status for it.
 pub fn write(line: &AccessLine, end: &Ending<'_>) {
-    if !line.enabled {
+    if !line.enabled || text::write(line, end) {
         return;
     }
+    traced(line, end);
+}
+
+/// The line as a tracing event (JSON lines, a terminal, in-process subscribers).
+fn traced(line: &AccessLine, end: &Ending<'_>) {
     let ms = |d: Duration| d.as_secs_f64() * 1000.0;
     let rounded = |d: Duration| (ms(d) * 10.0).round() / 10.0;
     let model = if end.model.is_empty() { line.asked_model.as_deref().unwrap_or("") } else { end.model };

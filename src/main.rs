@@ -330,7 +330,14 @@ fn init_logging(format: LogFormat) {
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let builder = tracing_subscriber::fmt().with_env_filter(filter).with_ansi(ansi).with_writer(std::io::stderr);
     match format {
-        LogFormat::Text => builder.init(),
+        LogFormat::Text => {
+            builder.init();
+            // Plain text to a file or a pipe: the access line is written without the formatter
+            // (the same text, a tenth of the request's work less).
+            if !ansi {
+                mlxgate::access_log::text::enable();
+            }
+        }
         LogFormat::Json => builder.json().init(),
     }
 }

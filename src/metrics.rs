@@ -3,6 +3,8 @@
 //! list: docs/metrics.md): prefix `mlxgate_`, seconds as the unit, labels from bounded sets only
 //! (configured model, backend and client names, `anonymous`, error types).
 
+pub mod series;
+
 use prometheus::{
     CounterVec, Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry,
     TextEncoder,
@@ -25,6 +27,8 @@ impl std::ops::Deref for Metrics {
 /// Every metric handle, declared once on one registry.
 pub struct Declared {
     registry: Registry,
+    /// Each (model, backend, client)'s request series, resolved once.
+    series: series::Cache,
     /// The name of every metric family declared, series or not yet.
     families: Vec<String>,
     /// Finished requests by model, backend, client (a configured name or `anonymous`) and
@@ -385,6 +389,7 @@ impl Metrics {
             registry.register(collector).expect("metric names are unique");
         }
         Metrics(std::sync::Arc::new(Declared {
+            series: series::Cache::default(),
             registry,
             families,
             requests,
@@ -428,6 +433,11 @@ impl Metrics {
 }
 
 impl Declared {
+    /// The series a finished request of `model`, `backend` and `client` records into.
+    pub fn request_series(&self, model: &str, backend: &str, client: &str) -> std::sync::Arc<series::RequestSeries> {
+        self.series.get(model, backend, client)
+    }
+
     /// The name of every metric family the gateway declares (a family appears in `/metrics`
     /// from its first series on), for the dashboards' check that every name they use exists.
     pub fn family_names(&self) -> &[String] {

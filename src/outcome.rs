@@ -48,6 +48,7 @@ use crate::config::ANONYMOUS;
 use crate::error::GatewayError;
 use crate::limits::Admission;
 use crate::metrics::Metrics;
+use crate::metrics::series::RequestSeries;
 
 /// How a request ended, as the `outcome` label says it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -510,12 +511,11 @@ impl RequestRecord {
     /// its duration, and the request itself.
     fn record(&self, outcome: Outcome, measured: Option<&Measured>, duration: Duration) {
         let m = &self.metrics;
-        let (model, backend, client) = (self.model.as_str(), self.backend.as_str(), self.client.as_str());
+        let series = m.request_series(&self.model, &self.backend, &self.client);
         if let Some(measured) = measured {
-            record_answer(m, [model, backend, client], self.arrived, measured);
+            record_answer(m, &series, self.arrived, measured);
         }
-        m.request_duration.with_label_values(&[model, backend, outcome.label()]).observe(duration.as_secs_f64());
-        m.requests.with_label_values(&[model, backend, client, outcome.label()]).inc();
+        series.finished(m, outcome.label(), duration.as_secs_f64());
     }
 }
 
@@ -523,33 +523,31 @@ impl RequestRecord {
 /// `arrived`, the backend's token counts — or that the generated count is unknown; a reported
 /// cache count of 0 still makes its series (a backend that reports misses shows a hit ratio of
 /// 0, not no data) —, and for a stream its burst, decode speed and usage mismatch.
-fn record_answer(m: &Metrics, labels: [&str; 3], arrived: Instant, measured: &Measured) {
-    let [model, backend, _] = labels;
+fn record_answer(m: &Metrics, series: &RequestSeries, arrived: Instant, measured: &Measured) {
     if let Some(first) = measured.first_token {
-        let streaming = if measured.streaming { "true" } else { "false" };
         let ttft = first.duration_since(arrived).as_secs_f64();
-        m.time_to_first_token.with_label_values(&[model, backend, streaming]).observe(ttft);
+        series.time_to_first_token(m, measured.streaming).observe(ttft);
     }
     if let Some(prompt) = measured.prompt_tokens {
-        m.prompt_tokens.with_label_values(&labels).inc_by(prompt);
+        series.prompt_tokens(m).inc_by(prompt);
     }
     if let Some(cached) = measured.cached_tokens {
-        m.prompt_cached_tokens.with_label_values(&[model, backend]).inc_by(cached);
+        series.prompt_cached_tokens(m).inc_by(cached);
     }
     match measured.completion_tokens {
-        Some(generated) => m.generation_tokens.with_label_values(&labels).inc_by(generated),
-        None if measured.generates => m.generation_tokens_unknown.with_label_values(&labels).inc(),
+        Some(generated) => series.generation_tokens(m).inc_by(generated),
+        None if measured.generates => series.generation_tokens_unknown(m).inc(),
         None => {}
     }
     if measured.burst {
-        m.stream_bursts.with_label_values(&[backend]).inc();
+        series.stream_bursts(m).inc();
     }
     if let Some(tps) = measured.decode_tokens_per_second {
-        m.tokens_per_second.with_label_values(&[model, backend]).observe(tps);
-        m.inter_token_latency.with_label_values(&[model, backend]).observe(1.0 / tps);
+        series.tokens_per_second(m).observe(tps);
+        series.inter_token_latency(m).observe(1.0 / tps);
     }
     if measured.usage_mismatch {
-        m.usage_mismatch.with_label_values(&[backend]).inc();
+        series.usage_mismatch(m).inc();
     }
 }
 

@@ -1,22 +1,30 @@
-"""The measurements, one function per phase: latency, time to the first chunk, rate, 256 and 1000
-streams, the soak; each adds its figures to the results."""
+"""The measurements, one function per phase: latency (both pinnings), time to the first chunk, rate
+(under a CPU quota), 256 streams, the faces, the long prompt, 1000 streams, the soak; each adds its
+figures to the results."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import resource
 import subprocess
 import time
 from pathlib import Path
 from typing import Callable
 
+from . import settings
 from .load import first_chunk_times, run_streams, wrk, wrk_command, wrk_result
-from .processes import Procs, cpu_seconds, http_text, loadavg, preempted, prompts_counted, rss_kib
+from .processes import (
+    Procs, busy_share, cpu_seconds, cpu_times, http_text, loadavg, pin, preempted, prompts_counted, rss_kib,
+)
+from .quota import QuotaUnavailable, quotas
 from .settings import (
-    GATEWAYS, HOST, LOAD_TARGETS, MANY_TARGETS, Mode, P99_BUDGET_US, SIM_PORTS, SOAK_CONNS, SOAK_SAMPLE_S,
+    FACE_GATEWAYS, FACES, GATEWAYS, HOST, LOAD_CPU, LOAD_TARGETS, MANY_TARGETS, Mode, P99_BUDGET_US, PROXY_CPU,
+    QUOTA_PERIOD_US, QWEN_TOKENIZER_DIR, ROOT, SIM_PORTS, SLOW_TARGETS, SOAK_CONNS, SOAK_SAMPLE_S,
     SOAK_STREAMS_PER_S, SOAK_TARGET, TARGETS, log,
 )
 from .stats import med, noise, pct, rounds_order, slope_per_minute, spread, summarize
+from .targets import chat_body, long_prompt
 
 
 def on_cpu(pid: int | None, run: Callable[[], dict]) -> dict:
@@ -29,36 +37,109 @@ def on_cpu(pid: int | None, run: Callable[[], dict]) -> dict:
     return r
 
 
-def measure_latency(procs: Procs, workdir: Path, mode: Mode, res: dict) -> None:
-    log(f"latency at concurrency 1: {mode.latency_rounds} rounds x {mode.latency_seconds}s per target")
-    runs: dict[str, list[dict]] = {t: [] for t in TARGETS}
-    for r in range(mode.latency_rounds):
-        for target in rounds_order(TARGETS, r):
-            w = on_cpu(procs.proxy_pid(target), lambda t=target: wrk(workdir, t, 1, mode.latency_seconds))
+def latency_rounds(procs: Procs, workdir: Path, targets: list[str], rounds: int, seconds: float,
+                   wrk_cpu: str = LOAD_CPU, body: dict | None = None, label: str = "") -> dict[str, list[dict]]:
+    """wrk -c1 through each target, `rounds` interleaved rounds, with the proxy's CPU per request."""
+    runs: dict[str, list[dict]] = {t: [] for t in targets}
+    for r in range(rounds):
+        for target in rounds_order(targets, r):
+            w = on_cpu(procs.proxy_pid(target), lambda t=target: wrk(workdir, t, 1, seconds, wrk_cpu, body))
             w["round"], w["loadavg"] = r, loadavg()
             if "cpu_s" in w:
                 w["cpu_us_per_req"] = w["cpu_s"] / max(1, w["requests"]) * 1e6
                 w["preempted_per_s"] = w["preempted"] / (w["duration_us"] / 1e6)
             runs[target].append(w)
-            log(f"  round {r + 1} {target:12} p50 {w['p50']:6d} us  p99 {w['p99']:6d} us  {w['rps']:8.0f} req/s"
-                f"  non-2xx {w['status_errors']}" + (f"  cpu {w['cpu_us_per_req']:.1f} us/req" if "cpu_s" in w else ""))
+            log(f"  {label}round {r + 1} {target:14} p50 {w['p50']:6d} us  p99 {w['p99']:6d} us  {w['rps']:8.0f} "
+                f"req/s  non-2xx {w['status_errors']}"
+                + (f"  cpu {w['cpu_us_per_req']:.1f} us/req" if "cpu_s" in w else ""))
+    return runs
+
+
+def latency_summary(runs: dict[str, list[dict]]) -> dict:
     summary = {}
-    for target in TARGETS:
-        summary[target] = summarize(runs[target], runs["direct"],
-                                    ["p50", "p90", "p99", "rps", "cpu_us_per_req", "preempted_per_s"])
-        summary[target]["errors"] = sum(w["status_errors"] + w["socket_errors"] for w in runs[target])
+    for target, ws in runs.items():
+        summary[target] = summarize(ws, runs["direct"], ["p50", "p90", "p99", "rps", "cpu_us_per_req",
+                                                         "preempted_per_s"])
+        summary[target]["errors"] = sum(w["status_errors"] + w["socket_errors"] for w in ws)
+    return summary
+
+
+def paired(runs: dict[str, list[dict]], key: str, a: str, b: str) -> dict:
+    """a − b of `key` per round (two gateways measured in the same round): median and [min, max]."""
+    by_b = {w["round"]: w[key] for w in runs[b]}
+    d = [w[key] - by_b[w["round"]] for w in runs[a] if w["round"] in by_b]
+    return {"median": med(d), "range": spread(d), "values": d}
+
+
+def measure_latency(procs: Procs, workdir: Path, mode: Mode, res: dict) -> None:
+    log(f"latency at concurrency 1 (proxy alone on CPU {PROXY_CPU}): {mode.latency_rounds} rounds x "
+        f"{mode.latency_seconds}s per target")
+    runs = latency_rounds(procs, workdir, TARGETS, mode.latency_rounds, mode.latency_seconds)
     direct = runs["direct"]
-    # Features on: mlxgate-full minus mlxgate of the same round.
-    plain = {w["round"]: w for w in runs["mlxgate"]}
-    features = {k: [w[k] - plain[w["round"]][k] for w in runs["mlxgate-full"]] for k in ["p50", "p99"]}
+    # Features on: mlxgate-full minus mlxgate of the same round (latency and CPU per request).
     res["latency"] = {
-        "runs": runs, "summary": summary, "loadavg": loadavg(),
+        "runs": runs, "summary": latency_summary(runs), "loadavg": loadavg(),
         "noise": {k: noise([w[k] for w in direct]) for k in ["p50", "p99"]},
-        "features_cost": {k: {"median": med(v), "range": spread(v)} for k, v in features.items()},
+        "features_cost": {k: paired(runs, k, "mlxgate-full", "mlxgate") for k in ["p50", "p99", "cpu_us_per_req"]},
         "prompts_counted": {name: prompts_counted(port) for name, port in GATEWAYS.items()},
     }
     if res["latency"]["prompts_counted"]["mlxgate-full"] < sum(w["requests"] for w in runs["mlxgate-full"]):
         raise SystemExit(f"mlxgate-full counted fewer prompts than it served: {res['latency']['prompts_counted']}")
+
+
+def measure_pinned(procs: Procs, workdir: Path, mode: Mode, res: dict) -> None:
+    """Added latency at c=1 with each proxy beside the backend: the proxy moved to the simulator's
+    CPU, wrk on the other one (the "proxy alone" pinning is measure_latency's)."""
+    targets = [t for t in TARGETS if t != "mlxgate-full"]
+    log(f"latency at concurrency 1, proxy beside the backend (proxy and sim on CPU {LOAD_CPU}, wrk on CPU "
+        f"{PROXY_CPU}): {mode.pin_rounds} rounds x {mode.latency_seconds}s per target")
+    proxies = [t for t in targets if t != "direct"]
+    try:
+        for t in proxies:
+            pin(procs.proxy_pid(t), LOAD_CPU)
+        runs = latency_rounds(procs, workdir, targets, mode.pin_rounds, mode.latency_seconds, wrk_cpu=PROXY_CPU,
+                              label="beside: ")
+    finally:
+        for t in proxies:
+            pin(procs.proxy_pid(t), PROXY_CPU)
+    res["pinned"] = {"runs": runs, "summary": latency_summary(runs), "loadavg": loadavg(),
+                     "noise": {k: noise([w[k] for w in runs["direct"]]) for k in ["p50", "p99"]}}
+
+
+def prompt_tokens(text: str) -> tuple[int | None, str]:
+    """Tokens of `text` with Qwen3.6's tokenizer (.venv-tokens' `tokenizers`), and how it was counted."""
+    py = ROOT / ".venv-tokens" / "bin" / "python"
+    tok = QWEN_TOKENIZER_DIR / "tokenizer.json"
+    if py.exists() and tok.exists():
+        out = subprocess.run([str(py), "-c", "import sys, tokenizers; t = tokenizers.Tokenizer.from_file(sys.argv[1]);"
+                              " print(len(t.encode(sys.stdin.read()).ids))", str(tok)],
+                             input=text, capture_output=True, text=True, timeout=120)
+        if out.returncode == 0:
+            return int(out.stdout.strip()), "Qwen3.6's tokenizer (the user text; the chat template adds a few)"
+    return None, "not counted (.venv-tokens or .cache/qwen3.6-tokenizer missing): estimated at 1.3 tokens a word"
+
+
+def measure_long_prompt(procs: Procs, workdir: Path, mode: Mode, res: dict) -> None:
+    """Counting a long prompt: mlxgate-full (counts it) vs mlxgate (does not), CPU per request,
+    reported per 1k prompt tokens."""
+    words = 3000
+    text = long_prompt(words)
+    tokens, how = prompt_tokens(text)
+    if tokens is None:
+        tokens = int(words * 1.3)
+    targets = ["direct", *[g for g in GATEWAYS]]
+    log(f"long prompt ({tokens} tokens) at concurrency 1: {mode.long_rounds} rounds x {mode.long_seconds}s")
+    runs = latency_rounds(procs, workdir, targets, mode.long_rounds, mode.long_seconds,
+                          body=chat_body("fast", False, prompt=text), label="long: ")
+    cost = paired(runs, "cpu_us_per_req", "mlxgate-full", "mlxgate")
+    res["long_prompt"] = {"runs": runs, "summary": latency_summary(runs), "tokens": tokens, "counted_by": how,
+                          "bytes": len(text), "cost_cpu": cost,
+                          "cost_per_1k": {"median": cost["median"] / (tokens / 1000),
+                                          "range": [v / (tokens / 1000) for v in cost["range"]] if cost["range"]
+                                          else None},
+                          "p50_cost": paired(runs, "p50", "mlxgate-full", "mlxgate")}
+    log(f"  counting {tokens} tokens: {cost['median']:.0f} us CPU per request over mlxgate, "
+        f"{res['long_prompt']['cost_per_1k']['median']:.1f} us per 1k tokens")
 
 
 def measure_ttfb(procs: Procs, mode: Mode, res: dict) -> None:
@@ -84,39 +165,111 @@ def measure_ttfb(procs: Procs, mode: Mode, res: dict) -> None:
                    "noise": {k: noise([s[k] for s in runs["direct"]]) for k in keys}}
 
 
+def bounded_by(target: str, w: dict, share: float) -> str:
+    """Which resource bounded one rate step: the proxy's quota (or its whole CPU without a quota)
+    when it used ≥ 90% of it; the load generator when wrk + the simulator used ≥ 90% of CPU 1; CPU 1
+    shared with other jobs when it was ≥ 90% busy without that."""
+    proxy = w.get("proxy_use", float("nan"))
+    own = w.get("load_own", float("nan"))
+    busy = w.get("load_busy", float("nan"))
+    found = []
+    if target != "direct" and proxy == proxy and proxy >= 0.9:
+        found.append("proxy quota" if share else "proxy CPU")
+    if own == own and own >= 0.9:
+        found.append("load generator CPU")
+    if found:
+        return " and ".join(found)
+    if busy == busy and busy >= 0.9:
+        return "CPU 1 shared with other jobs (wrk + sim below 90%)"
+    return "neither (latency: too few connections)"
+
+
+def load_cpu_s(procs: Procs) -> float:
+    """CPU seconds of the load generator so far: wrk (this driver's finished children) and the
+    `fast` simulator."""
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime + cpu_seconds(procs.pid("sim-fast"))
+
+
 def measure_rate(procs: Procs, workdir: Path, mode: Mode, res: dict) -> None:
+    share = settings.PROXY_QUOTA
+    groups: dict = {}
+    unavailable = None
+    proxies = [t for t in LOAD_TARGETS if t != "direct"]
+    if share > 0:
+        try:
+            groups = quotas({t: procs.pid(t) for t in proxies}, share, QUOTA_PERIOD_US)
+        except QuotaUnavailable as e:
+            unavailable = str(e)
+            res["notes"].append(f"The rate phase ran WITHOUT a CPU quota on the proxies ({unavailable}): each proxy "
+                                f"had all of CPU {PROXY_CPU}, and the rate may be bounded by wrk and the simulator "
+                                "on the other CPU (see \"bounded by\").")
+            log(f"  no CPU quota: {unavailable}")
+            share = 0
+    kind = next(iter(groups.values())).kind if groups else None
+    period = next(iter(groups.values())).period_us if groups else None
+    if groups:
+        share = next(iter(groups.values())).share  # as the kernel was given it
     log(f"highest rate with p99 < 5 ms: connections {mode.rate_conns}, {mode.rate_seconds}s each, "
-        f"{mode.rate_rounds} round(s)")
+        f"{mode.rate_rounds} round(s)" + (f"; each proxy in a {kind} quota of {share:.0%} of one CPU" if groups
+                                          else ""))
     steps: dict[str, dict[int, list[dict]]] = {t: {} for t in LOAD_TARGETS}
-    for r in range(mode.rate_rounds):
-        over: set[str] = set()
-        for i, conns in enumerate(mode.rate_conns):
-            for target in rounds_order(LOAD_TARGETS, r + i):
-                if target in over:
-                    continue
-                w = on_cpu(procs.proxy_pid(target), lambda t=target: wrk(workdir, t, conns, mode.rate_seconds))
-                if "cpu_s" in w:
-                    w["cpu_us_per_req"] = w["cpu_s"] / max(1, w["requests"]) * 1e6
-                steps[target].setdefault(conns, []).append(w)
-                log(f"  round {r + 1} c={conns:<3} {target:8} {w['rps']:8.0f} req/s  p99 {w['p99'] / 1000:8.2f} ms"
-                    f"  non-2xx {w['status_errors']}")
-                prev = steps[target].get(conns // 2) or steps[target].get(conns // 4)
-                grew = not prev or w["rps"] > 1.1 * prev[-1]["rps"]
-                if w["p99"] >= 10 * P99_BUDGET_US and not grew:
-                    over.add(target)  # far over budget and saturated: more connections only queue
+    try:
+        for r in range(mode.rate_rounds):
+            over: set[str] = set()
+            for i, conns in enumerate(mode.rate_conns):
+                for target in rounds_order(LOAD_TARGETS, r + i):
+                    if target in over:
+                        continue
+                    q = groups.get(target)
+                    thr0 = q.throttled() if q else (0, 0)
+                    load0, own0 = cpu_times(LOAD_CPU), load_cpu_s(procs)
+                    w = on_cpu(procs.proxy_pid(target), lambda t=target: wrk(workdir, t, conns, mode.rate_seconds))
+                    w["load_busy"] = busy_share(load0, cpu_times(LOAD_CPU))
+                    w["load_own"] = (load_cpu_s(procs) - own0) / (w["duration_us"] / 1e6)
+                    if "cpu_s" in w:
+                        w["cpu_us_per_req"] = w["cpu_s"] / max(1, w["requests"]) * 1e6
+                        w["proxy_use"] = w["cpu_s"] / (w["duration_us"] / 1e6) / (share or 1)
+                    if q:
+                        thr1 = q.throttled()
+                        periods = thr1[0] - thr0[0]
+                        w["throttled_share"] = (thr1[1] - thr0[1]) / periods if periods else 0.0
+                    w["bound"] = bounded_by(target, w, share)
+                    steps[target].setdefault(conns, []).append(w)
+                    log(f"  round {r + 1} c={conns:<3} {target:14} {w['rps']:8.0f} req/s  p99 {w['p99'] / 1000:8.2f} ms"
+                        f"  non-2xx {w['status_errors']}"
+                        + (f"  proxy {w['proxy_use']:.0%} of {'its quota' if share else 'a CPU'}" if "proxy_use" in w
+                           else "")
+                        + f"  wrk+sim {w['load_own']:.0%} of CPU 1 ({w['load_busy']:.0%} busy): {w['bound']}")
+                    prev = steps[target].get(conns // 2) or steps[target].get(conns // 4)
+                    grew = not prev or w["rps"] > 1.1 * prev[-1]["rps"]
+                    if w["p99"] >= 10 * P99_BUDGET_US and not grew:
+                        over.add(target)  # far over budget and saturated: more connections only queue
+    finally:
+        for q in groups.values():
+            q.remove()
     summary = {}
     for target in LOAD_TARGETS:
-        per_conns = {c: {"rps": med([w["rps"] for w in ws]), "p99": med([w["p99"] for w in ws]),
-                         "cpu_us_per_req": med([w.get("cpu_us_per_req", float("nan")) for w in ws]),
-                         "errors": sum(w["status_errors"] + w["socket_errors"] for w in ws)}
-                     for c, ws in sorted(steps[target].items())}
+        per_conns = {}
+        for c, ws in sorted(steps[target].items()):
+            st = {"rps": med([w["rps"] for w in ws]), "p99": med([w["p99"] for w in ws]),
+                  "cpu_us_per_req": med([w.get("cpu_us_per_req", float("nan")) for w in ws]),
+                  "cpu_us_per_req_values": [w.get("cpu_us_per_req") for w in ws],
+                  "proxy_use": med([w.get("proxy_use", float("nan")) for w in ws]),
+                  "load_busy": med([w["load_busy"] for w in ws]),
+                  "load_own": med([w["load_own"] for w in ws]),
+                  "errors": sum(w["status_errors"] + w["socket_errors"] for w in ws)}
+            st["bound"] = bounded_by(target, st, share)
+            per_conns[c] = st
         ok = {c: s for c, s in per_conns.items() if s["p99"] < P99_BUDGET_US}
         best = max(ok.items(), key=lambda kv: kv[1]["rps"]) if ok else None
         peak = max(per_conns.items(), key=lambda kv: kv[1]["rps"])
         summary[target] = {"steps": per_conns, "best_conns": best[0] if best else None,
                            "best_rps": best[1]["rps"] if best else None,
-                           "peak_conns": peak[0], "peak_rps": peak[1]["rps"], "peak_p99": peak[1]["p99"]}
-    res["rate"] = {"summary": summary, "loadavg": loadavg()}
+                           "peak_conns": peak[0], "peak_rps": peak[1]["rps"], "peak_p99": peak[1]["p99"],
+                           "peak_bound": peak[1]["bound"]}
+    res["rate"] = {"summary": summary, "loadavg": loadavg(), "quota": share, "quota_kind": kind,
+                   "quota_period_us": period, "quota_unavailable": unavailable}
 
 
 def sim_requests(route: str) -> int:
@@ -181,14 +334,39 @@ def measure_streams(procs: Procs, mode: Mode, res: dict) -> None:
     expected = mode.streams * mode.stream_chunks
     for r in range(mode.stream_rounds):
         for target in rounds_order(LOAD_TARGETS, r):
-            if target == "litellm" and r >= mode.litellm_stream_rounds:
-                continue  # 4x slower than the pace: one round takes minutes
+            if target in SLOW_TARGETS and r >= mode.litellm_stream_rounds:
+                continue  # slower than the pace: one round takes minutes
             s = stream_run(procs, target, "stream", mode.streams, timeout=mode.stream_chunks * 0.02 * 6 + 60)
             s["round"] = r
             runs[target].append(s)
             log_stream(r, target, s, expected)
     res["streams"] = {"runs": runs, "summary": stream_summary(runs, expected), "loadavg": loadavg(),
                       "noise": {k: noise([s[k] for s in runs["direct"]]) for k in ["gap_p50_us", "gap_p99_us"]}}
+
+
+def measure_faces(procs: Procs, mode: Mode, res: dict) -> None:
+    """CPU per content chunk of 256 streams through each face of the gateways (the simulator
+    serves chat; the Responses and Anthropic faces translate every chunk), the faces of one gateway
+    in the same rounds."""
+    targets = [f"{g}:{f}" for g in FACE_GATEWAYS for f in FACES]
+    log(f"faces: {mode.streams} streams x {mode.stream_chunks} chunks through {', '.join(targets)}, "
+        f"{mode.face_rounds} rounds")
+    runs: dict[str, list[dict]] = {t: [] for t in ["direct", *targets]}
+    expected = mode.streams * mode.stream_chunks
+    for r in range(mode.face_rounds):
+        for target in rounds_order(["direct", *targets], r):
+            s = stream_run(procs, target, "stream", mode.streams, timeout=mode.stream_chunks * 0.02 * 6 + 60)
+            s["round"] = r
+            runs[target].append(s)
+            log_stream(r, target, s, expected)
+    ratios = {}
+    for g in FACE_GATEWAYS:
+        for f in FACES[1:]:
+            chat = {s["round"]: s["cpu_us_per_chunk"] for s in runs[f"{g}:chat"]}
+            rs = [s["cpu_us_per_chunk"] / chat[s["round"]] for s in runs[f"{g}:{f}"] if chat.get(s["round"])]
+            ratios[f"{g}:{f}"] = {"median": med(rs), "range": spread(rs), "values": rs}
+    res["faces"] = {"runs": runs, "summary": stream_summary(runs, expected), "ratios": ratios, "loadavg": loadavg(),
+                    "noise": {k: noise([s[k] for s in runs["direct"]]) for k in ["gap_p50_us", "gap_p99_us"]}}
 
 
 def measure_many_streams(procs: Procs, mode: Mode, res: dict) -> None:

@@ -17,9 +17,10 @@ from pathlib import Path
 from . import settings
 from .settings import (
     CLIENT_KEY, GATEWAYS, GATEWAY_FULL_PORT, HOST, LITELLM_PORT, LITELLM_VENV, LOAD_CPU, Mode, NEVER_REFUSING,
-    NGINX_PORTS, PROXY_CPU, QWEN_TOKENIZER_DIR, SIM_PORTS, TARGETS, TINY_TOKENIZER_DIR, log,
+    NGINX_PORTS, PORTKEY_PORT, PORTKEY_SERVER, PROXY_CPU, QWEN_TOKENIZER_DIR, SIM_PORTS, TARGETS,
+    TINY_TOKENIZER_DIR, log,
 )
-from .targets import auth_headers, base_url, chat_body
+from .targets import base_url, chat_body, process_of, route_headers
 
 
 def port_free(port: int) -> bool:
@@ -88,8 +89,9 @@ class Procs:
         return self.procs[name].pid
 
     def proxy_pid(self, target: str) -> int | None:
-        """The pid of a proxy under test; None for direct (nothing of ours in between)."""
-        return None if target == "direct" else self.pid(target)
+        """The pid of a proxy under test (a face's: its gateway's); None for direct (nothing of ours
+        in between)."""
+        return None if target == "direct" else self.pid(process_of(target))
 
     def stop_all(self) -> None:
         for name, p in reversed(list(self.procs.items())):
@@ -187,6 +189,29 @@ def preempted(pid: int | None) -> int:
     return total
 
 
+def pin(pid: int | None, cpu: str) -> None:
+    """Moves every thread of pid and its descendants to `cpu` (taskset -a -p)."""
+    for p in tree(pid) if pid else []:
+        subprocess.run(["taskset", "-a", "-p", "-c", cpu, str(p)], stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL, check=False)
+
+
+def cpu_times(cpu: str) -> tuple[int, int]:
+    """(busy, total) jiffies of one CPU from /proc/stat (idle and iowait are not busy)."""
+    for line in Path("/proc/stat").read_text().splitlines():
+        if line.startswith(f"cpu{cpu} "):
+            v = [int(x) for x in line.split()[1:]]
+            total = sum(v[:8])  # guest time is already counted in user
+            return total - v[3] - v[4], total
+    return 0, 0
+
+
+def busy_share(before: tuple[int, int], after: tuple[int, int]) -> float:
+    """The share of the time a CPU was busy between two cpu_times readings."""
+    total = after[1] - before[1]
+    return (after[0] - before[0]) / total if total > 0 else float("nan")
+
+
 def loadavg() -> str:
     return " ".join(Path("/proc/loadavg").read_text().split()[:3])
 
@@ -216,6 +241,7 @@ def gateway_yaml(port: int, full: bool, tokenizer: str, routes: list[str] | None
     routes = list(SIM_PORTS) if routes is None else routes
     lines = [
         f"listen: {HOST}:{port}",
+        f"access_log: {'true' if settings.ACCESS_LOG else 'false'}",
         "max_connections_per_client: 4096   # the bench's 1000 streams come from one address",
     ]
     if full:
@@ -260,7 +286,7 @@ pid {workdir}/nginx.pid;
 error_log {workdir}/nginx-error.log warn;
 events {{ worker_connections 8192; }}
 http {{
-    access_log off;
+    access_log {f"{workdir}/nginx-access.log" if settings.ACCESS_LOG else "off"};
     client_body_temp_path {workdir}/nginx-tmp/body;
     proxy_temp_path {workdir}/nginx-tmp/proxy;
     fastcgi_temp_path {workdir}/nginx-tmp/fastcgi;
@@ -303,7 +329,8 @@ def start_all(procs: Procs, workdir: Path, mode: Mode, tokenizer: str) -> None:
     for name, port in GATEWAYS.items():
         config = workdir / f"{name}.yaml"
         config.write_text(gateway_yaml(port, full=name == "mlxgate-full", tokenizer=tokenizer))
-        procs.start(name, [str(settings.RELEASE / "mlxgate"), "serve", "--config", str(config)], PROXY_CPU)
+        bin_dir = settings.BEFORE_RELEASE if name == "mlxgate-before" else settings.RELEASE
+        procs.start(name, [str(bin_dir / "mlxgate"), "serve", "--config", str(config)], PROXY_CPU)
     for name, port in GATEWAYS.items():
         procs.wait_ready(name, f"http://{HOST}:{port}/health", 20)
 
@@ -318,11 +345,17 @@ def start_all(procs: Procs, workdir: Path, mode: Mode, tokenizer: str) -> None:
                             "--host", HOST, "--port", str(LITELLM_PORT), "--num_workers", "1"], PROXY_CPU,
                 env={"LITELLM_LOCAL_MODEL_COST_MAP": "True", "LITELLM_LOG": "ERROR",
                      "LITELLM_TELEMETRY": "False", "NO_DOCS": "True"})
+    if "portkey" in TARGETS:
+        # --headless and NODE_ENV=production: no log UI, no request log kept for it.
+        procs.start("portkey", ["node", str(PORTKEY_SERVER), f"--port={PORTKEY_PORT}", "--headless"], PROXY_CPU,
+                    env={"NODE_ENV": "production"})
     procs.wait_ready("litellm", f"http://{HOST}:{LITELLM_PORT}/health/liveliness", 180)
+    if "portkey" in TARGETS:
+        procs.wait_ready("portkey", f"http://{HOST}:{PORTKEY_PORT}/", 60)
 
     for target in TARGETS:
         port, path = base_url(target, "fast")
-        status, body = http_post(f"http://{HOST}:{port}{path}", chat_body("fast", False), auth_headers(target))
+        status, body = http_post(f"http://{HOST}:{port}{path}", chat_body("fast", False), route_headers(target, "fast"))
         if status != 200:
             raise SystemExit(f"{target}: a chat request answered {status}: {body[:300]!r}")
     check_full_guards_the_door(procs, tokenizer)

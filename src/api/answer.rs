@@ -7,11 +7,11 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::backend::upstream::UpstreamBody;
 use axum::body::Body;
 use axum::http::{HeaderValue, header};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
-use hyper::body::Incoming;
 
 use super::AppState;
 use super::body::{MAX_ERROR_BODY, MAX_WHOLE_ANSWER, read_whole};
@@ -29,7 +29,7 @@ use crate::dispatch::route::Router;
 use crate::dispatch::{self, Route};
 use crate::error::{ErrorBody, GatewayError, backend_error_body};
 use crate::outcome::{AnswerHook, Outcome, RequestRecord};
-use crate::stream::figures::{StreamFigures, Whole, figures_of_whole};
+use crate::stream::figures::{self, StreamFigures, Whole};
 use crate::stream::finish::{StreamNormalise, stop_to_length};
 use crate::stream::meter::{RequestInfo, StreamMeter};
 use crate::stream::shutdown::Cutoff;
@@ -43,6 +43,8 @@ pub(crate) struct Terms {
     /// The `max_wait` of the model the client asked for, when its `fallback:` (`route`'s model)
     /// serves it: the request waits no longer than either model's bound.
     pub own_max_wait: Option<Duration>,
+    /// The request's id, for the call's log lines.
+    pub request_id: Option<crate::access_log::RequestId>,
 }
 
 /// call: the request prepared for `route`'s backend ([`prepare`]; for a model of several
@@ -58,7 +60,8 @@ pub(crate) async fn call(
     terms: Terms,
     sent: &std::sync::atomic::AtomicBool,
 ) -> Result<Answered, GatewayError> {
-    let Terms { transform, session, own_max_wait } = terms;
+    let Terms { transform, session, own_max_wait, request_id } = terms;
+    let request_id = request_id.as_ref().map_or("-", crate::access_log::RequestId::as_str);
     let max_wait = own_max_wait.map_or(route.model.max_wait, |own| own.min(route.model.max_wait));
     // A model of several backends keeps the client's fields, to build another backend's request.
     let pristine = (route.backends.len() > 1).then(|| fields.clone());
@@ -78,7 +81,8 @@ pub(crate) async fn call(
     let held = {
         let mut choose = plan.as_mut().map(|plan| move |candidates: &[Candidate<'_>]| plan.choose(candidates));
         let router: Option<Router<'_>> = choose.as_mut().map(|f| f as Router<'_>);
-        let prepared = Prepared { route, client, outbound: &outgoing.outbound, encode, router, sent, max_wait };
+        let prepared =
+            Prepared { route, client, outbound: &outgoing.outbound, encode, router, sent, max_wait, request_id };
         dispatch::call::call(prepared, &state.metrics, &state.cutoff).await?
     };
     let backend = route.backends.get(held.position()).unwrap_or(&route.backend);
@@ -184,7 +188,7 @@ impl Answered {
 /// `generates`: a chat or completion (an embeddings answer has no first token to time).
 async fn whole_answer(
     mut head: hyper::http::response::Parts,
-    incoming: Incoming,
+    incoming: UpstreamBody,
     first: Option<Bytes>,
     permit: Permit,
     mut info: RequestInfo,
@@ -213,7 +217,7 @@ async fn whole_answer(
         permit.finish();
     }
     drop(permit);
-    let Some(figures) = figures_of_whole(&whole) else {
+    let Some((figures, model_at)) = figures::whole_answer(&whole) else {
         let e = GatewayError::Backend {
             backend,
             reason: format!("it answered {} with a body that is not an OpenAI answer", head.status),
@@ -223,7 +227,7 @@ async fn whole_answer(
         return e.into_response();
     };
     info.record.responded(head.status.as_u16());
-    let whole = named(whole, info.record.public_model());
+    let whole = named_at(whole, info.record.public_model(), model_at);
     let headers = &mut head.headers;
     headers.remove(header::CONTENT_LENGTH);
     headers.insert("x-mlxgate-queue-ms", HeaderValue::from(info.queue_wait.as_millis() as u64));
@@ -245,11 +249,10 @@ async fn whole_answer(
 }
 
 /// A whole answer naming `model` (the public name) where the backend put its own name for it
-/// (a path on disk, say): the `model` string replaced in the answer's text, nothing re-encoded.
-pub(crate) fn named(whole: Vec<u8>, model: &str) -> Vec<u8> {
-    let Some(span) = std::str::from_utf8(&whole).ok().and_then(crate::stream::frame::model_span) else {
-        return whole;
-    };
+/// (a path on disk, say): the `model` string at `span` (found when the answer was read; `None`:
+/// it names none) replaced in the answer's text, nothing re-encoded.
+fn named_at(whole: Vec<u8>, model: &str, span: Option<std::ops::Range<usize>>) -> Vec<u8> {
+    let Some(span) = span else { return whole };
     let public = serde_json::Value::from(model).to_string();
     if model.is_empty() || whole[span.clone()] == *public.as_bytes() {
         return whole;
@@ -280,7 +283,7 @@ fn finish_at_length(whole: Vec<u8>, figures: &StreamFigures, length_at: Option<u
 /// OpenAI's shape with the backend's status and words.
 async fn error_answer(
     mut head: hyper::http::response::Parts,
-    incoming: Incoming,
+    incoming: UpstreamBody,
     first: Option<Bytes>,
     permit: Permit,
     info: RequestInfo,
@@ -291,7 +294,8 @@ async fn error_answer(
     let body = backend_error_body(&backend, head.status, &text);
     let outcome =
         if head.status.is_client_error() { Outcome::BackendRejected } else { Outcome::Failed("backend_error") };
-    tracing::info!(backend = %backend, status = %head.status, message = %body["error"]["message"], "backend refused the request");
+    let request_id = info.record.request_id().as_str();
+    tracing::info!(request_id, backend = %backend, status = %head.status, message = %body["error"]["message"], "backend refused the request");
     let mut record = info.record;
     record.responded(head.status.as_u16());
     record.finish_answered(outcome, &StreamFigures::default().of_whole(Whole::Failed));

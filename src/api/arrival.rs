@@ -55,7 +55,9 @@ pub async fn layer(State(state): State<Arc<AppState>>, mut request: Request, nex
         Some(Arc::clone(&state.activity)),
     )))));
     request.extensions_mut().insert(arrival.clone());
-    let mut response = next.run(request).await;
+    let span = tracing::debug_span!("request", request_id = %id.as_str(), method = %request.method(), path = %request.uri().path());
+    let mut response = tracing::Instrument::instrument(next.run(request), span.clone()).await;
+    span.in_scope(|| tracing::debug!(status = response.status().as_u16(), "finished processing request"));
     let error = response.extensions_mut().remove::<ErrorBody>();
     if let Some(mut record) = arrival.take_record() {
         // No API handler took it: an operator request, ended with its response.

@@ -4,11 +4,11 @@
 
 use std::time::Duration;
 
+use crate::backend::upstream::UpstreamBody;
 use axum::body::Body;
 use axum::http::header;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Limited};
-use hyper::body::Incoming;
 
 use crate::error::GatewayError;
 
@@ -45,7 +45,7 @@ pub(crate) async fn read_body(
 pub(crate) async fn read_whole(
     backend: &str,
     first: Option<Bytes>,
-    mut body: Incoming,
+    mut body: UpstreamBody,
     limit: usize,
     idle_timeout: Duration,
 ) -> Result<Vec<u8>, GatewayError> {

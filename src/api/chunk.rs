@@ -198,7 +198,8 @@ async fn run_streamed(state: Arc<AppState>, job: StreamedJob, mut record: Reques
         let reduce_estimate = estimated_prompt_tokens(&fields);
         // The reduce's prefill can take minutes too: the comments go on until its first byte.
         let sent = record.sent_flag();
-        let reduce = answer::call(&state, route, &client, &parts, fields, answer::Terms::default(), &sent);
+        let terms = answer::Terms { request_id: Some(record.request_id().clone()), ..answer::Terms::default() };
+        let reduce = answer::call(&state, route, &client, &parts, fields, terms, &sent);
         tokio::pin!(reduce);
         loop {
             tokio::select! {
@@ -392,10 +393,19 @@ async fn whole_answer(
     // A part that finds the queue full waits for room within the model's max_wait rather than
     // failing the whole request after the parts before it did their work.
     let deadline = Instant::now() + route.model.max_wait;
+    let request_id = request.request_id().as_str();
     let Held { permit, answer, .. } = loop {
         let max_wait = route.model.max_wait;
-        let prepared =
-            Prepared { route, client, outbound: &outgoing.outbound, encode, router: None, sent: &sent, max_wait };
+        let prepared = Prepared {
+            route,
+            client,
+            outbound: &outgoing.outbound,
+            encode,
+            router: None,
+            sent: &sent,
+            max_wait,
+            request_id,
+        };
         match call::call(prepared, &state.metrics, &state.cutoff).await {
             Ok(held) => break held,
             Err(GatewayError::QueueFull { .. }) if Instant::now() < deadline => {

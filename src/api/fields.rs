@@ -10,7 +10,7 @@ use crate::tokens::Count;
 use crate::tokens::counter::Estimate;
 
 /// A request body: top-level fields in their original order, values left as raw JSON.
-pub(crate) type RawBody = IndexMap<String, Box<RawValue>>;
+pub(crate) type RawBody = IndexMap<String, Box<RawValue>, foldhash::fast::RandomState>;
 
 /// The `model` the request asks for (a 400 when it is missing or not a string).
 pub(crate) fn requested_model(fields: &RawBody) -> Result<String, GatewayError> {

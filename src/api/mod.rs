@@ -26,8 +26,6 @@ use std::time::SystemTime;
 use axum::Router;
 use axum::middleware;
 use axum::routing::{get, post};
-use tower_http::trace::{DefaultOnResponse, TraceLayer};
-use tracing::Level;
 
 use crate::activity::Activity;
 use crate::auth::Access;
@@ -250,12 +248,11 @@ pub fn metrics_app(state: Arc<AppState>) -> Router {
 /// The gateway's router.
 ///
 /// Layers, outermost first:
-/// - `TraceLayer`: one span per request, so every log line a request causes carries its method
-///   and path. It logs at the response headers; the body's end is logged by `StreamMeter`. It
-///   records no header (`Authorization` and `x-api-key` carry clients' keys) and not the query
-///   (some clients put a key there).
 /// - `arrival::layer`: the request's id and record, and its access-log line (see
-///   `arrival.rs`); `x-request-id` on every response, the id in every error body.
+///   `arrival.rs`); `x-request-id` on every response, the id in every error body. The log lines
+///   a request causes name its `request_id` (the access line's key); at `debug` each request
+///   also has a span (its id, method and path) — none at the default `info`, where a span per
+///   request would cost more than the proxying itself.
 /// - `/admin/*` and the `/ui` page's feeds (`/ui/events…`): `admin::require_admin` (a route
 ///   layer: an unknown `/admin/…` path gets the same 404 as any other) — the admin key, a `/ui`
 ///   session, or loopback, and no cross-site or DNS-rebound request; `/metrics` the same rule
@@ -309,17 +306,5 @@ pub fn app(state: Arc<AppState>) -> Router {
         // GET /v1/chat/completions and the like: OpenAI's "Invalid URL" body, not an empty 405.
         .method_not_allowed_fallback(openai::not_found)
         .layer(middleware::from_fn_with_state(Arc::clone(&state), arrival::layer))
-        .layer(
-            TraceLayer::new_for_http()
-                .make_span_with(|request: &axum::http::Request<axum::body::Body>| {
-                    tracing::info_span!(
-                        "request",
-                        method = %request.method(),
-                        path = %request.uri().path(),
-                        version = ?request.version(),
-                    )
-                })
-                .on_response(DefaultOnResponse::new().level(Level::DEBUG)),
-        )
         .with_state(state)
 }

@@ -40,7 +40,20 @@ use crate::stream::figures::{StreamFigures, Whole};
 /// At the end of the shutdown grace, a request still waiting for a slot or for its answer's
 /// first bytes gets 503 `gateway_shutdown` (nothing is sent to a backend after that); a stream
 /// is ended by its meter.
-pub(crate) async fn serve(
+///
+/// Its futures are boxed, the whole once here and each large step where it is awaited: an
+/// async fn's state holds its awaited steps' states side by side (rustc does not overlap them),
+/// so unboxed the pipeline was a 29 KB future, copied whole at each move.
+pub(crate) fn serve<'a>(
+    state: &'a Arc<AppState>,
+    request: Request,
+    face: Face,
+    read: impl FnOnce(&[u8], &mut RequestRecord) -> Result<RawBody, GatewayError> + Send + 'a,
+) -> std::pin::Pin<Box<dyn std::future::Future<Output = Response> + Send + 'a>> {
+    Box::pin(serve_boxed(state, request, face, read))
+}
+
+async fn serve_boxed(
     state: &Arc<AppState>,
     request: Request,
     face: Face,
@@ -68,7 +81,7 @@ pub(crate) async fn serve(
     }
     let mut response = match reply {
         Ok(Reply::Answered { answered, prompt_tokens }) => {
-            let mut response = answered.into_response(record, Arc::clone(&state.cutoff)).await;
+            let mut response = Box::pin(answered.into_response(record, Arc::clone(&state.cutoff))).await;
             response.extensions_mut().insert(PromptTokens(prompt_tokens));
             response
         }
@@ -166,14 +179,14 @@ async fn steps(
     // is counted (the costly part of a refusal).
     let (caller, fingerprint) = (&request.caller, request.fingerprint);
     state.limiter.precheck(caller.name(), fingerprint).await.map_err(|denied| rate_limited(state, caller, denied))?;
-    let fitted = fit_or_own(state, &mut request, record).await?;
+    let fitted = Box::pin(fit_or_own(state, &mut request, record)).await?;
     let prompt_tokens = match &fitted {
         Some(Fitted::Send { prompt_tokens: Some(counted), .. }) => *counted as u64,
         _ => estimated_prompt_tokens(&request.fields),
     };
     admit(state, &request.caller, prompt_tokens, request.fingerprint, record).await?;
     let client = client_id(&request.parts, &request.caller);
-    let (request, transform) = match planned(state, request, &client, fitted, record).await? {
+    let (request, transform) = match Box::pin(planned(state, request, &client, fitted, record)).await? {
         Planned::Send { request, transform } => (request, transform),
         Planned::Made(reply) => return Ok(reply),
     };
@@ -181,8 +194,8 @@ async fn steps(
     let sent = record.sent_flag();
     let Parsed { parts, route, fields, own_max_wait, .. } = request;
     let session = route.balancer.as_ref().and_then(|_| session_key(route, &parts, &fields, record));
-    let terms = answer::Terms { transform, session, own_max_wait };
-    let answered = answer::call(state, route, &client, &parts, fields, terms, &sent).await?;
+    let terms = answer::Terms { transform, session, own_max_wait, request_id: Some(record.request_id().clone()) };
+    let answered = Box::pin(answer::call(state, route, &client, &parts, fields, terms, &sent)).await?;
     Ok(Reply::Answered { answered, prompt_tokens })
 }
 

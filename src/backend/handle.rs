@@ -15,10 +15,10 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::upstream::UpstreamBody;
 use axum::http::{HeaderMap, Method};
 use bytes::Bytes;
 use http_body_util::BodyExt;
-use hyper::body::Incoming;
 
 use super::supervisor::Supervisor;
 use super::upstream::{Upstream, UpstreamError};
@@ -45,7 +45,7 @@ pub struct Outbound {
 /// The backend's answer, with its first body bytes already read.
 pub struct Answer {
     pub head: hyper::http::response::Parts,
-    pub body: Incoming,
+    pub body: UpstreamBody,
     /// The first data read from the body; `None` for an empty body (only for non-2xx answers).
     pub first: Option<Bytes>,
     /// When the request went to the backend.
@@ -133,7 +133,7 @@ impl BackendHandle {
     }
 
     /// Waits (within `first_byte_timeout` of sending) for the first body bytes.
-    async fn first_bytes(&self, response: hyper::Response<Incoming>, sent_at: Instant) -> FirstBytes {
+    async fn first_bytes(&self, response: hyper::Response<UpstreamBody>, sent_at: Instant) -> FirstBytes {
         let (head, mut body) = response.into_parts();
         let deadline = tokio::time::Instant::from_std(sent_at + self.config.first_byte_timeout);
         loop {

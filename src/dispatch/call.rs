@@ -78,6 +78,8 @@ pub struct Prepared<'a> {
     /// How long the request may wait for slots in all: its model's `max_wait`, or less (a
     /// request its model's `fallback:` serves keeps its own model's bound).
     pub max_wait: Duration,
+    /// The request's id, for the log lines of its retries and failovers.
+    pub request_id: &'a str,
 }
 
 /// The answer the call holds for its request.
@@ -122,7 +124,7 @@ enum Attempted {
 /// and held abandoned answers are observed there; `cutoff`: the end of the shutdown grace,
 /// which ends the hold of an abandoned answer.
 pub async fn call(request: Prepared<'_>, metrics: &Metrics, cutoff: &Arc<Cutoff>) -> Result<Held, GatewayError> {
-    let Prepared { route, client, outbound, encode, mut router, sent, max_wait } = request;
+    let Prepared { route, client, outbound, encode, mut router, sent, max_wait, request_id } = request;
     let model = &route.model.name;
     let several = route.backends.len() > 1;
     let mut retries = 0;
@@ -187,7 +189,7 @@ pub async fn call(request: Prepared<'_>, metrics: &Metrics, cutoff: &Arc<Cutoff>
                 }
                 let status = answer.head.status;
                 drop((answer, permit));
-                tracing::warn!(backend = %backend.config.name, %status, "backend answered an error before its first byte; sending to another backend");
+                tracing::warn!(request_id, backend = %backend.config.name, %status, "backend answered an error before its first byte; sending to another backend");
                 excluded |= bit(position);
                 continue;
             }
@@ -198,12 +200,12 @@ pub async fn call(request: Prepared<'_>, metrics: &Metrics, cutoff: &Arc<Cutoff>
         }
         match failed {
             SendFailure::Retry(e) | SendFailure::Final { error: e, failover: true } if may_fail_over(excluded) => {
-                tracing::warn!(backend = %backend.config.name, error = %e, "backend failed before the first byte; sending to another backend");
+                tracing::warn!(request_id, backend = %backend.config.name, error = %e, "backend failed before the first byte; sending to another backend");
                 excluded |= bit(position);
             }
             SendFailure::Retry(e) if retries < MAX_RETRIES => {
                 retries += 1;
-                tracing::warn!(backend = %backend.config.name, error = %e, retries, "backend failed before the first byte and its process is gone; sending again");
+                tracing::warn!(request_id, backend = %backend.config.name, error = %e, retries, "backend failed before the first byte and its process is gone; sending again");
             }
             SendFailure::Retry(e) | SendFailure::Final { error: e, .. } => {
                 observe_wait(queue_wait);

@@ -11,8 +11,8 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::backend::upstream::UpstreamBody;
 use bytes::Bytes;
-use hyper::body::Incoming;
 use prometheus::IntGauge;
 
 use super::shutdown::Cutoff;
@@ -67,7 +67,7 @@ impl Hold {
     /// Holds the slot until `answer` — the abandoned answer's body once the backend has
     /// answered, `None` when it failed — has been read to its end (bounded as [`read_to_end`]
     /// is), or the gateway's shutdown; then frees it.
-    pub async fn until_ended(self, answer: impl Future<Output = Option<Incoming>>) {
+    pub async fn until_ended(self, answer: impl Future<Output = Option<UpstreamBody>>) {
         let notified = self.cutoff.notified();
         let shutdown = async {
             if !self.cutoff.is_cut() {
@@ -96,7 +96,7 @@ impl Drop for Hold {
 /// The hold of a stream whose client left with its body in hand (the meter's), on a task of its
 /// own. Without a runtime (a test dropping a meter outside one) the slot is freed at once.
 pub fn hold_in_background(
-    body: Incoming,
+    body: UpstreamBody,
     permit: Permit,
     backend: &str,
     idle_timeout: Duration,
@@ -110,7 +110,7 @@ pub fn hold_in_background(
 
 /// Reads an abandoned answer's `body` to its end, discarding it, bounded: each read by
 /// `idle_timeout`, the whole by [`MAX_ABANDONED_DRAIN`], and the shutdown's cut.
-pub async fn read_to_end(mut body: Incoming, idle_timeout: Duration, cutoff: &Cutoff) -> Drained {
+pub async fn read_to_end(mut body: UpstreamBody, idle_timeout: Duration, cutoff: &Cutoff) -> Drained {
     use http_body_util::BodyExt;
     let mut shutdown = cutoff.notified();
     let cap = tokio::time::sleep(MAX_ABANDONED_DRAIN);

@@ -211,7 +211,27 @@ impl StreamFigures {
 /// Figures of a whole (non-streaming) answer: its usage. `None` when the body is not an OpenAI
 /// answer (a JSON object with `choices`, or `data` for embeddings): an empty or cut body.
 pub fn figures_of_whole(body: &[u8]) -> Option<StreamFigures> {
-    let value = serde_json::from_slice::<Value>(body).ok()?;
+    whole_answer(body).map(|(figures, _)| figures)
+}
+
+/// A whole answer's figures (as [`figures_of_whole`]) and where its top-level `model` string
+/// lies in it (as `frame::model_span` finds it), from one reading of the answer.
+pub fn whole_answer(body: &[u8]) -> Option<(StreamFigures, Option<std::ops::Range<usize>>)> {
+    let text = std::str::from_utf8(body).ok();
+    // Serde would also read a struct from an array: only objects take the typed path.
+    if let Some(text) = text.filter(|t| t.trim_start().starts_with('{'))
+        && let Ok(answer) = serde_json::from_str::<WholeAnswer<'_>>(text)
+    {
+        let model = answer.model.and_then(|raw| super::frame::string_span(text, raw));
+        return answer.figures().map(|figures| (figures, model));
+    }
+    // Not the usual shape (a duplicated key, a `usage` that is not an object): read it whole.
+    let figures = figures_of_value(&serde_json::from_slice::<Value>(body).ok()?)?;
+    Some((figures, text.and_then(super::frame::model_span)))
+}
+
+/// The figures of a whole answer already parsed.
+fn figures_of_value(value: &Value) -> Option<StreamFigures> {
     let answer = value.get("choices").is_some_and(Value::is_array) || value.get("data").is_some_and(Value::is_array);
     if !answer {
         return None;
@@ -224,6 +244,54 @@ pub fn figures_of_whole(body: &[u8]) -> Option<StreamFigures> {
         cached_tokens: usage.and_then(|u| u.get("prompt_tokens_details")?.get("cached_tokens")?.as_u64()),
         ..Default::default()
     })
+}
+
+/// The parts of a whole answer its figures come from, read without building the rest (the
+/// answer's text and choices are skipped, not parsed into maps).
+#[derive(serde::Deserialize)]
+struct WholeAnswer<'a> {
+    #[serde(borrow)]
+    model: Option<&'a serde_json::value::RawValue>,
+    #[serde(borrow)]
+    choices: Option<&'a serde_json::value::RawValue>,
+    #[serde(borrow)]
+    data: Option<&'a serde_json::value::RawValue>,
+    usage: Option<super::frame::Object<WholeUsage<'a>>>,
+}
+
+#[derive(serde::Deserialize)]
+struct WholeUsage<'a> {
+    #[serde(borrow)]
+    prompt_tokens: Option<&'a serde_json::value::RawValue>,
+    #[serde(borrow)]
+    completion_tokens: Option<&'a serde_json::value::RawValue>,
+    prompt_tokens_details: Option<super::frame::Object<WholeDetails<'a>>>,
+}
+
+#[derive(serde::Deserialize)]
+struct WholeDetails<'a> {
+    #[serde(borrow)]
+    cached_tokens: Option<&'a serde_json::value::RawValue>,
+}
+
+impl WholeAnswer<'_> {
+    /// As [`figures_of_whole`] reads a parsed answer: an answer has a `choices` or `data`
+    /// array; a count is a JSON integer ≥ 0 (anything else: unknown).
+    fn figures(&self) -> Option<StreamFigures> {
+        let array = |raw: Option<&serde_json::value::RawValue>| raw.is_some_and(|r| r.get().starts_with('['));
+        if !array(self.choices) && !array(self.data) {
+            return None;
+        }
+        let count = |raw: Option<&serde_json::value::RawValue>| raw.and_then(|r| r.get().parse::<u64>().ok());
+        let usage = self.usage.as_ref().map(|u| &u.0);
+        Some(StreamFigures {
+            metered: true,
+            prompt_tokens: count(usage.and_then(|u| u.prompt_tokens)),
+            completion_tokens: count(usage.and_then(|u| u.completion_tokens)),
+            cached_tokens: count(usage.and_then(|u| u.prompt_tokens_details.as_ref()?.0.cached_tokens)),
+            ..Default::default()
+        })
+    }
 }
 
 #[cfg(test)]

@@ -67,8 +67,10 @@ struct RawFrame<'a> {
     error: Option<&'a RawValue>,
     #[serde(borrow, default)]
     usage: Option<&'a RawValue>,
+    /// Read in the same pass as the frame (a frame whose choices are not an array of objects
+    /// fails here and goes to the slow path, which reads it with the same meaning).
     #[serde(borrow, default)]
-    choices: Option<&'a RawValue>,
+    choices: Option<Vec<Object<RawChoice<'a>>>>,
 }
 
 #[derive(Deserialize)]
@@ -78,7 +80,7 @@ struct RawChoice<'a> {
     #[serde(borrow, default)]
     finish_reason: Option<&'a RawValue>,
     #[serde(borrow, default)]
-    delta: Option<&'a RawValue>,
+    delta: Option<Object<RawDelta<'a>>>,
     #[serde(borrow, default)]
     text: Option<&'a RawValue>,
 }
@@ -113,6 +115,26 @@ struct RawDetails<'a> {
     cached_tokens: Option<&'a RawValue>,
 }
 
+/// A struct read from a JSON object only (serde would also read one from an array, by
+/// position): anything else fails the fast path.
+pub(super) struct Object<T>(pub(super) T);
+
+impl<'de, T: Deserialize<'de>> Deserialize<'de> for Object<T> {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Only<T>(std::marker::PhantomData<T>);
+        impl<'de, T: Deserialize<'de>> serde::de::Visitor<'de> for Only<T> {
+            type Value = Object<T>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<Object<T>, A::Error> {
+                T::deserialize(serde::de::value::MapAccessDeserializer::new(map)).map(Object)
+            }
+        }
+        deserializer.deserialize_map(Only(std::marker::PhantomData))
+    }
+}
+
 fn is_object(raw: &RawValue) -> bool {
     raw.get().starts_with('{')
 }
@@ -132,7 +154,7 @@ fn as_u64(raw: Option<&RawValue>) -> Option<u64> {
 }
 
 /// Where `raw`, a slice of `text`, lies in it, when it is a string.
-fn string_span(text: &str, raw: &RawValue) -> Option<Range<usize>> {
+pub(super) fn string_span(text: &str, raw: &RawValue) -> Option<Range<usize>> {
     let value = raw.get();
     if !value.starts_with('"') {
         return None;
@@ -189,18 +211,11 @@ fn fast(data: &str) -> Option<Seen> {
         None => None,
     };
     let mut seen = Seen { usage, keepalive, model, ..Seen::default() };
-    if let Some(raw) = frame.choices.filter(|c| c.get().starts_with('[')) {
+    if let Some(choices) = frame.choices {
         seen.has_choices = true;
-        for choice in serde_json::from_str::<Vec<&RawValue>>(raw.get()).ok()? {
-            if !is_object(choice) {
-                return None;
-            }
-            let choice: RawChoice<'_> = serde_json::from_str(choice.get()).ok()?;
-            let delta = match choice.delta.filter(|d| is_object(d)) {
-                Some(d) => Some(serde_json::from_str::<RawDelta<'_>>(d.get()).ok()?),
-                None => None,
-            };
-            let output = delta.as_ref().is_some_and(|d| {
+        seen.choices.reserve(choices.len());
+        for Object(choice) in choices {
+            let output = choice.delta.as_ref().is_some_and(|Object(d)| {
                 non_empty_string(d.content)
                     || non_empty_string(d.reasoning_content)
                     || non_empty_string(d.reasoning)

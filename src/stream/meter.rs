@@ -25,9 +25,9 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use crate::backend::upstream::UpstreamBody;
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
-use hyper::body::Incoming;
 use pin_project_lite::pin_project;
 use tokio::sync::futures::OwnedNotified;
 
@@ -72,7 +72,7 @@ pin_project! {
     #[project = StreamMeterProj]
     pub struct StreamMeter {
         // The backend's body; taken by the reading of an abandoned stream (`hold_abandoned`).
-        inner: Option<Incoming>,
+        inner: Option<UpstreamBody>,
         forward: Forward,
         figures: StreamFigures,
         info: Option<RequestInfo>,
@@ -93,6 +93,13 @@ pin_project! {
             // Its slot is not `finish`ed (the backend's body was not read to its end: a
             // serialized backend's next request keeps its pauses).
             if this.figures.done && this.forward.out.is_empty() {
+                // Its last bytes (the chunked body's end) read in the background: the
+                // connection goes back to the pool rather than closing.
+                if !*this.finished
+                    && let Some(body) = this.inner.take()
+                {
+                    body.finish_in_background();
+                }
                 if let Some(info) = this.info.take() {
                     let outcome = if this.figures.error.is_some() { Outcome::StreamError } else { Outcome::Ok };
                     record(info, this.figures, outcome);
@@ -118,7 +125,7 @@ pin_project! {
 impl StreamMeter {
     /// Wraps `inner`; `first` holds bytes already taken from it (the first frame of a managed
     /// backend's answer). `permit` is released when the body ends or is dropped.
-    pub fn new(inner: Incoming, first: Option<Bytes>, permit: Permit, info: RequestInfo) -> Self {
+    pub fn new(inner: UpstreamBody, first: Option<Bytes>, permit: Permit, info: RequestInfo) -> Self {
         let idle = Box::pin(tokio::time::sleep(info.idle_timeout));
         let shutdown = info.cutoff.notified();
         let mut meter = StreamMeter {

@@ -107,7 +107,12 @@ impl SseParser {
             self.has_data = false;
             return;
         }
-        let text = String::from_utf8_lossy(line);
+        // Valid UTF-8 is checked word by word; only a line that is not goes through the
+        // (byte by byte) lossy decoding.
+        let text = match std::str::from_utf8(line) {
+            Ok(text) => std::borrow::Cow::Borrowed(text),
+            Err(_) => String::from_utf8_lossy(line),
+        };
         if let Some(comment) = text.strip_prefix(':') {
             on_item(Item::Comment(comment.strip_prefix(' ').unwrap_or(comment).to_string()), end);
             return;

@@ -461,8 +461,9 @@ async fn plain_lines_are_key_value_and_the_log_can_be_turned_off() {
     // `access_log: false`, and `--no-access-log` (through its variable): ids still given, no
     // line written.
     for (top, env) in [("access_log: false\n", None), ("", Some(("MLXGATE_NO_ACCESS_LOG", "true")))] {
-        // tower_http's line at each response (debug) shows how far the log has come.
-        let (gw, lines) = gateway_binary_logged(&yaml(&sim.url(), top), &Vec::from_iter(env), "info,tower_http=debug");
+        // The arrival layer's line at each response (debug) shows how far the log has come.
+        let filter = "info,mlxgate::api::arrival=debug";
+        let (gw, lines) = gateway_binary_logged(&yaml(&sim.url(), top), &Vec::from_iter(env), filter);
         let response = send(&gw.url, &calls[0]).await;
         assert_eq!(response.headers()["x-request-id"], "pl-chat");
         let _ = text_of(response).await;

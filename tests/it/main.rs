@@ -67,3 +67,4 @@ mod tokens_reference;
 mod ui;
 mod ui_browser;
 mod ui_rev;
+mod upstream_pool;

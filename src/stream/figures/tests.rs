@@ -83,3 +83,55 @@ fn usage_without_any_output_frame_is_a_mismatch() {
     let (f, _) = figures_of(&[TOKEN, TOKEN, USAGE_ONLY], true);
     assert!(!f.usage_mismatch());
 }
+
+proptest::proptest! {
+    /// Reading a whole answer's figures without parsing it into a value gives what reading the
+    /// parsed value gives, whatever the answer holds.
+    #[test]
+    fn whole_answer_figures_need_no_parsed_value(
+        choices in proptest::option::of(proptest::prop_oneof![
+            proptest::strategy::Just("[]".to_string()),
+            proptest::strategy::Just("[{\"index\":0,\"message\":{\"content\":\"hi\"}}]".to_string()),
+            proptest::strategy::Just("{}".to_string()),
+            proptest::strategy::Just("null".to_string()),
+        ]),
+        data in proptest::option::of(proptest::prop_oneof![
+            proptest::strategy::Just("[]".to_string()), proptest::strategy::Just("3".to_string())]),
+        counts in proptest::collection::vec(proptest::option::of(proptest::prop_oneof![
+            proptest::strategy::Just("12".to_string()), proptest::strategy::Just("0".to_string()),
+            proptest::strategy::Just("-3".to_string()), proptest::strategy::Just("1.5".to_string()),
+            proptest::strategy::Just("1e2".to_string()), proptest::strategy::Just("null".to_string()),
+            proptest::strategy::Just("\"7\"".to_string()),
+            proptest::strategy::Just("18446744073709551615".to_string()),
+            proptest::strategy::Just("18446744073709551616".to_string()),
+        ]), 3),
+        usage_kind in 0..5u8, details_kind in 0..4u8, duplicate in proptest::bool::ANY,
+    ) {
+        let mut fields = vec![r#""id":"x","model":"m""#.to_string()];
+        if let Some(c) = &choices { fields.push(format!(r#""choices": {c}"#)); }
+        if let Some(d) = &data { fields.push(format!(r#""data":{d}"#)); }
+        let count = |i: usize, name: &str| counts[i].as_ref().map(|v| format!(r#""{name}":{v}"#));
+        let details = match details_kind {
+            0 => None,
+            1 => Some(r#""prompt_tokens_details":null"#.to_string()),
+            2 => Some(r#""prompt_tokens_details":[5]"#.to_string()),
+            _ => Some(format!(r#""prompt_tokens_details":{{{}}}"#, count(2, "cached_tokens").unwrap_or_default())),
+        };
+        let inner: Vec<String> =
+            [count(0, "prompt_tokens"), count(1, "completion_tokens"), details].into_iter().flatten().collect();
+        match usage_kind {
+            0 => {}
+            1 => fields.push(r#""usage":null"#.to_string()),
+            2 => fields.push(r#""usage":"none""#.to_string()),
+            3 => fields.push(r#""usage":[12,7,null]"#.to_string()),
+            _ => fields.push(format!(r#""usage":{{{}}}"#, inner.join(","))),
+        }
+        if duplicate { fields.push(r#""usage":{"prompt_tokens":99}"#.to_string()); }
+        let body = format!("{{{}}}", fields.join(","));
+        let fast = figures_of_whole(body.as_bytes());
+        let parsed = serde_json::from_str::<Value>(&body).ok();
+        let reference = parsed.as_ref().and_then(figures_of_value);
+        let key = |f: Option<StreamFigures>| f.map(|f| (f.prompt_tokens, f.completion_tokens, f.cached_tokens));
+        proptest::prop_assert_eq!(key(fast), key(reference), "{}", body);
+    }
+}
