@@ -87,8 +87,8 @@ pub enum ExchangeError {
 }
 
 impl Link {
-    /// Polls the connection's state machine (reads and writes on its socket); `done` once it
-    /// has completed.
+    /// Polls the connection's state machine (reads and writes on its socket); once it has
+    /// completed, the connection is dropped (`conn` is `None`).
     fn drive(&mut self, cx: &mut Context<'_>) {
         if let Some(conn) = self.conn.as_mut()
             && conn.as_mut().poll(cx).is_ready()
