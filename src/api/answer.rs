@@ -125,9 +125,9 @@ pub(crate) struct Answered {
 
 impl Answered {
     /// wrap: the client's response. Streams and raw bodies are wrapped in the [`StreamMeter`]
-    /// (which records the outcome at their end); whole answers and the backend's own errors
-    /// are read here first.
-    pub(crate) async fn into_response(self, record: RequestRecord, cutoff: Arc<Cutoff>) -> Response {
+    /// (which records the outcome at their end) at once; whole answers and the backend's own
+    /// errors are to be read first (a boxed future: the rarer path holds the larger state).
+    pub(crate) fn into_response(self, record: RequestRecord, cutoff: Arc<Cutoff>) -> Wrapped {
         let Answered { answer, permit, outgoing, queue_wait, idle_timeout, normalise, backend, feedback, routed } =
             self;
         let Answer { mut head, body, first, sent_at } = answer;
@@ -156,7 +156,7 @@ impl Answered {
             normalise,
         };
         if !head.status.is_success() {
-            return error_answer(head, body, first, permit, info).await;
+            return Wrapped::Read(Box::pin(error_answer(head, body, first, permit, info)));
         }
         let sse = head
             .headers
@@ -173,13 +173,20 @@ impl Answered {
             let mut info = info;
             info.record.responded(head.status.as_u16());
             let body = StreamMeter::new(body, first, permit, info);
-            return Response::from_parts(head, Body::new(body));
+            return Wrapped::Now(Response::from_parts(head, Body::new(body)));
         }
         // Whole answers (embeddings too: read whole, their usage settles the client's charge
         // and the record ends with the answer, not when hyper stops polling a body of a known
         // length).
-        whole_answer(head, body, first, permit, info, sent_at, outgoing.generates).await
+        Wrapped::Read(Box::pin(whole_answer(head, body, first, permit, info, sent_at, outgoing.generates)))
     }
+}
+
+/// A wrapped answer: its response now (a stream), or the reading that makes it (a whole
+/// answer, a backend's error).
+pub(crate) enum Wrapped {
+    Now(Response),
+    Read(std::pin::Pin<Box<dyn std::future::Future<Output = Response> + Send>>),
 }
 
 /// A whole (non-streaming) answer: read it (it is complete when the backend sends it) to take

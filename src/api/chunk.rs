@@ -19,7 +19,7 @@ use bytes::Bytes;
 use http_body_util::BodyExt;
 
 use super::AppState;
-use super::answer;
+use super::answer::{self, Wrapped};
 use super::body::{MAX_WHOLE_ANSWER, read_whole};
 use super::fields::{RawBody, estimated_prompt_tokens};
 use super::fit::{Chunked, EmbedPlan, raw};
@@ -230,7 +230,10 @@ async fn run_streamed(state: Arc<AppState>, job: StreamedJob, mut record: Reques
         }
     };
     let id = record.request_id().clone();
-    let response = answered.into_response(record, Arc::clone(&state.cutoff)).await;
+    let response = match answered.into_response(record, Arc::clone(&state.cutoff)) {
+        Wrapped::Now(response) => response,
+        Wrapped::Read(reading) => reading.await,
+    };
     let error_body = response.extensions().get::<ErrorBody>().map(|e| e.body.clone());
     let ok = response.status().is_success();
     let sse = response

@@ -16,8 +16,7 @@ use axum::http::request::Parts;
 use axum::response::{IntoResponse, Response};
 
 use super::AppState;
-use super::answer::{self, Answered};
-use super::arrival;
+use super::answer::{self, Answered, Wrapped};
 use super::body::read_body;
 use super::chunk;
 use super::fields::{self, RawBody, estimated_prompt_tokens, requested_model};
@@ -31,8 +30,8 @@ use crate::limits::body_fingerprint;
 use crate::outcome::{Outcome, RequestRecord};
 use crate::stream::figures::{StreamFigures, Whole};
 
-/// The pipeline every face shares, for `request` at an OpenAI path. `face`: which API the
-/// client spoke, a label for the access log (nothing below branches on it). `read` turns the
+/// The pipeline every face shares, for `request` at an OpenAI path, with its `record` (as it
+/// arrived: counted in `mlxgate_requests_total` from here on). `face`: which API the client spoke, a label for the access log (nothing below branches on it). `read` turns the
 /// client's body into the fields of the OpenAI request served (the chat face: the body as it
 /// is; the Responses face: its translation, which may also note the request's conversation on
 /// the record); its error is the client's 400.
@@ -48,18 +47,20 @@ pub(crate) fn serve<'a>(
     state: &'a Arc<AppState>,
     request: Request,
     face: Face,
+    record: RequestRecord,
     read: impl FnOnce(&[u8], &mut RequestRecord) -> Result<RawBody, GatewayError> + Send + 'a,
 ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Response> + Send + 'a>> {
-    Box::pin(serve_boxed(state, request, face, read))
+    Box::pin(serve_boxed(state, request, face, record, read))
 }
 
 async fn serve_boxed(
     state: &Arc<AppState>,
     request: Request,
     face: Face,
+    mut record: RequestRecord,
     read: impl FnOnce(&[u8], &mut RequestRecord) -> Result<RawBody, GatewayError> + Send,
 ) -> Response {
-    let mut record = arrival::take_record(state, &request);
+    record.metered();
     record.set_face(face);
     let cut = state.cutoff.notified();
     let reply = if state.cutoff.is_cut() {
@@ -81,7 +82,10 @@ async fn serve_boxed(
     }
     let mut response = match reply {
         Ok(Reply::Answered { answered, prompt_tokens }) => {
-            let mut response = Box::pin(answered.into_response(record, Arc::clone(&state.cutoff))).await;
+            let mut response = match answered.into_response(record, Arc::clone(&state.cutoff)) {
+                Wrapped::Now(response) => response,
+                Wrapped::Read(reading) => reading.await,
+            };
             response.extensions_mut().insert(PromptTokens(prompt_tokens));
             response
         }
@@ -186,9 +190,15 @@ async fn steps(
     };
     admit(state, &request.caller, prompt_tokens, request.fingerprint, record).await?;
     let client = client_id(&request.parts, &request.caller);
-    let (request, transform) = match Box::pin(planned(state, request, &client, fitted, record)).await? {
-        Planned::Send { request, transform } => (request, transform),
-        Planned::Made(reply) => return Ok(reply),
+    let (request, transform) = match fitted {
+        // Sent as it is, perhaps transformed: no plan to carry out.
+        None => (request, None),
+        Some(Fitted::Send { transform, .. }) => (request, transform),
+        // A map-reduce or embeddings in pieces: boxed, as the rare path with a large future.
+        fitted => match Box::pin(planned(state, request, &client, fitted, record)).await? {
+            Planned::Send { request, transform } => (request, transform),
+            Planned::Made(reply) => return Ok(reply),
+        },
     };
     record.transformed(transform.as_deref());
     let sent = record.sent_flag();
