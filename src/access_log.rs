@@ -18,12 +18,12 @@ use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use http::{HeaderMap, HeaderValue, Method};
+use http::{HeaderMap, HeaderName, HeaderValue, Method};
 
 pub mod text;
 
 /// The header a request id comes in and goes back in.
-pub const REQUEST_ID_HEADER: &str = "x-request-id";
+pub const REQUEST_ID_HEADER: HeaderName = HeaderName::from_static("x-request-id");
 
 /// Longest client-sent request id kept (a longer one is replaced).
 pub const MAX_CLIENT_ID: usize = 128;

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use crate::backend::upstream::UpstreamBody;
 use axum::body::Body;
-use axum::http::{HeaderValue, header};
+use axum::http::{HeaderName, HeaderValue, header};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 
@@ -144,7 +144,7 @@ impl Answered {
         // Whatever the backend spoke (mlx_lm.server: HTTP/1.0), the client gets HTTP/1.1.
         head.version = axum::http::Version::HTTP_11;
         if let Some(v) = outgoing.transform.as_deref().and_then(|t| HeaderValue::from_str(t).ok()) {
-            head.headers.insert("x-mlxgate-transform", v);
+            head.headers.insert(TRANSFORM_HEADER, v);
         }
         let info = RequestInfo {
             record,
@@ -165,7 +165,7 @@ impl Answered {
             .is_some_and(|v| v.starts_with("text/event-stream"));
         if sse {
             // Tell nginx-style proxies in front of us not to buffer, and caches not to keep it.
-            head.headers.insert("x-accel-buffering", HeaderValue::from_static("no"));
+            head.headers.insert(ACCEL_BUFFERING, HeaderValue::from_static("no"));
             head.headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
             // The meter changes the length (a dropped usage chunk, an error event, the stats
             // line): the client's body is chunked, never the backend's announced length.
@@ -181,6 +181,13 @@ impl Answered {
         Wrapped::Read(Box::pin(whole_answer(head, body, first, permit, info, sent_at, outgoing.generates)))
     }
 }
+
+/// The headers of the per-request figures and of what the gateway did (names built once).
+pub(crate) const TRANSFORM_HEADER: HeaderName = HeaderName::from_static("x-mlxgate-transform");
+pub(crate) const ACCEL_BUFFERING: HeaderName = HeaderName::from_static("x-accel-buffering");
+const QUEUE_MS: HeaderName = HeaderName::from_static("x-mlxgate-queue-ms");
+const TTFT_MS: HeaderName = HeaderName::from_static("x-mlxgate-ttft-ms");
+const TOKENS_PER_SECOND: HeaderName = HeaderName::from_static("x-mlxgate-tokens-per-second");
 
 /// A wrapped answer: its response now (a stream), or the reading that makes it (a whole
 /// answer, a backend's error).
@@ -237,17 +244,17 @@ async fn whole_answer(
     let whole = named_at(whole, info.record.public_model(), model_at);
     let headers = &mut head.headers;
     headers.remove(header::CONTENT_LENGTH);
-    headers.insert("x-mlxgate-queue-ms", HeaderValue::from(info.queue_wait.as_millis() as u64));
+    headers.insert(QUEUE_MS, HeaderValue::from(info.queue_wait.as_millis() as u64));
     if !generates {
         info.record.finish_answered(Outcome::Ok, &figures.of_whole(Whole::Embeddings));
         return Response::from_parts(head, Body::from(whole));
     }
-    headers.insert("x-mlxgate-ttft-ms", HeaderValue::from(info.record.arrived.elapsed().as_millis() as u64));
+    headers.insert(TTFT_MS, HeaderValue::from(info.record.arrived.elapsed().as_millis() as u64));
     if let Some(tokens) = figures.tokens() {
         let seconds = sent_at.elapsed().as_secs_f64().max(1e-6);
         let tps = format!("{:.1}", tokens as f64 / seconds);
         if let Ok(v) = HeaderValue::from_str(&tps) {
-            headers.insert("x-mlxgate-tokens-per-second", v);
+            headers.insert(TOKENS_PER_SECOND, v);
         }
     }
     let whole = finish_at_length(whole, &figures, info.normalise.length_at);

@@ -159,9 +159,9 @@ pub fn streamed(state: Arc<AppState>, job: StreamedJob, mut record: RequestRecor
     let headers = response.headers_mut();
     headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
     headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-    headers.insert("x-accel-buffering", HeaderValue::from_static("no"));
+    headers.insert(answer::ACCEL_BUFFERING, HeaderValue::from_static("no"));
     if let Ok(v) = HeaderValue::from_str(&header) {
-        headers.insert("x-mlxgate-transform", v);
+        headers.insert(answer::TRANSFORM_HEADER, v);
     }
     response
 }
@@ -360,7 +360,7 @@ pub async fn embed(
     let headers = response.headers_mut();
     headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
     if let Ok(v) = HeaderValue::from_str(&format!("chunk; pieces={}", plan.piece_count())) {
-        headers.insert("x-mlxgate-transform", v);
+        headers.insert(answer::TRANSFORM_HEADER, v);
     }
     *response.status_mut() = StatusCode::OK;
     Ok((response, figures))

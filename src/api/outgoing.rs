@@ -30,6 +30,9 @@ pub(crate) struct Rewritten {
     pub(crate) client_wants_usage: bool,
 }
 
+/// The client's ask for the stats comment at a stream's end (`x-mlxgate-stats: 1`).
+const STATS_HEADER: axum::http::HeaderName = axum::http::HeaderName::from_static("x-mlxgate-stats");
+
 /// The request for `route`'s first backend: [`rewrite`], then [`encode`].
 pub(crate) fn prepare(
     parts: &axum::http::request::Parts,
@@ -53,7 +56,7 @@ pub(crate) fn prepare_for(
         outbound,
         generates,
         client_wants_usage,
-        stats_comment: parts.headers.get("x-mlxgate-stats").is_some_and(|v| v.as_bytes() == b"1"),
+        stats_comment: parts.headers.get(STATS_HEADER).is_some_and(|v| v.as_bytes() == b"1"),
         transform: None,
     })
 }
