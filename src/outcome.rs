@@ -155,6 +155,9 @@ pub struct RequestRecord {
     /// `prompt_cache_key`: Codex's session id), for routing a conversation to the backend that
     /// holds its prompt cache.
     pub conversation: Option<String>,
+    /// The client's address, when the request came over a connection (the fair queue's key for
+    /// a client that sends no key to a gateway without auth).
+    pub peer: Option<std::net::IpAddr>,
     /// When the gateway received the request.
     pub arrived: Instant,
     finished: bool,
@@ -207,6 +210,7 @@ impl RequestRecord {
             backend: String::new(),
             client: ANONYMOUS.to_string(),
             conversation: None,
+            peer: None,
             arrived: Instant::now(),
             finished: false,
             admission: None,
@@ -375,6 +379,7 @@ impl RequestRecord {
             backend: self.backend.clone(),
             client: self.client.clone(),
             conversation: self.conversation.clone(),
+            peer: self.peer,
             arrived: self.arrived,
             finished: self.finished,
             admission: self.admission.take(),
@@ -408,7 +413,8 @@ impl RequestRecord {
             hook(measured, measured.first_token.map(|first| first.duration_since(self.arrived)));
         }
         let used = measured.used;
-        if let Some(mut admission) = self.admission.take() {
+        // A client without a token limit has nothing to settle: no task is spawned for it.
+        if let Some(mut admission) = self.admission.take().filter(Admission::settles_tokens) {
             admission.leave();
             let estimate = self.prompt_estimate.unwrap_or_else(|| admission.tokens_charged());
             let prompt = used.prompt_tokens.unwrap_or(estimate);
@@ -425,15 +431,22 @@ impl RequestRecord {
         if let Some(mut admission) = self.admission.take() {
             admission.leave();
             let pieces = self.pieces_used.load(Ordering::Relaxed);
+            // A task is spawned only when the store has something to change.
             if self.sent.load(Ordering::SeqCst) {
                 // A backend has it (the client left before the answer, or the answer broke):
                 // the prompt was charged up front and stays charged.
                 let prompt = self.prompt_estimate.unwrap_or_else(|| admission.tokens_charged());
-                spawn_charge(async move { admission.settle(prompt.saturating_add(pieces), 0).await });
+                if admission.settles_tokens() {
+                    spawn_charge(async move { admission.settle(prompt.saturating_add(pieces), 0).await });
+                }
             } else {
                 match pieces {
-                    0 => spawn_charge(admission.cancel()),
-                    pieces => spawn_charge(async move { admission.settle(pieces, 0).await }),
+                    0 if admission.refunds_anything() => spawn_charge(admission.cancel()),
+                    0 => {}
+                    pieces if admission.settles_tokens() => {
+                        spawn_charge(async move { admission.settle(pieces, 0).await });
+                    }
+                    _ => {}
                 }
             }
         }

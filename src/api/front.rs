@@ -89,36 +89,40 @@ impl hyper::service::Service<Request<Incoming>> for Connection {
     type Future = Responding;
 
     fn call(&self, mut request: Request<Incoming>) -> Responding {
-        // The peer, as axum's `ConnectInfo` (the pipeline's client key when auth is off).
-        request.extensions_mut().insert(ConnectInfo(self.peer));
         if let Some(state) = &self.front.state
             && let Some(hot) = Hot::of(request.method(), request.uri().path())
         {
             // One future per face, each of its own size (a match inside one future would
             // size all three as the largest, copied whole on every move).
-            let (state, request) = (Arc::clone(state), request.map(Body::new));
+            let (state, request, peer) = (Arc::clone(state), request.map(Body::new), self.peer);
             return match hot {
-                Hot::OpenAi => Box::pin(serve_hot(state, request, openai::proxy)),
-                Hot::Responses => Box::pin(serve_hot(state, request, responses::create)),
-                Hot::Messages => Box::pin(serve_hot(state, request, messages::create)),
+                Hot::OpenAi => Box::pin(serve_hot(state, request, peer, openai::proxy)),
+                Hot::Responses => Box::pin(serve_hot(state, request, peer, responses::create)),
+                Hot::Messages => Box::pin(serve_hot(state, request, peer, messages::create)),
             };
         }
+        // The router's handlers read the peer as axum's `ConnectInfo`.
+        request.extensions_mut().insert(ConnectInfo(self.peer));
         request.extensions_mut().insert(self.open_ended.clone());
         let router = self.front.router.clone();
         Box::pin(async move { router.oneshot(request).await })
     }
 }
 
-/// A hot route's request: arrival, its face's `handler`, departure (see `arrival.rs`).
+/// A hot route's request from `peer`: arrival, its face's `handler`, departure (see
+/// `arrival.rs`).
 async fn serve_hot<F>(
     state: Arc<AppState>,
     request: Request<Body>,
+    peer: SocketAddr,
     handler: impl FnOnce(Arc<AppState>, Request<Body>, RequestRecord) -> F,
 ) -> Result<Response, Infallible>
 where
     F: Future<Output = Response>,
 {
-    let (id, record) = arrival::arrive(&state, request.method(), request.uri().path(), request.headers());
+    let (id, mut record) = arrival::arrive(&state, request.method(), request.uri().path(), request.headers());
+    // The peer goes with the record, not into the request's extensions (a map made per request).
+    record.peer = Some(peer.ip());
     let span = arrival::span(&id, request.method(), request.uri().path());
     let response = tracing::Instrument::instrument(handler(state, request, record), span.clone()).await;
     arrival::finished(&span, &response);

@@ -86,7 +86,10 @@ async fn serve_boxed(
                 Wrapped::Now(response) => response,
                 Wrapped::Read(reading) => reading.await,
             };
-            response.extensions_mut().insert(PromptTokens(prompt_tokens));
+            // Only the Messages face reads it (its `message_start`): no extension for others.
+            if face == Face::Messages {
+                response.extensions_mut().insert(PromptTokens(prompt_tokens));
+            }
             response
         }
         Ok(Reply::Made { response, figures }) => {
@@ -189,7 +192,7 @@ async fn steps(
         _ => estimated_prompt_tokens(&request.fields),
     };
     admit(state, &request.caller, prompt_tokens, request.fingerprint, record).await?;
-    let client = client_id(&request.parts, &request.caller);
+    let client = client_id(&request.parts, &request.caller, record.peer);
     let (request, transform) = match fitted {
         // Sent as it is, perhaps transformed: no plan to carry out.
         None => (request, None),
@@ -363,9 +366,10 @@ fn rate_limited(state: &AppState, caller: &Client, denied: crate::limits::Denied
 /// The identity used for fair queueing: with auth on, the client's configured name (a client
 /// rotating made-up keys gets 401, not a fresh share of the queue); with auth off, the bearer
 /// key if sent, else the peer's IP address.
-fn client_id(parts: &axum::http::request::Parts, caller: &Client) -> ClientId {
+/// The peer is the record's (`peer`), else the request's `ConnectInfo`.
+fn client_id(parts: &axum::http::request::Parts, caller: &Client, peer: Option<std::net::IpAddr>) -> ClientId {
     if let Client::Named(name) = caller {
-        return ClientId(format!("client:{name}"));
+        return ClientId(["client:", &**name].concat());
     }
     let bearer = parts
         .headers
@@ -375,10 +379,10 @@ fn client_id(parts: &axum::http::request::Parts, caller: &Client) -> ClientId {
         .map(str::trim)
         .filter(|k| !k.is_empty());
     if let Some(key) = bearer {
-        return ClientId(format!("key:{key}"));
+        return ClientId(["key:", key].concat());
     }
-    let peer = parts.extensions.get::<ConnectInfo<SocketAddr>>().map(|c| c.0.ip().to_string());
-    ClientId(format!("ip:{}", peer.unwrap_or_else(|| "unknown".into())))
+    let peer = peer.or_else(|| parts.extensions.get::<ConnectInfo<SocketAddr>>().map(|c| c.0.ip()));
+    ClientId(format!("ip:{}", peer.map_or_else(|| "unknown".into(), |ip| ip.to_string())))
 }
 
 /// The session key of a request to a balanced model: the model's `session_header` when it is
