@@ -150,7 +150,7 @@ fn main() -> ExitCode {
                 loaded.access_log = false;
             }
             raise_open_files_limit();
-            let runtime = match tokio::runtime::Runtime::new() {
+            let runtime = match runtime_for(loaded.worker_threads) {
                 Ok(r) => r,
                 Err(e) => {
                     eprintln!("cannot start the async runtime: {e}");
@@ -263,6 +263,17 @@ fn drain(backend: &str, drained: bool, config: &std::path::Path, url: Option<Str
             eprintln!("mlxgate drain: {backend} not {verb}ed: {why}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// The runtime that serves the connections: one thread, an event loop (`worker_threads: 1`, the
+/// default: no wake-ups across threads, the least work per request); else tokio's threads (`0`:
+/// one per core). Counting prompts and other blocking work has its own threads either way.
+fn runtime_for(worker_threads: usize) -> std::io::Result<tokio::runtime::Runtime> {
+    match worker_threads {
+        1 => tokio::runtime::Builder::new_current_thread().enable_all().build(),
+        0 => tokio::runtime::Builder::new_multi_thread().enable_all().build(),
+        n => tokio::runtime::Builder::new_multi_thread().worker_threads(n).enable_all().build(),
     }
 }
 

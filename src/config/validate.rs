@@ -186,6 +186,7 @@ pub(super) fn validate(raw: RawConfig, problems: &mut Vec<Problem>) -> Option<Co
         gpu_memory_budget,
         header_read_timeout,
         max_connections_per_client,
+        worker_threads: raw.worker_threads.unwrap_or(1),
         backends,
         models,
         auth: access.auth,
