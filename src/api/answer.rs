@@ -252,14 +252,30 @@ async fn whole_answer(
     headers.insert(TTFT_MS, HeaderValue::from(info.record.arrived.elapsed().as_millis() as u64));
     if let Some(tokens) = figures.tokens() {
         let seconds = sent_at.elapsed().as_secs_f64().max(1e-6);
-        let tps = format!("{:.1}", tokens as f64 / seconds);
-        if let Ok(v) = HeaderValue::from_str(&tps) {
+        if let Ok(v) = HeaderValue::from_str(&one_decimal(tokens as f64 / seconds)) {
             headers.insert(TOKENS_PER_SECOND, v);
         }
     }
     let whole = finish_at_length(whole, &figures, info.normalise.length_at);
     info.record.finish_answered(Outcome::Ok, &figures.of_whole(Whole::Answer));
     Response::from_parts(head, Body::from(whole))
+}
+
+/// `value` with one decimal, as `format!("{:.1}")` writes a finite value ≥ 0 (rounded half away
+/// from zero: a hair apart from `format!`'s ties-to-even on exact halves), without its float
+/// formatting machinery.
+fn one_decimal(value: f64) -> String {
+    if !value.is_finite() || !(0.0..1e15).contains(&value) {
+        return format!("{value:.1}");
+    }
+    let tenths = (value * 10.0).round() as u64;
+    let mut digits = itoa::Buffer::new();
+    let whole = digits.format(tenths / 10);
+    let mut text = String::with_capacity(whole.len() + 2);
+    text.push_str(whole);
+    text.push('.');
+    text.push(char::from(b'0' + (tenths % 10) as u8));
+    text
 }
 
 /// A whole answer naming `model` (the public name) where the backend put its own name for it
@@ -319,4 +335,35 @@ async fn error_answer(
     // The access layer adds the request id to it, as to the gateway's own errors.
     response.extensions_mut().insert(ErrorBody { body, outcome: outcome.label() });
     response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::one_decimal;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// Within a hair of `format!("{:.1}")`: equal but where the value lies within a
+        /// rounding error of a tie (`…x5`), where the two may round apart by one tenth.
+        #[test]
+        fn one_decimal_writes_as_format_does(value in 0.0f64..1e7) {
+            let ours = one_decimal(value);
+            let theirs = format!("{value:.1}");
+            let tie = ((value * 10.0).fract() - 0.5).abs() < 1e-6;
+            if !tie {
+                prop_assert_eq!(ours, theirs);
+            } else {
+                let (a, b): (f64, f64) = (ours.parse().unwrap(), theirs.parse().unwrap());
+                prop_assert!((a - b).abs() <= 0.1 + 1e-9, "{} vs {}", ours, theirs);
+            }
+        }
+    }
+
+    #[test]
+    fn one_decimal_of_plain_values() {
+        assert_eq!(one_decimal(0.0), "0.0");
+        assert_eq!(one_decimal(180.54), "180.5");
+        assert_eq!(one_decimal(9.96), "10.0");
+        assert_eq!(one_decimal(f64::INFINITY), "inf");
+    }
 }
