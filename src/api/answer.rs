@@ -56,18 +56,22 @@ pub(crate) async fn call(
     route: &Route,
     client: &ClientId,
     parts: &axum::http::request::Parts,
-    mut fields: RawBody,
+    fields: RawBody,
     terms: Terms,
     sent: &std::sync::atomic::AtomicBool,
 ) -> Result<Answered, GatewayError> {
     let Terms { transform, session, own_max_wait, request_id } = terms;
     let request_id = request_id.as_ref().map_or("-", crate::access_log::RequestId::as_str);
     let max_wait = own_max_wait.map_or(route.model.max_wait, |own| own.min(route.model.max_wait));
-    // A model of several backends keeps the client's fields, to build another backend's request.
-    let pristine = (route.backends.len() > 1).then(|| fields.clone());
-    let mut outgoing = prepare(parts, &mut fields, route)?;
+    let mut outgoing = prepare(parts, &fields, route)?;
     outgoing.transform = transform;
-    drop(fields);
+    // A model of several backends keeps the client's fields, to build another backend's request.
+    let pristine = if route.backends.len() > 1 {
+        Some(fields)
+    } else {
+        drop(fields);
+        None
+    };
     let other = |position: usize| for_position(parts, route, pristine.as_ref(), position);
     let encode: Option<Encode<'_>> = if pristine.is_some() { Some(&other) } else { None };
     // A model of several backends: its balancer plans the request (the prompt read once).

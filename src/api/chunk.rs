@@ -97,7 +97,7 @@ async fn map_part(
     body.insert("messages".into(), raw(&messages)?);
     body.insert("stream".into(), raw(&false)?);
     body.insert("max_tokens".into(), raw(&plan.map_max_tokens)?);
-    let (whole, figures) = whole_answer(state, route, client, parts, &mut body, request, Some(request.piece())).await?;
+    let (whole, figures) = whole_answer(state, route, client, parts, &body, request, Some(request.piece())).await?;
     request.add_pieces_used(figures.usage());
     Ok(answer_text(&whole))
 }
@@ -315,7 +315,7 @@ pub async fn embed(
     fields.insert("encoding_format".into(), raw("float")?);
     // One backend request for all the pieces: it is the client's request, recorded once (by
     // the handler, with these figures), not a piece of its own.
-    let (whole, figures) = whole_answer(state, route, client, parts, &mut fields, request, None).await?;
+    let (whole, figures) = whole_answer(state, route, client, parts, &fields, request, None).await?;
     let backend = &route.backend.config.name;
     let unusable = |what: &str| GatewayError::Backend {
         backend: backend.clone(),
@@ -375,7 +375,7 @@ async fn whole_answer(
     route: &Route,
     client: &ClientId,
     parts: &axum::http::request::Parts,
-    body: &mut RawBody,
+    body: &RawBody,
     request: &RequestRecord,
     piece: Option<RequestRecord>,
 ) -> Result<(Vec<u8>, StreamFigures), GatewayError> {
@@ -385,9 +385,9 @@ async fn whole_answer(
             piece.finish(outcome);
         }
     };
-    let pristine = (route.backends.len() > 1).then(|| body.clone());
+    let pristine = (route.backends.len() > 1).then_some(body);
     let outgoing = prepare(parts, body, route)?;
-    let other = |position: usize| for_position(parts, route, pristine.as_ref(), position);
+    let other = |position: usize| for_position(parts, route, pristine, position);
     let encode: Option<Encode<'_>> = if pristine.is_some() { Some(&other) } else { None };
     // Sent: the piece's own record (the client's request is sent only with its reduce: one
     // that ends during the map is charged its pieces' usage alone), or, for the one request
