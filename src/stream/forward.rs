@@ -84,7 +84,13 @@ impl Forward {
     }
 
     /// As [`Self::observe`], for a read made at `now`.
-    pub(super) fn observe_at(&mut self, figures: &mut StreamFigures, data: Bytes, client_wants_usage: bool, now: Instant) {
+    pub(super) fn observe_at(
+        &mut self,
+        figures: &mut StreamFigures,
+        data: Bytes,
+        client_wants_usage: bool,
+        now: Instant,
+    ) {
         let mut from = 0;
         if self.parser.continues_line_ending(&data) {
             match self.tail {

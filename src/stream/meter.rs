@@ -24,19 +24,19 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use crate::backend::upstream::UpstreamBody;
-use bytes::Bytes;
-use http_body::{Body, Frame, SizeHint};
-use pin_project_lite::pin_project;
 use super::abandoned;
 use super::alarms::{Alarms, Rang};
 use super::figures::StreamFigures;
 use super::finish::StreamNormalise;
 use super::forward::Forward;
 use super::shutdown::Cutoff;
+use crate::backend::upstream::UpstreamBody;
 use crate::dispatch::queue::Permit;
 use crate::error::GatewayError;
 use crate::outcome::{Outcome, RequestRecord};
+use bytes::Bytes;
+use http_body::{Body, Frame, SizeHint};
+use pin_project_lite::pin_project;
 
 /// The largest SSE event (or unfinished line) a backend may send: past it the stream is cut,
 /// so a backend that never ends a line cannot make the gateway hold its bytes without bound.
