@@ -331,6 +331,17 @@ mod tests {
         assert!(RequestId::of(&HeaderMap::new()).as_str().starts_with("req_"));
     }
 
+    /// Review of issue 24: the id goes to every client; its second half is the process's request
+    /// number plus a constant, so two ids a client got tell it how many requests the gateway
+    /// served in between (every client's traffic), and in which order. Before: both halves keyed.
+    #[test]
+    fn an_id_does_not_tell_how_many_requests_came_before_it() {
+        let low = |id: &RequestId| u64::from_str_radix(&id.as_str()[20..], 16).expect("hex");
+        let (a, b) = (RequestId::new(), RequestId::new());
+        let between = low(&b).wrapping_sub(low(&a));
+        assert!(between > 1_000_000, "consecutive ids {} and {} differ by {between} in their low half", a.as_str(), b.as_str());
+    }
+
     #[test]
     fn generated_ids_are_hex_and_distinct() {
         let ids: std::collections::HashSet<String> =
