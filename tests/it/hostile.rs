@@ -192,3 +192,48 @@ async fn shutdown_cuts_a_running_stream_after_the_grace_period() {
     let served = tokio::time::timeout(PATIENCE, &mut gw.task).await.expect("serve returns");
     assert!(served.expect("join").is_ok());
 }
+
+/// Review of issue 24: with the default `worker_threads: 1` the gateway's one thread also
+/// parses and translates request bodies, so one client's large body (a Messages request of
+/// many small messages, under `max_body`) stops every other client's requests and streams
+/// until it is translated: /health waited 13 s for a 60 MB body on the release binary (82 ms
+/// with the multi-threaded runtime of the base).
+#[tokio::test]
+async fn one_large_body_does_not_stop_every_other_request() {
+    health_behind_a_large_body("").await;
+}
+
+/// The same with tokio's threads (`worker_threads: 0`, the base's runtime): passes.
+#[tokio::test]
+async fn one_large_body_does_not_stop_every_other_request_with_a_thread_per_core() {
+    health_behind_a_large_body("worker_threads: 0\n").await;
+}
+
+async fn health_behind_a_large_body(top: &str) {
+    let sim = sim().await;
+    let gw = gateway_binary(&format!("{top}{}", one_model_yaml(&sim.url(), 4, 10)), None);
+    let messages: Vec<Value> = (0..100_000).map(|i| json!({"role": "user", "content": format!("h{i}")})).collect();
+    let body = json!({"model": "qwen", "max_tokens": 5, "messages": messages}).to_string();
+    let url = format!("{}/v1/messages", gw.url);
+    let big = tokio::spawn(async move {
+        client()
+            .post(url)
+            .header("anthropic-version", "2023-06-01")
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+            .await
+            .map(|r| r.status())
+    });
+    let probe = client();
+    let mut worst = std::time::Duration::ZERO;
+    while !big.is_finished() {
+        let started = std::time::Instant::now();
+        let r = probe.get(format!("{}/health", gw.url)).send().await.expect("health");
+        assert!(r.status().is_success());
+        worst = worst.max(started.elapsed());
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    let _ = big.await;
+    assert!(worst < std::time::Duration::from_millis(500), "/health waited {worst:?} behind one large body");
+}
