@@ -41,24 +41,22 @@ impl RequestId {
         headers.get(REQUEST_ID_HEADER).filter(|v| sane(v.as_bytes())).cloned().map_or_else(RequestId::new, RequestId)
     }
 
-    /// A new id: `req_` and 32 hex digits: a keyed hash of the process's request number, then
-    /// the number offset by a random start (unique within the process by construction, and
-    /// unlike another process's).
+    /// A new id: `req_` and 32 hex digits, two keyed hashes of the process's request number
+    /// (unique, and they tell no one how many requests came before).
     pub fn new() -> RequestId {
-        static KEYS: OnceLock<(std::collections::hash_map::RandomState, u64)> = OnceLock::new();
+        static KEYS: OnceLock<std::collections::hash_map::RandomState> = OnceLock::new();
         static COUNTER: AtomicU64 = AtomicU64::new(0);
-        let (keys, start) = KEYS.get_or_init(|| {
-            let keys = std::collections::hash_map::RandomState::new();
-            let start = keys.hash_one(u64::MAX);
-            (keys, start)
-        });
+        let keys = KEYS.get_or_init(std::collections::hash_map::RandomState::new);
         let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-        let mut h = keys.build_hasher();
-        h.write_u64(n);
-        let (hashed, numbered) = (h.finish(), n.wrapping_add(*start));
+        let half = |salt: u64| {
+            let mut h = keys.build_hasher();
+            h.write_u64(n);
+            h.write_u64(salt);
+            h.finish()
+        };
         const HEX: &[u8; 16] = b"0123456789abcdef";
         let mut text = *b"req_00000000000000000000000000000000";
-        for (i, byte) in hashed.to_be_bytes().into_iter().chain(numbered.to_be_bytes()).enumerate() {
+        for (i, byte) in half(0).to_be_bytes().into_iter().chain(half(1).to_be_bytes()).enumerate() {
             text[4 + 2 * i] = HEX[usize::from(byte >> 4)];
             text[5 + 2 * i] = HEX[usize::from(byte & 15)];
         }
@@ -339,7 +337,12 @@ mod tests {
         let low = |id: &RequestId| u64::from_str_radix(&id.as_str()[20..], 16).expect("hex");
         let (a, b) = (RequestId::new(), RequestId::new());
         let between = low(&b).wrapping_sub(low(&a));
-        assert!(between > 1_000_000, "consecutive ids {} and {} differ by {between} in their low half", a.as_str(), b.as_str());
+        assert!(
+            between > 1_000_000,
+            "consecutive ids {} and {} differ by {between} in their low half",
+            a.as_str(),
+            b.as_str()
+        );
     }
 
     #[test]

@@ -266,9 +266,10 @@ fn drain(backend: &str, drained: bool, config: &std::path::Path, url: Option<Str
     }
 }
 
-/// The runtime that serves the connections: one thread, an event loop (`worker_threads: 1`, the
-/// default: no wake-ups across threads, the least work per request); else tokio's threads (`0`:
-/// one per core). Counting prompts and other blocking work has its own threads either way.
+/// The runtime that serves the connections: tokio's threads (`worker_threads: 0`, the default:
+/// one per core), or one thread, an event loop (`1`: no wake-ups across threads, the least work
+/// per request, but a large body's parsing holds the others). Counting prompts and other
+/// blocking work has its own threads either way.
 fn runtime_for(worker_threads: usize) -> std::io::Result<tokio::runtime::Runtime> {
     match worker_threads {
         1 => tokio::runtime::Builder::new_current_thread().enable_all().build(),

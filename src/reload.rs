@@ -261,12 +261,8 @@ mod tests {
         let costed = parse("loading_share: 0.5\ngpu_memory_budget: 48GB\nclients: {a: {key: '${A}'}}\n");
         assert_eq!(unapplied_changes(&running, &costed), ["loading_share", "gpu_memory_budget"]);
         // The runtime is built once, before the gateway starts.
-        assert_eq!(running.worker_threads, 1, "one event loop by default");
-        let threaded = parse(
-            "worker_threads: 0
-clients: {a: {key: '${A}'}}
-",
-        );
+        assert_eq!(running.worker_threads, 0, "a thread per core by default");
+        let threaded = parse("worker_threads: 1\nclients: {a: {key: '${A}'}}\n");
         assert_eq!(unapplied_changes(&running, &threaded), ["worker_threads"]);
         let text = "backends: {local: {url: 'http://127.0.0.1:10'}}\nmodels: {qwen: {backend: local, max_queue: 3}}\n";
         let other = Config::parse(text, &|_| None).expect("valid");

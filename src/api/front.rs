@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use axum::Router;
 use axum::body::Body;
-use axum::extract::ConnectInfo;
+use axum::extract::{ConnectInfo, State};
 use axum::http::{Method, Request};
 use axum::response::Response;
 use hyper::body::Incoming;
@@ -127,6 +127,24 @@ where
     let response = tracing::Instrument::instrument(handler(state, request, record), span.clone()).await;
     arrival::finished(&span, &response);
     Ok(arrival::depart(response, &id, None))
+}
+
+/// The router's route of the OpenAI face's paths (see [`super::app`]).
+pub(super) async fn openai_route(State(state): State<Arc<AppState>>, request: Request<Body>) -> Response {
+    let record = arrival::take_record(&state, &request);
+    openai::proxy(state, request, record).await
+}
+
+/// The router's route of `/v1/responses`.
+pub(super) async fn responses_route(State(state): State<Arc<AppState>>, request: Request<Body>) -> Response {
+    let record = arrival::take_record(&state, &request);
+    responses::create(state, request, record).await
+}
+
+/// The router's route of `/v1/messages`.
+pub(super) async fn messages_route(State(state): State<Arc<AppState>>, request: Request<Body>) -> Response {
+    let record = arrival::take_record(&state, &request);
+    messages::create(state, request, record).await
 }
 
 #[cfg(test)]

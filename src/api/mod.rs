@@ -282,6 +282,14 @@ pub fn app(state: Arc<AppState>) -> Front {
         .route("/ui/events/logs/{name}", get(ui::feed::logs))
         .route_layer(middleware::from_fn_with_state(Arc::clone(&state), admin::require_admin));
     let router = Router::new()
+        // The front serves these POSTs without the router; here they answer other methods as
+        // every route does (OpenAI's 404, with `allow: POST`), and serve a POST when the router
+        // is served alone.
+        .route("/v1/chat/completions", post(front::openai_route))
+        .route("/v1/completions", post(front::openai_route))
+        .route("/v1/embeddings", post(front::openai_route))
+        .route("/v1/responses", post(front::responses_route))
+        .route("/v1/messages", post(front::messages_route))
         .route("/v1/messages/count_tokens", post(messages::count::count_tokens))
         .route("/v1/models", get(models::list))
         .route("/v1/models/{*id}", get(models::retrieve))

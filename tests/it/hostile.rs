@@ -193,20 +193,14 @@ async fn shutdown_cuts_a_running_stream_after_the_grace_period() {
     assert!(served.expect("join").is_ok());
 }
 
-/// Review of issue 24: with the default `worker_threads: 1` the gateway's one thread also
-/// parses and translates request bodies, so one client's large body (a Messages request of
-/// many small messages, under `max_body`) stops every other client's requests and streams
-/// until it is translated: /health waited 13 s for a 60 MB body on the release binary (82 ms
-/// with the multi-threaded runtime of the base).
+/// One client's large body (a Messages request of 100 000 small messages, under `max_body`)
+/// does not stop other clients' requests while it is parsed and translated: with one thread
+/// serving the connections (`worker_threads: 1`, not the default) /health waited 13 s behind a
+/// 60 MB body. The bound is relative: /health answers within a third of the large request's
+/// own time, where a held event loop makes it wait nearly all of it.
 #[tokio::test]
 async fn one_large_body_does_not_stop_every_other_request() {
     health_behind_a_large_body("").await;
-}
-
-/// The same with tokio's threads (`worker_threads: 0`, the base's runtime): passes.
-#[tokio::test]
-async fn one_large_body_does_not_stop_every_other_request_with_a_thread_per_core() {
-    health_behind_a_large_body("worker_threads: 0\n").await;
 }
 
 async fn health_behind_a_large_body(top: &str) {
@@ -226,6 +220,7 @@ async fn health_behind_a_large_body(top: &str) {
             .map(|r| r.status())
     });
     let probe = client();
+    let began = std::time::Instant::now();
     let mut worst = std::time::Duration::ZERO;
     while !big.is_finished() {
         let started = std::time::Instant::now();
@@ -235,5 +230,6 @@ async fn health_behind_a_large_body(top: &str) {
         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
     }
     let _ = big.await;
-    assert!(worst < std::time::Duration::from_millis(500), "/health waited {worst:?} behind one large body");
+    let took = began.elapsed();
+    assert!(worst < took / 3, "/health waited {worst:?} behind one large body that took {took:?}");
 }
