@@ -17,16 +17,13 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use axum::Router;
-use axum::extract::connect_info::IntoMakeServiceWithConnectInfo;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use hyper_util::server::conn::auto;
+use hyper::body::Incoming;
+use hyper::server::conn::http1;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
-use hyper_util::service::TowerToHyperService;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
-use tower::{Service, ServiceExt};
 
 /// How long the loop pauses after an accept error that is not about one connection (EMFILE,
 /// ENFILE, ENOBUFS): long enough not to spin, short enough that a freed descriptor is used soon.
@@ -70,22 +67,36 @@ impl Drop for OpenEndedHold {
     }
 }
 
+/// What serves the connections: the service of each, given its peer and its [`OpenEnded`]
+/// (which goes into every request's extensions that may hold one).
+pub trait Connections {
+    /// One connection's service.
+    type Service: hyper::service::Service<
+            http::Request<Incoming>,
+            Response = axum::response::Response,
+            Error = std::convert::Infallible,
+            Future: Send + 'static,
+        > + Send
+        + 'static;
+
+    /// The service of the connection from `peer`.
+    fn connection(&self, peer: SocketAddr, open_ended: OpenEnded) -> Self::Service;
+}
+
 /// How long streams cut at the end of the grace period get to send their final error event.
 const CUT_FLUSH: Duration = Duration::from_secs(1);
 
-/// Serves `router` on `listener` until `shutdown` resolves; then stops accepting, lets running
-/// requests finish for up to `grace`, calls `at_grace_end` (streams end themselves with an error
-/// event), gives them a moment to send it, and cuts whatever is left. Handlers see the peer as
-/// `ConnectInfo<SocketAddr>`.
+/// Serves `front`'s connections on `listener` until `shutdown` resolves; then stops accepting,
+/// lets running requests finish for up to `grace`, calls `at_grace_end` (streams end themselves
+/// with an error event), gives them a moment to send it, and cuts whatever is left.
 pub async fn serve(
-    router: Router,
+    front: impl Connections,
     listener: TcpListener,
     limits: ConnectionLimits,
     shutdown: impl Future<Output = ()>,
     grace: Duration,
     at_grace_end: impl FnOnce(),
 ) {
-    let mut make_service = router.into_make_service_with_connect_info::<SocketAddr>();
     let builder = Arc::new(http1_builder(limits.header_read_timeout));
     let clients = ClientTable::new(limits.max_per_client);
     let graceful = GracefulShutdown::new();
@@ -107,7 +118,7 @@ pub async fn serve(
                         tracing::debug!(error = %e, "cannot set TCP_NODELAY on a client connection");
                     }
                     let open_ended = OpenEnded::default();
-                    let service = connection_service(&mut make_service, peer, open_ended.clone()).await;
+                    let service = front.connection(peer, open_ended.clone());
                     let watcher = graceful.watcher();
                     let builder = Arc::clone(&builder);
                     let mut closing = closing_seen.clone();
@@ -158,36 +169,10 @@ pub async fn serve(
 
 /// HTTP/1 only: the version sniffing of an HTTP/1-or-2 connection has no deadline, so a client
 /// that connects and sends nothing would never be timed out. OpenAI clients speak HTTP/1.1.
-fn http1_builder(header_read_timeout: Duration) -> auto::Builder<TokioExecutor> {
-    let mut builder = auto::Builder::new(TokioExecutor::new()).http1_only();
-    builder.http1().timer(TokioTimer::new()).header_read_timeout(header_read_timeout).keep_alive(true);
+fn http1_builder(header_read_timeout: Duration) -> http1::Builder {
+    let mut builder = http1::Builder::new();
+    builder.timer(TokioTimer::new()).header_read_timeout(header_read_timeout).keep_alive(true);
     builder
-}
-
-/// The router for one connection, with the peer's address as `ConnectInfo`.
-/// And the connection's [`OpenEnded`] in every request's extensions.
-async fn connection_service(
-    make_service: &mut IntoMakeServiceWithConnectInfo<Router, SocketAddr>,
-    peer: SocketAddr,
-    open_ended: OpenEnded,
-) -> TowerToHyperService<
-    impl Service<
-        http::Request<hyper::body::Incoming>,
-        Response = axum::response::Response,
-        Error = std::convert::Infallible,
-        Future = impl Send,
-    > + Clone
-    + Send
-    + 'static,
-> {
-    let service = match make_service.call(peer).await {
-        Ok(service) => service,
-        Err(never) => match never {},
-    };
-    TowerToHyperService::new(service.map_request(move |mut request: http::Request<hyper::body::Incoming>| {
-        request.extensions_mut().insert(open_ended.clone());
-        request
-    }))
 }
 
 /// Answers a connection over its client's cap with a 503 (if the socket takes it at once) and

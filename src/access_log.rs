@@ -18,12 +18,12 @@ use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use http::{HeaderMap, HeaderValue, Method};
+use http::{HeaderMap, HeaderName, HeaderValue, Method};
 
 pub mod text;
 
 /// The header a request id comes in and goes back in.
-pub const REQUEST_ID_HEADER: &str = "x-request-id";
+pub const REQUEST_ID_HEADER: HeaderName = HeaderName::from_static("x-request-id");
 
 /// Longest client-sent request id kept (a longer one is replaced).
 pub const MAX_CLIENT_ID: usize = 128;
@@ -41,7 +41,8 @@ impl RequestId {
         headers.get(REQUEST_ID_HEADER).filter(|v| sane(v.as_bytes())).cloned().map_or_else(RequestId::new, RequestId)
     }
 
-    /// A new id: `req_` and 32 hex digits.
+    /// A new id: `req_` and 32 hex digits, two keyed hashes of the process's request number
+    /// (unique, and they tell no one how many requests came before).
     pub fn new() -> RequestId {
         static KEYS: OnceLock<std::collections::hash_map::RandomState> = OnceLock::new();
         static COUNTER: AtomicU64 = AtomicU64::new(0);
@@ -326,6 +327,22 @@ mod tests {
             assert!(id.starts_with("req_") && id.len() == 36, "{bad:?} → {id}");
         }
         assert!(RequestId::of(&HeaderMap::new()).as_str().starts_with("req_"));
+    }
+
+    /// Review of issue 24: the id goes to every client; its second half is the process's request
+    /// number plus a constant, so two ids a client got tell it how many requests the gateway
+    /// served in between (every client's traffic), and in which order. Before: both halves keyed.
+    #[test]
+    fn an_id_does_not_tell_how_many_requests_came_before_it() {
+        let low = |id: &RequestId| u64::from_str_radix(&id.as_str()[20..], 16).expect("hex");
+        let (a, b) = (RequestId::new(), RequestId::new());
+        let between = low(&b).wrapping_sub(low(&a));
+        assert!(
+            between > 1_000_000,
+            "consecutive ids {} and {} differ by {between} in their low half",
+            a.as_str(),
+            b.as_str()
+        );
     }
 
     #[test]

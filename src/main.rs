@@ -150,7 +150,7 @@ fn main() -> ExitCode {
                 loaded.access_log = false;
             }
             raise_open_files_limit();
-            let runtime = match tokio::runtime::Runtime::new() {
+            let runtime = match runtime_for(loaded.worker_threads) {
                 Ok(r) => r,
                 Err(e) => {
                     eprintln!("cannot start the async runtime: {e}");
@@ -263,6 +263,18 @@ fn drain(backend: &str, drained: bool, config: &std::path::Path, url: Option<Str
             eprintln!("mlxgate drain: {backend} not {verb}ed: {why}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// The runtime that serves the connections: tokio's threads (`worker_threads: 0`, the default:
+/// one per core), or one thread, an event loop (`1`: no wake-ups across threads, the least work
+/// per request, but a large body's parsing holds the others). Counting prompts and other
+/// blocking work has its own threads either way.
+fn runtime_for(worker_threads: usize) -> std::io::Result<tokio::runtime::Runtime> {
+    match worker_threads {
+        1 => tokio::runtime::Builder::new_current_thread().enable_all().build(),
+        0 => tokio::runtime::Builder::new_multi_thread().enable_all().build(),
+        n => tokio::runtime::Builder::new_multi_thread().worker_threads(n).enable_all().build(),
     }
 }
 

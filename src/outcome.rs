@@ -139,10 +139,31 @@ pub struct Measured {
 /// the request's arrival to its first token, when there was one.
 pub type AnswerHook = Box<dyn FnOnce(&Measured, Option<Duration>) + Send + Sync>;
 
-/// The one record of a request. Labels hold configured names only: before a request is routed
-/// (bad JSON, unknown model, unknown path) model and backend are empty, never the client's text;
-/// before its key identified a client (and with auth off) the client is `anonymous`.
-pub struct RequestRecord {
+/// The one record of a request ([`Record`]), boxed: it goes through every step of the pipeline
+/// and into its response's body, and its 800 bytes copied at each move (and kept twice in each
+/// step's future) cost more than its one allocation. Finished once: by [`finish`](Self::finish),
+/// [`finish_answered`](Self::finish_answered), or as `client_closed` when dropped unfinished.
+pub struct RequestRecord(Box<Record>);
+
+impl std::ops::Deref for RequestRecord {
+    type Target = Record;
+
+    fn deref(&self) -> &Record {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for RequestRecord {
+    fn deref_mut(&mut self) -> &mut Record {
+        &mut self.0
+    }
+}
+
+/// What a request's record holds. Labels hold configured names only: before a request is
+/// routed (bad JSON, unknown model, unknown path) model and backend are empty, never the
+/// client's text; before its key identified a client (and with auth off) the client is
+/// `anonymous`.
+pub struct Record {
     metrics: Metrics,
     pub model: String,
     /// The name the client asked for when it was an alias of `model` (`aliases:`): the answer
@@ -155,6 +176,9 @@ pub struct RequestRecord {
     /// `prompt_cache_key`: Codex's session id), for routing a conversation to the backend that
     /// holds its prompt cache.
     pub conversation: Option<String>,
+    /// The client's address, when the request came over a connection (the fair queue's key for
+    /// a client that sends no key to a gateway without auth).
+    pub peer: Option<std::net::IpAddr>,
     /// When the gateway received the request.
     pub arrived: Instant,
     finished: bool,
@@ -200,13 +224,14 @@ impl RequestRecord {
     }
 
     fn with_line(metrics: Metrics, access: AccessLine, metered: bool) -> Self {
-        RequestRecord {
+        RequestRecord(Box::new(Record {
             metrics,
             model: String::new(),
             alias: None,
             backend: String::new(),
             client: ANONYMOUS.to_string(),
             conversation: None,
+            peer: None,
             arrived: Instant::now(),
             finished: false,
             admission: None,
@@ -219,7 +244,7 @@ impl RequestRecord {
             on_answer: None,
             activity: None,
             capture: None,
-        }
+        }))
     }
 
     /// Counts the request in `mlxgate_requests_total` when it is finished (an API request).
@@ -368,13 +393,14 @@ impl RequestRecord {
 
     /// Moves the record out (to a task that finishes it), leaving a spent one in its place.
     pub fn take(&mut self) -> RequestRecord {
-        let taken = RequestRecord {
+        let taken = RequestRecord(Box::new(Record {
             metrics: self.metrics.clone(),
             model: self.model.clone(),
             alias: self.alias.clone(),
             backend: self.backend.clone(),
             client: self.client.clone(),
             conversation: self.conversation.clone(),
+            peer: self.peer,
             arrived: self.arrived,
             finished: self.finished,
             admission: self.admission.take(),
@@ -387,7 +413,7 @@ impl RequestRecord {
             on_answer: self.on_answer.take(),
             activity: self.activity.take(),
             capture: self.capture.take(),
-        };
+        }));
         self.finished = true;
         taken
     }
@@ -408,7 +434,8 @@ impl RequestRecord {
             hook(measured, measured.first_token.map(|first| first.duration_since(self.arrived)));
         }
         let used = measured.used;
-        if let Some(mut admission) = self.admission.take() {
+        // A client without a token limit has nothing to settle: no task is spawned for it.
+        if let Some(mut admission) = self.admission.take().filter(Admission::settles_tokens) {
             admission.leave();
             let estimate = self.prompt_estimate.unwrap_or_else(|| admission.tokens_charged());
             let prompt = used.prompt_tokens.unwrap_or(estimate);
@@ -425,15 +452,22 @@ impl RequestRecord {
         if let Some(mut admission) = self.admission.take() {
             admission.leave();
             let pieces = self.pieces_used.load(Ordering::Relaxed);
+            // A task is spawned only when the store has something to change.
             if self.sent.load(Ordering::SeqCst) {
                 // A backend has it (the client left before the answer, or the answer broke):
                 // the prompt was charged up front and stays charged.
                 let prompt = self.prompt_estimate.unwrap_or_else(|| admission.tokens_charged());
-                spawn_charge(async move { admission.settle(prompt.saturating_add(pieces), 0).await });
+                if admission.settles_tokens() {
+                    spawn_charge(async move { admission.settle(prompt.saturating_add(pieces), 0).await });
+                }
             } else {
                 match pieces {
-                    0 => spawn_charge(admission.cancel()),
-                    pieces => spawn_charge(async move { admission.settle(pieces, 0).await }),
+                    0 if admission.refunds_anything() => spawn_charge(admission.cancel()),
+                    0 => {}
+                    pieces if admission.settles_tokens() => {
+                        spawn_charge(async move { admission.settle(pieces, 0).await });
+                    }
+                    _ => {}
                 }
             }
         }
@@ -467,23 +501,25 @@ impl RequestRecord {
     /// The finished request's summary for the activity feed (its names moved out: the record
     /// is spent).
     fn summary(&mut self, outcome: Outcome, measured: Option<&Measured>, duration: Duration) -> RequestSummary {
+        // The fields themselves (not through `Deref`): several are borrowed at once.
+        let this = &mut *self.0;
         let ms = |d: Duration| (d.as_secs_f64() * 10_000.0).round() / 10.0;
-        let line = &mut self.access;
+        let line = &mut this.access;
         let at = crate::activity::now_ms();
         RequestSummary {
             seq: 0,
             id: crate::activity::Id(line.id.header_value()),
             at,
             started: at.saturating_sub(u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)),
-            client: std::mem::take(&mut self.client),
+            client: std::mem::take(&mut this.client),
             // A request routed nowhere (404): the name it asked for, as its access line says.
-            model: match std::mem::take(&mut self.model) {
+            model: match std::mem::take(&mut this.model) {
                 model if model.is_empty() => line.asked_model.as_deref().unwrap_or_default().to_owned(),
                 model => model,
             },
             alias: line.alias.take(),
             fallback_from: line.fallback_from.take(),
-            backend: std::mem::take(&mut self.backend),
+            backend: std::mem::take(&mut this.backend),
             face: line.face.as_str(),
             method: line.method.clone(),
             path: std::mem::take(&mut line.path),
@@ -501,7 +537,7 @@ impl RequestRecord {
             route: line.route.map(|(reason, _)| reason),
             predicted_cached_tokens: line.route.map(|(_, tokens)| tokens),
             duration_ms: ms(duration),
-            captured: self.capture.is_some(),
+            captured: this.capture.is_some(),
         }
     }
 }

@@ -52,9 +52,10 @@ fn preflight(config: Config) -> Result<Config, Vec<String>> {
 /// `admin_key_sha256`), by their names in gateway.yaml.
 pub fn unapplied_changes(running: &Config, new: &Config) -> Vec<&'static str> {
     let same = |a: &dyn std::fmt::Debug, b: &dyn std::fmt::Debug| format!("{a:?}") == format!("{b:?}");
-    let keys: [(&'static str, bool); 16] = [
+    let keys: [(&'static str, bool); 17] = [
         ("listen", running.listen == new.listen),
         ("metrics_listen", running.metrics_listen == new.metrics_listen),
+        ("worker_threads", running.worker_threads == new.worker_threads),
         ("shutdown_grace", running.shutdown_grace == new.shutdown_grace),
         ("max_body", running.max_body_bytes == new.max_body_bytes),
         ("header_read_timeout", running.header_read_timeout == new.header_read_timeout),
@@ -259,6 +260,10 @@ mod tests {
         // The scheduler's terms (issue 22) apply only at a restart too.
         let costed = parse("loading_share: 0.5\ngpu_memory_budget: 48GB\nclients: {a: {key: '${A}'}}\n");
         assert_eq!(unapplied_changes(&running, &costed), ["loading_share", "gpu_memory_budget"]);
+        // The runtime is built once, before the gateway starts.
+        assert_eq!(running.worker_threads, 0, "a thread per core by default");
+        let threaded = parse("worker_threads: 1\nclients: {a: {key: '${A}'}}\n");
+        assert_eq!(unapplied_changes(&running, &threaded), ["worker_threads"]);
         let text = "backends: {local: {url: 'http://127.0.0.1:10'}}\nmodels: {qwen: {backend: local, max_queue: 3}}\n";
         let other = Config::parse(text, &|_| None).expect("valid");
         assert_eq!(unapplied_changes(&running, &other), ["backends", "models"]);

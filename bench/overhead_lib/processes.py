@@ -234,16 +234,21 @@ def choose_tokenizer() -> dict:
                     "cost and mlxgate-full's RSS are understated"}
 
 
-def gateway_yaml(port: int, full: bool, tokenizer: str, routes: list[str] | None = None) -> str:
+def gateway_yaml(port: int, full: bool, tokenizer: str, routes: list[str] | None = None,
+                 one_thread: bool = True) -> str:
     """mlxgate's config; `full`: auth with one client under limits that never refuse, and a
     context cap with `tokenizer` (a model directory) on every model, so every prompt is counted.
-    `routes`: the simulators it has a model for (default: all of SIM_PORTS)."""
+    `routes`: the simulators it has a model for (default: all of SIM_PORTS). `one_thread`:
+    `worker_threads: 1`, one event loop as nginx's one worker (the "before" binaries predate
+    the key and run tokio's thread per core)."""
     routes = list(SIM_PORTS) if routes is None else routes
     lines = [
         f"listen: {HOST}:{port}",
         f"access_log: {'true' if settings.ACCESS_LOG else 'false'}",
         "max_connections_per_client: 4096   # the bench's 1000 streams come from one address",
     ]
+    if one_thread:
+        lines.append("worker_threads: 1   # one event loop, as nginx's one worker")
     if full:
         lines += ["auth: required", "rate_limit_store: memory", "clients:",
                   f"  bench: {{key_sha256: {hashlib.sha256(CLIENT_KEY.encode()).hexdigest()}, "
@@ -328,7 +333,8 @@ def start_all(procs: Procs, workdir: Path, mode: Mode, tokenizer: str) -> None:
 
     for name, port in GATEWAYS.items():
         config = workdir / f"{name}.yaml"
-        config.write_text(gateway_yaml(port, full=name == "mlxgate-full", tokenizer=tokenizer))
+        config.write_text(gateway_yaml(port, full=name == "mlxgate-full", tokenizer=tokenizer,
+                                       one_thread=name != "mlxgate-before"))
         bin_dir = settings.BEFORE_RELEASE if name == "mlxgate-before" else settings.RELEASE
         procs.start(name, [str(bin_dir / "mlxgate"), "serve", "--config", str(config)], PROXY_CPU)
     for name, port in GATEWAYS.items():

@@ -62,6 +62,13 @@ class Faces(unittest.TestCase):
 
 
 class Bounds(unittest.TestCase):
+    def test_mlxgate_runs_one_event_loop_as_nginx_one_worker(self) -> None:
+        from .processes import gateway_yaml
+        self.assertIn("worker_threads: 1", gateway_yaml(1, full=False, tokenizer=""))
+        self.assertIn("worker_threads: 1", gateway_yaml(1, full=True, tokenizer="/t"))
+        # The "before" binaries predate the key (an unknown key is refused).
+        self.assertNotIn("worker_threads", gateway_yaml(1, full=False, tokenizer="", one_thread=False))
+
     def test_which_resource_bounded_a_step(self) -> None:
         self.assertEqual(bounded_by("mlxgate", {"proxy_use": 0.97, "load_own": 0.2, "load_busy": 0.3}, 0.25),
                          "proxy quota")

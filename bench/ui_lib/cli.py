@@ -68,7 +68,7 @@ def start(procs: Procs, workdir: Path, chunks: int) -> None:
         procs.start(f"sim-{route}", sim_command(route, mode), LOAD_CPU)
         procs.wait_ready(f"sim-{route}", f"http://{HOST}:{SIM_PORTS[route]}/v1/models", 20)
     config = workdir / "mlxgate.yaml"
-    config.write_text(gateway_yaml(GATEWAY_PORT, full=False, tokenizer="", routes=[ROUTE, FAST_ROUTE]))
+    config.write_text(gateway_yaml(GATEWAY_PORT, full=False, tokenizer="", routes=[ROUTE, FAST_ROUTE], one_thread=False))
     procs.start(GATEWAY, [str(overhead_settings.RELEASE / "mlxgate"), "serve", "--config", str(config)], PROXY_CPU)
     procs.wait_ready(GATEWAY, f"http://{HOST}:{GATEWAY_PORT}/health", 20)
 

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use crate::backend::upstream::UpstreamBody;
 use axum::body::Body;
-use axum::http::{HeaderValue, header};
+use axum::http::{HeaderName, HeaderValue, header};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 
@@ -56,18 +56,22 @@ pub(crate) async fn call(
     route: &Route,
     client: &ClientId,
     parts: &axum::http::request::Parts,
-    mut fields: RawBody,
+    fields: RawBody,
     terms: Terms,
     sent: &std::sync::atomic::AtomicBool,
 ) -> Result<Answered, GatewayError> {
     let Terms { transform, session, own_max_wait, request_id } = terms;
     let request_id = request_id.as_ref().map_or("-", crate::access_log::RequestId::as_str);
     let max_wait = own_max_wait.map_or(route.model.max_wait, |own| own.min(route.model.max_wait));
-    // A model of several backends keeps the client's fields, to build another backend's request.
-    let pristine = (route.backends.len() > 1).then(|| fields.clone());
-    let mut outgoing = prepare(parts, &mut fields, route)?;
+    let mut outgoing = prepare(parts, &fields, route)?;
     outgoing.transform = transform;
-    drop(fields);
+    // A model of several backends keeps the client's fields, to build another backend's request.
+    let pristine = if route.backends.len() > 1 {
+        Some(fields)
+    } else {
+        drop(fields);
+        None
+    };
     let other = |position: usize| for_position(parts, route, pristine.as_ref(), position);
     let encode: Option<Encode<'_>> = if pristine.is_some() { Some(&other) } else { None };
     // A model of several backends: its balancer plans the request (the prompt read once).
@@ -125,9 +129,9 @@ pub(crate) struct Answered {
 
 impl Answered {
     /// wrap: the client's response. Streams and raw bodies are wrapped in the [`StreamMeter`]
-    /// (which records the outcome at their end); whole answers and the backend's own errors
-    /// are read here first.
-    pub(crate) async fn into_response(self, record: RequestRecord, cutoff: Arc<Cutoff>) -> Response {
+    /// (which records the outcome at their end) at once; whole answers and the backend's own
+    /// errors are to be read first (a boxed future: the rarer path holds the larger state).
+    pub(crate) fn into_response(self, record: RequestRecord, cutoff: Arc<Cutoff>) -> Wrapped {
         let Answered { answer, permit, outgoing, queue_wait, idle_timeout, normalise, backend, feedback, routed } =
             self;
         let Answer { mut head, body, first, sent_at } = answer;
@@ -144,7 +148,7 @@ impl Answered {
         // Whatever the backend spoke (mlx_lm.server: HTTP/1.0), the client gets HTTP/1.1.
         head.version = axum::http::Version::HTTP_11;
         if let Some(v) = outgoing.transform.as_deref().and_then(|t| HeaderValue::from_str(t).ok()) {
-            head.headers.insert("x-mlxgate-transform", v);
+            head.headers.insert(TRANSFORM_HEADER, v);
         }
         let info = RequestInfo {
             record,
@@ -156,7 +160,7 @@ impl Answered {
             normalise,
         };
         if !head.status.is_success() {
-            return error_answer(head, body, first, permit, info).await;
+            return Wrapped::Read(Box::pin(error_answer(head, body, first, permit, info)));
         }
         let sse = head
             .headers
@@ -165,7 +169,7 @@ impl Answered {
             .is_some_and(|v| v.starts_with("text/event-stream"));
         if sse {
             // Tell nginx-style proxies in front of us not to buffer, and caches not to keep it.
-            head.headers.insert("x-accel-buffering", HeaderValue::from_static("no"));
+            head.headers.insert(ACCEL_BUFFERING, HeaderValue::from_static("no"));
             head.headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
             // The meter changes the length (a dropped usage chunk, an error event, the stats
             // line): the client's body is chunked, never the backend's announced length.
@@ -173,13 +177,27 @@ impl Answered {
             let mut info = info;
             info.record.responded(head.status.as_u16());
             let body = StreamMeter::new(body, first, permit, info);
-            return Response::from_parts(head, Body::new(body));
+            return Wrapped::Now(Response::from_parts(head, Body::new(body)));
         }
         // Whole answers (embeddings too: read whole, their usage settles the client's charge
         // and the record ends with the answer, not when hyper stops polling a body of a known
         // length).
-        whole_answer(head, body, first, permit, info, sent_at, outgoing.generates).await
+        Wrapped::Read(Box::pin(whole_answer(head, body, first, permit, info, sent_at, outgoing.generates)))
     }
+}
+
+/// The headers of the per-request figures and of what the gateway did (names built once).
+pub(crate) const TRANSFORM_HEADER: HeaderName = HeaderName::from_static("x-mlxgate-transform");
+pub(crate) const ACCEL_BUFFERING: HeaderName = HeaderName::from_static("x-accel-buffering");
+const QUEUE_MS: HeaderName = HeaderName::from_static("x-mlxgate-queue-ms");
+const TTFT_MS: HeaderName = HeaderName::from_static("x-mlxgate-ttft-ms");
+const TOKENS_PER_SECOND: HeaderName = HeaderName::from_static("x-mlxgate-tokens-per-second");
+
+/// A wrapped answer: its response now (a stream), or the reading that makes it (a whole
+/// answer, a backend's error).
+pub(crate) enum Wrapped {
+    Now(Response),
+    Read(std::pin::Pin<Box<dyn std::future::Future<Output = Response> + Send>>),
 }
 
 /// A whole (non-streaming) answer: read it (it is complete when the backend sends it) to take
@@ -230,22 +248,38 @@ async fn whole_answer(
     let whole = named_at(whole, info.record.public_model(), model_at);
     let headers = &mut head.headers;
     headers.remove(header::CONTENT_LENGTH);
-    headers.insert("x-mlxgate-queue-ms", HeaderValue::from(info.queue_wait.as_millis() as u64));
+    headers.insert(QUEUE_MS, HeaderValue::from(info.queue_wait.as_millis() as u64));
     if !generates {
         info.record.finish_answered(Outcome::Ok, &figures.of_whole(Whole::Embeddings));
         return Response::from_parts(head, Body::from(whole));
     }
-    headers.insert("x-mlxgate-ttft-ms", HeaderValue::from(info.record.arrived.elapsed().as_millis() as u64));
+    headers.insert(TTFT_MS, HeaderValue::from(info.record.arrived.elapsed().as_millis() as u64));
     if let Some(tokens) = figures.tokens() {
         let seconds = sent_at.elapsed().as_secs_f64().max(1e-6);
-        let tps = format!("{:.1}", tokens as f64 / seconds);
-        if let Ok(v) = HeaderValue::from_str(&tps) {
-            headers.insert("x-mlxgate-tokens-per-second", v);
+        if let Ok(v) = HeaderValue::from_str(&one_decimal(tokens as f64 / seconds)) {
+            headers.insert(TOKENS_PER_SECOND, v);
         }
     }
     let whole = finish_at_length(whole, &figures, info.normalise.length_at);
     info.record.finish_answered(Outcome::Ok, &figures.of_whole(Whole::Answer));
     Response::from_parts(head, Body::from(whole))
+}
+
+/// `value` with one decimal, as `format!("{:.1}")` writes a finite value ≥ 0 (rounded half away
+/// from zero: a hair apart from `format!`'s ties-to-even on exact halves), without its float
+/// formatting machinery.
+fn one_decimal(value: f64) -> String {
+    if !value.is_finite() || !(0.0..1e15).contains(&value) {
+        return format!("{value:.1}");
+    }
+    let tenths = (value * 10.0).round() as u64;
+    let mut digits = itoa::Buffer::new();
+    let whole = digits.format(tenths / 10);
+    let mut text = String::with_capacity(whole.len() + 2);
+    text.push_str(whole);
+    text.push('.');
+    text.push(char::from(b'0' + (tenths % 10) as u8));
+    text
 }
 
 /// A whole answer naming `model` (the public name) where the backend put its own name for it
@@ -305,4 +339,35 @@ async fn error_answer(
     // The access layer adds the request id to it, as to the gateway's own errors.
     response.extensions_mut().insert(ErrorBody { body, outcome: outcome.label() });
     response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::one_decimal;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// Within a hair of `format!("{:.1}")`: equal but where the value lies within a
+        /// rounding error of a tie (`…x5`), where the two may round apart by one tenth.
+        #[test]
+        fn one_decimal_writes_as_format_does(value in 0.0f64..1e7) {
+            let ours = one_decimal(value);
+            let theirs = format!("{value:.1}");
+            let tie = ((value * 10.0).fract() - 0.5).abs() < 1e-6;
+            if !tie {
+                prop_assert_eq!(ours, theirs);
+            } else {
+                let (a, b): (f64, f64) = (ours.parse().unwrap(), theirs.parse().unwrap());
+                prop_assert!((a - b).abs() <= 0.1 + 1e-9, "{} vs {}", ours, theirs);
+            }
+        }
+    }
+
+    #[test]
+    fn one_decimal_of_plain_values() {
+        assert_eq!(one_decimal(0.0), "0.0");
+        assert_eq!(one_decimal(180.54), "180.5");
+        assert_eq!(one_decimal(9.96), "10.0");
+        assert_eq!(one_decimal(f64::INFINITY), "inf");
+    }
 }

@@ -19,7 +19,7 @@ use bytes::Bytes;
 use http_body_util::BodyExt;
 
 use super::AppState;
-use super::answer;
+use super::answer::{self, Wrapped};
 use super::body::{MAX_WHOLE_ANSWER, read_whole};
 use super::fields::{RawBody, estimated_prompt_tokens};
 use super::fit::{Chunked, EmbedPlan, raw};
@@ -97,7 +97,7 @@ async fn map_part(
     body.insert("messages".into(), raw(&messages)?);
     body.insert("stream".into(), raw(&false)?);
     body.insert("max_tokens".into(), raw(&plan.map_max_tokens)?);
-    let (whole, figures) = whole_answer(state, route, client, parts, &mut body, request, Some(request.piece())).await?;
+    let (whole, figures) = whole_answer(state, route, client, parts, &body, request, Some(request.piece())).await?;
     request.add_pieces_used(figures.usage());
     Ok(answer_text(&whole))
 }
@@ -159,9 +159,9 @@ pub fn streamed(state: Arc<AppState>, job: StreamedJob, mut record: RequestRecor
     let headers = response.headers_mut();
     headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
     headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-    headers.insert("x-accel-buffering", HeaderValue::from_static("no"));
+    headers.insert(answer::ACCEL_BUFFERING, HeaderValue::from_static("no"));
     if let Ok(v) = HeaderValue::from_str(&header) {
-        headers.insert("x-mlxgate-transform", v);
+        headers.insert(answer::TRANSFORM_HEADER, v);
     }
     response
 }
@@ -230,7 +230,10 @@ async fn run_streamed(state: Arc<AppState>, job: StreamedJob, mut record: Reques
         }
     };
     let id = record.request_id().clone();
-    let response = answered.into_response(record, Arc::clone(&state.cutoff)).await;
+    let response = match answered.into_response(record, Arc::clone(&state.cutoff)) {
+        Wrapped::Now(response) => response,
+        Wrapped::Read(reading) => reading.await,
+    };
     let error_body = response.extensions().get::<ErrorBody>().map(|e| e.body.clone());
     let ok = response.status().is_success();
     let sse = response
@@ -312,7 +315,7 @@ pub async fn embed(
     fields.insert("encoding_format".into(), raw("float")?);
     // One backend request for all the pieces: it is the client's request, recorded once (by
     // the handler, with these figures), not a piece of its own.
-    let (whole, figures) = whole_answer(state, route, client, parts, &mut fields, request, None).await?;
+    let (whole, figures) = whole_answer(state, route, client, parts, &fields, request, None).await?;
     let backend = &route.backend.config.name;
     let unusable = |what: &str| GatewayError::Backend {
         backend: backend.clone(),
@@ -357,7 +360,7 @@ pub async fn embed(
     let headers = response.headers_mut();
     headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
     if let Ok(v) = HeaderValue::from_str(&format!("chunk; pieces={}", plan.piece_count())) {
-        headers.insert("x-mlxgate-transform", v);
+        headers.insert(answer::TRANSFORM_HEADER, v);
     }
     *response.status_mut() = StatusCode::OK;
     Ok((response, figures))
@@ -372,7 +375,7 @@ async fn whole_answer(
     route: &Route,
     client: &ClientId,
     parts: &axum::http::request::Parts,
-    body: &mut RawBody,
+    body: &RawBody,
     request: &RequestRecord,
     piece: Option<RequestRecord>,
 ) -> Result<(Vec<u8>, StreamFigures), GatewayError> {
@@ -382,9 +385,9 @@ async fn whole_answer(
             piece.finish(outcome);
         }
     };
-    let pristine = (route.backends.len() > 1).then(|| body.clone());
+    let pristine = (route.backends.len() > 1).then_some(body);
     let outgoing = prepare(parts, body, route)?;
-    let other = |position: usize| for_position(parts, route, pristine.as_ref(), position);
+    let other = |position: usize| for_position(parts, route, pristine, position);
     let encode: Option<Encode<'_>> = if pristine.is_some() { Some(&other) } else { None };
     // Sent: the piece's own record (the client's request is sent only with its reduce: one
     // that ends during the map is charged its pieces' usage alone), or, for the one request

@@ -25,10 +25,10 @@ pub(crate) fn requested_model(fields: &RawBody) -> Result<String, GatewayError> 
 /// embeddings): the estimate's count of the prompt fields' JSON text. Settled to the backend's
 /// usage at the end.
 pub(crate) fn estimated_prompt_tokens(fields: &RawBody) -> u64 {
-    ["messages", "prompt", "input", "tools"]
+    fields
         .iter()
-        .filter_map(|key| fields.get(*key))
-        .map(|raw| Estimate.text_tokens(raw.get()) as u64)
+        .filter(|(key, _)| matches!(key.as_str(), "messages" | "prompt" | "input" | "tools"))
+        .map(|(_, raw)| Estimate.text_tokens(raw.get()) as u64)
         .sum()
 }
 

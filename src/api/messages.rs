@@ -23,7 +23,7 @@ mod stream;
 use std::sync::Arc;
 
 use axum::body::Body;
-use axum::extract::{Request, State};
+use axum::extract::Request;
 use axum::http::{HeaderMap, HeaderValue, Uri, header};
 use axum::response::Response;
 use http_body_util::BodyExt;
@@ -34,6 +34,7 @@ use super::pipeline;
 use super::translate::TranslatedBody;
 use crate::access_log::Face;
 use crate::error::ErrorBody;
+use crate::outcome::RequestRecord;
 use events::{Translator, Whole};
 use request::Shape;
 use stream::PING_EVERY;
@@ -47,15 +48,15 @@ const MAX_SESSION: usize = 256;
 /// Anthropic's request id header.
 const REQUEST_ID: &str = "request-id";
 
-/// POST `/v1/messages`.
-pub async fn create(State(state): State<Arc<AppState>>, mut request: Request) -> Response {
+/// POST `/v1/messages` (matched by the front), with the request's `record`.
+pub async fn create(state: Arc<AppState>, mut request: Request, record: RequestRecord) -> Response {
     let session_header = session_of(request.headers());
-    let request_id = request_id_of(&request);
+    let request_id = Some(record.request_id().header_value());
     // The pipeline serves it as the chat completion it becomes (the context cap counts its
     // messages; the backend gets it at its chat path).
     *request.uri_mut() = Uri::from_static(pipeline::CHAT_PATH);
     let mut shape = None;
-    let response = pipeline::serve(&state, request, Face::Messages, |bytes, record| {
+    let response = pipeline::serve(&state, request, Face::Messages, record, |bytes, record| {
         let translated = request::translate(bytes)?;
         state.metrics.anthropic_billing_blocks_stripped.inc_by(translated.billing_blocks_stripped);
         if let Some(key) = session_header.or(translated.session) {

@@ -9,6 +9,7 @@ mod chunk;
 mod completion;
 mod fields;
 mod fit;
+pub mod front;
 pub mod messages;
 pub mod models;
 mod normalise;
@@ -26,6 +27,7 @@ use std::time::SystemTime;
 use axum::Router;
 use axum::middleware;
 use axum::routing::{get, post};
+pub use front::Front;
 
 use crate::activity::Activity;
 use crate::auth::Access;
@@ -241,13 +243,15 @@ fn declare_client_series(metrics: &Metrics, config: &Config, limiter: &Limiter) 
 }
 
 /// The router of the optional `metrics_listen` address: `/metrics` only.
-pub fn metrics_app(state: Arc<AppState>) -> Router {
-    Router::new().route("/metrics", get(admin::metrics)).with_state(state)
+pub fn metrics_app(state: Arc<AppState>) -> Front {
+    Front::new(Router::new().route("/metrics", get(admin::metrics)).with_state(state), None)
 }
 
-/// The gateway's router.
+/// The gateway: its front ([`front`]: the faces' routes — `POST /v1/chat/completions`,
+/// `/v1/completions`, `/v1/embeddings`, `/v1/responses`, `/v1/messages` — matched by hand and
+/// served without a router) and its router, for every other request.
 ///
-/// Layers, outermost first:
+/// The router's layers, outermost first:
 /// - `arrival::layer`: the request's id and record, and its access-log line (see
 ///   `arrival.rs`); `x-request-id` on every response, the id in every error body. The log lines
 ///   a request causes name its `request_id` (the access line's key); at `debug` each request
@@ -262,7 +266,7 @@ pub fn metrics_app(state: Arc<AppState>) -> Router {
 /// There is deliberately no body-limit or timeout layer: the body limit is applied by the proxy
 /// handler so that a too-large body gets an OpenAI-shaped 413, and a timeout layer would cut
 /// streams that legitimately last many minutes (timeouts live in `backend::upstream`).
-pub fn app(state: Arc<AppState>) -> Router {
+pub fn app(state: Arc<AppState>) -> Front {
     let admin = Router::new()
         .route("/admin/backends", get(admin::backends))
         .route("/admin/backends/{name}/logs", get(admin::logs))
@@ -277,12 +281,15 @@ pub fn app(state: Arc<AppState>) -> Router {
         .route("/ui/events", get(ui::feed::activity))
         .route("/ui/events/logs/{name}", get(ui::feed::logs))
         .route_layer(middleware::from_fn_with_state(Arc::clone(&state), admin::require_admin));
-    Router::new()
-        .route("/v1/chat/completions", post(openai::proxy))
-        .route("/v1/completions", post(openai::proxy))
-        .route("/v1/embeddings", post(openai::proxy))
-        .route("/v1/responses", post(responses::create))
-        .route("/v1/messages", post(messages::create))
+    let router = Router::new()
+        // The front serves these POSTs without the router; here they answer other methods as
+        // every route does (OpenAI's 404, with `allow: POST`), and serve a POST when the router
+        // is served alone.
+        .route("/v1/chat/completions", post(front::openai_route))
+        .route("/v1/completions", post(front::openai_route))
+        .route("/v1/embeddings", post(front::openai_route))
+        .route("/v1/responses", post(front::responses_route))
+        .route("/v1/messages", post(front::messages_route))
         .route("/v1/messages/count_tokens", post(messages::count::count_tokens))
         .route("/v1/models", get(models::list))
         .route("/v1/models/{*id}", get(models::retrieve))
@@ -306,5 +313,6 @@ pub fn app(state: Arc<AppState>) -> Router {
         // GET /v1/chat/completions and the like: OpenAI's "Invalid URL" body, not an empty 405.
         .method_not_allowed_fallback(openai::not_found)
         .layer(middleware::from_fn_with_state(Arc::clone(&state), arrival::layer))
-        .with_state(state)
+        .with_state(Arc::clone(&state));
+    Front::new(router, Some(state))
 }

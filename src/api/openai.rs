@@ -12,13 +12,13 @@ use super::arrival;
 use super::pipeline;
 use crate::access_log::Face;
 use crate::error::GatewayError;
-use crate::outcome::Outcome;
+use crate::outcome::{Outcome, RequestRecord};
 
-/// POST `/v1/chat/completions`, `/v1/completions`, `/v1/embeddings`: the pipeline, the body's
-/// fields as they are.
-pub async fn proxy(State(state): State<Arc<AppState>>, request: Request) -> Response {
+/// POST `/v1/chat/completions`, `/v1/completions`, `/v1/embeddings` (matched by the front):
+/// the pipeline, the body's fields as they are.
+pub async fn proxy(state: Arc<AppState>, request: Request, record: RequestRecord) -> Response {
     let face = Face::of_path(request.uri().path());
-    pipeline::serve(&state, request, face, |bytes, _| {
+    pipeline::serve(&state, request, face, record, |bytes, _| {
         serde_json::from_slice(bytes)
             .map_err(|e| GatewayError::invalid(format!("The request body is not a JSON object: {e}."), None))
     })

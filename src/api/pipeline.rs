@@ -16,8 +16,7 @@ use axum::http::request::Parts;
 use axum::response::{IntoResponse, Response};
 
 use super::AppState;
-use super::answer::{self, Answered};
-use super::arrival;
+use super::answer::{self, Answered, Wrapped};
 use super::body::read_body;
 use super::chunk;
 use super::fields::{self, RawBody, estimated_prompt_tokens, requested_model};
@@ -31,8 +30,8 @@ use crate::limits::body_fingerprint;
 use crate::outcome::{Outcome, RequestRecord};
 use crate::stream::figures::{StreamFigures, Whole};
 
-/// The pipeline every face shares, for `request` at an OpenAI path. `face`: which API the
-/// client spoke, a label for the access log (nothing below branches on it). `read` turns the
+/// The pipeline every face shares, for `request` at an OpenAI path, with its `record` (as it
+/// arrived: counted in `mlxgate_requests_total` from here on). `face`: which API the client spoke, a label for the access log (nothing below branches on it). `read` turns the
 /// client's body into the fields of the OpenAI request served (the chat face: the body as it
 /// is; the Responses face: its translation, which may also note the request's conversation on
 /// the record); its error is the client's 400.
@@ -48,18 +47,20 @@ pub(crate) fn serve<'a>(
     state: &'a Arc<AppState>,
     request: Request,
     face: Face,
+    record: RequestRecord,
     read: impl FnOnce(&[u8], &mut RequestRecord) -> Result<RawBody, GatewayError> + Send + 'a,
 ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Response> + Send + 'a>> {
-    Box::pin(serve_boxed(state, request, face, read))
+    Box::pin(serve_boxed(state, request, face, record, read))
 }
 
 async fn serve_boxed(
     state: &Arc<AppState>,
     request: Request,
     face: Face,
+    mut record: RequestRecord,
     read: impl FnOnce(&[u8], &mut RequestRecord) -> Result<RawBody, GatewayError> + Send,
 ) -> Response {
-    let mut record = arrival::take_record(state, &request);
+    record.metered();
     record.set_face(face);
     let cut = state.cutoff.notified();
     let reply = if state.cutoff.is_cut() {
@@ -81,8 +82,14 @@ async fn serve_boxed(
     }
     let mut response = match reply {
         Ok(Reply::Answered { answered, prompt_tokens }) => {
-            let mut response = Box::pin(answered.into_response(record, Arc::clone(&state.cutoff))).await;
-            response.extensions_mut().insert(PromptTokens(prompt_tokens));
+            let mut response = match answered.into_response(record, Arc::clone(&state.cutoff)) {
+                Wrapped::Now(response) => response,
+                Wrapped::Read(reading) => reading.await,
+            };
+            // Only the Messages face reads it (its `message_start`): no extension for others.
+            if face == Face::Messages {
+                response.extensions_mut().insert(PromptTokens(prompt_tokens));
+            }
             response
         }
         Ok(Reply::Made { response, figures }) => {
@@ -185,10 +192,16 @@ async fn steps(
         _ => estimated_prompt_tokens(&request.fields),
     };
     admit(state, &request.caller, prompt_tokens, request.fingerprint, record).await?;
-    let client = client_id(&request.parts, &request.caller);
-    let (request, transform) = match Box::pin(planned(state, request, &client, fitted, record)).await? {
-        Planned::Send { request, transform } => (request, transform),
-        Planned::Made(reply) => return Ok(reply),
+    let client = client_id(&request.parts, &request.caller, record.peer);
+    let (request, transform) = match fitted {
+        // Sent as it is, perhaps transformed: no plan to carry out.
+        None => (request, None),
+        Some(Fitted::Send { transform, .. }) => (request, transform),
+        // A map-reduce or embeddings in pieces: boxed, as the rare path with a large future.
+        fitted => match Box::pin(planned(state, request, &client, fitted, record)).await? {
+            Planned::Send { request, transform } => (request, transform),
+            Planned::Made(reply) => return Ok(reply),
+        },
     };
     record.transformed(transform.as_deref());
     let sent = record.sent_flag();
@@ -353,9 +366,10 @@ fn rate_limited(state: &AppState, caller: &Client, denied: crate::limits::Denied
 /// The identity used for fair queueing: with auth on, the client's configured name (a client
 /// rotating made-up keys gets 401, not a fresh share of the queue); with auth off, the bearer
 /// key if sent, else the peer's IP address.
-fn client_id(parts: &axum::http::request::Parts, caller: &Client) -> ClientId {
+/// The peer is the record's (`peer`), else the request's `ConnectInfo`.
+fn client_id(parts: &axum::http::request::Parts, caller: &Client, peer: Option<std::net::IpAddr>) -> ClientId {
     if let Client::Named(name) = caller {
-        return ClientId(format!("client:{name}"));
+        return ClientId(["client:", &**name].concat());
     }
     let bearer = parts
         .headers
@@ -365,10 +379,10 @@ fn client_id(parts: &axum::http::request::Parts, caller: &Client) -> ClientId {
         .map(str::trim)
         .filter(|k| !k.is_empty());
     if let Some(key) = bearer {
-        return ClientId(format!("key:{key}"));
+        return ClientId(["key:", key].concat());
     }
-    let peer = parts.extensions.get::<ConnectInfo<SocketAddr>>().map(|c| c.0.ip().to_string());
-    ClientId(format!("ip:{}", peer.unwrap_or_else(|| "unknown".into())))
+    let peer = peer.or_else(|| parts.extensions.get::<ConnectInfo<SocketAddr>>().map(|c| c.0.ip()));
+    ClientId(format!("ip:{}", peer.map_or_else(|| "unknown".into(), |ip| ip.to_string())))
 }
 
 /// The session key of a request to a balanced model: the model's `session_header` when it is

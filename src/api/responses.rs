@@ -17,7 +17,7 @@ mod stream;
 use std::sync::Arc;
 
 use axum::body::Body;
-use axum::extract::{Request, State};
+use axum::extract::Request;
 use axum::http::{HeaderValue, Uri, header};
 use axum::response::Response;
 use http_body_util::BodyExt;
@@ -28,16 +28,17 @@ use super::pipeline;
 use super::translate::TranslatedBody;
 use crate::access_log::Face;
 use crate::error::ErrorBody;
+use crate::outcome::RequestRecord;
 use events::Translator;
 use request::Shape;
 
-/// POST `/v1/responses`.
-pub async fn create(State(state): State<Arc<AppState>>, mut request: Request) -> Response {
+/// POST `/v1/responses` (matched by the front), with the request's `record`.
+pub async fn create(state: Arc<AppState>, mut request: Request, record: RequestRecord) -> Response {
     // The pipeline serves it as the chat completion it becomes (the context cap counts its
     // messages; the backend gets it at its chat path).
     *request.uri_mut() = Uri::from_static(pipeline::CHAT_PATH);
     let mut shape = None;
-    let response = pipeline::serve(&state, request, Face::Responses, |bytes, record| {
+    let response = pipeline::serve(&state, request, Face::Responses, record, |bytes, record| {
         let translated = request::translate(bytes)?;
         if let Some(key) = translated.session {
             record.conversation = Some(key);

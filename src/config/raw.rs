@@ -46,6 +46,11 @@ pub(super) struct RawConfig {
     pub(super) max_connections_per_client: Option<usize>,
     /// Longest time a request body may take to arrive (default 60s).
     pub(super) body_read_timeout: Option<RawDuration>,
+    /// Threads that serve the connections (default 0: one per core; at most 1024). 1: one event
+    /// loop, as nginx's one worker: the least CPU per request, but one large body (parsed and
+    /// translated on that thread) holds every other request meanwhile. Counting prompts runs on
+    /// threads of its own either way. A change takes effect at the next start.
+    pub(super) worker_threads: Option<usize>,
     /// Whether each request's access-log line is written (default true).
     pub(super) access_log: Option<bool>,
     /// Host names the /ui page and the admin API answer to from a browser, besides IP

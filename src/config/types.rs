@@ -32,6 +32,8 @@ pub struct Config {
     pub header_read_timeout: Duration,
     /// Connections one client address may hold open at once; more are refused at accept.
     pub max_connections_per_client: usize,
+    /// Threads that serve the connections: 0, one per core (the default); 1, one event loop.
+    pub worker_threads: usize,
     /// Longest time a request's body may take to arrive once its headers are in (408 beyond):
     /// a client that announces a body and sends it slowly, or never, holds a connection.
     pub body_read_timeout: Duration,

@@ -186,6 +186,7 @@ pub(super) fn validate(raw: RawConfig, problems: &mut Vec<Problem>) -> Option<Co
         gpu_memory_budget,
         header_read_timeout,
         max_connections_per_client,
+        worker_threads: worker_threads(raw.worker_threads, problems),
         backends,
         models,
         auth: access.auth,
@@ -197,6 +198,22 @@ pub(super) fn validate(raw: RawConfig, problems: &mut Vec<Problem>) -> Option<Co
         admin_hosts: validate_admin_hosts(raw.admin_hosts.unwrap_or_default(), problems),
         aliases,
     })
+}
+
+/// The most `worker_threads` may be: beyond, a thread per connection would not help, and the
+/// runtime would fail to start rather than say why.
+const MOST_WORKER_THREADS: usize = 1024;
+
+/// `worker_threads`, 0 (one per core) by default; more than [`MOST_WORKER_THREADS`] is refused.
+fn worker_threads(threads: Option<usize>, problems: &mut Vec<Problem>) -> usize {
+    let threads = threads.unwrap_or(0);
+    if threads > MOST_WORKER_THREADS {
+        problems.push(Problem {
+            path: "worker_threads".into(),
+            reason: format!("must be at most {MOST_WORKER_THREADS} (0: one per core)"),
+        });
+    }
+    threads
 }
 
 /// `header_read_timeout` and `max_connections_per_client`, with their defaults; zero is refused

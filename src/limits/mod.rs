@@ -144,6 +144,16 @@ impl Admission {
         self.tokens.as_ref().map_or(0, |op| op.cost)
     }
 
+    /// Whether [`settle`](Self::settle) can change anything: a token bucket was charged.
+    pub fn settles_tokens(&self) -> bool {
+        self.tokens.is_some()
+    }
+
+    /// Whether [`cancel`](Self::cancel) gives anything back.
+    pub fn refunds_anything(&self) -> bool {
+        self.requests.iter().chain(self.tokens.iter()).any(|op| op.cost > 0)
+    }
+
     /// Corrects the token charge to what the request really used, once its response has ended
     /// (or was cut: charge what was generated): refunds the difference when fewer tokens were
     /// used than charged, charges it when more (the bucket may go into debt). May be called
@@ -427,6 +437,10 @@ impl Limiter {
 
     fn in_flight_count(&self, client: &str) -> Arc<AtomicU32> {
         let mut in_flight = self.in_flight.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        // The client's name is copied only the first time.
+        if let Some(count) = in_flight.get(client) {
+            return Arc::clone(count);
+        }
         Arc::clone(in_flight.entry(client.to_owned()).or_default())
     }
 

@@ -80,7 +80,17 @@ impl Forward {
 
     /// Parses one read, queues the complete frames to forward and keeps the unfinished tail.
     pub(super) fn observe(&mut self, figures: &mut StreamFigures, data: Bytes, client_wants_usage: bool) {
-        let now = Instant::now();
+        self.observe_at(figures, data, client_wants_usage, Instant::now());
+    }
+
+    /// As [`Self::observe`], for a read made at `now`.
+    pub(super) fn observe_at(
+        &mut self,
+        figures: &mut StreamFigures,
+        data: Bytes,
+        client_wants_usage: bool,
+        now: Instant,
+    ) {
         let mut from = 0;
         if self.parser.continues_line_ending(&data) {
             match self.tail {

@@ -54,8 +54,10 @@ const KEEPALIVE_ID: &str = "chatcmpl-keepalive";
 
 /// Reads an event's JSON; `None` when it is not a JSON object the meter can read.
 pub fn read(data: &str) -> Option<Seen> {
-    fast(data).or_else(|| slow(data))
+    scan::read(data).or_else(|| fast(data)).or_else(|| slow(data))
 }
+
+mod scan;
 
 #[derive(Deserialize)]
 struct RawFrame<'a> {
@@ -376,6 +378,75 @@ mod tests {
         assert!(seen.has_choices && seen.choices.is_empty());
     }
 
+    /// The serde readings, which the scan must equal where it reads.
+    fn by_serde(data: &str) -> Option<Seen> {
+        fast(data).or_else(|| slow(data))
+    }
+
+    #[test]
+    fn the_scan_reads_the_common_shapes_as_serde_does_and_declines_the_rest() {
+        for event in EVENTS {
+            if let Some(seen) = scan::read(event) {
+                assert_eq!(Some(seen), by_serde(event), "{event}");
+            }
+        }
+        for event in EVENTS[..7].iter().chain([&" {\"model\" : \"a\\\"b\" , \"choices\":[ ] } "]) {
+            assert!(scan::read(event).is_some(), "{event}");
+        }
+        let declined = [
+            r#"{"error":{"message":"boom"}}"#,
+            r#"{"id":"chatcmpl\u002dkeepalive","choices":[]}"#,
+            r#"{"id":"x","id":"y"}"#,
+            r#"{"choices":[1]}"#,
+            r#"{"x":"\udc00","choices":[]}"#,
+            r#"{"choices":[]} x"#,
+            r#"{"choices":[],}"#,
+            r#"{"x":01}"#,
+        ];
+        for event in declined {
+            assert_eq!(scan::read(event), None, "{event}");
+        }
+    }
+
+    /// JSON values of the chunk's keys, nested, for the scan's property.
+    fn json_tree() -> impl Strategy<Value = serde_json::Value> {
+        let key = prop_oneof![
+            Just("id"),
+            Just("model"),
+            Just("error"),
+            Just("usage"),
+            Just("choices"),
+            Just("index"),
+            Just("finish_reason"),
+            Just("delta"),
+            Just("text"),
+            Just("content"),
+            Just("reasoning"),
+            Just("reasoning_content"),
+            Just("tool_calls"),
+            Just("function_call"),
+            Just("prompt_tokens"),
+            Just("completion_tokens"),
+            Just("prompt_tokens_details"),
+            Just("cached_tokens"),
+            Just("x"),
+        ];
+        let leaf = prop_oneof![
+            json_leaf(),
+            Just(serde_json::json!("chatcmpl-keepalive")),
+            Just(serde_json::json!(-0.5e3)),
+            Just(serde_json::json!(18446744073709551615u64)),
+        ];
+        leaf.prop_recursive(4, 24, 4, move |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..4).prop_map(serde_json::Value::from),
+                prop::collection::vec((key.clone(), inner), 0..5).prop_map(|members| {
+                    serde_json::Value::Object(members.into_iter().map(|(k, v)| (k.to_string(), v)).collect())
+                }),
+            ]
+        })
+    }
+
     fn json_leaf() -> impl Strategy<Value = serde_json::Value> {
         prop_oneof![
             Just(serde_json::Value::Null),
@@ -404,6 +475,31 @@ mod tests {
             }
             let data = frame.to_string();
             prop_assert_eq!(read(&data), slow(&data), "{}", data);
+            prop_assert_eq!(scan::read(&data), by_serde(&data), "{}", data);
+        }
+
+        #[test]
+        fn the_scan_equals_serde_where_it_reads(
+            tree in json_tree(), spaced in any::<bool>(), edit in any::<Option<(prop::sample::Index, char)>>(),
+            cut in any::<Option<prop::sample::Index>>(),
+        ) {
+            let mut data = if spaced { serde_json::to_string_pretty(&tree) } else { serde_json::to_string(&tree) }
+                .unwrap_or_default();
+            if let Some((at, c)) = edit {
+                let at = at.index(data.len() + 1);
+                if data.is_char_boundary(at) {
+                    data.insert(at, c);
+                }
+            }
+            if let Some(at) = cut {
+                let at = at.index(data.len() + 1);
+                if data.is_char_boundary(at) {
+                    data.truncate(at);
+                }
+            }
+            if let Some(seen) = scan::read(&data) {
+                prop_assert_eq!(Some(seen), by_serde(&data), "{}", data);
+            }
         }
     }
 }

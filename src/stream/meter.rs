@@ -19,26 +19,24 @@
 //! - hands the figures to the request's record, once, when the stream ends: the record
 //!   (`outcome.rs`) records every metric of the finished request.
 
-use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Duration;
-
-use crate::backend::upstream::UpstreamBody;
-use bytes::Bytes;
-use http_body::{Body, Frame, SizeHint};
-use pin_project_lite::pin_project;
-use tokio::sync::futures::OwnedNotified;
+use std::time::{Duration, Instant};
 
 use super::abandoned;
+use super::alarms::{Alarms, Rang};
 use super::figures::StreamFigures;
 use super::finish::StreamNormalise;
 use super::forward::Forward;
 use super::shutdown::Cutoff;
+use crate::backend::upstream::UpstreamBody;
 use crate::dispatch::queue::Permit;
 use crate::error::GatewayError;
 use crate::outcome::{Outcome, RequestRecord};
+use bytes::Bytes;
+use http_body::{Body, Frame, SizeHint};
+use pin_project_lite::pin_project;
 
 /// The largest SSE event (or unfinished line) a backend may send: past it the stream is cut,
 /// so a backend that never ends a line cannot make the gateway hold its bytes without bound.
@@ -78,10 +76,9 @@ pin_project! {
         info: Option<RequestInfo>,
         permit: Option<Permit>,
         finished: bool,
-        // Fires when the backend has been silent for the idle timeout.
-        idle: Pin<Box<tokio::time::Sleep>>,
-        // Fires when the gateway's shutdown grace is over.
-        shutdown: Pin<Box<OwnedNotified>>,
+        // Ring when the backend has been silent for the idle timeout, or when the gateway's
+        // shutdown grace is over.
+        alarms: Alarms,
     }
 
     impl PinnedDrop for StreamMeter {
@@ -126,8 +123,7 @@ impl StreamMeter {
     /// Wraps `inner`; `first` holds bytes already taken from it (the first frame of a managed
     /// backend's answer). `permit` is released when the body ends or is dropped.
     pub fn new(inner: UpstreamBody, first: Option<Bytes>, permit: Permit, info: RequestInfo) -> Self {
-        let idle = Box::pin(tokio::time::sleep(info.idle_timeout));
-        let shutdown = info.cutoff.notified();
+        let alarms = Alarms::new(info.idle_timeout, &info.cutoff);
         let mut meter = StreamMeter {
             inner: Some(inner),
             forward: Forward::new(info.normalise).naming(info.record.public_model()),
@@ -135,8 +131,7 @@ impl StreamMeter {
             info: Some(info),
             permit: Some(permit),
             finished: false,
-            idle,
-            shutdown,
+            alarms,
         };
         if let Some(first) = first {
             let wants_usage = meter.info.as_ref().is_some_and(|i| i.client_wants_usage);
@@ -189,21 +184,18 @@ impl Body for StreamMeter {
                 None => return Poll::Ready(None),
             };
             match polled {
-                Poll::Pending => {
-                    if this.shutdown.as_mut().poll(cx).is_ready() {
-                        cut(&mut this, |_| GatewayError::ShuttingDown);
-                        continue;
+                Poll::Pending => match this.alarms.poll(cx) {
+                    None => return Poll::Pending,
+                    Some(Rang::Shutdown) => cut(&mut this, |_| GatewayError::ShuttingDown),
+                    Some(Rang::Idle) => {
+                        cut(&mut this, |backend| GatewayError::BackendStalled { backend, after: idle_timeout });
                     }
-                    if this.idle.as_mut().poll(cx).is_pending() {
-                        return Poll::Pending;
-                    }
-                    cut(&mut this, |backend| GatewayError::BackendStalled { backend, after: idle_timeout });
-                }
+                },
                 Poll::Ready(Some(Ok(frame))) => {
-                    let deadline = tokio::time::Instant::now() + idle_timeout;
-                    this.idle.as_mut().reset(deadline);
+                    let now = Instant::now();
+                    this.alarms.read_at(now);
                     let Ok(data) = frame.into_data() else { continue };
-                    this.forward.observe(this.figures, data, wants_usage);
+                    this.forward.observe_at(this.figures, data, wants_usage, now);
                     if this.forward.pending_bytes() > MAX_EVENT_BYTES {
                         let reason = format!(
                             "it sent more than {} MiB without ending an SSE event; the answer was cut",

@@ -3,6 +3,7 @@
 //! meters and ends each proxied response; the shutdown cut and the hold of an abandoned answer.
 
 pub mod abandoned;
+mod alarms;
 pub mod figures;
 pub mod finish;
 mod forward;

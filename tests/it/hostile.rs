@@ -192,3 +192,44 @@ async fn shutdown_cuts_a_running_stream_after_the_grace_period() {
     let served = tokio::time::timeout(PATIENCE, &mut gw.task).await.expect("serve returns");
     assert!(served.expect("join").is_ok());
 }
+
+/// One client's large body (a Messages request of 100 000 small messages, under `max_body`)
+/// does not stop other clients' requests while it is parsed and translated: with one thread
+/// serving the connections (`worker_threads: 1`, not the default) /health waited 13 s behind a
+/// 60 MB body. The bound is relative: /health answers within a third of the large request's
+/// own time, where a held event loop makes it wait nearly all of it.
+#[tokio::test]
+async fn one_large_body_does_not_stop_every_other_request() {
+    health_behind_a_large_body("").await;
+}
+
+async fn health_behind_a_large_body(top: &str) {
+    let sim = sim().await;
+    let gw = gateway_binary(&format!("{top}{}", one_model_yaml(&sim.url(), 4, 10)), None);
+    let messages: Vec<Value> = (0..100_000).map(|i| json!({"role": "user", "content": format!("h{i}")})).collect();
+    let body = json!({"model": "qwen", "max_tokens": 5, "messages": messages}).to_string();
+    let url = format!("{}/v1/messages", gw.url);
+    let big = tokio::spawn(async move {
+        client()
+            .post(url)
+            .header("anthropic-version", "2023-06-01")
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+            .await
+            .map(|r| r.status())
+    });
+    let probe = client();
+    let began = std::time::Instant::now();
+    let mut worst = std::time::Duration::ZERO;
+    while !big.is_finished() {
+        let started = std::time::Instant::now();
+        let r = probe.get(format!("{}/health", gw.url)).send().await.expect("health");
+        assert!(r.status().is_success());
+        worst = worst.max(started.elapsed());
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    let _ = big.await;
+    let took = began.elapsed();
+    assert!(worst < took / 3, "/health waited {worst:?} behind one large body that took {took:?}");
+}

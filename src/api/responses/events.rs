@@ -213,12 +213,7 @@ impl Translator {
         if let Body::Reasoning { text } = &mut self.items[index].body {
             text.push_str(delta);
         }
-        let id = self.items[index].id.clone();
-        self.emit(
-            out,
-            "response.reasoning_text.delta",
-            json!({"item_id": id, "output_index": index, "content_index": 0, "delta": delta}),
-        );
+        self.emit_delta(out, "response.reasoning_text.delta", index, delta, false);
     }
 
     fn text(&mut self, out: &mut Vec<u8>, delta: &str) {
@@ -233,12 +228,7 @@ impl Translator {
         if let Body::Message { text } = &mut self.items[index].body {
             text.push_str(delta);
         }
-        let id = self.items[index].id.clone();
-        self.emit(
-            out,
-            "response.output_text.delta",
-            json!({"item_id": id, "output_index": index, "content_index": 0, "delta": delta, "logprobs": []}),
-        );
+        self.emit_delta(out, "response.output_text.delta", index, delta, true);
     }
 
     /// One tool-call delta, the `position`th of its chunk: `index` says which call it continues;
@@ -591,12 +581,41 @@ impl Translator {
         out.extend_from_slice(Value::Object(event).to_string().as_bytes());
         out.extend_from_slice(b"\n\n");
     }
+
+    /// Writes one text or reasoning delta of item `index` (an event per streamed chunk) as
+    /// [`Self::emit`] writes it, without building a `Value`: `{"type", "sequence_number",
+    /// "item_id", "output_index", "content_index": 0, "delta"}` and, for text, `"logprobs": []`.
+    fn emit_delta(&mut self, out: &mut Vec<u8>, kind: &str, index: usize, delta: &str, logprobs: bool) {
+        out.extend_from_slice(b"event: ");
+        out.extend_from_slice(kind.as_bytes());
+        out.extend_from_slice(b"\ndata: {\"type\":");
+        json_string(out, kind);
+        out.extend_from_slice(b",\"sequence_number\":");
+        out.extend_from_slice(itoa::Buffer::new().format(self.sequence).as_bytes());
+        out.extend_from_slice(b",\"item_id\":");
+        json_string(out, &self.items[index].id);
+        out.extend_from_slice(b",\"output_index\":");
+        out.extend_from_slice(itoa::Buffer::new().format(index).as_bytes());
+        out.extend_from_slice(b",\"content_index\":0,\"delta\":");
+        json_string(out, delta);
+        if logprobs {
+            out.extend_from_slice(b",\"logprobs\":[]");
+        }
+        out.extend_from_slice(b"}\n\n");
+        self.sequence += 1;
+    }
 }
 
 impl Item {
     fn new(id: String, body: Body) -> Self {
         Item { id, body, announced: false, done: false, incomplete: false }
     }
+}
+
+/// `text` as a JSON string, escaped as `serde_json` escapes it.
+fn json_string(out: &mut Vec<u8>, text: &str) {
+    // Writing a string into a Vec cannot fail.
+    let _ = serde_json::to_writer(&mut *out, text);
 }
 
 /// `base` with `more`'s fields added.

@@ -558,3 +558,38 @@ fn mlx_lm_s_streamed_calls_still_continue_by_index() {
     check_sequence(&events);
     assert_eq!(named_calls(&events), [json!(["read", "{\"p\":1}"]), json!(["read", "{\"p\":2}"])]);
 }
+
+mod deltas {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    proptest! {
+        /// The per-chunk delta events, written directly, are byte for byte what the `Value`
+        /// writing makes of them.
+        #[test]
+        fn a_delta_event_is_written_as_the_value_writing_writes_it(
+            delta in "(?s).{0,12}", id in "[a-z_\"\\\\0-9]{0,8}", index in 0usize..20, sequence in 0..u64::MAX - 1,
+            logprobs in any::<bool>(),
+        ) {
+            let mut translator = Translator::new(shape());
+            translator.items.push(Item::new(id.clone(), Body::Message { text: String::new() }));
+            translator.items.extend((1..=index).map(|i| Item::new(format!("x{i}"), Body::Message { text: String::new() })));
+            let index = index.min(translator.items.len() - 1);
+            let id = translator.items[index].id.clone();
+            let kind = if logprobs { "response.output_text.delta" } else { "response.reasoning_text.delta" };
+            let mut fields = json!({"item_id": id, "output_index": index, "content_index": 0, "delta": delta});
+            if logprobs {
+                fields["logprobs"] = json!([]);
+            }
+            translator.sequence = sequence;
+            let mut by_value = Vec::new();
+            translator.emit(&mut by_value, kind, fields);
+            translator.sequence = sequence;
+            let mut direct = Vec::new();
+            translator.emit_delta(&mut direct, kind, index, &delta, logprobs);
+            prop_assert_eq!(String::from_utf8_lossy(&direct), String::from_utf8_lossy(&by_value));
+            prop_assert_eq!(translator.sequence, sequence + 1);
+        }
+    }
+}
