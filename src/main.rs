@@ -2,7 +2,7 @@
 //! makes a running gateway put its file's keys and limits in force, `drain` takes a backend out
 //! of service (and back), `bench` measures what users see of a model's server (directly or
 //! through mlxgate).
-#![forbid(unsafe_code)]
+#![deny(unsafe_code)]
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -40,7 +40,18 @@ enum Command {
         /// gateway.yaml's `access_log` says.
         #[arg(long, env = "MLXGATE_NO_ACCESS_LOG")]
         no_access_log: bool,
+        /// Read environment variables (the values of the file's `${VAR}`s) from this file of
+        /// `NAME=value` lines before the configuration; it must be readable by its owner only
+        /// (mode 0600). Its values win over the environment's.
+        #[arg(long, env = "MLXGATE_ENV_FILE")]
+        env_file: Option<PathBuf>,
+        #[command(flatten)]
+        log_file: LogFileOptions,
     },
+    /// Run the gateway as a service that starts at login and restarts after a crash: a launchd
+    /// LaunchAgent on macOS, a systemd user unit on Linux (`--system`: at boot).
+    #[command(subcommand)]
+    Service(mlxgate::service::ServiceCommand),
     /// Validate a configuration file and list every problem in it.
     Check {
         #[arg(long, short, default_value = "gateway.yaml", env = "MLXGATE_CONFIG")]
@@ -104,6 +115,21 @@ enum Command {
     },
 }
 
+/// Where the log goes: stderr, or a file rotated by size.
+#[derive(clap::Args)]
+struct LogFileOptions {
+    /// Write the log (the gateway's lines, the access log, the managed servers' output) to this
+    /// file instead of stderr, rotated by size: PATH.1 is the previous file, and so on.
+    #[arg(long, env = "MLXGATE_LOG_FILE")]
+    log_file: Option<PathBuf>,
+    /// Each log file's size limit, like 10MiB: a line that would pass it starts a new file.
+    #[arg(long, default_value = "10MiB", value_parser = mlxgate::service::parse_size, env = "MLXGATE_LOG_FILE_SIZE")]
+    log_file_size: u64,
+    /// How many rotated files to keep beside the current one; older ones are deleted.
+    #[arg(long, default_value_t = mlxgate::log_file::DEFAULT_KEEP, env = "MLXGATE_LOG_FILE_KEEP")]
+    log_file_keep: usize,
+}
+
 #[derive(Clone, Copy, ValueEnum)]
 enum LogFormat {
     Text,
@@ -115,7 +141,25 @@ fn main() -> ExitCode {
     if let Command::Keep { grace, command } = &cli.command {
         return mlxgate::backend::keeper::run(*grace, command);
     }
-    init_logging(cli.log_format);
+    if let Command::Serve { env_file: Some(path), .. } = &cli.command
+        && let Err(why) = load_env_file(path)
+    {
+        eprintln!("mlxgate: --env-file {why}");
+        return ExitCode::FAILURE;
+    }
+    let file = match &cli.command {
+        Command::Serve { log_file: LogFileOptions { log_file: Some(path), log_file_size, log_file_keep }, .. } => {
+            match mlxgate::log_file::LogFile::open(path, *log_file_size, *log_file_keep) {
+                Ok(file) => Some(file),
+                Err(e) => {
+                    eprintln!("mlxgate: cannot open the log file: {e}");
+                    return ExitCode::FAILURE;
+                }
+            }
+        }
+        _ => None,
+    };
+    init_logging(cli.log_format, file);
     match cli.command {
         Command::Keep { .. } => ExitCode::SUCCESS,
         Command::Check { config } => match load(&config) {
@@ -141,7 +185,8 @@ fn main() -> ExitCode {
         }
         Command::Bench(options) => mlxgate::bench::main(*options),
         Command::Probe(options) => mlxgate::probe::main(options),
-        Command::Serve { config, no_access_log } => {
+        Command::Service(command) => mlxgate::service::main(command),
+        Command::Serve { config, no_access_log, .. } => {
             let mut loaded = match load(&config) {
                 Ok(c) => c,
                 Err(code) => return code,
@@ -160,7 +205,10 @@ fn main() -> ExitCode {
             match runtime.block_on(run(loaded, config)) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
-                    eprintln!("mlxgate: {e}");
+                    tracing::error!("mlxgate: {e}");
+                    if mlxgate::log_file::installed().is_some() {
+                        eprintln!("mlxgate: {e}");
+                    }
                     ExitCode::FAILURE
                 }
             }
@@ -336,11 +384,30 @@ async fn shutdown_signal() {
     });
 }
 
-fn init_logging(format: LogFormat) {
+/// Sets the variables of an environment file (`--env-file`) in this process, so that the
+/// configuration's `${VAR}`s and the managed servers see them.
+#[allow(unsafe_code)]
+fn load_env_file(path: &std::path::Path) -> Result<(), String> {
+    let vars = mlxgate::service::env_file::read(path)?;
+    for (name, value) in vars {
+        // SAFETY: called first thing in main, before the runtime or any other thread exists, so
+        // no other thread can read the environment while it changes.
+        unsafe { std::env::set_var(name, value) };
+    }
+    Ok(())
+}
+
+fn init_logging(format: LogFormat, file: Option<mlxgate::log_file::LogFile>) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     // Colour only on a terminal: log files and pipes get plain `key=value` text.
-    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_ansi(ansi).with_writer(std::io::stderr);
+    let to_file = file.is_some();
+    if let Some(file) = file {
+        // The only call: main opens one file, once.
+        mlxgate::log_file::install(file);
+    }
+    let ansi = !to_file && std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let builder =
+        tracing_subscriber::fmt().with_env_filter(filter).with_ansi(ansi).with_writer(mlxgate::log_file::Writer);
     match format {
         LogFormat::Text => {
             builder.init();

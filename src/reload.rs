@@ -31,6 +31,13 @@ pub fn check_file(path: &Path) -> Result<Config, Vec<String>> {
     preflight(config)
 }
 
+/// As [`check_file`], with `${VAR}` answered by `lookup` (the environment a service will have).
+pub fn check_file_with_env(path: &Path, lookup: &dyn Fn(&str) -> Option<String>) -> Result<Config, Vec<String>> {
+    let config = Config::load_with_env(path, lookup)
+        .map_err(|e| e.to_string().lines().map(str::to_owned).collect::<Vec<_>>())?;
+    preflight(config)
+}
+
 /// As [`check_file`], for the file of a gateway running with its own environment (`mlxgate
 /// reload`): a `${VAR}` unset here is not a problem (the gateway resolves it, and logs it if it
 /// is unset there too); its name is returned beside the configuration.
@@ -216,6 +223,16 @@ pub struct Signalled {
 /// process (a stale pid file may name a pid reused by anything else). The error says why not.
 pub fn signal_gateway(target: Target) -> Result<Signalled, String> {
     use nix::sys::signal::{Signal as NixSignal, kill};
+    let pid = find_gateway(target)?;
+    let raw = i32::try_from(pid).map_err(|_| format!("{pid} is not a pid"))?;
+    kill(nix::unistd::Pid::from_raw(raw), NixSignal::SIGHUP)
+        .map_err(|e| format!("cannot signal process {pid}: {e}"))?;
+    Ok(Signalled { pid })
+}
+
+/// The pid of the live mlxgate gateway `target` names (its pid file, for a port), checked to be
+/// an mlxgate process; the error says why there is none.
+pub fn find_gateway(target: Target) -> Result<u32, String> {
     let pid = match target {
         Target::Pid(pid) => pid,
         Target::Port(0) => {
@@ -233,10 +250,7 @@ pub fn signal_gateway(target: Target) -> Result<Signalled, String> {
     if !program.is_some_and(|name| name.to_string_lossy().starts_with("mlxgate")) {
         return Err(format!("process {pid} is not an mlxgate gateway ({command}): not signalled"));
     }
-    let raw = i32::try_from(pid).map_err(|_| format!("{pid} is not a pid"))?;
-    kill(nix::unistd::Pid::from_raw(raw), NixSignal::SIGHUP)
-        .map_err(|e| format!("cannot signal process {pid}: {e}"))?;
-    Ok(Signalled { pid })
+    Ok(pid)
 }
 
 #[cfg(test)]

@@ -1,4 +1,4 @@
-//! The access line written straight to stderr, in the text format tracing's formatter gives it
+//! The access line written straight to the log (stderr, or `--log-file`: [`crate::log_file`]), in the text format tracing's formatter gives it
 //! (`2026-12-02T08:27:37.270136Z  INFO mlxgate::access: request_id=… method=POST …`), without
 //! going through the formatter: its generic field visitor and styling cost more per request
 //! than the rest of the line's work (measured: a tenth of the gateway's instructions per
@@ -19,12 +19,12 @@ use super::{AccessLine, Ending};
 
 static DIRECT: AtomicBool = AtomicBool::new(false);
 
-/// From now on, access lines go straight to stderr (plain text logging).
+/// From now on, access lines go straight to the log (plain text logging).
 pub fn enable() {
     DIRECT.store(true, Ordering::Relaxed);
 }
 
-/// Writes `line` straight to stderr when that is set up (see [`enable`]) and `RUST_LOG` lets
+/// Writes `line` straight to the log when that is set up (see [`enable`]) and `RUST_LOG` lets
 /// the line through; false when the line is left to tracing.
 pub(super) fn write(line: &AccessLine, end: &Ending<'_>) -> bool {
     if !DIRECT.load(Ordering::Relaxed) {
@@ -40,7 +40,7 @@ pub(super) fn write(line: &AccessLine, end: &Ending<'_>) -> bool {
             buffer.extend_from_slice(b"  INFO mlxgate::access: ");
             fields(buffer, line, end);
             buffer.push(b'\n');
-            let _ = std::io::stderr().lock().write_all(buffer);
+            crate::log_file::write_line(buffer);
         });
     }
     true

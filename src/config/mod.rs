@@ -50,11 +50,20 @@ impl Config {
         Config::load_with(path, Some(unset))
     }
 
+    /// As [`load`](Config::load), with `${VAR}` answered by `lookup` (`mlxgate service install`
+    /// checks the file against the environment the service will have).
+    pub fn load_with_env(path: &Path, lookup: &dyn Fn(&str) -> Option<String>) -> Result<Config, ConfigError> {
+        Config::load_from(path, &Env { lookup, unset: None })
+    }
+
     fn load_with(path: &Path, unset: Option<&RefCell<BTreeSet<String>>>) -> Result<Config, ConfigError> {
+        Config::load_from(path, &Env { lookup: &|name| std::env::var(name).ok(), unset })
+    }
+
+    fn load_from(path: &Path, env: &Env<'_>) -> Result<Config, ConfigError> {
         let text = std::fs::read_to_string(path)
             .map_err(|source| ConfigError::Read { path: path.display().to_string(), source })?;
-        let env = Env { lookup: &|name| std::env::var(name).ok(), unset };
-        let mut config = Config::parse_env(&text, &env)?;
+        let mut config = Config::parse_env(&text, env)?;
         paths::resolve(&mut config, path);
         Ok(config)
     }

@@ -58,6 +58,7 @@ mod reload;
 mod responses;
 mod responses_real;
 mod responses_sdk;
+mod service;
 mod sim;
 mod swap_budget;
 mod swap_review;
