@@ -184,7 +184,7 @@ mod tests {
         for i in 0..2000 {
             log.write_line(format!("line {i} {}\n", "x".repeat(i % 97)).as_bytes());
         }
-        let files = sizes(&path.parent().unwrap());
+        let files = sizes(path.parent().unwrap());
         assert_eq!(
             files.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>(),
             ["gateway.log", "gateway.log.1", "gateway.log.2", "gateway.log.3"]

@@ -223,7 +223,8 @@ pub struct Signalled {
 /// process (a stale pid file may name a pid reused by anything else). The error says why not.
 pub fn signal_gateway(target: Target) -> Result<Signalled, String> {
     use nix::sys::signal::{Signal as NixSignal, kill};
-    let pid = find_gateway(target)?;
+    let by_port = matches!(target, Target::Port(port) if port != 0);
+    let pid = find_gateway(target).map_err(|why| if by_port { format!("{why}; give --pid") } else { why })?;
     let raw = i32::try_from(pid).map_err(|_| format!("{pid} is not a pid"))?;
     kill(nix::unistd::Pid::from_raw(raw), NixSignal::SIGHUP)
         .map_err(|e| format!("cannot signal process {pid}: {e}"))?;
@@ -240,9 +241,8 @@ pub fn find_gateway(target: Target) -> Result<u32, String> {
         }
         Target::Port(port) => {
             let path = pid_file_path(port).map_err(|e| format!("cannot open the runtime directory: {e}"))?;
-            read_pid(&path).ok_or_else(|| {
-                format!("no gateway is running on port {port} (no pid file at {}); give --pid", path.display())
-            })?
+            read_pid(&path)
+                .ok_or_else(|| format!("no gateway is running on port {port} (no pid file at {})", path.display()))?
         }
     };
     let command = keeper::command_of(pid).ok_or_else(|| format!("no process {pid} is running"))?;

@@ -93,11 +93,8 @@ mod tests {
 
     #[test]
     fn a_rendered_file_parses_back_to_its_variables() {
-        let vars: BTreeMap<String, String> = [
-            ("OPENAI_KEY".to_string(), "sk-a=b c#d \"q\" $HOME".to_string()),
-            ("EMPTY".into(), String::new()),
-        ]
-        .into();
+        let vars: BTreeMap<String, String> =
+            [("OPENAI_KEY".to_string(), "sk-a=b c#d \"q\" $HOME".to_string()), ("EMPTY".into(), String::new())].into();
         assert_eq!(parse(&render(&vars).unwrap()).unwrap(), vars);
         let broken: BTreeMap<String, String> = [("K".to_string(), "a\nb".to_string())].into();
         assert!(render(&broken).unwrap_err().starts_with("K's value"));

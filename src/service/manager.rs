@@ -76,7 +76,8 @@ impl Scope {
     pub fn stop(&self) -> Result<(), String> {
         match self.manager {
             Manager::Launchd => {
-                run(Command::new("launchctl").args(["bootout", &format!("{}/{LAUNCHD_LABEL}", self.domain())])).map(drop)
+                run(Command::new("launchctl").args(["bootout", &format!("{}/{LAUNCHD_LABEL}", self.domain())]))
+                    .map(drop)
             }
             Manager::Systemd => run(&mut self.systemctl(&["disable", "--now", SYSTEMD_UNIT])).map(drop),
         }
@@ -93,12 +94,10 @@ impl Scope {
     /// Restarts the running service (starts it when it is stopped).
     pub fn restart(&self) -> Result<(), String> {
         match self.manager {
-            Manager::Launchd => run(Command::new("launchctl").args([
-                "kickstart",
-                "-k",
-                &format!("{}/{LAUNCHD_LABEL}", self.domain()),
-            ]))
-            .map(drop),
+            Manager::Launchd => {
+                run(Command::new("launchctl").args(["kickstart", "-k", &format!("{}/{LAUNCHD_LABEL}", self.domain())]))
+                    .map(drop)
+            }
             Manager::Systemd => run(&mut self.systemctl(&["restart", SYSTEMD_UNIT])).map(drop),
         }
     }
@@ -107,7 +106,8 @@ impl Scope {
     pub fn state(&self) -> Result<State, String> {
         match self.manager {
             Manager::Launchd => {
-                let out = run(Command::new("launchctl").args(["print", &format!("{}/{LAUNCHD_LABEL}", self.domain())]))?;
+                let out =
+                    run(Command::new("launchctl").args(["print", &format!("{}/{LAUNCHD_LABEL}", self.domain())]))?;
                 Ok(launchd_state(&out))
             }
             Manager::Systemd => {

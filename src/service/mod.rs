@@ -302,13 +302,23 @@ fn install(options: &InstallOptions) -> Result<(), String> {
     println!(
         "  environment:  {} (mode 0600: {})",
         places.env_file.display(),
-        if vars.is_empty() { "no ${VAR}s named".to_string() } else { vars.keys().cloned().collect::<Vec<_>>().join(", ") }
+        if vars.is_empty() {
+            "no ${VAR}s named".to_string()
+        } else {
+            vars.keys().cloned().collect::<Vec<_>>().join(", ")
+        }
     );
     println!("  log:          {} (rotated at {} bytes, {} kept)", log_file.display(), plan.log_size, plan.log_keep);
     if binary.components().any(|c| c.as_os_str() == "target") {
         println!(
             "  note: the service runs the binary in a build directory; `cargo clean` would remove it. \
              `cargo install --locked --path .` puts one in ~/.cargo/bin: install again from there."
+        );
+    }
+    if scope.manager == Manager::Systemd && !options.system {
+        println!(
+            "  note: a user unit runs while you are logged in; to have it start at boot without a login: \
+             sudo loginctl enable-linger $USER"
         );
     }
     if options.no_start {
@@ -322,12 +332,6 @@ fn install(options: &InstallOptions) -> Result<(), String> {
         )
     })?;
     println!("started; `mlxgate service status` shows it");
-    if scope.manager == Manager::Systemd && !options.system {
-        println!(
-            "a user unit runs while you are logged in; to have it start at boot without a login: \
-             sudo loginctl enable-linger $USER"
-        );
-    }
     Ok(())
 }
 
@@ -380,31 +384,25 @@ fn make_dir(dir: Option<&Path>, owner: Option<&str>, mode: u32) -> Result<(), St
 
 fn chown(path: &Path, owner: Option<&str>) -> Result<(), String> {
     let Some(owner) = owner else { return Ok(()) };
-    let user = nix::unistd::User::from_name(owner)
-        .ok()
-        .flatten()
-        .ok_or_else(|| format!("there is no user {owner}"))?;
+    let user = nix::unistd::User::from_name(owner).ok().flatten().ok_or_else(|| format!("there is no user {owner}"))?;
     nix::unistd::chown(path, Some(user.uid), Some(user.gid))
         .map_err(|e| format!("cannot give {} to {owner}: {e}", path.display()))
 }
 
 fn write_whole(path: &Path, text: &str) -> Result<(), String> {
     let aside = path.with_extension(format!("tmp.{}", std::process::id()));
-    std::fs::write(&aside, text)
-        .and_then(|()| std::fs::rename(&aside, path))
-        .map_err(|e| {
-            let _ = std::fs::remove_file(&aside);
-            format!("cannot write {}: {e}", path.display())
-        })
+    std::fs::write(&aside, text).and_then(|()| std::fs::rename(&aside, path)).map_err(|e| {
+        let _ = std::fs::remove_file(&aside);
+        format!("cannot write {}: {e}", path.display())
+    })
 }
 
 /// The installed service's file, checked to be one `service install` wrote (unless `force`).
 fn installed(at: &WhereOptions) -> Result<(Scope, PathBuf, String), String> {
     let scope = scope_of(at.manager, at.system);
     let places = here_places(scope.manager, at.system)?;
-    let text = std::fs::read_to_string(&places.unit_path).map_err(|e| {
-        format!("no {} is installed ({}: {e})", describe(&scope), places.unit_path.display())
-    })?;
+    let text = std::fs::read_to_string(&places.unit_path)
+        .map_err(|e| format!("no {} is installed ({}: {e})", describe(&scope), places.unit_path.display()))?;
     if !text.contains(MARKER) && !at.force {
         return Err(format!(
             "{} was not written by `mlxgate service install`: left alone (--force acts on it anyway)",
@@ -456,7 +454,10 @@ fn status(at: &WhereOptions, lines: usize) -> ExitCode {
     let log = units::flag_value(&args, "--log-file").map(PathBuf::from);
     println!("mlxgate service ({}): installed", describe(&scope));
     println!("  service file: {}", unit_path.display());
-    println!("  config:       {}", config.as_ref().map_or("(not found in the file)".into(), |c| c.display().to_string()));
+    println!(
+        "  config:       {}",
+        config.as_ref().map_or("(not found in the file)".into(), |c| c.display().to_string())
+    );
     println!("  log:          {}", log.as_ref().map_or("(not found in the file)".into(), |l| l.display().to_string()));
     let state = scope.state();
     let mut running = false;
@@ -505,8 +506,7 @@ fn tail(path: &Path, n: usize) -> std::io::Result<Vec<String>> {
     // Lines of the gateway's log are short: 64 KiB holds far more than a screen of them.
     let start = len.saturating_sub(64 * 1024);
     file.seek(std::io::SeekFrom::Start(start))?;
-    let mut lines: Vec<String> =
-        std::io::BufReader::new(file).lines().map_while(Result::ok).collect();
+    let mut lines: Vec<String> = std::io::BufReader::new(file).lines().map_while(Result::ok).collect();
     if start > 0 && !lines.is_empty() {
         lines.remove(0); // cut mid-line
     }
@@ -537,7 +537,10 @@ mod tests {
         assert_eq!(user.log_dir, Path::new("/home/ann/.local/state/mlxgate"));
         let agent = places(Manager::Launchd, false, Path::new("/Users/ann"), &xdg);
         assert_eq!(agent.unit_path, Path::new("/Users/ann/Library/LaunchAgents/io.mlxgate.gateway.plist"));
-        assert_eq!(places(Manager::Launchd, true, home, &xdg).unit_path.parent(), Some(Path::new("/Library/LaunchDaemons")));
+        assert_eq!(
+            places(Manager::Launchd, true, home, &xdg).unit_path.parent(),
+            Some(Path::new("/Library/LaunchDaemons"))
+        );
         assert_eq!(places(Manager::Systemd, true, home, &xdg).env_file, Path::new("/etc/mlxgate/env"));
     }
 

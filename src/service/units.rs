@@ -96,19 +96,16 @@ pub fn launchd_plist(plan: &Plan) -> String {
     use plist::{Dictionary, Value};
     let mut dict = Dictionary::new();
     dict.insert("Label".into(), LAUNCHD_LABEL.into());
-    dict.insert(
-        "ProgramArguments".into(),
-        Value::Array(plan.arguments().into_iter().map(Value::String).collect()),
-    );
+    dict.insert("ProgramArguments".into(), Value::Array(plan.arguments().into_iter().map(Value::String).collect()));
     dict.insert("RunAtLoad".into(), true.into());
     let mut keep_alive = Dictionary::new();
     keep_alive.insert("SuccessfulExit".into(), false.into());
     dict.insert("KeepAlive".into(), Value::Dictionary(keep_alive));
     // launchd's default throttle is 10 s between starts; a crash loop is slowed, not stopped.
     dict.insert("ThrottleInterval".into(), Value::Integer(10.into()));
-    // The gateway stops its servers on SIGTERM within its shutdown grace; launchd's default
-    // of 20 s before SIGKILL is kept long enough for that.
-    dict.insert("ExitTimeOut".into(), Value::Integer(40.into()));
+    // On SIGTERM the gateway lets running streams finish (shutdown_grace, 30 s by default),
+    // then stops its servers: launchd's default of 20 s before SIGKILL is too short for that.
+    dict.insert("ExitTimeOut".into(), Value::Integer(60.into()));
     dict.insert("WorkingDirectory".into(), path_value(&plan.workdir));
     let mut env = Dictionary::new();
     env.insert("PATH".into(), plan.path_var.clone().into());
@@ -129,7 +126,11 @@ pub fn launchd_plist(plan: &Plan) -> String {
     let text = String::from_utf8(xml).expect("plist XML is UTF-8");
     // The marker goes after the DOCTYPE line, where launchd and plistlib read past comments.
     match text.find("<plist") {
-        Some(at) => format!("{}<!-- {MARKER}; edit with care: it is rewritten by the next install. -->\n{}\n", &text[..at], text[at..].trim_end()),
+        Some(at) => format!(
+            "{}<!-- {MARKER}; edit with care: it is rewritten by the next install. -->\n{}\n",
+            &text[..at],
+            text[at..].trim_end()
+        ),
         None => text,
     }
 }
@@ -142,21 +143,27 @@ fn path_value(path: &Path) -> plist::Value {
 /// system unit or at login for a user unit (`WantedBy`), with the same command line.
 pub fn systemd_unit(plan: &Plan) -> String {
     let exec = plan.arguments().iter().map(|a| systemd_quote(a, Expands::Variables)).collect::<Vec<_>>().join(" ");
-    let mut env = vec![format!("Environment={}", systemd_quote(&format!("PATH={}", plan.path_var), Expands::Specifiers))];
+    let mut env =
+        vec![format!("Environment={}", systemd_quote(&format!("PATH={}", plan.path_var), Expands::Specifiers))];
     for (name, value) in &plan.plain_env {
         env.push(format!("Environment={}", systemd_quote(&format!("{name}={value}"), Expands::Specifiers)));
     }
-    let (user, wanted_by) = match &plan.run_as {
-        Some(user) => (format!("User={user}\n"), "multi-user.target"),
-        None => (String::new(), "default.target"),
+    // A system unit waits for the network (remote backends, a listen address on an interface);
+    // a user manager has no such target to wait for.
+    let (user, wanted_by, after) = match &plan.run_as {
+        Some(user) => (
+            format!("User={user}\n"),
+            "multi-user.target",
+            "After=network-online.target\nWants=network-online.target\n",
+        ),
+        None => (String::new(), "default.target", ""),
     };
     format!(
         "# {MARKER}; edit with care: it is rewritten by the next install.\n\
          [Unit]\n\
          Description=mlxgate: a gateway in front of local MLX model servers\n\
          Documentation=https://github.com/mlxgate/mlxgate\n\
-         After=network-online.target\n\
-         Wants=network-online.target\n\
+         {after}\
          \n\
          [Service]\n\
          Type=exec\n\
@@ -167,8 +174,10 @@ pub fn systemd_unit(plan: &Plan) -> String {
          {env}\n\
          Restart=on-failure\n\
          RestartSec=2\n\
+         # SIGTERM to the gateway alone: it lets running streams finish (shutdown_grace), then\n\
+         # stops its servers; whatever is left after it exits is killed.\n\
          KillMode=mixed\n\
-         TimeoutStopSec=40\n\
+         TimeoutStopSec=60\n\
          \n\
          [Install]\n\
          WantedBy={wanted_by}\n",
@@ -195,13 +204,9 @@ pub fn systemd_quote(arg: &str, expands: Expands) -> String {
     if expands == Expands::Variables {
         escaped = escaped.replace('$', "$$");
     }
-    let plain = !escaped.is_empty()
-        && !escaped.chars().any(|c| c.is_whitespace() || matches!(c, '"' | '\'' | '\\' | ';'));
-    if plain {
-        escaped
-    } else {
-        format!("\"{}\"", escaped.replace('\\', "\\\\").replace('"', "\\\""))
-    }
+    let plain =
+        !escaped.is_empty() && !escaped.chars().any(|c| c.is_whitespace() || matches!(c, '"' | '\'' | '\\' | ';'));
+    if plain { escaped } else { format!("\"{}\"", escaped.replace('\\', "\\\\").replace('"', "\\\"")) }
 }
 
 /// The arguments of a unit's `ExecStart=` line, unquoted as systemd does (for `service status`

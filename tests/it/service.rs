@@ -164,7 +164,9 @@ async fn a_systemd_unit_verifies_and_its_exec_start_serves() {
         ),
         Err(e) => {
             assert!(std::env::var_os("CI").is_none(), "systemd-analyze is missing in CI: {e}");
-            eprintln!("SKIPPED the systemd-analyze check: systemd-analyze cannot run ({e}); scripts/setup-system installs it");
+            eprintln!(
+                "SKIPPED the systemd-analyze check: systemd-analyze cannot run ({e}); scripts/setup-system installs it"
+            );
         }
     }
 
@@ -205,7 +207,10 @@ async fn a_systemd_unit_verifies_and_its_exec_start_serves() {
     let status = home.mlxgate(&["service", "status", "--manager", "systemd"], &[]);
     let said = text(&status);
     assert!(said.contains(&format!("pid {}", child.id())), "{said}");
-    assert!(said.contains(config) || said.contains(&home.config.canonicalize().unwrap().display().to_string()), "{said}");
+    assert!(
+        said.contains(config) || said.contains(&home.config.canonicalize().unwrap().display().to_string()),
+        "{said}"
+    );
     assert!(said.contains(&id), "the last log lines are shown: {said}");
     assert_eq!(status.status.code(), Some(0), "{said}");
 
@@ -444,7 +449,8 @@ async fn cargo_install_from_a_fresh_clone_gives_a_working_gateway() {
     let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
     let dir = tempfile::tempdir().unwrap();
     let clone = dir.path().join("clone");
-    let cloned = Command::new("git").args(["clone", "--quiet", "--no-hardlinks"]).arg(repo).arg(&clone).output().unwrap();
+    let cloned =
+        Command::new("git").args(["clone", "--quiet", "--no-hardlinks"]).arg(repo).arg(&clone).output().unwrap();
     assert!(cloned.status.success(), "git clone: {}", text(&cloned));
     let root = dir.path().join("root");
     let installed = tokio::task::spawn_blocking({
@@ -471,7 +477,9 @@ async fn cargo_install_from_a_fresh_clone_gives_a_working_gateway() {
     let config = dir.path().join("gateway.yaml");
     std::fs::write(
         &config,
-        format!("listen: 127.0.0.1:{port}\nbackends:\n  local: {{url: '{sim_url}'}}\nmodels:\n  qwen: {{backend: local}}\n"),
+        format!(
+            "listen: 127.0.0.1:{port}\nbackends:\n  local: {{url: '{sim_url}'}}\nmodels:\n  qwen: {{backend: local}}\n"
+        ),
     )
     .unwrap();
     let check = Command::new(&bin).args(["check", "--config"]).arg(&config).output().unwrap();
@@ -502,17 +510,41 @@ fn the_package_holds_what_a_build_needs_and_nothing_else() {
     assert!(out.status.success(), "{}", text(&out));
     let files = String::from_utf8(out.stdout).unwrap();
     let files: Vec<&str> = files.lines().collect();
-    for needed in ["Cargo.toml", "Cargo.lock", "README.md", "LICENSE-MIT", "LICENSE-APACHE", "src/main.rs", "src/lib.rs", "src/bin/mlxgate-sim.rs", "ui/app.js", "ui/index.html", "ui/style.css"] {
+    for needed in [
+        "Cargo.toml",
+        "Cargo.lock",
+        "README.md",
+        "LICENSE-MIT",
+        "LICENSE-APACHE",
+        "src/main.rs",
+        "src/lib.rs",
+        "src/bin/mlxgate-sim.rs",
+        "ui/app.js",
+        "ui/index.html",
+        "ui/style.css",
+    ] {
         assert!(files.contains(&needed), "{needed} is not packaged: {files:?}");
     }
     let extra: Vec<&&str> = files
         .iter()
-        .filter(|f| !(f.starts_with("src/") && f.ends_with(".rs")) && !f.starts_with("ui/"))
-        .filter(|f| !["Cargo.toml", "Cargo.toml.orig", "Cargo.lock", "README.md", "LICENSE-MIT", "LICENSE-APACHE", ".cargo_vcs_info.json"].contains(f))
+        .filter(|f| !(f.starts_with("ui/") || f.starts_with("src/") && f.ends_with(".rs")))
+        .filter(|f| {
+            ![
+                "Cargo.toml",
+                "Cargo.toml.orig",
+                "Cargo.lock",
+                "README.md",
+                "LICENSE-MIT",
+                "LICENSE-APACHE",
+                ".cargo_vcs_info.json",
+            ]
+            .contains(f)
+        })
         .collect();
     assert!(extra.is_empty(), "packaged beyond what a build needs: {extra:?}");
     // Every source file the build reads is in it: the ones git knows under src/.
-    let tracked = Command::new("git").args(["ls-files", "src", "ui"]).current_dir(env!("CARGO_MANIFEST_DIR")).output().unwrap();
+    let tracked =
+        Command::new("git").args(["ls-files", "src", "ui"]).current_dir(env!("CARGO_MANIFEST_DIR")).output().unwrap();
     for file in String::from_utf8(tracked.stdout).unwrap().lines() {
         assert!(files.contains(&file), "{file} is tracked but not packaged");
     }
