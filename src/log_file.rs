@@ -4,22 +4,29 @@
 //!
 //! The file is cut between lines: a line that would take the current file past its size limit
 //! goes first to a fresh file (the current one becomes `PATH.1`, `PATH.1` becomes `PATH.2`, …,
-//! and the oldest beyond `keep` is deleted: `file-rotate` does the renames). So every file stays
-//! within the limit and the newest line is always in `PATH` itself. A single line longer than the
-//! whole limit is cut to it. Each line is one `write` to the file (no buffer to lose in a crash);
-//! a line that cannot be written is dropped, and the first such failure is reported on stderr.
+//! and the oldest beyond `keep` is deleted; with `keep` 0 the current file is only emptied). So
+//! every file stays within the limit and the newest line is always in `PATH` itself. A single line
+//! longer than the whole limit is cut to it. Each line is one `write` to the file (no buffer to
+//! lose in a crash); a line that cannot be written is dropped, and the first such failure is
+//! reported on stderr.
+//!
+//! The renames are done here, each one tolerating a file that is not there: a user's
+//! `rm PATH.*`, a second process given the same file, or a log rotator moving `PATH` away must
+//! not stop the gateway (the `file-rotate` crate asserts that the files it saw at start are still
+//! there, and panicked on every later line). At most once a second the path is checked to still
+//! name the open file; when it does not (deleted, moved), it is opened anew.
+//!
+//! Files are created with mode 0600: the log can name a server's command line.
 //!
 //! Without `--log-file` everything goes to stderr, as before.
 
-use std::fs::{self, OpenOptions};
+use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, OnceLock};
-
-use file_rotate::compression::Compression;
-use file_rotate::suffix::AppendCount;
-use file_rotate::{ContentLimit, FileRotate};
+use std::time::{Duration, Instant};
 
 /// The default size limit of each file (`--log-file-size`).
 pub const DEFAULT_SIZE: u64 = 10 << 20;
@@ -27,6 +34,11 @@ pub const DEFAULT_SIZE: u64 = 10 << 20;
 pub const DEFAULT_KEEP: usize = 5;
 /// The smallest size limit taken: below it a file would hold a handful of lines.
 pub const MIN_SIZE: u64 = 4096;
+/// The most rotated files kept.
+pub const MAX_KEEP: usize = 1000;
+
+/// How often the path is checked to still name the open file.
+const RECHECK: Duration = Duration::from_secs(1);
 
 /// Where the log goes once [`install`] has been called; stderr until then.
 static SINK: OnceLock<LogFile> = OnceLock::new();
@@ -35,19 +47,23 @@ static SINK: OnceLock<LogFile> = OnceLock::new();
 pub struct LogFile {
     path: PathBuf,
     limit: u64,
-    inner: Mutex<Rotating>,
+    keep: usize,
+    inner: Mutex<Current>,
     failed: AtomicBool,
 }
 
-struct Rotating {
-    file: FileRotate<AppendCount>,
-    /// Bytes in the current file.
+/// The open file.
+struct Current {
+    file: File,
+    /// Bytes in it.
     written: u64,
+    /// When the path was last checked to name it.
+    checked: Instant,
 }
 
 impl LogFile {
     /// Opens (appending to) `path`, creating its directory; files beyond `keep` rotated ones are
-    /// deleted at the next rotation. Fails with the reason when the file cannot be written.
+    /// deleted at each rotation. Fails with the reason when the file cannot be written.
     pub fn open(path: &Path, limit: u64, keep: usize) -> io::Result<LogFile> {
         if limit < MIN_SIZE {
             return Err(io::Error::new(
@@ -55,19 +71,21 @@ impl LogFile {
                 format!("a log file's size limit must be at least {MIN_SIZE} bytes"),
             ));
         }
-        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            fs::create_dir_all(dir).map_err(|e| with_path(e, dir))?;
+        if keep > MAX_KEEP {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("at most {MAX_KEEP} rotated log files are kept"),
+            ));
         }
-        // Opened once here to give a clear error; file-rotate opens it again (append) and would
-        // only drop lines on a failure.
-        let existing = OpenOptions::new().create(true).append(true).open(path).map_err(|e| with_path(e, path))?;
-        let written = existing.metadata().map(|m| m.len()).unwrap_or(0);
-        drop(existing);
-        let file = FileRotate::new(path, AppendCount::new(keep.max(1)), ContentLimit::None, Compression::None, None);
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir).map_err(|e| with_path(e, dir))?;
+        }
+        let current = Current::open(path).map_err(|e| with_path(e, path))?;
         Ok(LogFile {
             path: path.to_path_buf(),
             limit,
-            inner: Mutex::new(Rotating { file, written }),
+            keep,
+            inner: Mutex::new(current),
             failed: AtomicBool::new(false),
         })
     }
@@ -80,10 +98,11 @@ impl LogFile {
     /// Appends `line` (one whole line, its `\n` included), rotating first when it would take the
     /// current file past the limit.
     pub fn write_line(&self, line: &[u8]) {
-        let line = cut(line, self.limit);
+        let mut cut_line = Vec::new();
+        let line = cut(line, self.limit, &mut cut_line);
         let done = {
-            let mut inner = self.inner.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-            inner.write(line, self.limit)
+            let mut current = self.inner.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            self.write_locked(&mut current, line)
         };
         if let Err(e) = done
             && !self.failed.swap(true, Ordering::Relaxed)
@@ -91,25 +110,78 @@ impl LogFile {
             let _ = writeln!(io::stderr(), "mlxgate: cannot write the log file {}: {e}", self.path.display());
         }
     }
-}
 
-impl Rotating {
-    fn write(&mut self, line: &[u8], limit: u64) -> io::Result<()> {
+    fn write_locked(&self, current: &mut Current, line: &[u8]) -> io::Result<()> {
         let len = line.len() as u64;
-        if self.written > 0 && self.written + len > limit {
-            self.file.rotate()?;
-            self.written = 0;
+        if current.checked.elapsed() >= RECHECK {
+            current.checked = Instant::now();
+            if !current.is_at(&self.path) {
+                *current = Current::open(&self.path)?;
+            }
         }
-        self.file.write_all(line)?;
-        self.written += len;
+        if current.written > 0 && current.written + len > self.limit {
+            self.rotate();
+            *current = Current::open(&self.path)?;
+        }
+        current.file.write_all(line)?;
+        current.written += len;
         Ok(())
+    }
+
+    /// Moves `PATH.(k-1)` to `PATH.k` down to `PATH` to `PATH.1`, the oldest beyond `keep`
+    /// deleted; with `keep` 0, removes `PATH`. A file that is not there is skipped: the chain has
+    /// a gap, which the next rotations close.
+    fn rotate(&self) {
+        let numbered = |n: usize| {
+            let mut name = self.path.as_os_str().to_owned();
+            name.push(format!(".{n}"));
+            PathBuf::from(name)
+        };
+        if self.keep == 0 {
+            let _ = fs::remove_file(&self.path);
+            return;
+        }
+        let _ = fs::remove_file(numbered(self.keep));
+        for n in (1..self.keep).rev() {
+            let _ = fs::rename(numbered(n), numbered(n + 1));
+        }
+        let _ = fs::rename(&self.path, numbered(1));
     }
 }
 
-/// `line` cut to `limit` bytes, still ending in a newline when it did.
-fn cut(line: &[u8], limit: u64) -> &[u8] {
+impl Current {
+    fn open(path: &Path) -> io::Result<Current> {
+        let file = OpenOptions::new().create(true).append(true).mode(0o600).open(path)?;
+        let meta = file.metadata()?;
+        if !meta.is_file() {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, "not a regular file"));
+        }
+        Ok(Current { written: meta.len(), file, checked: Instant::now() })
+    }
+
+    /// Whether `path` still names this file (not deleted, moved away or replaced).
+    fn is_at(&self, path: &Path) -> bool {
+        match (fs::metadata(path), self.file.metadata()) {
+            (Ok(named), Ok(open)) => named.dev() == open.dev() && named.ino() == open.ino(),
+            _ => false,
+        }
+    }
+}
+
+/// `line` cut to `limit` bytes at a character boundary, ending in a newline, when it is longer.
+fn cut<'a>(line: &'a [u8], limit: u64, buffer: &'a mut Vec<u8>) -> &'a [u8] {
     let limit = usize::try_from(limit).unwrap_or(usize::MAX);
-    if line.len() <= limit { line } else { &line[..limit] }
+    if line.len() <= limit {
+        return line;
+    }
+    let mut end = limit - 1;
+    // Back to the start of a character: a UTF-8 continuation byte is 0b10xxxxxx.
+    while end > 0 && line[end] & 0xC0 == 0x80 {
+        end -= 1;
+    }
+    buffer.extend_from_slice(&line[..end]);
+    buffer.push(b'\n');
+    buffer
 }
 
 fn with_path(e: io::Error, path: &Path) -> io::Error {
@@ -162,6 +234,8 @@ impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Writer {
 
 #[cfg(test)]
 mod tests {
+    use std::os::unix::fs::PermissionsExt;
+
     use super::*;
 
     fn sizes(dir: &Path) -> Vec<(String, u64)> {
@@ -211,12 +285,68 @@ mod tests {
     }
 
     #[test]
-    fn a_line_longer_than_the_limit_is_cut_to_it() {
+    fn a_line_longer_than_the_limit_is_cut_to_it_at_a_character_and_ends_its_line() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("gateway.log");
         let log = LogFile::open(&path, MIN_SIZE, 2).unwrap();
-        log.write_line(&vec![b'y'; 3 * MIN_SIZE as usize]);
-        assert_eq!(fs::metadata(&path).unwrap().len(), MIN_SIZE);
+        log.write_line("☃".repeat(2 * MIN_SIZE as usize).as_bytes());
+        let text = fs::read_to_string(&path).expect("whole characters");
+        assert!(text.len() as u64 <= MIN_SIZE && text.len() as u64 > MIN_SIZE - 4 && text.ends_with("☃\n"));
+        assert_eq!(fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o600);
+    }
+
+    /// A user's `rm PATH.*` (or a second writer) between rotations: the gateway goes on writing,
+    /// and the chain fills up again.
+    #[test]
+    fn rotated_files_deleted_under_it_do_not_stop_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("gateway.log");
+        let log = LogFile::open(&path, MIN_SIZE, 2).unwrap();
+        let line = format!("{}\n", "z".repeat(1000));
+        for round in 0..3 {
+            for _ in 0..20 {
+                log.write_line(line.as_bytes());
+            }
+            for n in [1, 2] {
+                let _ = fs::remove_file(dir.path().join(format!("gateway.log.{n}")));
+            }
+            assert!(path.exists(), "round {round}");
+        }
+        for _ in 0..20 {
+            log.write_line(line.as_bytes());
+        }
+        let files = sizes(dir.path());
+        assert_eq!(
+            files.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>(),
+            ["gateway.log", "gateway.log.1", "gateway.log.2"]
+        );
+        assert!(files.iter().all(|(_, size)| *size <= MIN_SIZE), "{files:?}");
+    }
+
+    /// The current file deleted (or moved away by a log rotator): within a second the path is
+    /// opened anew and the next lines land there.
+    #[test]
+    fn a_current_file_deleted_under_it_is_made_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("gateway.log");
+        let log = LogFile::open(&path, MIN_SIZE, 2).unwrap();
+        log.write_line(b"before\n");
+        fs::remove_file(&path).unwrap();
+        std::thread::sleep(RECHECK + Duration::from_millis(50));
+        log.write_line(b"after\n");
+        assert_eq!(fs::read_to_string(&path).unwrap(), "after\n");
+    }
+
+    #[test]
+    fn keep_zero_keeps_only_the_current_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("gateway.log");
+        let log = LogFile::open(&path, MIN_SIZE, 0).unwrap();
+        for i in 0..100 {
+            log.write_line(format!("{i} {}\n", "k".repeat(200)).as_bytes());
+        }
+        assert_eq!(sizes(dir.path()).len(), 1);
+        assert!(fs::read_to_string(&path).unwrap().ends_with(&format!("99 {}\n", "k".repeat(200))));
     }
 
     #[test]

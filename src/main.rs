@@ -56,6 +56,9 @@ enum Command {
     Check {
         #[arg(long, short, default_value = "gateway.yaml", env = "MLXGATE_CONFIG")]
         config: PathBuf,
+        /// Take `${VAR}` values from this environment file first (as `serve --env-file` does).
+        #[arg(long)]
+        env_file: Option<PathBuf>,
     },
     /// Print the JSON Schema of gateway.yaml, for editors to complete and check its keys (the
     /// repository ships it as gateway.schema.json; gateway.yaml's first line names it).
@@ -126,7 +129,7 @@ struct LogFileOptions {
     #[arg(long, default_value = "10MiB", value_parser = mlxgate::service::parse_size, env = "MLXGATE_LOG_FILE_SIZE")]
     log_file_size: u64,
     /// How many rotated files to keep beside the current one; older ones are deleted.
-    #[arg(long, default_value_t = mlxgate::log_file::DEFAULT_KEEP, env = "MLXGATE_LOG_FILE_KEEP")]
+    #[arg(long, default_value_t = mlxgate::log_file::DEFAULT_KEEP, value_parser = mlxgate::service::parse_keep, env = "MLXGATE_LOG_FILE_KEEP")]
     log_file_keep: usize,
 }
 
@@ -141,11 +144,12 @@ fn main() -> ExitCode {
     if let Command::Keep { grace, command } = &cli.command {
         return mlxgate::backend::keeper::run(*grace, command);
     }
-    if let Command::Serve { env_file: Some(path), .. } = &cli.command
-        && let Err(why) = load_env_file(path)
-    {
-        eprintln!("mlxgate: --env-file {why}");
-        return ExitCode::FAILURE;
+    if let Command::Serve { env_file: Some(path), .. } = &cli.command {
+        if let Err(why) = load_env_file(path) {
+            eprintln!("mlxgate: --env-file {why}");
+            return ExitCode::FAILURE;
+        }
+        mlxgate::reload::reload_with_env_file(path.clone());
     }
     let file = match &cli.command {
         Command::Serve { log_file: LogFileOptions { log_file: Some(path), log_file_size, log_file_keep }, .. } => {
@@ -162,7 +166,7 @@ fn main() -> ExitCode {
     init_logging(cli.log_format, file);
     match cli.command {
         Command::Keep { .. } => ExitCode::SUCCESS,
-        Command::Check { config } => match load(&config) {
+        Command::Check { config, env_file } => match check(&config, env_file.as_deref()) {
             Ok(c) => {
                 println!(
                     "{}: ok ({} backends, {} models, listening on {})",
@@ -185,7 +189,7 @@ fn main() -> ExitCode {
         }
         Command::Bench(options) => mlxgate::bench::main(*options),
         Command::Probe(options) => mlxgate::probe::main(options),
-        Command::Service(command) => mlxgate::service::main(command),
+        Command::Service(command) => mlxgate::service::main(command, matches!(cli.log_format, LogFormat::Json)),
         Command::Serve { config, no_access_log, .. } => {
             let mut loaded = match load(&config) {
                 Ok(c) => c,
@@ -217,12 +221,30 @@ fn main() -> ExitCode {
 }
 
 /// Loads and validates `path`, then checks that every managed backend's venv and program exist
-/// on this machine; prints every problem and gives the exit code when any is found.
+/// on this machine; prints every problem and gives the exit code when any is found. With a log
+/// file, the problems are logged there too (where `mlxgate service status` shows them).
 fn load(path: &std::path::Path) -> Result<Config, ExitCode> {
-    mlxgate::reload::check_file(path).map_err(|problems| {
-        eprintln!("{}: invalid configuration\n{}", path.display(), problems.join("\n"));
+    mlxgate::reload::check_file(path).map_err(|problems| refused(path, &problems))
+}
+
+fn refused(path: &std::path::Path, problems: &[String]) -> ExitCode {
+    let text = format!("{}: invalid configuration\n{}", path.display(), problems.join("\n"));
+    eprintln!("{text}");
+    if mlxgate::log_file::installed().is_some() {
+        tracing::error!("{text}");
+    }
+    ExitCode::FAILURE
+}
+
+/// `mlxgate check`: as [`load`], with `${VAR}`s from `env_file` first when given.
+fn check(path: &std::path::Path, env_file: Option<&std::path::Path>) -> Result<Config, ExitCode> {
+    let Some(env_file) = env_file else { return load(path) };
+    let vars = mlxgate::config::env_file::read(env_file).map_err(|why| {
+        eprintln!("mlxgate check: --env-file {why}");
         ExitCode::FAILURE
-    })
+    })?;
+    mlxgate::reload::check_file_with_env(path, &|name| vars.get(name).cloned().or_else(|| std::env::var(name).ok()))
+        .map_err(|problems| refused(path, &problems))
 }
 
 /// `mlxgate reload`: checks the file (an invalid one would be refused by the gateway anyway),
@@ -388,7 +410,7 @@ async fn shutdown_signal() {
 /// configuration's `${VAR}`s and the managed servers see them.
 #[allow(unsafe_code)]
 fn load_env_file(path: &std::path::Path) -> Result<(), String> {
-    let vars = mlxgate::service::env_file::read(path)?;
+    let vars = mlxgate::config::env_file::read(path)?;
     for (name, value) in vars {
         // SAFETY: called first thing in main, before the runtime or any other thread exists, so
         // no other thread can read the environment while it changes.
@@ -404,6 +426,12 @@ fn init_logging(format: LogFormat, file: Option<mlxgate::log_file::LogFile>) {
     if let Some(file) = file {
         // The only call: main opens one file, once.
         mlxgate::log_file::install(file);
+        // A panic's message goes to the log file too, not only to the service's stderr.
+        let default_hook = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            tracing::error!("panic: {info}");
+            default_hook(info);
+        }));
     }
     let ansi = !to_file && std::io::IsTerminal::is_terminal(&std::io::stderr());
     let builder =

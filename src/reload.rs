@@ -31,6 +31,22 @@ pub fn check_file(path: &Path) -> Result<Config, Vec<String>> {
     preflight(config)
 }
 
+/// The environment file the gateway was started with (`serve --env-file`): read again for each
+/// reload, so that a key changed in it is put in force as one changed in the configuration.
+static ENV_FILE: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+
+/// Makes reloads read `path`'s variables before the process environment (as the start did).
+pub fn reload_with_env_file(path: PathBuf) {
+    let _ = ENV_FILE.set(path);
+}
+
+/// [`check_file`] for a reload: with the environment file's values first when there is one.
+pub fn check_for_reload(path: &Path) -> Result<Config, Vec<String>> {
+    let Some(env_file) = ENV_FILE.get() else { return check_file(path) };
+    let vars = crate::config::env_file::read(env_file).map_err(|e| vec![format!("--env-file {e}")])?;
+    check_file_with_env(path, &|name| vars.get(name).cloned().or_else(|| std::env::var(name).ok()))
+}
+
 /// As [`check_file`], with `${VAR}` answered by `lookup` (the environment a service will have).
 pub fn check_file_with_env(path: &Path, lookup: &dyn Fn(&str) -> Option<String>) -> Result<Config, Vec<String>> {
     let config = Config::load_with_env(path, lookup)
@@ -127,7 +143,7 @@ impl Reloader {
         while self.hangups.recv().await.is_some() {
             tracing::info!(config = %self.path.display(), "SIGHUP received: reloading keys and limits");
             let path = self.path.clone();
-            match tokio::task::spawn_blocking(move || check_file(&path)).await {
+            match tokio::task::spawn_blocking(move || check_for_reload(&path)).await {
                 Ok(checked) => apply(&state, &self.path, checked),
                 Err(e) => tracing::error!("reload failed: {e}; the configuration in force is kept"),
             }

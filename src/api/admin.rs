@@ -443,7 +443,7 @@ pub async fn reload(
         .ok_or_else(|| GatewayError::invalid("this gateway was not started from a file: nothing to reload", None))?
         .to_path_buf();
     let reading = path.clone();
-    let checked = tokio::task::spawn_blocking(move || crate::reload::check_file(&reading))
+    let checked = tokio::task::spawn_blocking(move || crate::reload::check_for_reload(&reading))
         .await
         .map_err(|e| GatewayError::Internal(format!("the check did not finish: {e}")))?;
     let new = match checked {

@@ -11,6 +11,7 @@ mod aliases;
 mod backend_keys;
 mod clients;
 mod env;
+pub mod env_file;
 mod paths;
 mod problem;
 mod raw;

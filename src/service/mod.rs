@@ -11,18 +11,27 @@
 //!
 //! Then it starts the service. `uninstall`, `status` and `restart` do what they say.
 
-pub mod env_file;
 pub mod manager;
 pub mod units;
 
 use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::{BufRead, Seek};
+use std::io::{Read, Seek};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
+use crate::config::env_file;
 use manager::Scope;
 use units::{LAUNCHD_LABEL, MARKER, Manager, Plan, SYSTEMD_UNIT};
+
+/// Prints a line to stdout; a closed stdout (`| head`) is not an error worth a panic halfway
+/// through an install.
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout(), $($arg)*);
+    }};
+}
 
 /// `mlxgate service …`.
 #[derive(clap::Subcommand, Debug)]
@@ -54,7 +63,7 @@ pub struct WhereOptions {
     /// The service manager whose files to use (default: launchd on macOS, systemd elsewhere).
     #[arg(long, value_enum)]
     pub manager: Option<Manager>,
-    /// Remove a plist or unit that `service install` did not write.
+    /// Act on a plist or unit that `service install` did not write.
     #[arg(long)]
     pub force: bool,
 }
@@ -91,9 +100,18 @@ pub struct InstallOptions {
     /// Each log file's size limit, like 10MiB.
     #[arg(long, default_value = "10MiB", value_parser = parse_size)]
     pub log_file_size: u64,
-    /// How many rotated log files to keep beside the current one.
-    #[arg(long, default_value_t = crate::log_file::DEFAULT_KEEP)]
+    /// How many rotated log files to keep beside the current one (0: only the current one).
+    #[arg(long, default_value_t = crate::log_file::DEFAULT_KEEP, value_parser = parse_keep)]
     pub log_file_keep: usize,
+}
+
+/// A number of rotated log files, at most [`crate::log_file::MAX_KEEP`].
+pub fn parse_keep(text: &str) -> Result<usize, String> {
+    let keep: usize = text.trim().parse().map_err(|_| format!("{text:?} is not a number of files"))?;
+    if keep > crate::log_file::MAX_KEEP {
+        return Err(format!("at most {} rotated log files are kept", crate::log_file::MAX_KEEP));
+    }
+    Ok(keep)
 }
 
 /// A size on the command line: bytes, or like `10MiB`, `512KB`.
@@ -119,10 +137,11 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
     Ok(size)
 }
 
-/// Runs a `service` subcommand; prints what it did or why not.
-pub fn main(command: ServiceCommand) -> ExitCode {
+/// Runs a `service` subcommand; prints what it did or why not. `json_logs`: the service logs
+/// JSON lines (`mlxgate --log-format json service install`).
+pub fn main(command: ServiceCommand, json_logs: bool) -> ExitCode {
     let outcome = match command {
-        ServiceCommand::Install(options) => install(&options),
+        ServiceCommand::Install(options) => install(&options, json_logs),
         ServiceCommand::Uninstall(at) => uninstall(&at),
         ServiceCommand::Status { at, lines } => return status(&at, lines),
         ServiceCommand::Restart(at) => restart(&at),
@@ -205,7 +224,7 @@ fn need_root(system: bool, what: &str) -> Result<(), String> {
     Ok(())
 }
 
-fn install(options: &InstallOptions) -> Result<(), String> {
+fn install(options: &InstallOptions, json_logs: bool) -> Result<(), String> {
     let scope = scope_of(options.manager, options.system);
     need_root(options.system, "installing")?;
     let run_as = if options.system {
@@ -227,6 +246,7 @@ fn install(options: &InstallOptions) -> Result<(), String> {
         Ok(_) => env_file::read(&places.env_file)?,
         Err(_) => BTreeMap::new(),
     };
+    let had_env_file = !existing_env.is_empty();
     // The check sees the environment the service will have: what the environment file already
     // holds, overridden by what this shell sets now.
     let value_of = |name: &str| std::env::var(name).ok().or_else(|| existing_env.get(name).cloned());
@@ -236,14 +256,25 @@ fn install(options: &InstallOptions) -> Result<(), String> {
         value_of(name)
     };
     let checked = crate::reload::check_file_with_env(&config, &lookup).map_err(|problems| {
-        format!(
-            "{}: refused, nothing was written (`mlxgate check` refuses it too)\n{}",
-            config.display(),
-            problems.join("\n")
-        )
+        let same = if had_env_file {
+            format!(
+                "`${{VAR}}`s from this shell, else from {}: `mlxgate check --env-file` gives the same answer",
+                places.env_file.display()
+            )
+        } else {
+            "`mlxgate check` refuses it too".to_string()
+        };
+        format!("{}: refused, nothing was written ({same})\n{}", config.display(), problems.join("\n"))
     })?;
-    let vars: BTreeMap<String, String> =
-        named.into_inner().into_iter().filter_map(|name| Some((name.clone(), value_of(&name)?))).collect();
+    // Everything the file held stays (a hand-added RUST_LOG or HF_TOKEN too); the variables the
+    // configuration names take this shell's values where it sets them.
+    let named = named.into_inner();
+    let mut vars = existing_env.clone();
+    for name in &named {
+        if let Some(value) = value_of(name) {
+            vars.insert(name.clone(), value);
+        }
+    }
     let env_text = env_file::render(&vars)?;
 
     let unit_exists = std::fs::symlink_metadata(&places.unit_path).is_ok();
@@ -254,7 +285,17 @@ fn install(options: &InstallOptions) -> Result<(), String> {
         ));
     }
     let binary = match &options.binary {
-        Some(b) => std::fs::canonicalize(b).map_err(|e| format!("--binary {}: {e}", b.display()))?,
+        Some(b) => {
+            let binary = std::fs::canonicalize(b).map_err(|e| format!("--binary {}: {e}", b.display()))?;
+            let version = std::process::Command::new(&binary).arg("--version").output();
+            if !version.is_ok_and(|v| v.status.success() && v.stdout.starts_with(b"mlxgate ")) {
+                return Err(format!(
+                    "--binary {}: not an mlxgate binary (its --version does not say mlxgate)",
+                    b.display()
+                ));
+            }
+            binary
+        }
         None => std::env::current_exe()
             .and_then(std::fs::canonicalize)
             .map_err(|e| format!("cannot find this mlxgate binary: {e}"))?,
@@ -265,6 +306,19 @@ fn install(options: &InstallOptions) -> Result<(), String> {
         None => places.log_dir.join("mlxgate.log"),
     };
     let early_output = log_file.with_file_name("mlxgate-early-output.log");
+    if log_file.is_dir() {
+        return Err(format!("--log-file {} is a directory", log_file.display()));
+    }
+    if scope.manager == Manager::Launchd && log_file == early_output {
+        return Err(format!("--log-file {}: that name is the service's early-output file", log_file.display()));
+    }
+    // A service manager cannot read a path with a control character in its file (systemd's
+    // quoting, XML 1.0): refused rather than written unreadable.
+    for path in [&config, &binary, &log_file, &places.env_file, &places.unit_path] {
+        if path.to_string_lossy().chars().any(char::is_control) {
+            return Err(format!("{:?} has a control character, which a service file cannot hold", path.display()));
+        }
+    }
     let plan = Plan {
         manager: scope.manager,
         run_as: run_as.clone(),
@@ -274,6 +328,7 @@ fn install(options: &InstallOptions) -> Result<(), String> {
         env_file: places.env_file.clone(),
         log_file: log_file.clone(),
         log_size: options.log_file_size,
+        json_logs,
         log_keep: options.log_file_keep,
         early_output,
         workdir: config.parent().map_or_else(|| PathBuf::from("/"), Path::to_path_buf),
@@ -286,20 +341,21 @@ fn install(options: &InstallOptions) -> Result<(), String> {
             .collect(),
     };
 
-    // Everything is checked: write.
+    // Everything is checked: the directories first (a place that cannot be made stops the
+    // install before any file is written), then the files.
     let owner = run_as.as_deref();
+    make_dir(log_file.parent(), owner, 0o700)?;
     make_dir(places.env_file.parent(), owner, 0o700)?;
+    make_dir(places.unit_path.parent(), None, 0o755)?;
     env_file::write_private(&places.env_file, &env_text)
         .map_err(|e| format!("cannot write {}: {e}", places.env_file.display()))?;
     chown(&places.env_file, owner)?;
-    make_dir(log_file.parent(), owner, 0o755)?;
-    make_dir(places.unit_path.parent(), None, 0o755)?;
     write_whole(&places.unit_path, &plan.render())?;
 
-    println!("mlxgate service: installed a {} for {}", describe(&scope), config.display());
-    println!("  service file: {}", places.unit_path.display());
-    println!("  runs:         {}", plan.arguments().join(" "));
-    println!(
+    say!("mlxgate service: installed a {} for {}", describe(&scope), config.display());
+    say!("  service file: {}", places.unit_path.display());
+    say!("  runs:         {}", plan.arguments().join(" "));
+    say!(
         "  environment:  {} (mode 0600: {})",
         places.env_file.display(),
         if vars.is_empty() {
@@ -308,21 +364,28 @@ fn install(options: &InstallOptions) -> Result<(), String> {
             vars.keys().cloned().collect::<Vec<_>>().join(", ")
         }
     );
-    println!("  log:          {} (rotated at {} bytes, {} kept)", log_file.display(), plan.log_size, plan.log_keep);
+    let unused: Vec<&str> = vars.keys().filter(|k| !named.contains(*k)).map(String::as_str).collect();
+    if !unused.is_empty() {
+        say!(
+            "  note: kept from the environment file, not named by the configuration: {} (the servers and RUST_LOG may read them)",
+            unused.join(", ")
+        );
+    }
+    say!("  log:          {} (rotated at {} bytes, {} kept)", log_file.display(), plan.log_size, plan.log_keep);
     if binary.components().any(|c| c.as_os_str() == "target") {
-        println!(
+        say!(
             "  note: the service runs the binary in a build directory; `cargo clean` would remove it. \
              `cargo install --locked --path .` puts one in ~/.cargo/bin: install again from there."
         );
     }
     if scope.manager == Manager::Systemd && !options.system {
-        println!(
+        say!(
             "  note: a user unit runs while you are logged in; to have it start at boot without a login: \
              sudo loginctl enable-linger $USER"
         );
     }
     if options.no_start {
-        println!("not started (--no-start); start it with: {}", scope.start_hint(&places.unit_path));
+        say!("not started (--no-start); start it with: {}", scope.start_hint(&places.unit_path));
         return Ok(());
     }
     scope.start(&places.unit_path).map_err(|e| {
@@ -331,7 +394,7 @@ fn install(options: &InstallOptions) -> Result<(), String> {
             scope.start_hint(&places.unit_path)
         )
     })?;
-    println!("started; `mlxgate service status` shows it");
+    say!("started; `mlxgate service status` shows it");
     Ok(())
 }
 
@@ -416,19 +479,22 @@ fn uninstall(at: &WhereOptions) -> Result<(), String> {
     need_root(at.system, "removing")?;
     let (scope, unit_path, _) = installed(at)?;
     if let Err(e) = scope.stop() {
-        println!("note: stopping it said: {e}");
+        say!("note: stopping it said: {e}");
     }
     std::fs::remove_file(&unit_path).map_err(|e| format!("cannot remove {}: {e}", unit_path.display()))?;
     if let Err(e) = scope.forget() {
-        println!("note: {e}");
+        say!("note: {e}");
     }
     let places = here_places(scope.manager, at.system)?;
-    println!("mlxgate service: removed {} ({})", unit_path.display(), describe(&scope));
-    println!(
-        "  kept: the environment file {} and the logs in {}; remove them by hand if they are not wanted",
-        places.env_file.display(),
-        places.log_dir.display()
-    );
+    say!("mlxgate service: removed {} ({})", unit_path.display(), describe(&scope));
+    let kept: Vec<String> = [("the environment file", &places.env_file), ("the logs in", &places.log_dir)]
+        .iter()
+        .filter(|(_, path)| path.exists())
+        .map(|(what, path)| format!("{what} {}", path.display()))
+        .collect();
+    if !kept.is_empty() {
+        say!("  kept: {}; remove them by hand if they are not wanted", kept.join(" and "));
+    }
     Ok(())
 }
 
@@ -436,7 +502,7 @@ fn restart(at: &WhereOptions) -> Result<(), String> {
     need_root(at.system, "restarting")?;
     let (scope, _, _) = installed(at)?;
     scope.restart()?;
-    println!("mlxgate service: restarted ({})", describe(&scope));
+    say!("mlxgate service: restarted ({})", describe(&scope));
     Ok(())
 }
 
@@ -445,20 +511,20 @@ fn status(at: &WhereOptions, lines: usize) -> ExitCode {
     let (scope, unit_path, text) = match installed(at) {
         Ok(found) => found,
         Err(why) => {
-            println!("mlxgate service: {why}");
+            say!("mlxgate service: {why}");
             return ExitCode::from(4);
         }
     };
     let args = units::arguments_in(scope.manager, &text).unwrap_or_default();
     let config = units::flag_value(&args, "--config").map(PathBuf::from);
     let log = units::flag_value(&args, "--log-file").map(PathBuf::from);
-    println!("mlxgate service ({}): installed", describe(&scope));
-    println!("  service file: {}", unit_path.display());
-    println!(
-        "  config:       {}",
-        config.as_ref().map_or("(not found in the file)".into(), |c| c.display().to_string())
-    );
-    println!("  log:          {}", log.as_ref().map_or("(not found in the file)".into(), |l| l.display().to_string()));
+    // The service's own values of the configuration's `${VAR}`s, where this shell can read them.
+    let service_env =
+        units::flag_value(&args, "--env-file").and_then(|f| env_file::read(Path::new(f)).ok()).unwrap_or_default();
+    say!("mlxgate service ({}): installed", describe(&scope));
+    say!("  service file: {}", unit_path.display());
+    say!("  config:       {}", config.as_ref().map_or("(not found in the file)".into(), |c| c.display().to_string()));
+    say!("  log:          {}", log.as_ref().map_or("(not found in the file)".into(), |l| l.display().to_string()));
     let state = scope.state();
     let mut running = false;
     match &state {
@@ -466,34 +532,48 @@ fn status(at: &WhereOptions, lines: usize) -> ExitCode {
             running = s.running;
             let pid = s.pid.map_or(String::new(), |p| format!(", pid {p}"));
             let detail = s.detail.as_ref().map_or(String::new(), |d| format!("; {d}"));
-            println!("  state:        {}{pid}{detail}", s.state);
+            say!("  state:        {}{pid}{detail}", s.state);
         }
-        Err(e) => println!("  state:        the service manager could not be asked: {e}"),
+        Err(e) => say!("  state:        the service manager could not be asked: {e}"),
     }
     // The gateway itself, by its pid file: says which process serves even when the manager
     // cannot be asked.
     if let Some(config) = &config {
-        match crate::Config::load_elsewhere(config, &RefCell::new(BTreeSet::new())) {
+        let lookup = |name: &str| service_env.get(name).cloned().or_else(|| std::env::var(name).ok());
+        match crate::Config::load_with_env(config, &lookup) {
             Ok(c) => match crate::reload::find_gateway(crate::reload::Target::Port(c.listen.port())) {
                 Ok(pid) => {
-                    println!("  gateway:      pid {pid}, listening on {}", c.listen);
+                    say!("  gateway:      pid {pid}, listening on {}", c.listen);
                     running |= state.is_err();
                 }
-                Err(why) => println!("  gateway:      {why}"),
+                Err(why) => say!("  gateway:      {why}"),
             },
-            Err(e) => println!("  gateway:      the config cannot be read: {}", e.to_string().replace('\n', "; ")),
+            Err(e) => say!("  gateway:      the config cannot be read: {}", e.to_string().replace('\n', "; ")),
         }
     }
     if let Some(log) = &log {
         match tail(log, lines) {
-            Ok(last) if last.is_empty() => println!("the log is empty"),
+            Ok(last) if last.is_empty() => say!("the log is empty"),
             Ok(last) => {
-                println!("last {} lines of {}:", last.len(), log.display());
+                say!("last {} lines of {}:", last.len(), log.display());
                 for line in last {
-                    println!("  {line}");
+                    say!("  {line}");
                 }
             }
-            Err(e) => println!("the log cannot be read: {}: {e}", log.display()),
+            Err(e) => say!("the log cannot be read: {}: {e}", log.display()),
+        }
+    }
+    match scope.manager {
+        Manager::Launchd => {
+            if let Some(early) = log.as_ref().map(|l| l.with_file_name("mlxgate-early-output.log"))
+                && std::fs::metadata(&early).is_ok_and(|m| m.len() > 0)
+            {
+                say!("output before logging started (a refused start, a panic): {}", early.display());
+            }
+        }
+        Manager::Systemd => {
+            let user = if scope.system { "" } else { " --user" };
+            say!("output before logging started (a refused start, a panic): journalctl{user} -u {SYSTEMD_UNIT}");
         }
     }
     if running { ExitCode::SUCCESS } else { ExitCode::from(3) }
@@ -506,12 +586,19 @@ fn tail(path: &Path, n: usize) -> std::io::Result<Vec<String>> {
     // Lines of the gateway's log are short: 64 KiB holds far more than a screen of them.
     let start = len.saturating_sub(64 * 1024);
     file.seek(std::io::SeekFrom::Start(start))?;
-    let mut lines: Vec<String> = std::io::BufReader::new(file).lines().map_while(Result::ok).collect();
+    let mut bytes = Vec::new();
+    file.read_to_end(&mut bytes)?;
+    let mut lines: Vec<&[u8]> = bytes.split(|b| *b == b'\n').collect();
+    if lines.last().is_some_and(|l| l.is_empty()) {
+        lines.pop();
+    }
     if start > 0 && !lines.is_empty() {
         lines.remove(0); // cut mid-line
     }
     let keep = lines.len().saturating_sub(n);
-    Ok(lines.split_off(keep))
+    // A line that is not UTF-8 (a server's bytes, a character cut by a rotation) is shown with
+    // U+FFFD, not left out with every line after it.
+    Ok(lines[keep..].iter().map(|l| String::from_utf8_lossy(l).into_owned()).collect())
 }
 
 #[cfg(test)]
@@ -553,5 +640,11 @@ mod tests {
         assert_eq!(tail(&path, 2).unwrap(), ["line 19998", "line 19999"]);
         std::fs::write(&path, "only\n").unwrap();
         assert_eq!(tail(&path, 5).unwrap(), ["only"]);
+        // A character cut where the read starts, and a line that is not UTF-8: the lines after
+        // them are still shown.
+        let mut bytes = "☃".repeat(40_000).into_bytes();
+        bytes.extend_from_slice(b"\nbad \xff line\nlast\n");
+        std::fs::write(&path, bytes).unwrap();
+        assert_eq!(tail(&path, 2).unwrap(), ["bad \u{fffd} line", "last"]);
     }
 }

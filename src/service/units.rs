@@ -48,6 +48,8 @@ pub struct Plan {
     pub log_file: PathBuf,
     pub log_size: u64,
     pub log_keep: usize,
+    /// JSON log lines (`--log-format json`) rather than text.
+    pub json_logs: bool,
     /// launchd only: where the process's stdout and stderr go (what is printed before logging
     /// starts); systemd keeps them in the journal.
     pub early_output: PathBuf,
@@ -63,7 +65,7 @@ pub struct Plan {
 impl Plan {
     /// The command the service runs, one argument an item.
     pub fn arguments(&self) -> Vec<String> {
-        vec![
+        let mut args = vec![
             self.binary.display().to_string(),
             "serve".into(),
             "--config".into(),
@@ -76,7 +78,11 @@ impl Plan {
             self.log_size.to_string(),
             "--log-file-keep".into(),
             self.log_keep.to_string(),
-        ]
+        ];
+        if self.json_logs {
+            args.extend(["--log-format".into(), "json".into()]);
+        }
+        args
     }
 
     /// The file's text, for this plan's manager.
@@ -280,6 +286,7 @@ mod tests {
             log_file: "/home/ann/.local/state/mlxgate/mlxgate.log".into(),
             log_size: 10 << 20,
             log_keep: 5,
+            json_logs: false,
             early_output: "/home/ann/.local/state/mlxgate/early.log".into(),
             workdir: "/home/ann/my gateway".into(),
             path_var: "/home/ann/venv/bin:/usr/bin:/bin".into(),

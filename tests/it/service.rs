@@ -48,7 +48,8 @@ impl Home {
             .env("XDG_CONFIG_HOME", self.path().join(".config"))
             .env("XDG_STATE_HOME", self.path().join(".local/state"))
             .env_remove("MLXGATE_CONFIG")
-            .env_remove("SERVICE_TEST_KEY");
+            .env_remove("SERVICE_TEST_KEY")
+            .env_remove("SERVICE_TEST_PORT");
         for (k, v) in env {
             cmd.env(k, v);
         }
@@ -127,17 +128,23 @@ async fn chat_status(url: &str, key: Option<&str>) -> (u16, Option<String>) {
 /// A unit ExecStart and the rest of the install, on systemd: `systemd-analyze verify` accepts the
 /// unit; the secret is in the 0600 environment file and nowhere else; the ExecStart line, run
 /// as written with only the unit's environment and working directory, serves with the key from
-/// the environment file and logs to the rotated file; `service status` finds it.
+/// the environment file and logs to the rotated file; a key changed in the environment file is
+/// in force after SIGHUP (the unit's ExecReload); `service status`, from a shell without the
+/// file's variables, finds it.
 #[tokio::test]
 async fn a_systemd_unit_verifies_and_its_exec_start_serves() {
     let (_sim, sim_url) = spawn_sim(&[]);
     let port = free_port();
-    let home = Home::new(&config_text(port, &sim_url));
+    let home = Home::new(&config_text(port, &sim_url).replacen(
+        &format!("127.0.0.1:{port}"),
+        "127.0.0.1:${SERVICE_TEST_PORT}",
+        1,
+    ));
     let config = home.config.to_str().unwrap();
 
     let out = home.mlxgate(
         &["service", "install", "--manager", "systemd", "--no-start", "--config", config],
-        &[("SERVICE_TEST_KEY", SECRET)],
+        &[("SERVICE_TEST_KEY", SECRET), ("SERVICE_TEST_PORT", &port.to_string())],
     );
     assert!(out.status.success(), "install failed: {}", text(&out));
     let unit_path = home.path().join(".config/systemd/user/mlxgate.service");
@@ -188,8 +195,19 @@ async fn a_systemd_unit_verifies_and_its_exec_start_serves() {
     let url = format!("http://127.0.0.1:{port}");
     wait_serving(&url, &mut child).await;
     assert_eq!(chat_status(&url, None).await.0, 401, "a request without the key is refused");
-    let (status, id) = chat_status(&url, Some(SECRET)).await;
-    assert_eq!(status, 200, "the key from the environment file is in force");
+    assert_eq!(chat_status(&url, Some(SECRET)).await.0, 200, "the key from the environment file is in force");
+
+    // A key changed in the environment file, then SIGHUP (the unit's ExecReload): the new key
+    // is in force, the old one refused.
+    let env_text = std::fs::read_to_string(&env_path).unwrap().replace(SECRET, "sk-rotated-key");
+    std::fs::write(&env_path, env_text).unwrap();
+    assert!(Command::new("kill").args(["-HUP", &child.id().to_string()]).status().unwrap().success());
+    crate::common::eventually("the environment file's new key in force", || async {
+        chat_status(&url, Some("sk-rotated-key")).await.0 == 200
+    })
+    .await;
+    assert_eq!(chat_status(&url, Some(SECRET)).await.0, 401, "the old key is refused after the reload");
+    let (_, id) = chat_status(&url, Some("sk-rotated-key")).await;
     let id = id.expect("x-request-id");
 
     // The log goes to the file the unit names, the access line included.
@@ -281,6 +299,25 @@ fn a_launchd_plist_parses_and_holds_what_launchd_needs() {
     assert!(p["StandardErrorPath"].as_str().unwrap().ends_with("mlxgate-early-output.log"));
     assert!(p.get("UserName").is_none(), "a LaunchAgent runs as its user");
     assert!(std::fs::read_to_string(&env_file).unwrap().contains(&format!("SERVICE_TEST_KEY={SECRET}")));
+
+    // `mlxgate --log-format json service install`: the service logs JSON lines.
+    let json = home.mlxgate(
+        &[
+            "--log-format",
+            "json",
+            "service",
+            "install",
+            "--manager",
+            "launchd",
+            "--no-start",
+            "--config",
+            home.config.to_str().unwrap(),
+        ],
+        &[],
+    );
+    assert!(json.status.success(), "{}", text(&json));
+    let p = std::fs::read_to_string(&plist).unwrap();
+    assert!(mlxgate::service::units::launchd_arguments(&p).unwrap().ends_with(&["--log-format".into(), "json".into()]));
 }
 
 /// A configuration `mlxgate check` refuses (a managed server's venv is missing; a `${VAR}` with
@@ -339,11 +376,56 @@ fn a_foreign_unit_is_kept_unless_forced_and_values_carry_over() {
     assert!(!home.path().join(".config/mlxgate/env").exists(), "a refused install wrote the env file");
 
     assert!(install(&[("SERVICE_TEST_KEY", SECRET)], true).status.success());
-    // Again, without the variable in this shell: the environment file still has it.
+    // A variable added by hand (for the servers, or RUST_LOG) and one the configuration names:
+    // a second install, without the latter in this shell, keeps both.
+    let env_path = home.path().join(".config/mlxgate/env");
+    let mut env = std::fs::read_to_string(&env_path).unwrap();
+    env.push_str("HF_TOKEN=hf_by_hand\n");
+    std::fs::write(&env_path, env).unwrap();
     let again = install(&[], false);
     assert!(again.status.success(), "{}", text(&again));
-    let env = std::fs::read_to_string(home.path().join(".config/mlxgate/env")).unwrap();
-    assert!(env.contains(&format!("SERVICE_TEST_KEY={SECRET}")), "{env}");
+    assert!(text(&again).contains("not named by the configuration: HF_TOKEN"), "{}", text(&again));
+    let env = std::fs::read_to_string(&env_path).unwrap();
+    assert!(env.contains(&format!("SERVICE_TEST_KEY={SECRET}")) && env.contains("HF_TOKEN=hf_by_hand\n"), "{env}");
+    assert_eq!(std::fs::metadata(&env_path).unwrap().permissions().mode() & 0o777, 0o600);
+
+    // The refusal names where a value came from, and `check --env-file` agrees.
+    std::fs::write(&env_path, "SERVICE_TEST_KEY=\n").unwrap();
+    std::fs::set_permissions(&env_path, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let home_config = home.config.to_str().unwrap();
+    let check = home.mlxgate(&["check", "--config", home_config, "--env-file", env_path.to_str().unwrap()], &[]);
+    let refused = install(&[], false);
+    assert_eq!(check.status.code(), Some(1), "{}", text(&check));
+    assert_eq!(refused.status.code(), Some(1), "{}", text(&refused));
+    assert!(text(&refused).contains("mlxgate check --env-file"), "{}", text(&refused));
+}
+
+/// Where the log file cannot be, the install stops before writing anything.
+#[test]
+fn a_log_file_that_cannot_be_is_refused_before_anything_is_written() {
+    let (_sim, sim_url) = spawn_sim(&[]);
+    let home = Home::new(&config_text(free_port(), &sim_url));
+    let before = home.files();
+    let blocker = home.path().join("a-file");
+    std::fs::write(&blocker, "").unwrap();
+    for log in [home.path().join("my gateway"), blocker.join("x.log")] {
+        let out = home.mlxgate(
+            &[
+                "service",
+                "install",
+                "--no-start",
+                "--config",
+                home.config.to_str().unwrap(),
+                "--log-file",
+                log.to_str().unwrap(),
+            ],
+            &[("SERVICE_TEST_KEY", SECRET)],
+        );
+        assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+        let mut now = home.files();
+        now.retain(|f| f != "a-file");
+        assert_eq!(now, before, "install wrote something: {}", text(&out));
+    }
 }
 
 /// `--log-file` with a 1 MB limit under traffic: every file stays within the limit, no more

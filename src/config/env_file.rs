@@ -1,6 +1,8 @@
-//! The service's environment file: the values of the `${VAR}`s its configuration names (API keys,
-//! Redis URLs, …), kept out of the plist or unit, in a file only its owner can read (0600).
-//! `mlxgate serve --env-file PATH` reads it before the configuration; `service install` writes it.
+//! An environment file (`--env-file`): the values of the `${VAR}`s a configuration names (API
+//! keys, Redis URLs, …), kept out of a service's plist or unit, in a file only its owner can read
+//! (0600). `mlxgate serve --env-file PATH` sets them before the configuration is read, and reads
+//! the file again for each reload; `mlxgate check --env-file` checks with them; `mlxgate service
+//! install` writes it.
 //!
 //! The format is `NAME=value`, a variable a line, the value taken to the end of the line as it
 //! is (no quotes, no escapes: a value with a newline cannot be kept and is refused); blank lines
@@ -24,6 +26,9 @@ pub fn parse(text: &str) -> Result<BTreeMap<String, String>, String> {
         if !is_name(name) {
             return Err(format!("line {}: {name:?} is not a variable name", i + 1));
         }
+        if value.contains('\0') {
+            return Err(format!("line {}: {name}'s value has a NUL byte", i + 1));
+        }
         vars.insert(name.to_owned(), value.to_owned());
     }
     Ok(vars)
@@ -42,8 +47,10 @@ pub fn render(vars: &BTreeMap<String, String>) -> Result<String, String> {
          # Written by `mlxgate service install` (mode 0600); edit it, then `mlxgate service restart`.\n",
     );
     for (name, value) in vars {
-        if value.contains(['\n', '\r']) {
-            return Err(format!("{name}'s value has a line break, which an environment file cannot keep"));
+        if value.contains(['\n', '\r', '\0']) {
+            return Err(format!(
+                "{name}'s value has a line break or a NUL byte, which an environment file cannot keep"
+            ));
         }
         text.push_str(name);
         text.push('=');
@@ -60,7 +67,7 @@ pub fn read(path: &Path) -> Result<BTreeMap<String, String>, String> {
     let mode = meta.permissions().mode() & 0o777;
     if mode & 0o077 != 0 {
         return Err(format!(
-            "{} is readable by others (mode {mode:03o}); it holds secrets: chmod 600 it",
+            "{} can be read or written by others than its owner (mode {mode:03o}); it holds secrets: chmod 600 it",
             path.display()
         ));
     }
@@ -104,6 +111,7 @@ mod tests {
     fn malformed_lines_are_named() {
         assert_eq!(parse("# c\n\nA=1\nnot a line\n").unwrap_err(), "line 4: not NAME=value");
         assert_eq!(parse("1A=1\n").unwrap_err(), "line 1: \"1A\" is not a variable name");
+        assert_eq!(parse("A=x\0y\n").unwrap_err(), "line 1: A's value has a NUL byte");
     }
 
     #[test]
