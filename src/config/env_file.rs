@@ -44,7 +44,8 @@ fn is_name(name: &str) -> bool {
 pub fn render(vars: &BTreeMap<String, String>) -> Result<String, String> {
     let mut text = String::from(
         "# The values of the ${VAR}s the gateway's configuration names, read by `mlxgate serve --env-file`.\n\
-         # Written by `mlxgate service install` (mode 0600); edit it, then `mlxgate service restart`.\n",
+         # Written by `mlxgate service install` (mode 0600). After an edit, `mlxgate reload` puts keys,\n\
+         # clients and limits in force; anything else takes `mlxgate service restart`.\n",
     );
     for (name, value) in vars {
         if value.contains(['\n', '\r', '\0']) {
