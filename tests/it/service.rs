@@ -523,7 +523,8 @@ async fn the_log_file_rotates_within_its_limit_under_traffic() {
 }
 
 /// `cargo install --locked --path .` on a fresh clone, into a temporary root: the installed
-/// `mlxgate check` accepts a configuration and `mlxgate serve` serves it. Built with `--debug`
+/// `mlxgate check` accepts a configuration and `mlxgate serve` serves it; and the crate
+/// `cargo package` makes of the clone builds. Built with `--debug`
 /// in a target directory of its own (`target/install-check`, kept between runs), at a low
 /// priority: the release profile's build takes many minutes more and builds the same files.
 #[tokio::test]
@@ -553,6 +554,35 @@ async fn cargo_install_from_a_fresh_clone_gives_a_working_gateway() {
     assert!(installed.status.success(), "cargo install failed: {}", text(&installed));
     let bin = root.join("bin/mlxgate");
     assert!(root.join("bin/mlxgate-sim").is_file(), "mlxgate-sim is installed too");
+
+    // The package `cargo package` makes of the clone builds on its own: it holds what the build
+    // needs (the same target directory: only the crate itself is built again).
+    let packaged = tokio::task::spawn_blocking({
+        let (clone, dir) = (clone.clone(), dir.path().to_path_buf());
+        move || {
+            let target = repo.join("target/install-check");
+            let package = Command::new("nice")
+                .args(["-n", "10", "cargo", "package", "--no-verify", "--locked"])
+                .current_dir(&clone)
+                .env("CARGO_TARGET_DIR", &target)
+                .output()
+                .unwrap();
+            assert!(package.status.success(), "cargo package: {}", text(&package));
+            let version = env!("CARGO_PKG_VERSION");
+            let tarball = target.join(format!("package/mlxgate-{version}.crate"));
+            let unpacked = Command::new("tar").arg("xzf").arg(&tarball).arg("-C").arg(&dir).output().unwrap();
+            assert!(unpacked.status.success(), "tar: {}", text(&unpacked));
+            Command::new("nice")
+                .args(["-n", "10", "cargo", "build", "--locked", "--bins"])
+                .current_dir(dir.join(format!("mlxgate-{version}")))
+                .env("CARGO_TARGET_DIR", &target)
+                .output()
+                .unwrap()
+        }
+    })
+    .await
+    .unwrap();
+    assert!(packaged.status.success(), "the packaged crate does not build: {}", text(&packaged));
 
     let (_sim, sim_url) = spawn_sim(&[]);
     let port = free_port();
