@@ -18,6 +18,9 @@
 //!
 //! Files are created with mode 0600: the log can name a server's command line.
 //!
+//! Two processes given the same file both survive, but each counts only its own bytes: their
+//! files can pass the limit.
+//!
 //! Without `--log-file` everything goes to stderr, as before.
 
 use std::fs::{self, File, OpenOptions};
@@ -111,21 +114,34 @@ impl LogFile {
         }
     }
 
+    /// A file that cannot be opened (no file descriptors left, the directory gone) leaves the
+    /// line in the file already open, its count reset so that the next lines do not rotate again
+    /// (each rotation deletes the oldest file); the path is tried again at the next check.
     fn write_locked(&self, current: &mut Current, line: &[u8]) -> io::Result<()> {
         let len = line.len() as u64;
+        let mut failed = None;
         if current.checked.elapsed() >= RECHECK {
             current.checked = Instant::now();
             if !current.is_at(&self.path) {
-                *current = Current::open(&self.path)?;
+                match Current::open(&self.path) {
+                    Ok(fresh) => *current = fresh,
+                    Err(e) => failed = Some(e),
+                }
             }
         }
         if current.written > 0 && current.written + len > self.limit {
             self.rotate();
-            *current = Current::open(&self.path)?;
+            match Current::open(&self.path) {
+                Ok(fresh) => *current = fresh,
+                Err(e) => {
+                    current.written = 0;
+                    failed = Some(e);
+                }
+            }
         }
         current.file.write_all(line)?;
         current.written += len;
-        Ok(())
+        failed.map_or(Ok(()), Err)
     }
 
     /// Moves `PATH.(k-1)` to `PATH.k` down to `PATH` to `PATH.1`, the oldest beyond `keep`

@@ -73,6 +73,10 @@ enum Command {
         /// The gateway's process id, when its pid file cannot find it.
         #[arg(long)]
         pid: Option<u32>,
+        /// The gateway's environment file (`serve --env-file`): its values answer the file's
+        /// `${VAR}`s this shell does not set (a service's `listen: ${LISTEN}`).
+        #[arg(long)]
+        env_file: Option<PathBuf>,
     },
     /// Drain a backend of the running gateway for maintenance: it takes no new request (its
     /// models' other backends serve them) while its running requests finish; `--undrain` takes
@@ -93,6 +97,9 @@ enum Command {
         /// is made from this machine, which a gateway with no admin key admits.
         #[arg(long, env = "MLXGATE_ADMIN_KEY", hide_env_values = true)]
         admin_key: Option<String>,
+        /// The gateway's environment file (`serve --env-file`), for the file's `${VAR}`s.
+        #[arg(long)]
+        env_file: Option<PathBuf>,
     },
     /// Measure a model's server as its users see it: wall tokens/s, time to first token, decode
     /// tokens/s and the batching speedup, medians over repeats, for each prompt size.
@@ -144,12 +151,14 @@ fn main() -> ExitCode {
     if let Command::Keep { grace, command } = &cli.command {
         return mlxgate::backend::keeper::run(*grace, command);
     }
+    // The environment file is read before anything else (its RUST_LOG is the log's filter);
+    // a refusal is reported once the log is set up, so that it reaches the log file too.
+    let mut env_refused = None;
     if let Command::Serve { env_file: Some(path), .. } = &cli.command {
-        if let Err(why) = load_env_file(path) {
-            eprintln!("mlxgate: --env-file {why}");
-            return ExitCode::FAILURE;
+        match load_env_file(path) {
+            Ok(loaded) => mlxgate::reload::reload_with_env_file(path.clone(), loaded),
+            Err(why) => env_refused = Some(why),
         }
-        mlxgate::reload::reload_with_env_file(path.clone());
     }
     let file = match &cli.command {
         Command::Serve { log_file: LogFileOptions { log_file: Some(path), log_file_size, log_file_keep }, .. } => {
@@ -164,6 +173,13 @@ fn main() -> ExitCode {
         _ => None,
     };
     init_logging(cli.log_format, file);
+    if let Some(why) = env_refused {
+        eprintln!("mlxgate: --env-file {why}");
+        if mlxgate::log_file::installed().is_some() {
+            tracing::error!("--env-file {why}");
+        }
+        return ExitCode::FAILURE;
+    }
     match cli.command {
         Command::Keep { .. } => ExitCode::SUCCESS,
         Command::Check { config, env_file } => match check(&config, env_file.as_deref()) {
@@ -183,9 +199,9 @@ fn main() -> ExitCode {
             print!("{}", mlxgate::config::schema::json_schema_text());
             ExitCode::SUCCESS
         }
-        Command::Reload { config, pid } => reload(config, pid),
-        Command::Drain { backend, undrain, config, url, admin_key } => {
-            drain(&backend, !undrain, &config, url, admin_key.as_deref())
+        Command::Reload { config, pid, env_file } => reload(config, pid, env_file.as_deref()),
+        Command::Drain { backend, undrain, config, url, admin_key, env_file } => {
+            drain(&backend, !undrain, &config, url, admin_key.as_deref(), env_file.as_deref())
         }
         Command::Bench(options) => mlxgate::bench::main(*options),
         Command::Probe(options) => mlxgate::probe::main(options),
@@ -249,12 +265,19 @@ fn check(path: &std::path::Path, env_file: Option<&std::path::Path>) -> Result<C
 
 /// `mlxgate reload`: checks the file (an invalid one would be refused by the gateway anyway),
 /// then signals the gateway its pid file or `--pid` names. 0 when signalled, 1 with the reason.
-fn reload(config: Option<PathBuf>, pid: Option<u32>) -> ExitCode {
+fn reload(config: Option<PathBuf>, pid: Option<u32>, env_file: Option<&std::path::Path>) -> ExitCode {
     use mlxgate::reload::{Target, signal_gateway};
     // With --pid alone there is no file to check: the gateway reads the one it was started with.
     let config = config.or_else(|| pid.is_none().then(|| PathBuf::from("gateway.yaml")));
+    let vars = match env_file_vars(env_file) {
+        Ok(vars) => vars,
+        Err(why) => {
+            eprintln!("mlxgate reload: {why}");
+            return ExitCode::FAILURE;
+        }
+    };
     let checked = match &config {
-        Some(path) => match mlxgate::reload::check_file_elsewhere(path) {
+        Some(path) => match mlxgate::reload::check_file_elsewhere_with(path, &vars) {
             Ok((c, unset)) => {
                 for name in unset {
                     eprintln!(
@@ -298,16 +321,27 @@ fn reload(config: Option<PathBuf>, pid: Option<u32>) -> ExitCode {
 
 /// `mlxgate drain`: finds the gateway (`--url`, else the file's `listen`), makes the admin
 /// call, prints the backend's entry. 0 when done, 1 with the reason.
-fn drain(backend: &str, drained: bool, config: &std::path::Path, url: Option<String>, key: Option<&str>) -> ExitCode {
+fn drain(
+    backend: &str,
+    drained: bool,
+    config: &std::path::Path,
+    url: Option<String>,
+    key: Option<&str>,
+    env_file: Option<&std::path::Path>,
+) -> ExitCode {
     let base = match url {
         Some(url) => Ok(url),
-        None => match mlxgate::reload::check_file_elsewhere(config) {
+        None => match env_file_vars(env_file).and_then(|vars| {
+            mlxgate::reload::check_file_elsewhere_with(config, &vars).map_err(|problems| {
+                format!(
+                    "{}: invalid configuration, so the gateway's address is unknown (give --url)\n{}",
+                    config.display(),
+                    problems.join("\n")
+                )
+            })
+        }) {
             Ok((c, _)) => mlxgate::control::gateway_url(c.listen),
-            Err(problems) => Err(format!(
-                "{}: invalid configuration, so the gateway's address is unknown (give --url)\n{}",
-                config.display(),
-                problems.join("\n")
-            )),
+            Err(why) => Err(why),
         },
     };
     let done = base.and_then(|base| {
@@ -408,15 +442,24 @@ async fn shutdown_signal() {
 
 /// Sets the variables of an environment file (`--env-file`) in this process, so that the
 /// configuration's `${VAR}`s and the managed servers see them.
+/// The names it set.
 #[allow(unsafe_code)]
-fn load_env_file(path: &std::path::Path) -> Result<(), String> {
+fn load_env_file(path: &std::path::Path) -> Result<std::collections::BTreeSet<String>, String> {
     let vars = mlxgate::config::env_file::read(path)?;
+    let names = vars.keys().cloned().collect();
     for (name, value) in vars {
         // SAFETY: called first thing in main, before the runtime or any other thread exists, so
         // no other thread can read the environment while it changes.
         unsafe { std::env::set_var(name, value) };
     }
-    Ok(())
+    Ok(names)
+}
+
+/// The variables of a running gateway's environment file (`reload`, `drain --env-file`).
+fn env_file_vars(path: Option<&std::path::Path>) -> Result<std::collections::BTreeMap<String, String>, String> {
+    path.map_or(Ok(Default::default()), |p| {
+        mlxgate::config::env_file::read(p).map_err(|why| format!("--env-file {why}"))
+    })
 }
 
 fn init_logging(format: LogFormat, file: Option<mlxgate::log_file::LogFile>) {

@@ -33,18 +33,25 @@ pub fn check_file(path: &Path) -> Result<Config, Vec<String>> {
 
 /// The environment file the gateway was started with (`serve --env-file`): read again for each
 /// reload, so that a key changed in it is put in force as one changed in the configuration.
-static ENV_FILE: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+static ENV_FILE: std::sync::OnceLock<(PathBuf, BTreeSet<String>)> = std::sync::OnceLock::new();
 
-/// Makes reloads read `path`'s variables before the process environment (as the start did).
-pub fn reload_with_env_file(path: PathBuf) {
-    let _ = ENV_FILE.set(path);
+/// Makes reloads read `path`'s variables before the process environment, as the start did.
+/// `loaded`: the names the file set at the start (copied into the process environment then): a
+/// name removed from the file since is unset for a reload, not its value at the start.
+pub fn reload_with_env_file(path: PathBuf, loaded: BTreeSet<String>) {
+    let _ = ENV_FILE.set((path, loaded));
 }
 
 /// [`check_file`] for a reload: with the environment file's values first when there is one.
 pub fn check_for_reload(path: &Path) -> Result<Config, Vec<String>> {
-    let Some(env_file) = ENV_FILE.get() else { return check_file(path) };
-    let vars = crate::config::env_file::read(env_file).map_err(|e| vec![format!("--env-file {e}")])?;
-    check_file_with_env(path, &|name| vars.get(name).cloned().or_else(|| std::env::var(name).ok()))
+    let Some((env_file, loaded)) = ENV_FILE.get() else { return check_file(path) };
+    let vars =
+        crate::config::env_file::read(env_file).map_err(|e| vec![format!("the environment file (--env-file) {e}")])?;
+    check_file_with_env(path, &|name| match vars.get(name) {
+        Some(value) => Some(value.clone()),
+        None if loaded.contains(name) => None,
+        None => std::env::var(name).ok(),
+    })
 }
 
 /// As [`check_file`], with `${VAR}` answered by `lookup` (the environment a service will have).
@@ -58,8 +65,16 @@ pub fn check_file_with_env(path: &Path, lookup: &dyn Fn(&str) -> Option<String>)
 /// reload`): a `${VAR}` unset here is not a problem (the gateway resolves it, and logs it if it
 /// is unset there too); its name is returned beside the configuration.
 pub fn check_file_elsewhere(path: &Path) -> Result<(Config, BTreeSet<String>), Vec<String>> {
+    check_file_elsewhere_with(path, &std::collections::BTreeMap::new())
+}
+
+/// As [`check_file_elsewhere`], with the running gateway's environment file's `vars` first.
+pub fn check_file_elsewhere_with(
+    path: &Path,
+    vars: &std::collections::BTreeMap<String, String>,
+) -> Result<(Config, BTreeSet<String>), Vec<String>> {
     let unset = RefCell::new(BTreeSet::new());
-    let config = Config::load_elsewhere(path, &unset)
+    let config = Config::load_elsewhere_with(path, &unset, &|name| vars.get(name).cloned())
         .map_err(|e| e.to_string().lines().map(str::to_owned).collect::<Vec<_>>())?;
     Ok((preflight(config)?, unset.into_inner()))
 }
@@ -162,7 +177,7 @@ pub fn apply(state: &AppState, path: &Path, checked: Result<Config, Vec<String>>
             tracing::error!(
                 config = %path.display(),
                 problems = problems.len(),
-                "reload refused: the file is invalid; the keys, clients and limits in force are kept"
+                "reload refused: the configuration or its environment file is invalid; the keys, clients and limits in force are kept"
             );
             return;
         }

@@ -61,6 +61,43 @@ pub fn render(vars: &BTreeMap<String, String>) -> Result<String, String> {
     Ok(text)
 }
 
+/// `text` (an environment file) with `vars` set: a variable's line is replaced where it is (later
+/// lines of the same name, which would win over it, are dropped), new ones are added at the end;
+/// comments, blank lines and every other line stay as they are. Refused, naming the variable,
+/// when a value has a newline.
+pub fn update(text: &str, vars: &BTreeMap<String, String>) -> Result<String, String> {
+    if text.trim().is_empty() {
+        return render(vars);
+    }
+    for (name, value) in vars {
+        if value.contains(['\n', '\r', '\0']) {
+            return Err(format!(
+                "{name}'s value has a line break or a NUL byte, which an environment file cannot keep"
+            ));
+        }
+    }
+    let mut out = String::with_capacity(text.len());
+    let mut written = std::collections::BTreeSet::new();
+    for line in text.lines() {
+        let name = line.trim_start().split_once('=').map(|(n, _)| n.trim_end()).filter(|n| is_name(n));
+        match name.and_then(|n| vars.get_key_value(n)) {
+            Some((name, value)) => {
+                if written.insert(name.as_str()) {
+                    out.push_str(&format!("{name}={value}\n"));
+                }
+            }
+            None => {
+                out.push_str(line);
+                out.push('\n');
+            }
+        }
+    }
+    for (name, value) in vars.iter().filter(|(n, _)| !written.contains(n.as_str())) {
+        out.push_str(&format!("{name}={value}\n"));
+    }
+    Ok(out)
+}
+
 /// Reads `path`'s variables. A file that others than its owner can read is refused: it holds
 /// secrets.
 pub fn read(path: &Path) -> Result<BTreeMap<String, String>, String> {
@@ -106,6 +143,16 @@ mod tests {
         assert_eq!(parse(&render(&vars).unwrap()).unwrap(), vars);
         let broken: BTreeMap<String, String> = [("K".to_string(), "a\nb".to_string())].into();
         assert!(render(&broken).unwrap_err().starts_with("K's value"));
+    }
+
+    #[test]
+    fn an_update_keeps_every_other_line_where_it_is() {
+        let text = "# my notes\nRUST_LOG=debug\n  # indented\nKEY=k1\nHF_TOKEN=hf\nKEY=dup\n";
+        let vars: BTreeMap<String, String> = [("KEY".to_string(), "k2".to_string()), ("NEW".into(), "n".into())].into();
+        let updated = update(text, &vars).unwrap();
+        assert_eq!(updated, "# my notes\nRUST_LOG=debug\n  # indented\nKEY=k2\nHF_TOKEN=hf\nNEW=n\n");
+        assert_eq!(parse(&updated).unwrap()["KEY"], "k2");
+        assert_eq!(update("", &vars).unwrap(), render(&vars).unwrap());
     }
 
     #[test]

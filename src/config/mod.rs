@@ -51,6 +51,19 @@ impl Config {
         Config::load_with(path, Some(unset))
     }
 
+    /// As [`load_elsewhere`](Config::load_elsewhere), with `${VAR}` answered by `lookup` first
+    /// (the other process's environment file), then by this process's environment.
+    pub fn load_elsewhere_with(
+        path: &Path,
+        unset: &RefCell<BTreeSet<String>>,
+        lookup: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<Config, ConfigError> {
+        Config::load_from(
+            path,
+            &Env { lookup: &|name| lookup(name).or_else(|| std::env::var(name).ok()), unset: Some(unset) },
+        )
+    }
+
     /// As [`load`](Config::load), with `${VAR}` answered by `lookup` (`mlxgate service install`
     /// checks the file against the environment the service will have).
     pub fn load_with_env(path: &Path, lookup: &dyn Fn(&str) -> Option<String>) -> Result<Config, ConfigError> {

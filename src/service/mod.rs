@@ -269,13 +269,12 @@ fn install(options: &InstallOptions, json_logs: bool) -> Result<(), String> {
     // Everything the file held stays (a hand-added RUST_LOG or HF_TOKEN too); the variables the
     // configuration names take this shell's values where it sets them.
     let named = named.into_inner();
-    let mut vars = existing_env.clone();
-    for name in &named {
-        if let Some(value) = value_of(name) {
-            vars.insert(name.clone(), value);
-        }
-    }
-    let env_text = env_file::render(&vars)?;
+    let set_now: BTreeMap<String, String> =
+        named.iter().filter_map(|name| Some((name.clone(), std::env::var(name).ok()?))).collect();
+    let existing_text =
+        if had_env_file { std::fs::read_to_string(&places.env_file).unwrap_or_default() } else { String::new() };
+    let env_text = env_file::update(&existing_text, &set_now)?;
+    let vars = env_file::parse(&env_text)?;
 
     let unit_exists = std::fs::symlink_metadata(&places.unit_path).is_ok();
     if unit_exists && !written_here(&places.unit_path) && !options.force {
@@ -315,8 +314,12 @@ fn install(options: &InstallOptions, json_logs: bool) -> Result<(), String> {
     // A service manager cannot read a path with a control character in its file (systemd's
     // quoting, XML 1.0): refused rather than written unreadable.
     for path in [&config, &binary, &log_file, &places.env_file, &places.unit_path] {
-        if path.to_string_lossy().chars().any(char::is_control) {
-            return Err(format!("{:?} has a control character, which a service file cannot hold", path.display()));
+        match path.to_str() {
+            None => return Err(format!("{:?} is not UTF-8, which a service file cannot hold", path.display())),
+            Some(text) if !plain_text(text) => {
+                return Err(format!("{text:?} has a control character, which a service file cannot hold"));
+            }
+            Some(_) => {}
         }
     }
     let plan = Plan {
@@ -335,7 +338,7 @@ fn install(options: &InstallOptions, json_logs: bool) -> Result<(), String> {
         path_var: service_path(&checked),
         plain_env: std::env::var("TMPDIR")
             .ok()
-            .filter(|t| scope.manager == Manager::Launchd && !options.system && t.starts_with('/'))
+            .filter(|t| scope.manager == Manager::Launchd && !options.system && t.starts_with('/') && plain_text(t))
             .map(|t| ("TMPDIR".to_string(), t))
             .into_iter()
             .collect(),
@@ -403,8 +406,10 @@ fn install(options: &InstallOptions, json_logs: bool) -> Result<(), String> {
 /// `/usr/bin:/bin:/usr/sbin:/sbin`).
 fn service_path(config: &crate::Config) -> String {
     let mut dirs: Vec<PathBuf> = Vec::new();
+    // An entry a service file cannot hold (not UTF-8, a control character: a line break would
+    // start a new line of the unit) is left out.
     let mut add = |dir: PathBuf| {
-        if dir.is_absolute() && !dirs.contains(&dir) {
+        if dir.is_absolute() && dir.to_str().is_some_and(plain_text) && !dirs.contains(&dir) {
             dirs.push(dir);
         }
     };
@@ -424,6 +429,11 @@ fn service_path(config: &crate::Config) -> String {
         add(PathBuf::from(dir));
     }
     std::env::join_paths(dirs).map(|p| p.to_string_lossy().into_owned()).unwrap_or_default()
+}
+
+/// Text without control characters (a line break, an escape), which a unit or plist can hold.
+fn plain_text(text: &str) -> bool {
+    !text.chars().any(char::is_control)
 }
 
 /// Whether `path` carries [`MARKER`].
@@ -539,8 +549,9 @@ fn status(at: &WhereOptions, lines: usize) -> ExitCode {
     // The gateway itself, by its pid file: says which process serves even when the manager
     // cannot be asked.
     if let Some(config) = &config {
-        let lookup = |name: &str| service_env.get(name).cloned().or_else(|| std::env::var(name).ok());
-        match crate::Config::load_with_env(config, &lookup) {
+        // A variable set nowhere here gets a placeholder: only `listen` is wanted.
+        let unset = RefCell::new(BTreeSet::new());
+        match crate::Config::load_elsewhere_with(config, &unset, &|name| service_env.get(name).cloned()) {
             Ok(c) => match crate::reload::find_gateway(crate::reload::Target::Port(c.listen.port())) {
                 Ok(pid) => {
                     say!("  gateway:      pid {pid}, listening on {}", c.listen);
@@ -592,13 +603,25 @@ fn tail(path: &Path, n: usize) -> std::io::Result<Vec<String>> {
     if lines.last().is_some_and(|l| l.is_empty()) {
         lines.pop();
     }
-    if start > 0 && !lines.is_empty() {
-        lines.remove(0); // cut mid-line
+    // The first line read is cut (the read started mid-line): left out, unless it is the only one.
+    if start > 0 && lines.len() > 1 {
+        lines.remove(0);
     }
     let keep = lines.len().saturating_sub(n);
     // A line that is not UTF-8 (a server's bytes, a character cut by a rotation) is shown with
-    // U+FFFD, not left out with every line after it.
-    Ok(lines[keep..].iter().map(|l| String::from_utf8_lossy(l).into_owned()).collect())
+    // U+FFFD, not left out with every line after it; control characters (a terminal's escape
+    // sequences from a server's output) are shown escaped, not sent to the terminal.
+    Ok(lines[keep..]
+        .iter()
+        .map(|l| {
+            String::from_utf8_lossy(l)
+                .chars()
+                .flat_map(
+                    |c| if c.is_control() && c != '\t' { c.escape_default().collect::<Vec<_>>() } else { vec![c] },
+                )
+                .collect()
+        })
+        .collect())
 }
 
 #[cfg(test)]
@@ -646,5 +669,9 @@ mod tests {
         bytes.extend_from_slice(b"\nbad \xff line\nlast\n");
         std::fs::write(&path, bytes).unwrap();
         assert_eq!(tail(&path, 2).unwrap(), ["bad \u{fffd} line", "last"]);
+        std::fs::write(&path, format!("first\n{}\n", "x".repeat(70_000))).unwrap();
+        assert_eq!(tail(&path, 2).unwrap(), ["x".repeat(64 * 1024 - 1)]);
+        std::fs::write(&path, "a\x1b]0;owned\x07\x1b[2Jb\tc\n").unwrap();
+        assert_eq!(tail(&path, 1).unwrap(), ["a\\u{1b}]0;owned\\u{7}\\u{1b}[2Jb\tc"]);
     }
 }

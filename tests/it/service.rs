@@ -207,7 +207,32 @@ async fn a_systemd_unit_verifies_and_its_exec_start_serves() {
     })
     .await;
     assert_eq!(chat_status(&url, Some(SECRET)).await.0, 401, "the old key is refused after the reload");
-    let (_, id) = chat_status(&url, Some("sk-rotated-key")).await;
+
+    // `mlxgate reload` from a shell without the file's variables (the port is only in the
+    // environment file): --env-file finds the gateway.
+    let reloaded = home.mlxgate(&["reload", "--config", config, "--env-file", env_path.to_str().unwrap()], &[]);
+    assert!(reloaded.status.success(), "{}", text(&reloaded));
+    assert!(text(&reloaded).contains(&format!("pid {}", child.id())), "{}", text(&reloaded));
+
+    // The key's line removed from the environment file: the variable is unset for the reload
+    // (refused: the client has no key), not its value at the start.
+    let env_text: String = std::fs::read_to_string(&env_path)
+        .unwrap()
+        .lines()
+        .filter(|l| !l.starts_with("SERVICE_TEST_KEY="))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    std::fs::write(&env_path, env_text).unwrap();
+    assert!(Command::new("kill").args(["-HUP", &child.id().to_string()]).status().unwrap().success());
+    let log_path = home.path().join(".local/state/mlxgate/mlxgate.log");
+    crate::common::eventually("the reload refused", || {
+        let log_path = log_path.clone();
+        async move { std::fs::read_to_string(&log_path).is_ok_and(|t| t.contains("SERVICE_TEST_KEY")) }
+    })
+    .await;
+    assert_eq!(chat_status(&url, Some(SECRET)).await.0, 401, "the start's value came back");
+    let (status, id) = chat_status(&url, Some("sk-rotated-key")).await;
+    assert_eq!(status, 200, "a refused reload keeps the keys in force");
     let id = id.expect("x-request-id");
 
     // The log goes to the file the unit names, the access line included.
@@ -376,17 +401,18 @@ fn a_foreign_unit_is_kept_unless_forced_and_values_carry_over() {
     assert!(!home.path().join(".config/mlxgate/env").exists(), "a refused install wrote the env file");
 
     assert!(install(&[("SERVICE_TEST_KEY", SECRET)], true).status.success());
-    // A variable added by hand (for the servers, or RUST_LOG) and one the configuration names:
-    // a second install, without the latter in this shell, keeps both.
+    // A variable added by hand (for the servers, or RUST_LOG), a comment, and one the
+    // configuration names: a second install, without the latter in this shell, keeps them all.
     let env_path = home.path().join(".config/mlxgate/env");
     let mut env = std::fs::read_to_string(&env_path).unwrap();
-    env.push_str("HF_TOKEN=hf_by_hand\n");
+    env.push_str("# rotated 2026-11, ask Ann\nHF_TOKEN=hf_by_hand\n");
     std::fs::write(&env_path, env).unwrap();
     let again = install(&[], false);
     assert!(again.status.success(), "{}", text(&again));
     assert!(text(&again).contains("not named by the configuration: HF_TOKEN"), "{}", text(&again));
     let env = std::fs::read_to_string(&env_path).unwrap();
     assert!(env.contains(&format!("SERVICE_TEST_KEY={SECRET}")) && env.contains("HF_TOKEN=hf_by_hand\n"), "{env}");
+    assert!(env.contains("# rotated 2026-11, ask Ann\nHF_TOKEN"), "the comment is kept where it was: {env}");
     assert_eq!(std::fs::metadata(&env_path).unwrap().permissions().mode() & 0o777, 0o600);
 
     // The refusal names where a value came from, and `check --env-file` agrees.
@@ -398,6 +424,34 @@ fn a_foreign_unit_is_kept_unless_forced_and_values_carry_over() {
     assert_eq!(check.status.code(), Some(1), "{}", text(&check));
     assert_eq!(refused.status.code(), Some(1), "{}", text(&refused));
     assert!(text(&refused).contains("mlxgate check --env-file"), "{}", text(&refused));
+}
+
+/// An environment file others can read is refused at the start, and the refusal is in the log
+/// file (where `service status` shows it), not only on stderr.
+#[test]
+fn an_env_file_refused_at_start_is_logged_to_the_log_file() {
+    let (_sim, sim_url) = spawn_sim(&[]);
+    let home = Home::new(&config_text(free_port(), &sim_url));
+    let env = home.path().join("env");
+    std::fs::write(&env, format!("SERVICE_TEST_KEY={SECRET}\n")).unwrap();
+    std::fs::set_permissions(&env, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let log = home.path().join("logs/gateway.log");
+    let out = home.mlxgate(
+        &[
+            "serve",
+            "--config",
+            home.config.to_str().unwrap(),
+            "--env-file",
+            env.to_str().unwrap(),
+            "--log-file",
+            log.to_str().unwrap(),
+        ],
+        &[],
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    let logged = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(logged.contains("chmod 600") && text(&out).contains("chmod 600"), "{logged}\n{}", text(&out));
+    assert!(!logged.contains(SECRET));
 }
 
 /// Where the log file cannot be, the install stops before writing anything.
