@@ -344,6 +344,11 @@ fn install(options: &InstallOptions, json_logs: bool) -> Result<(), String> {
             .collect(),
     };
 
+    if let Some(user) = &run_as {
+        for problem in unreachable_for(user, &config, &binary, &checked) {
+            say!("  warning: {problem}");
+        }
+    }
     // Everything is checked: the directories first (a place that cannot be made stops the
     // install before any file is written), then the files.
     let owner = run_as.as_deref();
@@ -429,6 +434,38 @@ fn service_path(config: &crate::Config) -> String {
         add(PathBuf::from(dir));
     }
     std::env::join_paths(dirs).map(|p| p.to_string_lossy().into_owned()).unwrap_or_default()
+}
+
+/// What the user a system service runs as cannot reach: the configuration (read), the mlxgate
+/// binary and each managed server's program (run). Asked by running `test` as that user (its
+/// uid and primary group; supplementary groups are not counted, so a warning may be wrong).
+fn unreachable_for(user: &str, config: &Path, binary: &Path, checked: &crate::Config) -> Vec<String> {
+    use std::os::unix::process::CommandExt;
+    let Ok(Some(account)) = nix::unistd::User::from_name(user) else { return vec![] };
+    let mut wanted: Vec<(&str, PathBuf)> = vec![("-r", config.to_path_buf()), ("-x", binary.to_path_buf())];
+    for backend in checked.backends.values() {
+        let Some(managed) = &backend.managed else { continue };
+        let program = crate::backend::process::launch_command(managed).first().cloned();
+        if let Some(found) = program.and_then(|p| crate::backend::preflight::resolve_program(&p, managed)) {
+            wanted.push(("-x", found));
+        }
+    }
+    wanted
+        .into_iter()
+        .filter(|(test, path)| {
+            !std::process::Command::new("test")
+                .arg(test)
+                .arg(path)
+                .uid(account.uid.as_raw())
+                .gid(account.gid.as_raw())
+                .status()
+                .is_ok_and(|s| s.success())
+        })
+        .map(|(test, path)| {
+            let verb = if test == "-r" { "read" } else { "run" };
+            format!("{user} cannot {verb} {} (the service runs as {user})", path.display())
+        })
+        .collect()
 }
 
 /// Text without control characters (a line break, an escape), which a unit or plist can hold.
@@ -652,6 +689,37 @@ mod tests {
             Some(Path::new("/Library/LaunchDaemons"))
         );
         assert_eq!(places(Manager::Systemd, true, home, &xdg).env_file, Path::new("/etc/mlxgate/env"));
+    }
+
+    /// Run as root (CI, this machine): `nobody` cannot read into a directory of mode 0700.
+    #[test]
+    fn a_system_service_s_user_is_checked_for_what_it_must_reach() {
+        use std::os::unix::fs::PermissionsExt;
+        if !nix::unistd::geteuid().is_root() {
+            eprintln!("SKIPPED: needs root to run `test` as another user");
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let private = dir.path().join("private");
+        std::fs::create_dir(&private).unwrap();
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o700)).unwrap();
+        let config = private.join("gateway.yaml");
+        std::fs::write(&config, "").unwrap();
+        let open = dir.path().join("open.yaml");
+        std::fs::write(&open, "").unwrap();
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let parsed = crate::Config::parse(
+            "backends: {local: {url: 'http://127.0.0.1:9'}}\nmodels: {qwen: {backend: local}}\n",
+            &|_| None,
+        )
+        .unwrap();
+        let sh = Path::new("/bin/sh");
+        assert_eq!(
+            unreachable_for("nobody", &config, sh, &parsed),
+            [format!("nobody cannot read {} (the service runs as nobody)", config.display())]
+        );
+        assert!(unreachable_for("nobody", &open, sh, &parsed).is_empty());
     }
 
     #[test]
