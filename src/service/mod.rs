@@ -418,12 +418,8 @@ fn service_path(config: &crate::Config) -> String {
             dirs.push(dir);
         }
     };
-    for backend in config.backends.values() {
-        let Some(managed) = &backend.managed else { continue };
-        let program = crate::backend::process::launch_command(managed).first().cloned();
-        if let Some(found) = program.and_then(|p| crate::backend::preflight::resolve_program(&p, managed))
-            && let Some(dir) = found.parent()
-        {
+    for program in server_programs(config) {
+        if let Some(dir) = program.parent() {
             add(dir.to_path_buf());
         }
     }
@@ -443,13 +439,7 @@ fn unreachable_for(user: &str, config: &Path, binary: &Path, checked: &crate::Co
     use std::os::unix::process::CommandExt;
     let Ok(Some(account)) = nix::unistd::User::from_name(user) else { return vec![] };
     let mut wanted: Vec<(&str, PathBuf)> = vec![("-r", config.to_path_buf()), ("-x", binary.to_path_buf())];
-    for backend in checked.backends.values() {
-        let Some(managed) = &backend.managed else { continue };
-        let program = crate::backend::process::launch_command(managed).first().cloned();
-        if let Some(found) = program.and_then(|p| crate::backend::preflight::resolve_program(&p, managed)) {
-            wanted.push(("-x", found));
-        }
-    }
+    wanted.extend(server_programs(checked).into_iter().map(|program| ("-x", program)));
     wanted
         .into_iter()
         .filter(|(test, path)| {
@@ -464,6 +454,19 @@ fn unreachable_for(user: &str, config: &Path, binary: &Path, checked: &crate::Co
         .map(|(test, path)| {
             let verb = if test == "-r" { "read" } else { "run" };
             format!("{user} cannot {verb} {} (the service runs as {user})", path.display())
+        })
+        .collect()
+}
+
+/// Each managed server's program, resolved as its start resolves it (through its venv, then PATH).
+fn server_programs(config: &crate::Config) -> Vec<PathBuf> {
+    config
+        .backends
+        .values()
+        .filter_map(|backend| {
+            let managed = backend.managed.as_ref()?;
+            let program = crate::backend::process::launch_command(managed).first().cloned()?;
+            crate::backend::preflight::resolve_program(&program, managed)
         })
         .collect()
 }
