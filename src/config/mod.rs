@@ -33,6 +33,7 @@ pub use crate::kinds::launch::MANAGED_HOST;
 pub use aliases::Aliases;
 pub use clients::{ANONYMOUS, AuthMode, ClientConfig, KeyHash, Limits, RateLimitStore, RedisUrl};
 pub use problem::{ConfigError, Problem};
+pub use raw::parse_size;
 pub use types::{
     BackendConfig, BalanceConfig, BalancePolicy, Config, DEFAULT_LOADING_SHARE, HealthCheck, ManagedConfig,
     ModelConfig, RemoteHealth,

@@ -300,7 +300,8 @@ impl JsonSchema for RawSize {
     }
 }
 
-pub(super) fn parse_size(text: &str) -> Option<usize> {
+/// A size written as gateway.yaml writes them: bytes, or like `64MiB`, `512KB`.
+pub fn parse_size(text: &str) -> Option<usize> {
     let text = text.trim();
     let split = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
     let (digits, unit) = text.split_at(split);

@@ -114,23 +114,11 @@ pub fn parse_keep(text: &str) -> Result<usize, String> {
     Ok(keep)
 }
 
-/// A size on the command line: bytes, or like `10MiB`, `512KB`.
+/// A log file's size on the command line, read as gateway.yaml's sizes are: bytes, or like
+/// `10MiB`, `512KB`; at least [`crate::log_file::MIN_SIZE`].
 pub fn parse_size(text: &str) -> Result<u64, String> {
-    let text = text.trim();
-    let split = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
-    let (digits, unit) = text.split_at(split);
-    let n: u64 = digits.parse().map_err(|_| format!("{text:?} is not a size (bytes, or like 10MiB)"))?;
-    let scale: u64 = match unit.trim() {
-        "" | "B" => 1,
-        "KB" | "kB" => 1000,
-        "KiB" => 1 << 10,
-        "MB" => 1_000_000,
-        "MiB" => 1 << 20,
-        "GB" => 1_000_000_000,
-        "GiB" => 1 << 30,
-        other => return Err(format!("{other:?} is not a size unit (B, KB, KiB, MB, MiB, GB, GiB)")),
-    };
-    let size = n.checked_mul(scale).ok_or_else(|| format!("{text} is too large"))?;
+    let size = crate::config::parse_size(text)
+        .ok_or_else(|| format!("{:?} is not a size (bytes, or like 10MiB, 512KB)", text.trim()))? as u64;
     if size < crate::log_file::MIN_SIZE {
         return Err(format!("a log file's size limit must be at least {} bytes", crate::log_file::MIN_SIZE));
     }
