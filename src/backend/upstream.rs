@@ -15,17 +15,17 @@
 //! connections out.
 
 mod pool;
+mod wire;
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, Uri, header};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, Response, Uri, header};
 use bytes::Bytes;
-use http_body_util::Full;
 
 use crate::config::BackendConfig;
 pub use pool::UpstreamBody;
-use pool::{Destination, ExchangeError, Pool};
+use pool::{Destination, ExchangeError, Outgoing, Pool};
 
 /// Why a request got no response headers from its backend.
 #[derive(Debug, thiserror::Error)]
@@ -135,13 +135,9 @@ impl Upstream {
             headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
         }
         address_loopback(backend, &mut headers);
-        let mut request = Request::builder()
-            .method(method)
-            .uri(destination.target(path_and_query).as_ref())
-            .body(Full::new(body))
+        let request = Outgoing::new(&method, &destination.target(path_and_query), &headers, body)
             .map_err(|e| UpstreamError::Connect(format!("cannot build a request to {}: {e}", uri())))?;
-        *request.headers_mut() = headers;
-        let exchange = destination.exchange(request, self.connect_timeout);
+        let exchange = destination.exchange(&request, self.connect_timeout);
         match tokio::time::timeout(backend.response_timeout, exchange).await {
             Ok(Ok(response)) => Ok(response),
             Ok(Err(e @ ExchangeError::Connect(_))) => Err(UpstreamError::Connect(describe(&e, &uri()))),
@@ -154,12 +150,13 @@ impl Upstream {
     pub async fn probe(&self, backend: &BackendConfig, path: &str, timeout: Duration) -> Result<(), String> {
         let uri = format!("{}{}", backend.url, path);
         let destination = self.destination(backend).map_err(|e| e.to_string())?;
-        let target = destination.target(path);
-        let mut request = Request::get(target.as_ref()).body(Full::new(Bytes::new())).map_err(|e| e.to_string())?;
-        request.headers_mut().insert(header::HOST, destination.authority.clone());
-        address_loopback(backend, request.headers_mut());
+        let mut headers = HeaderMap::with_capacity(2);
+        headers.insert(header::HOST, destination.authority.clone());
+        address_loopback(backend, &mut headers);
+        let request = Outgoing::new(&Method::GET, &destination.target(path), &headers, Bytes::new())
+            .map_err(|e| e.to_string())?;
         // The status is the answer: the body is not read (its connection is then closed).
-        let probe = async { destination.exchange(request, self.connect_timeout).await.map(|r| r.status()) };
+        let probe = async { destination.exchange(&request, self.connect_timeout).await.map(|r| r.status()) };
         match tokio::time::timeout(timeout, probe).await {
             Ok(Ok(status)) if status.is_success() => Ok(()),
             Ok(Ok(status)) => Err(format!("GET {path} answered {status}")),
@@ -226,15 +223,7 @@ fn is_dropped_request_header(name: &HeaderName) -> bool {
 fn describe(e: &ExchangeError, uri: &str) -> String {
     match e {
         ExchangeError::Connect(io) => format!("cannot connect to {uri}: {io}"),
-        ExchangeError::Broken(e) => {
-            let mut cause: Option<&dyn std::error::Error> = std::error::Error::source(e);
-            let mut deepest = e.to_string();
-            while let Some(c) = cause {
-                deepest = c.to_string();
-                cause = c.source();
-            }
-            format!("the connection to {uri} failed before a response: {deepest}")
-        }
+        ExchangeError::Broken(e) => format!("the connection to {uri} failed before a response: {e}"),
     }
 }
 

@@ -1,39 +1,41 @@
 //! The connections to the backends, kept alive and driven by the task that uses them (pingora's
-//! shape): no connection has a task of its own. An exchange — send the request, read the
-//! answer's head, read its body — polls its connection from the task that serves the client, so
-//! a chunk from the backend reaches the client's socket without a wake-up of another task.
+//! shape): no connection has a task of its own, and the HTTP/1.1 on them is the gateway's own
+//! (`wire.rs`), not a general client's. An exchange — write the request, read the answer's head,
+//! read its body — reads and writes its socket from the task that serves the client, so a chunk
+//! from the backend reaches the client's socket without a wake-up of another task, and no
+//! dispatcher, channel or second header map stands between them.
 //!
 //! - **Checkout** ([`Destination::exchange`]): the most recently used idle connection (LIFO: the
 //!   least likely to be closing), after dropping those idle past the backend's pool idle timeout
-//!   and one that shows it was closed (polled once, without a waker, before use: a server's FIN
-//!   is seen there); else a new connection (`TCP_NODELAY`, keep-alive probes, within the
-//!   connect timeout).
-//! - **A request is sent again on a new connection only when none of it was written**: hyper
-//!   hands it back (`try_send_request`) when the connection closed before it wrote a byte. Once
-//!   written, a POST may have been read by the backend; the caller decides.
-//! - **Check-in** ([`Link::check_in`]): when the answer's body has been read to its end and the
-//!   connection is ready for another request, it goes back to its destination's idle list (at
-//!   most [`MAX_IDLE`]); an answer dropped before its end closes its connection (HTTP/1 has no
-//!   other way to abort one).
+//!   and one that shows it was closed (its socket read once, without a waker, before use: a
+//!   server's FIN, or bytes nobody asked for, are seen there); else a new connection
+//!   (`TCP_NODELAY`, keep-alive probes, within the connect timeout).
+//! - **A request is sent again on a new connection only when none of it was written**: the
+//!   connection's first write failed. Once written, a POST may have been read by the backend;
+//!   the caller decides.
+//! - **Check-in**: when the answer's body has been read to its end, its framing allowed another
+//!   request (HTTP/1.1 without `Connection: close`, a length or chunked body) and nothing
+//!   follows it on the socket, the connection goes back to its destination's idle list (at most
+//!   [`MAX_IDLE`]); an answer dropped before its end closes its connection (HTTP/1 has no other
+//!   way to abort one).
 //! - **Idle connections are reaped** every so often by one task per pool (it ends with the pool):
 //!   a connection idle past its timeout is closed even when no request comes.
 
 use std::collections::HashMap;
-use std::future::Future;
+use std::io::IoSlice;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, ready};
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
-use http::{HeaderValue, Request, Response};
+use bytes::{Bytes, BytesMut};
+use http::{HeaderMap, HeaderValue, Method, Response};
 use http_body::{Body, Frame, SizeHint};
-use http_body_util::Full;
-use hyper::body::Incoming;
-use hyper::client::conn::http1;
-use hyper_util::rt::TokioIo;
+use tokio::io::AsyncWrite;
 use tokio::net::TcpStream;
+
+use super::wire::{self, Decoder, Step, WireError};
 
 /// Idle connections kept per destination.
 pub const MAX_IDLE: usize = 64;
@@ -48,7 +50,8 @@ const DRAIN_BYTES: usize = 64 << 10;
 /// The TCP keep-alive probes' idle time on a backend connection.
 const TCP_KEEPALIVE: Duration = Duration::from_secs(60);
 
-type Conn = http1::Connection<TokioIo<TcpStream>, Full<Bytes>>;
+/// The room made in a connection's read buffer before each read.
+const READ_ROOM: usize = 16 << 10;
 
 /// One backend address (scheme `http`, a host and a port) and its idle connections.
 pub struct Destination {
@@ -58,20 +61,21 @@ pub struct Destination {
     pub authority: HeaderValue,
     /// The URL's path, without its last `/` (empty for none): every request's path goes after it.
     pub prefix: String,
-    idle: Mutex<Vec<Link>>,
+    #[expect(
+        clippy::vec_box,
+        reason = "a link moves between this list and an answer's body: boxed once, at its connect"
+    )]
+    idle: Mutex<Vec<Box<Link>>>,
     /// Idle connections older than this are closed (the backend's pool idle timeout).
     idle_timeout: Duration,
     /// The pool, whose reaper a connection going idle wakes.
     pool: Weak<Pool>,
 }
 
-/// A connection: the handle requests are sent through, and the connection's state machine,
-/// which whoever awaits the answer polls.
+/// A connection: its socket and the bytes read from it that no answer has taken yet.
 pub struct Link {
-    sender: http1::SendRequest<Full<Bytes>>,
-    /// The connection's state machine; `None` once it has completed (it is closed). Dropped at
-    /// once then: a request still queued on it comes back to its sender unsent.
-    conn: Option<Pin<Box<Conn>>>,
+    tcp: TcpStream,
+    buf: BytesMut,
     /// When it went idle.
     since: Instant,
     home: Weak<Destination>,
@@ -83,57 +87,133 @@ pub enum ExchangeError {
     /// No connection could be made: nothing reached the backend.
     Connect(std::io::Error),
     /// The connection failed after the request may have reached the backend.
-    Broken(hyper::Error),
+    Broken(WireError),
+}
+
+/// Why a request got no head on a connection.
+enum SendError {
+    /// None of it was written (the connection had closed): send it on another.
+    Unsent,
+    Broken(WireError),
+}
+
+/// A request as it goes on the wire: its head (request line and headers) and its body.
+pub struct Outgoing {
+    pub head: Vec<u8>,
+    pub body: Bytes,
+    /// It is a `HEAD` request (its answer has no body).
+    pub head_request: bool,
+}
+
+impl Outgoing {
+    /// `method target` with `headers` and `body`; `Err` for a target that cannot be sent.
+    pub fn new(method: &Method, target: &str, headers: &HeaderMap, body: Bytes) -> Result<Self, WireError> {
+        let mut head = Vec::new();
+        wire::encode_request(&mut head, method, target, headers, body.len())?;
+        Ok(Outgoing { head, body, head_request: *method == Method::HEAD })
+    }
 }
 
 impl Link {
-    /// Polls the connection's state machine (reads and writes on its socket); once it has
-    /// completed, the connection is dropped (`conn` is `None`).
-    fn drive(&mut self, cx: &mut Context<'_>) {
-        if let Some(conn) = self.conn.as_mut()
-            && conn.as_mut().poll(cx).is_ready()
-        {
-            self.conn = None;
+    fn new(tcp: TcpStream, home: Weak<Destination>) -> Self {
+        Link { tcp, buf: BytesMut::new(), since: Instant::now(), home }
+    }
+
+    /// Reads what the socket has into the buffer: the bytes read (0 at the connection's close).
+    fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<std::io::Result<usize>> {
+        if self.buf.capacity() - self.buf.len() < READ_ROOM / 4 {
+            self.buf.reserve(READ_ROOM);
+        }
+        loop {
+            ready!(self.tcp.poll_read_ready(cx))?;
+            match self.tcp.try_read_buf(&mut self.buf) {
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                read => return Poll::Ready(read),
+            }
         }
     }
 
-    /// Whether an idle connection can take a request: not closed (a FIN the server sent while
-    /// it idled is read here) and ready.
+    /// Whether an idle connection can take a request: the server has not closed it (a FIN it
+    /// sent while the connection idled is read here) nor sent anything unasked.
     fn usable(&mut self) -> bool {
-        self.drive(&mut Context::from_waker(std::task::Waker::noop()));
-        self.conn.is_some() && self.sender.is_ready()
-    }
-
-    /// Sends `request` and waits for the response head, driving the connection meanwhile.
-    /// `Err(Ok(request))`: nothing of it was written (the connection had closed); send it on
-    /// another.
-    async fn send(
-        &mut self,
-        request: Request<Full<Bytes>>,
-    ) -> Result<Response<Incoming>, Result<Request<Full<Bytes>>, hyper::Error>> {
-        let response = self.sender.try_send_request(request);
-        let mut response = std::pin::pin!(response);
-        let sent = std::future::poll_fn(|cx| {
-            self.drive(cx);
-            response.as_mut().poll(cx)
-        })
-        .await;
-        sent.map_err(|mut e| match e.take_message() {
-            Some(request) => Ok(request),
-            None => Err(e.into_error()),
-        })
-    }
-
-    /// The answer's body has been read to its end: back to its destination's idle list when it
-    /// can take another request, else closed.
-    fn check_in(mut self, cx: &mut Context<'_>) {
-        self.drive(cx);
-        let Some(home) = self.home.upgrade() else { return };
-        // Ready for another request, or about to be (hyper may want one more poll to see the
-        // answer ended: the checkout's poll gives it that).
-        if self.conn.is_none() || self.sender.is_closed() {
-            return;
+        if !self.buf.is_empty() {
+            return false;
         }
+        self.poll_fill(&mut Context::from_waker(std::task::Waker::noop())).is_pending()
+    }
+
+    /// Writes `request`, then reads until its response head (a `100 Continue` or other 1xx
+    /// head skipped). While the request is being written, the socket is read too: a server that
+    /// answers before it has read the whole body (and perhaps closes) is heard.
+    async fn send(&mut self, request: &Outgoing) -> Result<wire::Head, SendError> {
+        let total = request.head.len() + request.body.len();
+        let mut written = 0;
+        std::future::poll_fn(|cx| {
+            while written < total {
+                let (head, body) = if written < request.head.len() {
+                    (&request.head[written..], &request.body[..])
+                } else {
+                    (&[][..], &request.body[written - request.head.len()..])
+                };
+                let slices = [IoSlice::new(head), IoSlice::new(body)];
+                match Pin::new(&mut self.tcp).poll_write_vectored(cx, &slices) {
+                    Poll::Ready(Ok(0)) if written == 0 => return Poll::Ready(Err(SendError::Unsent)),
+                    Poll::Ready(Ok(0)) => {
+                        return Poll::Ready(Err(SendError::Broken(WireError::Io(
+                            std::io::ErrorKind::WriteZero.into(),
+                        ))));
+                    }
+                    Poll::Ready(Ok(n)) => written += n,
+                    Poll::Ready(Err(_)) if written == 0 => return Poll::Ready(Err(SendError::Unsent)),
+                    Poll::Ready(Err(e)) => return Poll::Ready(Err(SendError::Broken(e.into()))),
+                    Poll::Pending => {
+                        // An early answer ends the write: the head is read below.
+                        return match self.poll_fill(cx) {
+                            Poll::Ready(Ok(n)) if n > 0 => Poll::Ready(Ok(())),
+                            Poll::Ready(Ok(_)) => Poll::Ready(Err(SendError::Broken(WireError::ClosedBeforeHead(0)))),
+                            Poll::Ready(Err(e)) => Poll::Ready(Err(SendError::Broken(e.into()))),
+                            Poll::Pending => Poll::Pending,
+                        };
+                    }
+                }
+            }
+            Poll::Ready(Ok(()))
+        })
+        .await?;
+        let whole = written == total;
+        let head = std::future::poll_fn(|cx| {
+            loop {
+                match wire::parse_head(&mut self.buf, request.head_request) {
+                    Ok(Some(head)) if head.status.is_informational() => {
+                        if head.status == http::StatusCode::SWITCHING_PROTOCOLS {
+                            return Poll::Ready(Err(WireError::BadHead(
+                                "101 Switching Protocols to a request that asked for no upgrade".into(),
+                            )));
+                        }
+                        continue;
+                    }
+                    Ok(Some(head)) => return Poll::Ready(Ok(head)),
+                    Ok(None) => {}
+                    Err(e) => return Poll::Ready(Err(e)),
+                }
+                match ready!(self.poll_fill(cx)) {
+                    Ok(0) => return Poll::Ready(Err(WireError::ClosedBeforeHead(self.buf.len()))),
+                    Ok(_) => {}
+                    Err(e) => return Poll::Ready(Err(e.into())),
+                }
+            }
+        })
+        .await
+        .map_err(SendError::Broken)?;
+        let mut head = head;
+        // An answer that came before the whole request was written leaves the connection unusable.
+        head.keep_alive &= whole;
+        Ok(head)
+    }
+
+    /// The answer's body has been read to its end: back to its destination's idle list.
+    fn check_in(mut self: Box<Self>) {
+        let Some(home) = self.home.upgrade() else { return };
         self.since = Instant::now();
         let pool = home.pool.upgrade();
         {
@@ -164,7 +244,7 @@ impl Destination {
     }
 
     /// A usable idle connection, the stale ones dropped on the way.
-    fn checkout(&self) -> Option<Link> {
+    fn checkout(&self) -> Option<Box<Link>> {
         let mut idle = self.idle.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let expired = idle.iter().take_while(|l| l.since.elapsed() >= self.idle_timeout).count();
         idle.drain(..expired);
@@ -187,7 +267,7 @@ impl Destination {
     /// A new connection, within `connect_timeout`: each address the host name resolves to is
     /// tried in turn with its share of what is left of the timeout (a firewalled IPv6 address
     /// first does not keep the IPv4 one from being tried).
-    async fn connect(self: &Arc<Self>, connect_timeout: Duration) -> Result<Link, ExchangeError> {
+    async fn connect(self: &Arc<Self>, connect_timeout: Duration) -> Result<Box<Link>, ExchangeError> {
         let deadline = tokio::time::Instant::now() + connect_timeout;
         let timed_out = || {
             let after = format!("no connection within {}", humantime::format_duration(connect_timeout));
@@ -226,47 +306,58 @@ impl Destination {
         // Small SSE frames must not wait 40 ms for Nagle; a peer that vanished is noticed.
         let _ = tcp.set_nodelay(true);
         let _ = socket2::SockRef::from(&tcp).set_tcp_keepalive(&socket2::TcpKeepalive::new().with_time(TCP_KEEPALIVE));
-        let (sender, conn) = http1::handshake(TokioIo::new(tcp)).await.map_err(ExchangeError::Broken)?;
-        Ok(Link { sender, conn: Some(Box::pin(conn)), since: Instant::now(), home: Arc::downgrade(self) })
+        Ok(Box::new(Link::new(tcp, Arc::downgrade(self))))
     }
 
-    /// Sends `request` (origin-form URI, `Host` set) on an idle connection or a new one, and
-    /// waits for the response head; the body that comes with it drives the connection.
+    /// Sends `request` (origin-form target, `Host` among its headers) on an idle connection or
+    /// a new one, and waits for the response head; the body that comes with it reads the
+    /// connection.
     pub async fn exchange(
         self: &Arc<Self>,
-        mut request: Request<Full<Bytes>>,
+        request: &Outgoing,
         connect_timeout: Duration,
     ) -> Result<Response<UpstreamBody>, ExchangeError> {
         while let Some(mut link) = self.checkout() {
             match link.send(request).await {
-                Ok(response) => return Ok(with_link(response, link)),
+                Ok(head) => return Ok(with_link(head, link)),
                 // The connection closed before a byte went out: another one.
-                Err(Ok(unsent)) => request = unsent,
-                Err(Err(e)) => return Err(ExchangeError::Broken(e)),
+                Err(SendError::Unsent) => {}
+                Err(SendError::Broken(e)) => return Err(ExchangeError::Broken(e)),
             }
         }
         let mut link = self.connect(connect_timeout).await?;
         match link.send(request).await {
-            Ok(response) => Ok(with_link(response, link)),
-            Err(Ok(_)) => Err(ExchangeError::Connect(std::io::Error::new(
+            Ok(head) => Ok(with_link(head, link)),
+            Err(SendError::Unsent) => Err(ExchangeError::Connect(std::io::Error::new(
                 std::io::ErrorKind::ConnectionAborted,
                 "the new connection closed before the request was sent",
             ))),
-            Err(Err(e)) => Err(ExchangeError::Broken(e)),
+            Err(SendError::Broken(e)) => Err(ExchangeError::Broken(e)),
         }
     }
 }
 
-fn with_link(response: Response<Incoming>, link: Link) -> Response<UpstreamBody> {
-    response.map(|body| UpstreamBody { body: Some(body), link: Some(link) })
+fn with_link(head: wire::Head, link: Box<Link>) -> Response<UpstreamBody> {
+    let decoder = Decoder::new(head.framing);
+    let mut response = Response::new(UpstreamBody { link: Some(link), decoder, keep_alive: head.keep_alive });
+    *response.status_mut() = head.status;
+    *response.version_mut() = head.version;
+    *response.headers_mut() = head.headers;
+    // An answer without a body is over already: its connection goes back at once.
+    if response.body().decoder.is_done() {
+        response.body_mut().end();
+    }
+    response
 }
 
-/// A backend's answer body, which drives its connection while it is read, and gives the
+/// A backend's answer body, which reads its connection while it is read, and gives the
 /// connection back to its pool at its end. Dropped before its end, it closes the connection.
 pub struct UpstreamBody {
-    /// `None` once handed to [`UpstreamBody::finish_in_background`].
-    body: Option<Incoming>,
-    link: Option<Link>,
+    /// `None` once the body has ended (or was handed to [`UpstreamBody::finish_in_background`]).
+    link: Option<Box<Link>>,
+    decoder: Decoder,
+    /// The answer's head allowed another request on the connection after it.
+    keep_alive: bool,
 }
 
 impl UpstreamBody {
@@ -275,10 +366,10 @@ impl UpstreamBody {
     /// bytes are read in the background (at most [`DRAIN_WAIT`] and [`DRAIN_BYTES`], discarded)
     /// and its connection goes back to the pool. Dropped instead, the connection would close.
     pub fn finish_in_background(mut self) {
-        let (Some(body), Some(link)) = (self.body.take(), self.link.take()) else { return };
+        let Some(link) = self.link.take() else { return };
         let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
+        let mut rest = UpstreamBody { link: Some(link), decoder: self.decoder, keep_alive: self.keep_alive };
         runtime.spawn(async move {
-            let mut rest = UpstreamBody { body: Some(body), link: Some(link) };
             let mut read = 0;
             let drained = tokio::time::timeout(DRAIN_WAIT, async {
                 while let Some(Ok(frame)) = http_body_util::BodyExt::frame(&mut rest).await {
@@ -292,33 +383,59 @@ impl UpstreamBody {
             let _ = drained.await;
         });
     }
+
+    /// The body has ended: its connection goes back to the pool when it can carry another
+    /// request (and nothing unasked follows the answer), else it closes.
+    fn end(&mut self) {
+        self.decoder = Decoder::Done;
+        if let Some(link) = self.link.take()
+            && self.keep_alive
+            && link.buf.is_empty()
+        {
+            link.check_in();
+        }
+    }
 }
 
 impl Body for UpstreamBody {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = WireError;
 
-    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, WireError>>> {
         let this = &mut *self;
-        if let Some(link) = this.link.as_mut() {
-            link.drive(cx);
+        loop {
+            let Some(link) = this.link.as_mut() else { return Poll::Ready(None) };
+            let step = match this.decoder.decode(&mut link.buf) {
+                Ok(Step::More) => match ready!(link.poll_fill(cx)) {
+                    Ok(0) => this.decoder.closed(),
+                    Ok(_) => continue,
+                    Err(e) => Err(e.into()),
+                },
+                decoded => decoded,
+            };
+            return Poll::Ready(match step {
+                Ok(Step::Data(data)) => Some(Ok(Frame::data(data))),
+                Ok(Step::End) => {
+                    this.end();
+                    None
+                }
+                Ok(Step::More) => continue,
+                Err(e) => {
+                    // A broken body: its connection closes.
+                    this.link = None;
+                    this.decoder = Decoder::Done;
+                    Some(Err(e))
+                }
+            });
         }
-        let Some(body) = this.body.as_mut() else { return Poll::Ready(None) };
-        let polled = Pin::new(body).poll_frame(cx);
-        if let Poll::Ready(None) = polled
-            && let Some(link) = this.link.take()
-        {
-            link.check_in(cx);
-        }
-        polled
     }
 
     fn is_end_stream(&self) -> bool {
-        self.body.as_ref().is_none_or(Body::is_end_stream)
+        self.decoder.is_done()
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.body.as_ref().map_or_else(|| SizeHint::with_exact(0), Body::size_hint)
+        self.decoder.left().map_or_else(SizeHint::default, SizeHint::with_exact)
     }
 }
 
